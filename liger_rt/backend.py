@@ -1,0 +1,172 @@
+"""Which device this is: an arch name plus the profile used to prune launch configs.
+
+`detect()` maps the current device to an :class:`Arch`. ``LIGER_RT_ARCH`` forces one (planning,
+tests of the AMD paths on a machine without AMD hardware). An unknown GPU never crashes: it gets
+a conservative generic profile and a one-time warning.
+
+Sources for the AMD figures (not measured here: no AMD hardware was available): AMD CDNA3 ISA
+and Instinct MI300X/MI325X data sheets (304 CUs, 64 KiB LDS per CU, wave64) and the CDNA4
+(MI355X, gfx950: 256 CUs, 160 KiB LDS) whitepaper. HIP-safe stage count (<= 2) from seed 004.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+
+import torch
+
+from . import env
+
+
+@dataclasses.dataclass(frozen=True)
+class Arch:
+    name: str                 # hopper, blackwell, ampere, mi300x, mi325x, mi355x, cpu, generic-*
+    vendor: str               # nvidia, amd, cpu
+    capability: str           # "sm90", "gfx942", "" for cpu
+    device_name: str
+    sm_count: int             # SMs (NVIDIA) or CUs (AMD); 0 when unknown
+    warp_size: int            # 32 on NVIDIA, 64 (wavefront) on AMD CDNA
+    max_num_warps: int        # ceiling for triton num_warps (1024 threads / warp size on AMD)
+    max_num_stages: int       # safe software-pipelining depth
+    smem_bytes: int           # shared memory / LDS budget per block
+    forced: bool = False      # came from LIGER_RT_ARCH
+
+    @property
+    def is_hip(self) -> bool:
+        return self.vendor == "amd"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# Profiles: what we know of each arch without touching a device.  sm_count is the value of the
+# reference part (H100/H200 SXM, B200, A100, MI300X/MI325X, MI355X) and is replaced by the
+# device's own count when one is present.
+_PROFILES: dict[str, dict] = {
+    "hopper":    dict(vendor="nvidia", capability="sm90", device_name="NVIDIA H100/H200", sm_count=132,
+                      warp_size=32, max_num_warps=32, max_num_stages=5, smem_bytes=232448),
+    "blackwell": dict(vendor="nvidia", capability="sm100", device_name="NVIDIA B200", sm_count=148,
+                      warp_size=32, max_num_warps=32, max_num_stages=5, smem_bytes=232448),
+    "ampere":    dict(vendor="nvidia", capability="sm80", device_name="NVIDIA A100", sm_count=108,
+                      warp_size=32, max_num_warps=32, max_num_stages=4, smem_bytes=166912),
+    "mi300x":    dict(vendor="amd", capability="gfx942", device_name="AMD Instinct MI300X", sm_count=304,
+                      warp_size=64, max_num_warps=16, max_num_stages=2, smem_bytes=65536),
+    "mi325x":    dict(vendor="amd", capability="gfx942", device_name="AMD Instinct MI325X", sm_count=304,
+                      warp_size=64, max_num_warps=16, max_num_stages=2, smem_bytes=65536),
+    "mi355x":    dict(vendor="amd", capability="gfx950", device_name="AMD Instinct MI355X", sm_count=256,
+                      warp_size=64, max_num_warps=16, max_num_stages=2, smem_bytes=163840),
+    # The Triton interpreter ignores warps and stages; keep the candidate space tiny.
+    "cpu":       dict(vendor="cpu", capability="", device_name="cpu (Triton interpreter)", sm_count=2,
+                      warp_size=32, max_num_warps=4, max_num_stages=1, smem_bytes=1 << 30),
+}
+_GENERIC = {
+    "nvidia": dict(vendor="nvidia", warp_size=32, max_num_warps=8, max_num_stages=2, smem_bytes=49152),
+    "amd": dict(vendor="amd", warp_size=64, max_num_warps=8, max_num_stages=1, smem_bytes=32768),
+}
+
+ARCH_NAMES = tuple(_PROFILES)
+
+
+def profile(name: str, *, forced: bool = False, **overrides) -> Arch:
+    """The stored profile of an arch by name (no device needed)."""
+    if name not in _PROFILES:
+        raise ValueError(f"unknown arch {name!r}; valid arches: {', '.join(ARCH_NAMES)}")
+    return Arch(name=name, forced=forced, **{**_PROFILES[name], **overrides})
+
+
+_warned_unknown: set[str] = set()
+
+
+def arch_from_properties(device_name: str, *, capability: tuple[int, int] | None = None,
+                         gcn_arch: str | None = None, sm_count: int = 0,
+                         smem_bytes: int | None = None) -> Arch:
+    """Map raw device properties (CUDA capability or ROCm gcnArchName, plus the name) to an Arch."""
+    name = None
+    extra: dict = {"device_name": device_name}
+    if sm_count:
+        extra["sm_count"] = sm_count
+    if gcn_arch is not None:
+        base = gcn_arch.split(":")[0].strip().lower()
+        upper = device_name.upper()
+        if base == "gfx942":
+            # MI300X and MI325X share gfx942 and the CU count: only the marketing name differs.
+            name = "mi325x" if "MI325" in upper else ("mi300x" if "MI300" in upper else None)
+        elif base == "gfx950":
+            name = "mi355x"
+        if name is None:
+            return _generic("amd", device_name, gcn_arch, sm_count)
+    elif capability is not None:
+        major, minor = capability
+        if major == 9:
+            name = "hopper"
+        elif major == 10:
+            name = "blackwell"
+        elif major == 8:
+            name = "ampere"
+            extra["capability"] = f"sm{major}{minor}"
+            if minor != 0:  # sm86/sm89 have 99 KiB of shared memory per block, not 163
+                extra["smem_bytes"] = 101376
+        if name is None:
+            return _generic("nvidia", device_name, f"sm{major}{minor}", sm_count)
+    else:
+        return profile("cpu")
+    if smem_bytes:
+        extra["smem_bytes"] = smem_bytes
+    return profile(name, **extra)
+
+
+def _generic(vendor: str, device_name: str, capability: str, sm_count: int) -> Arch:
+    if device_name not in _warned_unknown:
+        _warned_unknown.add(device_name)
+        warnings.warn(
+            f"liger_rt: unknown GPU {device_name!r} ({capability}); using a conservative generic "
+            f"{vendor} profile. Set LIGER_RT_ARCH to one of {', '.join(ARCH_NAMES)} to override.",
+            RuntimeWarning, stacklevel=3)
+    return Arch(name=f"generic-{vendor}", capability=capability, device_name=device_name,
+                sm_count=sm_count, **_GENERIC[vendor])
+
+
+@functools.lru_cache(maxsize=16)
+def _detect_device(index: int) -> Arch:
+    props = torch.cuda.get_device_properties(index)
+    name = getattr(props, "name", "unknown")
+    sms = int(getattr(props, "multi_processor_count", 0) or 0)
+    if getattr(torch.version, "hip", None):
+        return arch_from_properties(name, gcn_arch=getattr(props, "gcnArchName", ""), sm_count=sms)
+    return arch_from_properties(name, capability=(props.major, props.minor), sm_count=sms)
+
+
+def gpu_present() -> bool:
+    try:
+        return torch.cuda.is_available() and torch.cuda.device_count() > 0
+    except Exception:  # a broken driver must not crash planning
+        return False
+
+
+def detect(device: torch.device | str | int | None = None) -> Arch:
+    """The Arch of `device` (default: the current CUDA/ROCm device, else cpu).
+
+    ``LIGER_RT_ARCH`` forces a profile; the device's SM count is kept when a device is present.
+    """
+    forced = env.arch_override()
+    if device is not None and not isinstance(device, int):
+        device = torch.device(device)
+        if device.type == "cpu":
+            return profile(forced, forced=True) if forced else profile("cpu")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+    elif isinstance(device, int):
+        index = device
+    else:
+        index = torch.cuda.current_device() if gpu_present() else None
+    if forced:
+        return profile(forced, forced=True)
+    if index is None:
+        return profile("cpu")
+    return _detect_device(index)
+
+
+def reset() -> None:
+    """Forget cached device properties (tests, device changes)."""
+    _detect_device.cache_clear()
+    _warned_unknown.clear()

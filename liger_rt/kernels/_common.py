@@ -1,0 +1,92 @@
+"""Shared helpers for the kernel files: dtype names, the tolerance table, Triton availability."""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return DTYPE_NAMES[dtype]
+    except KeyError:
+        raise TypeError(f"unsupported dtype {dtype}; liger_rt kernels take {', '.join(DTYPES)}") from None
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        dtype_name(name)
+        return name
+    key = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float": "fp32"}.get(name, name)
+    if key not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; valid: {', '.join(DTYPES)}")
+    return DTYPES[key]
+
+
+def interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "").strip() == "1"
+
+
+def triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+def triton_available(target) -> bool:
+    """Triton kernels run on a GPU, or on CPU tensors through TRITON_INTERPRET=1."""
+    if not triton_importable():
+        return False
+    if target.device_type == "cpu":
+        return interpreter_on()
+    return target.device_type == "cuda"
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+# Tolerances, one table (STYLE 8): (atol, rtol) for an elementwise result in each dtype.  A result
+# that reduces over `n` terms scales both by sqrt(n / 256) (never below 1).  Values come from the
+# spread of fp32-accumulated kernels against fp32 references seen on these tests; they are tight
+# enough that a wrong mask, a missing term or a swapped gate fails.
+TOLERANCES = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+}
+
+
+def tolerance(dtype: torch.dtype, reduce_len: int = 1) -> tuple[float, float]:
+    atol, rtol = TOLERANCES[dtype]
+    scale = max(1.0, math.sqrt(max(1, reduce_len) / 256.0))
+    return atol * scale, rtol * scale
+
+
+def close_report(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, reduce_len: int = 1) -> str | None:
+    """None when `out` matches the fp32 `ref` within the dtype's tolerance, else what differs."""
+    if out.shape != ref.shape:
+        return f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    atol, rtol = tolerance(dtype, reduce_len)
+    o, r = out.detach().float(), ref.detach().float()
+    if not torch.isfinite(o).all() and torch.isfinite(r).all():
+        return "non-finite values where the reference is finite"
+    err = (o - r).abs()
+    bad = err > atol + rtol * r.abs()
+    if bad.any():
+        worst = int(err.argmax())
+        return (f"{int(bad.sum())}/{bad.numel()} elements off (max abs err {float(err.max()):.3g} at flat index "
+                f"{worst}, atol {atol:.2g}, rtol {rtol:.2g})")
+    return None
+
+
+def assert_close(out, ref, dtype, reduce_len: int = 1, name: str = "output") -> None:
+    msg = close_report(out, ref, dtype, reduce_len)
+    if msg:
+        raise AssertionError(f"{name}: {msg}")

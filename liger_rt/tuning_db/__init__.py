@@ -1,0 +1,31 @@
+"""The persisted tuning database: a user SQLite file layered over the shipped defaults.
+
+See store.py for the schema.  `get_store()` opens the layered store once per process; a user DB
+that cannot be used (corrupt, not SQLite, newer schema, locked past the timeout) is reported by
+a one-time warning and `liger-tune doctor`, and lookups then use the shipped defaults alone.
+"""
+from __future__ import annotations
+
+import threading
+
+from .store import DB_SCHEMA, LayeredStore, Store, TuningDBError, open_store  # noqa: F401
+
+_lock = threading.Lock()
+_store: LayeredStore | None = None
+
+
+def get_store() -> LayeredStore:
+    global _store
+    if _store is None:
+        with _lock:
+            if _store is None:
+                _store = LayeredStore.open_default()
+    return _store
+
+
+def reset() -> None:
+    global _store
+    with _lock:
+        if _store is not None:
+            _store.close()
+        _store = None
