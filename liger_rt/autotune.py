@@ -56,7 +56,7 @@ def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag
     arch = target.arch
     device = "cuda" if target.device_type == "cuda" else "cpu"
     if case is None:
-        case = op.make_case(dims, dtype, device)
+        case = op.new_case(dims, dtype, device, tag)
     names = impls or op.available_impls(target, dims, dtype)
     if "torch" not in names:
         names = ["torch", *names]

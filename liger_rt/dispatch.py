@@ -120,6 +120,11 @@ class Op:
     arch, quick) lists the dims a sweep measures; reduce_len(dims) sizes the validation tolerance.
     crossover_axis(dims) is the quantity that decides between competing implementations.
     """
+
+    def new_case(self, dims: dict, dtype: torch.dtype, device: str, tag: str = ""):
+        if self.tags != ("",):
+            return self.make_case(dims, dtype, device, tag=tag or self.tags[0])
+        return self.make_case(dims, dtype, device)
     name: str
     static: tuple[str, ...]
     dynamic: tuple[str, ...]
@@ -134,6 +139,8 @@ class Op:
     schema_version: int = 1
     variant: str = "fwdbwd"
     module: str = ""
+    tags: tuple[str, ...] = ("",)   # input variants a sweep measures (e.g. uniform/skewed routing);
+                                    # when set, make_case takes tag= as a fourth argument
     dtypes: tuple[str, ...] = ("fp32", "bf16", "fp16")
 
     def __post_init__(self) -> None:
