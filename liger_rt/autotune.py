@@ -159,7 +159,8 @@ def tune_online(op, target, dtype, dims) -> dict | None:
 
 def check_arch_matches(arch_name: str) -> backend.Arch:
     """`sweep` measures only on the hardware it writes for."""
-    found = backend.detect() if backend.gpu_present() else backend.profile("cpu")
+    # the real hardware: LIGER_RT_ARCH (a planning switch) does not count here
+    found = backend._detect_device(torch.cuda.current_device()) if backend.gpu_present() else backend.profile("cpu")
     if found.name != arch_name:
         raise SystemExit(f"refusing to measure for --arch {arch_name}: this machine is {found.name} "
                          f"({found.device_name}). Use --dry-run to print the plan, or run on {arch_name} hardware.")

@@ -267,8 +267,8 @@ class LayeredStore:
         return [s for s in (self.user, self.defaults) if s is not None]
 
     def close(self) -> None:
-        for s in self.layers():
-            s.close()
+        if self.user is not None:   # the shipped defaults are shared by the process: keep them open
+            self.user.close()
 
     def _safe(self, fn, store: Store):
         try:
