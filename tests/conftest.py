@@ -7,9 +7,10 @@ import os
 
 import pytest
 
-os.environ.setdefault("TRITON_INTERPRET", "0" if os.environ.get("LIGER_RT_TEST_GPU") == "1" else "1")
-
 import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)
