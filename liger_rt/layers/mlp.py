@@ -1,0 +1,38 @@
+"""SwiGLU MLP forwards: down(silu(gate(x)) * up(x)) with the product fused in liger_rt.ops.swiglu.
+
+The projections stay the module's own nn.Linear layers (bias, LoRA wrappers and hooks keep
+working); only the gate activation and product go through the op:
+
+    Qwen3MLP / LlamaMLP / Qwen3MoeMLP:  gate_proj, up_proj, down_proj   -> swiglu_forward
+    Lfm2MLP / Lfm2MoeMLP:               w1 (gate), w3 (up), w2 (down)   -> swiglu_w1_w3_w2_forward
+
+x (..., hidden) -> (..., hidden).
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import ops
+
+_SILU_NAMES = ("silu", "swish")
+
+
+def swiglu_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """gate_proj / up_proj / down_proj naming (Qwen3, Llama, Qwen3-MoE dense MLPs)."""
+    return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+def swiglu_w1_w3_w2_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """LFM2 naming: w1 is the gate, w3 the up projection, w2 the down projection."""
+    return self.w2(ops.swiglu(self.w1(x), self.w3(x)))
+
+
+def silu_gated(module) -> str | None:
+    """None when the MLP's activation is SiLU (so SwiGLU computes what it computes), else why not."""
+    act = getattr(module, "act_fn", None)
+    if isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation" or act is torch.nn.functional.silu:
+        return None
+    name = getattr(getattr(module, "config", None), "hidden_act", None)
+    if isinstance(name, str) and name.lower() in _SILU_NAMES:
+        return None
+    return f"activation is {name or type(act).__name__}, not SiLU (SwiGLU would change the model)"

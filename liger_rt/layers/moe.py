@@ -1,0 +1,69 @@
+"""MoE forwards: the LFM2-MoE router through liger_rt.ops.moe_router, experts through the
+transformers experts interface under the name ``liger_rt``.
+
+Router (Lfm2MoeTopKRouter.forward(hidden_states (tokens, hidden), expert_bias=None)):
+    router_logits = hidden @ weight.T                       (tokens, experts)
+    weights, indices = ops.moe_router(router_logits, top_k, expert_bias, norm_topk_prob,
+                                      routed_scaling_factor)        (tokens, top_k) each
+    returns (router_logits, weights, indices), the HF router's triple.
+
+Experts (Lfm2MoeExperts / Qwen3MoeExperts, weights gate_up_proj (E, 2I, H), down_proj (E, H, I)):
+transformers picks the experts forward from ``config._experts_implementation``; the patcher sets
+it to ``"liger_rt"`` on the configs the experts modules read, after
+``liger_rt.layers.moe_experts_interface.register_experts_interface()`` registered that name in
+``transformers.integrations.moe.ExpertsInterface``.  Class-level patches bind
+``experts_forward`` below, which calls the same registered function.
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+import torch.nn.functional as F
+
+from .. import ops
+
+EXPERTS_IMPLEMENTATION = "liger_rt"
+_INTERFACE_MODULE = "liger_rt.layers.moe_experts_interface"
+
+
+def router_forward(self, hidden_states: torch.Tensor, expert_bias: torch.Tensor | None = None):
+    """Sigmoid top-k router of LFM2-MoE: experts picked on scores + expert_bias, weights from the
+    unbiased scores, normalised (1e-6 guard) when norm_topk_prob, then scaled."""
+    router_logits = F.linear(hidden_states, self.weight)
+    bias = expert_bias if getattr(self, "use_expert_bias", expert_bias is not None) else None
+    weights, indices = ops.moe_router(router_logits, self.top_k, expert_bias=bias,
+                                      norm_topk_prob=bool(self.norm_topk_prob),
+                                      routed_scaling_factor=float(self.routed_scaling_factor))
+    return router_logits, weights.to(router_logits.dtype), indices.long()
+
+
+def experts_interface_missing() -> str | None:
+    """None when the liger_rt experts implementation can be registered, else why not."""
+    try:
+        importlib.import_module(_INTERFACE_MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name and _INTERFACE_MODULE.startswith(exc.name):
+            return f"{_INTERFACE_MODULE} is not in this checkout"
+        raise
+    try:
+        importlib.import_module("transformers.integrations.moe")
+    except ModuleNotFoundError:
+        return "this transformers has no experts interface (transformers.integrations.moe); pip install -U transformers"
+    return None
+
+
+def register_experts() -> None:
+    """Register ``liger_rt`` in transformers' ExpertsInterface (idempotent)."""
+    mod = importlib.import_module(_INTERFACE_MODULE)
+    mod.register_experts_interface()
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    if EXPERTS_IMPLEMENTATION not in ALL_EXPERTS_FUNCTIONS:
+        raise RuntimeError(f"register_experts_interface() did not register {EXPERTS_IMPLEMENTATION!r} in "
+                           f"ExpertsInterface (it has: {', '.join(ALL_EXPERTS_FUNCTIONS.valid_keys())})")
+
+
+def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+    """Experts forward for class-level patches: the registered ``liger_rt`` experts function."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    return ALL_EXPERTS_FUNCTIONS[EXPERTS_IMPLEMENTATION](self, hidden_states, top_k_index, top_k_weights)

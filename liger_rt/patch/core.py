@@ -1,0 +1,459 @@
+"""The patch mechanism behind ``liger_rt.patch`` / ``unpatch`` / ``patched``; specs.py holds the tables.
+
+Instance patching (``patch(model, **layers)``): every module of the loaded model whose class is a
+row of the family's spec gets ``module.forward = types.MethodType(layer_forward, module)``; the
+instance attribute it replaced (usually none: the class forward) is remembered and ``unpatch``
+deletes or restores it.  Parameters, buffers, ``state_dict()`` and ``print(model)`` are untouched.
+Experts switch through transformers' experts interface (``config._experts_implementation``,
+restored on unpatch).  A PEFT wrapper is unwrapped (``get_base_model()`` or
+``base_model.model``); LoRA-wrapped projections keep working because the layer forwards call
+the projection modules.  Modules with accelerate hooks get ``_old_forward`` replaced instead, so
+the hooks still move weights.
+
+Class-level patching (``patch("qwen3", **layers)``): the classes are resolved through the modeling
+module now (importlib + getattr), and their ``forward`` replaced on the class.  Exact semantics:
+every instance of those classes runs the liger_rt forward from then on — models built afterwards
+and, unavoidably, models already built — except modules with an instance-level forward of their
+own (an instance patch, accelerate hooks).  ``unpatch("qwen3")`` puts back the very objects that
+were there (``Cls.forward is original``); families sharing classes (lfm2_vl includes lfm2) hold
+them jointly and the originals return when the last holder unpatches.
+
+Both are idempotent: patching again first undoes the previous patch of that target, then applies
+the new flags, so the final state is the latest call's.  Layer forwards reach the host forward they
+replaced through ``original(module)`` (cached decoding, unusual calls).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import types
+import warnings
+from typing import Any
+
+import torch
+
+from . import specs
+
+_MISSING = object()
+_ORIG_KEY = "_liger_rt_orig_forward"      # module.__dict__ entry: the instance forward a patch replaced
+_RECORD_KEY = "_liger_rt_patch"           # root module attribute: the InstanceRecord
+
+
+class PatchWarning(UserWarning):
+    """A default-on layer was left on the host path (kernel module or HF class missing)."""
+
+
+# -- flags, specs, classes -----------------------------------------------------------------------------
+
+def supported_models() -> list[str]:
+    """The validated allowlist (qwen3_moe only once its experts implementation is present)."""
+    from ..layers.moe import experts_interface_missing
+    out = list(specs.ALLOWLIST)
+    if experts_interface_missing() is None:
+        out += list(specs.NEEDS_EXPERTS)
+    return out
+
+
+def _spec(model_type: str) -> specs.ModelSpec:
+    allowed = supported_models()
+    if model_type not in allowed:
+        why = ""
+        if model_type in specs.NEEDS_EXPERTS:
+            why = (f" ({model_type} is validated with liger_rt experts, and "
+                   f"liger_rt.layers.moe_experts_interface is not in this checkout)")
+        raise ValueError(f"liger_rt.patch does not support model type {model_type!r}{why}; "
+                         f"supported: {', '.join(allowed)}")
+    return specs.SPECS[model_type]
+
+
+def _flags(spec: specs.ModelSpec, given: dict[str, Any]) -> dict[str, bool]:
+    valid = specs.flags(spec)
+    unknown = [k for k in given if k not in valid]
+    if unknown:
+        raise ValueError(f"unknown flag(s) {', '.join(map(repr, unknown))} for {spec.model_type}; "
+                         f"valid flags: {', '.join(valid)} (defaults on: {', '.join(sorted(spec.defaults)) or 'none'})")
+    out = {f: f in spec.defaults for f in valid}
+    for k, v in given.items():
+        if not (isinstance(v, bool) or (isinstance(v, int) and v in (0, 1))):
+            raise TypeError(f"flag {k}={v!r}: flags are booleans (True/False)")
+        out[k] = bool(v)
+    if out["rope"]:
+        raise NotImplementedError("rope=True is not supported: liger_rt leaves RoPE (and attention) to the host "
+                                  "model, whose rotary layout it cannot see; omit rope or pass rope=False")
+    return out
+
+
+def _modeling_module(name: str, model_type: str):
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        import transformers
+        raise ImportError(f"transformers {transformers.__version__} has no {name} (model type {model_type!r}); "
+                          f"upgrade it: pip install -U transformers") from exc
+
+
+def _load(path: str):
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _op_missing(op: str | None) -> str | None:
+    if op is None:
+        return None
+    from .. import dispatch
+    name = f"liger_rt.kernels.{dispatch.OP_MODULES[op]}"
+    try:
+        mod = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and name.startswith(exc.name):
+            return f"its kernel module {name} is not in this checkout"
+        raise
+    if not hasattr(mod, op):
+        return f"{name} has no function {op}"
+    return None
+
+
+@dataclasses.dataclass
+class _Plan:
+    model_type: str
+    flags: dict[str, bool]
+    given: dict[str, bool]
+    layers: list[tuple[type, specs.Layer, Any]]       # (class, row, forward function)
+    causal_lm: list[type]
+
+
+def _refuse(flag: str, reason: str, explicit: set[str], model_type: str, exc=ImportError) -> None:
+    msg = f"liger_rt.patch({model_type!r}): {flag} cannot be patched: {reason}"
+    if flag in explicit:
+        raise exc(msg)
+    warnings.warn(msg + f"; it stays on the host path (pass {flag}=False to silence this)", PatchWarning,
+                  stacklevel=5)
+
+
+def _plan(model_type: str, given: dict[str, Any], *, for_class: bool) -> _Plan:
+    spec = _spec(model_type)
+    flags = _flags(spec, given)
+    explicit = {k for k, v in given.items() if v}
+    import transformers
+    _modeling_module(spec.module, model_type)
+    layers: list = []
+    dropped: set[str] = set()
+    for module_name, class_name, row in specs.rows(spec):
+        if not flags[row.flag] or row.flag in dropped:
+            continue
+        if for_class and not row.class_level:
+            _refuse(row.flag, f"it patches {module_name}.{class_name} instances inside {row.within} only; "
+                              f"patch the loaded model instead: liger_rt.patch(model, {row.flag}=True)",
+                    explicit, model_type, NotImplementedError)
+            continue
+        mod = _modeling_module(module_name, model_type)
+        cls = getattr(mod, class_name, None)
+        reason = None
+        if not isinstance(cls, type):
+            reason = (f"transformers {transformers.__version__} has no {module_name}.{class_name}; "
+                      f"pip install -U transformers")
+        if reason is None and row.experts:
+            from ..layers.moe import experts_interface_missing, register_experts
+            reason = experts_interface_missing() or _op_missing(row.op)
+            if reason is None:
+                register_experts()
+        elif reason is None:
+            reason = _op_missing(row.op)
+        if reason is not None:
+            _refuse(row.flag, reason, explicit, model_type)
+            dropped.add(row.flag)
+            continue
+        layers.append((cls, row, _load(row.forward)))
+    layers = [entry for entry in layers if entry[1].flag not in dropped]
+    for flag, op in specs.LOSS_OPS.items():
+        if flags[flag] and (reason := _op_missing(op)) is not None:
+            _refuse(flag, reason, explicit, model_type)
+            flags[flag] = False
+    mod = _modeling_module(spec.module, model_type)
+    causal_lm = [c for c in (getattr(mod, n, None) for n in spec.causal_lm) if isinstance(c, type)]
+    return _Plan(model_type, flags, {k: bool(v) for k, v in given.items()}, layers, causal_lm)
+
+
+def _key(cls: type) -> tuple[str, str]:
+    # matched by module + qualified name: robust to a reloaded modeling module, and never a
+    # same-named class from remote code
+    return cls.__module__, cls.__qualname__
+
+
+# -- instance patching ------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class InstanceRecord:
+    model_type: str
+    flags: dict[str, bool]
+    given: dict[str, bool]
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    saved: list[tuple[Any, str, bool, Any]] = dataclasses.field(default_factory=list)    # (obj, attr, had own, old)
+    config_saved: list[tuple[Any, str, Any]] = dataclasses.field(default_factory=list)
+
+    def describe(self) -> dict:
+        return {"model_type": self.model_type, "level": "instance", "flags": dict(self.flags),
+                "patched": dict(self.counts), "skipped": list(self.skipped)}
+
+
+def unwrap(model):
+    """The transformers model inside a PEFT-style wrapper (get_base_model() or base_model.model)."""
+    from transformers import PreTrainedModel
+    m = model
+    for _ in range(4):
+        if isinstance(m, PreTrainedModel):
+            break
+        if callable(getattr(m, "get_base_model", None)):
+            m = m.get_base_model()
+        elif isinstance(getattr(getattr(m, "base_model", None), "model", None), torch.nn.Module):
+            m = m.base_model.model
+        else:
+            break
+    return m
+
+
+def _model_type(root) -> str:
+    model_type = getattr(getattr(root, "config", None), "model_type", None)
+    if not model_type:
+        raise ValueError(f"liger_rt.patch needs a transformers model (its config.model_type picks the spec); got "
+                         f"{type(root).__name__}. Supported model types: {', '.join(supported_models())}")
+    return model_type
+
+
+def _set(record: InstanceRecord, obj, attr: str, value) -> None:
+    had = attr in obj.__dict__
+    record.saved.append((obj, attr, had, obj.__dict__.get(attr, _MISSING)))
+    setattr(obj, attr, value)
+
+
+def _bind(record: InstanceRecord, module: torch.nn.Module, fn) -> None:
+    # accelerate hooks live in the instance forward and call _old_forward: replace that instead
+    attr = "_old_forward" if getattr(module, "_hf_hook", None) is not None and "_old_forward" in module.__dict__ \
+        else "forward"
+    module.__dict__[_ORIG_KEY] = module.__dict__.get(attr, _MISSING)
+    _set(record, module, attr, types.MethodType(fn, module))
+
+
+def _patch_instance(model, given: dict[str, Any]):
+    root = unwrap(model)
+    plan = _plan(_model_type(root), given, for_class=False)
+    if _RECORD_KEY in root.__dict__:
+        _unpatch_instance(root)
+    record = InstanceRecord(plan.model_type, plan.flags, plan.given)
+    by_class = {_key(cls): (row, fn) for cls, row, fn in plan.layers}
+    lm_classes = {_key(c) for c in plan.causal_lm}
+    configs: dict[int, Any] = {}
+    for name, module in root.named_modules():
+        key = _key(type(module))
+        hit = by_class.get(key)
+        if hit is not None:
+            row, fn = hit
+            if row.within and row.within not in name.split("."):
+                continue
+            why = _load(row.applies)(module) if row.applies else None
+            if why:
+                record.skipped.append((name or type(module).__name__, why))
+                continue
+            if row.experts:
+                config = getattr(module, "config", None)
+                if config is None:
+                    record.skipped.append((name, "experts module without a config to switch"))
+                    continue
+                configs[id(config)] = config
+            else:
+                _bind(record, module, fn)
+            record.counts[row.flag] = record.counts.get(row.flag, 0) + 1
+        if key in lm_classes:
+            _patch_loss_instance(record, module, plan.flags)
+    for config in configs.values():
+        from ..layers.moe import EXPERTS_IMPLEMENTATION
+        record.config_saved.append((config, "_experts_implementation", getattr(config, "_experts_implementation", None)))
+        config._experts_implementation = EXPERTS_IMPLEMENTATION
+    root.__dict__[_RECORD_KEY] = record
+    return model
+
+
+def _patch_loss_instance(record: InstanceRecord, module, flags: dict[str, bool]) -> None:
+    from ..layers import loss
+    if flags["fused_linear_cross_entropy"]:
+        _bind(record, module, loss.causal_lm_forward)
+        _set(record, module, "_liger_rt_loss", loss.LossOptions(True, flags["keep_logits"]))
+        record.counts["fused_linear_cross_entropy"] = record.counts.get("fused_linear_cross_entropy", 0) + 1
+    if flags["cross_entropy"]:
+        from transformers.loss.loss_utils import LOSS_MAPPING
+        if module.loss_function is not LOSS_MAPPING.get("ForCausalLM"):
+            record.skipped.append((type(module).__name__, "cross_entropy: the model has its own loss_function"))
+            return
+        _set(record, module, "_loss_function", loss.causal_lm_loss)
+        record.counts["cross_entropy"] = record.counts.get("cross_entropy", 0) + 1
+
+
+def _unpatch_instance(root) -> None:
+    record: InstanceRecord | None = root.__dict__.pop(_RECORD_KEY, None)
+    if record is None:
+        return
+    for config, attr, old in reversed(record.config_saved):
+        setattr(config, attr, old)
+    for obj, attr, had, old in reversed(record.saved):
+        if had:
+            setattr(obj, attr, old)
+        elif attr in obj.__dict__:
+            delattr(obj, attr)
+        obj.__dict__.pop(_ORIG_KEY, None)
+
+
+# -- class-level patching -------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _ClassPatch:
+    original: Any                   # what the class's own __dict__ held, or _MISSING
+    value: Any
+    holders: set
+
+
+_CLASS_PATCHES: dict[tuple[type, str], _ClassPatch] = {}
+_CLASS_RECORDS: dict[str, dict] = {}
+
+
+def _class_set(cls: type, attr: str, value, holder: str, keys: list) -> None:
+    key = (cls, attr)
+    rec = _CLASS_PATCHES.get(key)
+    if rec is None:
+        rec = _CLASS_PATCHES[key] = _ClassPatch(cls.__dict__.get(attr, _MISSING), value, set())
+    rec.holders.add(holder)
+    rec.value = value
+    setattr(cls, attr, value)
+    keys.append(key)
+
+
+def _patch_class(model_type: str, given: dict[str, Any]) -> None:
+    plan = _plan(model_type, given, for_class=True)
+    if model_type in _CLASS_RECORDS:
+        _unpatch_class(model_type)
+    from ..layers import loss, moe
+    keys: list = []
+    counts: dict[str, int] = {}
+    for cls, row, fn in plan.layers:
+        _class_set(cls, "forward", moe.experts_forward if row.experts else fn, model_type, keys)
+        counts[row.flag] = counts.get(row.flag, 0) + 1
+    for cls in plan.causal_lm:
+        if plan.flags["fused_linear_cross_entropy"]:
+            _class_set(cls, "forward", loss.causal_lm_forward, model_type, keys)
+            _class_set(cls, "_liger_rt_loss", loss.LossOptions(True, plan.flags["keep_logits"]), model_type, keys)
+            counts["fused_linear_cross_entropy"] = counts.get("fused_linear_cross_entropy", 0) + 1
+        if plan.flags["cross_entropy"]:
+            _class_set(cls, "_loss_function", staticmethod(loss.causal_lm_loss), model_type, keys)
+            counts["cross_entropy"] = counts.get("cross_entropy", 0) + 1
+    _CLASS_RECORDS[model_type] = {"flags": plan.flags, "given": plan.given, "keys": keys, "counts": counts}
+
+
+def _unpatch_class(model_type: str) -> None:
+    record = _CLASS_RECORDS.pop(model_type, None)
+    if record is None:
+        return
+    for key in reversed(record["keys"]):
+        rec = _CLASS_PATCHES.get(key)
+        if rec is None:
+            continue
+        rec.holders.discard(model_type)
+        if rec.holders:
+            continue
+        cls, attr = key
+        if rec.original is _MISSING:
+            if attr in cls.__dict__:
+                delattr(cls, attr)
+        else:
+            setattr(cls, attr, rec.original)
+        del _CLASS_PATCHES[key]
+
+
+# -- what a layer forward falls back to -------------------------------------------------------------
+
+def original(module, attr: str = "forward"):
+    """The forward a patch replaced, bound to `module`: the instance's own earlier forward if it had
+    one, else the class's pre-patch forward (walking the MRO past class-level patches)."""
+    if attr == "forward":
+        old = module.__dict__.get(_ORIG_KEY, _MISSING)
+        if old is not _MISSING:
+            return old
+    cls = type(module)
+    for klass in cls.__mro__:
+        if attr not in klass.__dict__:
+            continue
+        rec = _CLASS_PATCHES.get((klass, attr))
+        if rec is None:
+            return klass.__dict__[attr].__get__(module, cls)
+        if rec.original is not _MISSING:
+            return rec.original.__get__(module, cls)
+    raise AttributeError(f"{cls.__name__} has no original {attr}")
+
+
+# -- public entry points ------------------------------------------------------------------------------
+
+def patch(target, **layers):
+    """Patch a loaded model (instance level, returns it) or a model type (class level, returns None).
+
+        liger_rt.patch(model)                                   # the family's defaults
+        liger_rt.patch(model, fused_linear_cross_entropy=True)  # SFT: loss without logits
+        liger_rt.patch("lfm2", short_conv=False)                # classes, before building models
+    """
+    if isinstance(target, str):
+        _patch_class(target, layers)
+        return None
+    if isinstance(target, torch.nn.Module):
+        return _patch_instance(target, layers)
+    raise TypeError(f"liger_rt.patch takes a model (torch.nn.Module) or a model type string "
+                    f"({', '.join(supported_models())}); got {type(target).__name__}")
+
+
+def unpatch(target):
+    """Undo patch(target): the model's instance forwards and configs, or the model type's classes.
+    Unpatching something not patched is a no-op."""
+    if isinstance(target, str):
+        if target not in specs.SPECS:
+            raise ValueError(f"unknown model type {target!r}; supported: {', '.join(supported_models())}")
+        _unpatch_class(target)
+        return None
+    if isinstance(target, torch.nn.Module):
+        _unpatch_instance(unwrap(target))
+        return target
+    raise TypeError(f"liger_rt.unpatch takes a model or a model type string; got {type(target).__name__}")
+
+
+def describe(target) -> dict | None:
+    """What is patched: model type, level, flags in force, modules patched per flag (None if nothing)."""
+    if isinstance(target, str):
+        rec = _CLASS_RECORDS.get(target)
+        if rec is None:
+            return None
+        return {"model_type": target, "level": "class", "flags": dict(rec["flags"]), "patched": dict(rec["counts"]),
+                "skipped": []}
+    rec = unwrap(target).__dict__.get(_RECORD_KEY)
+    return None if rec is None else rec.describe()
+
+
+def _given(target) -> dict | None:
+    if isinstance(target, str):
+        rec = _CLASS_RECORDS.get(target)
+        return None if rec is None else dict(rec["given"])
+    rec = unwrap(target).__dict__.get(_RECORD_KEY) if isinstance(target, torch.nn.Module) else None
+    return None if rec is None else dict(rec.given)
+
+
+@contextlib.contextmanager
+def patched(target, **layers):
+    """Patch for the duration of a with-block; on exit the target is back as it was (unpatched, or
+    patched with its earlier flags)."""
+    before = _given(target)
+    patch(target, **layers)
+    try:
+        yield target
+    finally:
+        if before is None:
+            unpatch(target)
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", PatchWarning)
+                patch(target, **before)

@@ -1,0 +1,122 @@
+"""Build Hugging Face configs and randomly initialised models from presets (never the hub).
+
+    from liger_rt.tools.models import build_config, build_model
+    config = build_config("qwen3-tiny")                     # a transformers Qwen3Config
+    model = build_model("lfm2-moe-tiny", dtype=torch.float32, device="cpu", seed=0)
+
+`build_model` returns the family's causal-LM class (``AutoModelForCausalLM``) or, for
+``lfm2_vl``, ``Lfm2VlForConditionalGeneration``, with weights drawn from the model's own
+initialiser under ``torch.manual_seed(seed)``: the same seed gives the same weights.
+Config keyword names used here exist in transformers 5.17 and 5.24.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+from typing import Any
+
+import torch
+
+from .presets import Preset, get_preset
+
+MODEL_TYPES = ("qwen3", "llama", "qwen3_moe", "lfm2", "lfm2_moe", "lfm2_vl")
+
+
+def _resolve(preset: str | Preset) -> Preset:
+    return preset if isinstance(preset, Preset) else get_preset(preset)
+
+
+def _lfm2_layer_types(p: Preset) -> list[str]:
+    # given explicitly: Lfm2MoeConfig with fewer layers than the default fails to build otherwise
+    return ["full_attention" if i in p.attention_layers else "conv" for i in range(p.layers)]
+
+
+def _text_kwargs(p: Preset) -> dict[str, Any]:
+    common = dict(vocab_size=p.vocab, hidden_size=p.hidden, intermediate_size=p.intermediate,
+                  num_hidden_layers=p.layers, num_attention_heads=p.heads, num_key_value_heads=p.kv_heads,
+                  max_position_embeddings=4096 if p.tiny else 32768)
+    if p.model_type in ("qwen3", "llama", "qwen3_moe"):
+        common.update(head_dim=p.head_dim, hidden_act="silu", tie_word_embeddings=p.tiny and p.model_type != "llama")
+    if p.model_type == "qwen3_moe":
+        common.update(num_experts=p.experts, num_experts_per_tok=p.top_k, moe_intermediate_size=p.moe_intermediate,
+                      decoder_sparse_step=1, norm_topk_prob=True)
+    if p.model_type in ("lfm2", "lfm2_moe", "lfm2_vl"):
+        common.update(layer_types=_lfm2_layer_types(p), conv_L_cache=p.conv_kernel, conv_bias=False)
+        if p.model_type != "lfm2_moe":
+            # presets hold the effective MLP width (HF's auto-adjust already applied)
+            common.update(block_auto_adjust_ff_dim=False)
+    if p.model_type == "lfm2_moe":
+        common.update(num_experts=p.experts, num_experts_per_tok=p.top_k, moe_intermediate_size=p.moe_intermediate,
+                      num_dense_layers=p.dense_layers, use_expert_bias=True, norm_topk_prob=True)
+    return common
+
+
+def build_config(preset: str | Preset, **overrides):
+    """The transformers config for a preset (name, ``Preset`` or PATH.json); overrides win.
+
+    For ``lfm2_vl``, overrides apply to the top-level config; pass ``text_config``/``vision_config``
+    dicts to change the sub-configs.
+    """
+    p = _resolve(preset)
+    if p.model_type not in MODEL_TYPES:
+        raise ValueError(f"preset {p.name!r} has model_type {p.model_type!r}; buildable: {', '.join(MODEL_TYPES)}")
+    from transformers import AutoConfig
+    if p.model_type != "lfm2_vl":
+        kwargs = _text_kwargs(p)
+        kwargs.update(overrides)
+        return AutoConfig.for_model(p.model_type, **kwargs)
+    text = dict(_text_kwargs(p), model_type="lfm2")
+    text.update(overrides.pop("text_config", {}) or {})
+    side = 4 if p.tiny else 16
+    vision = dict(model_type="siglip2_vision_model", hidden_size=p.vision_hidden,
+                  intermediate_size=p.vision_intermediate, num_hidden_layers=p.vision_layers,
+                  num_attention_heads=p.vision_heads, patch_size=4 if p.tiny else 16,
+                  num_patches=max(p.vision_tokens, side * side), vision_use_head=False)
+    vision.update(overrides.pop("vision_config", {}) or {})
+    kwargs = dict(text_config=text, vision_config=vision, image_token_id=p.vocab - 1, downsample_factor=2)
+    if p.tiny:
+        kwargs["projector_hidden_size"] = 2 * p.hidden
+    kwargs.update(overrides)
+    return AutoConfig.for_model("lfm2_vl", **kwargs)
+
+
+@contextlib.contextmanager
+def _default_device(device):
+    prev = torch.get_default_device() if hasattr(torch, "get_default_device") else None
+    torch.set_default_device(device)
+    try:
+        yield
+    finally:
+        torch.set_default_device(prev)
+
+
+def model_class(model_type: str):
+    """The class `build_model` instantiates for a model type."""
+    if model_type == "lfm2_vl":
+        mod = importlib.import_module("transformers.models.lfm2_vl.modeling_lfm2_vl")
+        return mod.Lfm2VlForConditionalGeneration
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if name is None:
+        raise ValueError(f"transformers has no causal LM for {model_type!r}")
+    return getattr(importlib.import_module("transformers"), name, AutoModelForCausalLM)
+
+
+def build_model(preset: str | Preset, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                seed: int = 0, attn_implementation: str = "sdpa", **config_overrides):
+    """A model with random weights for a preset; no hub access.
+
+    Weights are initialised in fp32 on `device` under ``torch.manual_seed(seed)`` and then cast to
+    `dtype`, so the same seed gives the same weights for any dtype.  The model is in train mode.
+    """
+    p = _resolve(preset)
+    config = build_config(p, **config_overrides)
+    config._attn_implementation = attn_implementation
+    cls = model_class(p.model_type)
+    torch.manual_seed(seed)
+    with _default_device(device):
+        model = cls._from_config(config, dtype=torch.float32) if hasattr(cls, "_from_config") else cls(config)
+    model = model.to(dtype=dtype)
+    model.train()
+    return model
