@@ -1,0 +1,365 @@
+"""LFM2-MoE router: sigmoid scores, top-k on scores + expert_bias, weights from the unbiased
+scores, optional normalisation with a 1e-6 guard, then routed_scaling_factor.
+
+    weights, indices = moe_router(logits, top_k=4, expert_bias=bias)   # logits (T, 32) -> (T, 4) x2
+
+HF semantics (transformers Lfm2MoeTopKRouter.forward), matched exactly where they pick experts:
+- `router_logits.sigmoid()` runs in the logits dtype: the fp32 sigmoid is rounded to bf16/fp16
+  (round to nearest even) *before* selection, so the experts chosen equal HF's in every dtype.
+- `scores + expert_bias` promotes (a bf16 score + the fp32 bias buffer is fp32); when both are
+  16-bit of one type the sum is rounded to it as torch does.
+- ties: the lower expert index wins.  That is torch.topk's set on CUDA (radix select fills ties at
+  the k-th value in index order); torch.topk on CPU picks among ties arbitrarily (partial sort), so
+  the reference selects with a stable descending sort instead of topk.
+- weights are gathered from the unbiased (rounded) scores, divided by (sum + 1e-6) when
+  norm_topk_prob, times routed_scaling_factor, and returned in the logits dtype; indices int64.
+  HF does the normalisation in the logits dtype; here it runs in fp32 and rounds once.
+The backward writes every element of d(logits) (zeros off the selected experts) from the kernel.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._common import next_pow2
+
+MAX_EXPERTS = 256
+MAX_TOP_K = 8
+
+
+# -- reference ---------------------------------------------------------------------------------------
+
+def _round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x rounded to `dtype` and back, with an identity gradient (straight through, in fp32)."""
+    if dtype == torch.float32:
+        return x
+    return x + (x.to(dtype).float() - x).detach()
+
+
+def routing_dtype(logits_dtype: torch.dtype, bias_dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype HF's `scores + expert_bias` is computed in (torch type promotion)."""
+    return logits_dtype if bias_dtype is None else torch.promote_types(logits_dtype, bias_dtype)
+
+
+def moe_router_ref(logits: torch.Tensor, top_k: int, expert_bias: torch.Tensor | None = None,
+                   norm_topk_prob: bool = True, routed_scaling_factor: float = 1.0):
+    """fp32 reference (also the `torch` implementation): logits (T, E) -> weights (T, k) in the
+    logits dtype, indices (T, k) int64; see the module docstring for the HF casts it mirrors."""
+    scores = _round_to(torch.sigmoid(logits.float()), logits.dtype)
+    route = scores
+    if expert_bias is not None:
+        route = _round_to(scores.detach() + expert_bias.float(), routing_dtype(logits.dtype, expert_bias.dtype))
+    # stable descending sort: among equal scores the lower expert index comes first
+    indices = torch.sort(route.detach(), dim=-1, descending=True, stable=True).indices[..., :top_k]
+    weights = torch.gather(scores, -1, indices)
+    if norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-6)
+    weights = weights * routed_scaling_factor
+    return weights.to(logits.dtype), indices
+
+
+# -- Triton kernels -------------------------------------------------------------------------------------
+
+try:
+    import triton
+    import triton.language as tl
+except Exception:  # pragma: no cover
+    triton = None
+
+if triton is not None:
+    try:  # accurate expf on GPUs (CUDA libdevice / ROCm ocml); the interpreter has no libdevice
+        from triton.language.extra import libdevice as _libdevice
+    except Exception:  # pragma: no cover
+        _libdevice = None
+
+    @triton.jit
+    def _round_fp32(x, QUANT: tl.constexpr):
+        # QUANT 1: to bf16 (round to nearest even, by bits: the interpreter's cast truncates);
+        # 2: to fp16; 0: unchanged.  Finite inputs (sigmoid scores, score + bias).
+        if QUANT == 1:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            x = bits.to(tl.float32, bitcast=True)
+        elif QUANT == 2:
+            x = x.to(tl.float16).to(tl.float32)
+        return x
+
+    @triton.jit
+    def _sigmoid_fp32(x, ACCURATE: tl.constexpr):
+        # torch's CUDA sigmoid is 1 / (1 + expf(-x)) with IEEE division: the same ops bit for bit,
+        # so scores (and ties among them) equal torch's.  tl.exp would be the approximate ex2.
+        if ACCURATE:
+            e = _libdevice.exp(-x)
+        else:
+            e = tl.exp(-x)
+        return tl.math.div_rn(tl.full(x.shape, 1.0, tl.float32), 1.0 + e)
+
+    @triton.jit(do_not_specialize=["T"])
+    def _moe_router_fwd_kernel(
+        L, EB, W_OUT, I_OUT, T, E, s_lt, scale,
+        K: tl.constexpr, HAS_BIAS: tl.constexpr, NORMALIZE: tl.constexpr,
+        QUANT: tl.constexpr, ROUTE_QUANT: tl.constexpr, ACCURATE: tl.constexpr,
+        BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):
+        o_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        o_e = tl.arange(0, BLOCK_E)
+        o_k = tl.arange(0, BLOCK_K)
+        m_t = o_t < T
+        m_e = o_e < E
+        m = m_t[:, None] & m_e[None, :]
+        o_t64 = o_t.to(tl.int64)
+        b_l = tl.load(L + o_t64[:, None] * s_lt + o_e[None, :], mask=m, other=0.0).to(tl.float32)
+        b_s = _round_fp32(_sigmoid_fp32(b_l, ACCURATE), QUANT)
+        b_r = b_s
+        if HAS_BIAS:
+            b_r = _round_fp32(b_s + tl.load(EB + o_e, mask=m_e, other=0.0).to(tl.float32)[None, :], ROUTE_QUANT)
+        b_r = tl.where(m_e[None, :], b_r, float("-inf"))
+        b_w = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.float32)
+        b_i = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.int32)
+        for k in tl.static_range(K):
+            # the lower index wins a tie: explicit, as argmax's tie rule differs across backends
+            b_max = tl.max(b_r, axis=1)
+            i_k = tl.min(tl.where(b_r == b_max[:, None], o_e[None, :], BLOCK_E), axis=1)
+            hit = o_e[None, :] == i_k[:, None]
+            w_k = tl.sum(tl.where(hit, b_s, 0.0), axis=1)
+            b_r = tl.where(hit, float("-inf"), b_r)
+            b_w = tl.where(o_k[None, :] == k, w_k[:, None], b_w)
+            b_i = tl.where(o_k[None, :] == k, i_k[:, None], b_i)
+        if NORMALIZE:
+            b_w = b_w / (tl.sum(b_w, axis=1)[:, None] + 1e-6)
+        b_w = b_w * scale
+        mk = m_t[:, None] & (o_k[None, :] < K)
+        off = o_t64[:, None] * K + o_k[None, :]
+        tl.store(W_OUT + off, b_w.to(W_OUT.dtype.element_ty), mask=mk)
+        tl.store(I_OUT + off, b_i.to(tl.int64), mask=mk)
+
+    @triton.jit(do_not_specialize=["T"])
+    def _moe_router_bwd_kernel(
+        L, I, DW, DL, T, E, s_lt, s_dlt, scale,
+        K: tl.constexpr, NORMALIZE: tl.constexpr, QUANT: tl.constexpr, ACCURATE: tl.constexpr,
+        BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+    ):
+        # w_j = scale * s_j / D, D = sum_sel s + 1e-6:
+        #   dL/ds_m = scale * (g_m / D - sum_j g_j s_j / D^2) on selected m, 0 elsewhere;
+        #   dL/dl = dL/ds * sigma * (1 - sigma) (the rounding to the logits dtype is straight through).
+        o_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        o_e = tl.arange(0, BLOCK_E)
+        m_t = o_t < T
+        m_e = o_e < E
+        m = m_t[:, None] & m_e[None, :]
+        o_t64 = o_t.to(tl.int64)
+        b_l = tl.load(L + o_t64[:, None] * s_lt + o_e[None, :], mask=m, other=0.0).to(tl.float32)
+        b_sig = _sigmoid_fp32(b_l, ACCURATE)
+        b_s = _round_fp32(b_sig, QUANT)
+        b_g = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
+        b_sel = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.int1)
+        for k in tl.static_range(K):
+            i_k = tl.load(I + o_t64 * K + k, mask=m_t, other=-1).to(tl.int32)
+            g_k = tl.load(DW + o_t64 * K + k, mask=m_t, other=0.0).to(tl.float32)
+            hit = o_e[None, :] == i_k[:, None]
+            b_g = tl.where(hit, g_k[:, None], b_g)
+            b_sel = b_sel | hit
+        if NORMALIZE:
+            b_den = tl.sum(tl.where(b_sel, b_s, 0.0), axis=1) + 1e-6
+            b_gs = tl.sum(b_g * b_s, axis=1)
+            b_ds = (b_g / b_den[:, None] - (b_gs / (b_den * b_den))[:, None]) * scale
+        else:
+            b_ds = b_g * scale
+        b_dl = tl.where(b_sel, b_ds * b_sig * (1.0 - b_sig), 0.0)
+        tl.store(DL + o_t64[:, None] * s_dlt + o_e[None, :], b_dl.to(DL.dtype.element_ty), mask=m)
+
+
+# -- launchers ------------------------------------------------------------------------------------------
+
+_QUANT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def _unsupported(dims: dict, dtype: torch.dtype) -> str | None:
+    E, k = dims["experts"], dims["top_k"]
+    if not 1 <= E <= MAX_EXPERTS:
+        return (f"the Triton moe_router takes 1..{MAX_EXPERTS} experts (one row per BLOCK_E lanes), got {E}; "
+                f"the torch implementation runs it (LIGER_RT_IMPL_MOE_ROUTER=torch)")
+    if not 1 <= k <= min(E, MAX_TOP_K):
+        return f"the Triton moe_router takes 1 <= top_k <= min(experts, {MAX_TOP_K}), got top_k={k}, experts={E}"
+    if dtype not in _QUANT:
+        return f"the Triton moe_router takes fp32/bf16/fp16 logits, got {dtype}"
+    return None
+
+
+def _accurate(t: torch.Tensor) -> bool:
+    return t.device.type != "cpu" and _libdevice is not None
+
+
+def moe_router_fwd(logits2d, top_k, expert_bias, norm_topk_prob, routed_scaling_factor, config):
+    """logits (T, E) with a unit last stride -> weights (T, k) in logits dtype, indices (T, k) int64."""
+    T, E = logits2d.shape
+    why = _unsupported({"experts": E, "top_k": top_k}, logits2d.dtype)
+    if why:
+        raise ValueError(why)
+    if logits2d.stride(-1) != 1:
+        logits2d = logits2d.contiguous()
+    weights = torch.empty(T, top_k, device=logits2d.device, dtype=logits2d.dtype)
+    indices = torch.empty(T, top_k, device=logits2d.device, dtype=torch.int64)
+    if T == 0:
+        return weights, indices
+    bias = expert_bias.contiguous() if expert_bias is not None else logits2d
+    route_q = _QUANT.get(routing_dtype(logits2d.dtype, expert_bias.dtype if expert_bias is not None else None), 0)
+    BT = int(config["BLOCK_T"])
+    _moe_router_fwd_kernel[(triton.cdiv(T, BT),)](
+        logits2d, bias, weights, indices, T, E, logits2d.stride(0), float(routed_scaling_factor),
+        K=top_k, HAS_BIAS=expert_bias is not None, NORMALIZE=bool(norm_topk_prob),
+        QUANT=_QUANT[logits2d.dtype], ROUTE_QUANT=route_q, ACCURATE=_accurate(logits2d),
+        BLOCK_T=BT, BLOCK_E=next_pow2(E), BLOCK_K=next_pow2(top_k), num_warps=int(config.get("num_warps", 4)))
+    return weights, indices
+
+
+def moe_router_bwd(logits2d, indices, dweights, norm_topk_prob, routed_scaling_factor, config):
+    """The dense d(logits) (T, E) in logits dtype; every element written by the kernel."""
+    T, E = logits2d.shape
+    top_k = indices.shape[1]
+    if logits2d.stride(-1) != 1:
+        logits2d = logits2d.contiguous()
+    dweights = dweights.contiguous()
+    dlogits = torch.empty(T, E, device=logits2d.device, dtype=logits2d.dtype)
+    if T == 0:
+        return dlogits
+    BT = int(config.get("BWD_BLOCK_T", config["BLOCK_T"]))
+    _moe_router_bwd_kernel[(triton.cdiv(T, BT),)](
+        logits2d, indices, dweights, dlogits, T, E, logits2d.stride(0), dlogits.stride(0),
+        float(routed_scaling_factor),
+        K=top_k, NORMALIZE=bool(norm_topk_prob), QUANT=_QUANT[logits2d.dtype], ACCURATE=_accurate(logits2d),
+        BLOCK_T=BT, BLOCK_E=next_pow2(E), num_warps=int(config.get("bwd_num_warps", config.get("num_warps", 4))))
+    return dlogits
+
+
+# -- autograd ---------------------------------------------------------------------------------------------
+
+class MoERouterFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits2d, top_k, expert_bias, norm_topk_prob, routed_scaling_factor, config):
+        weights, indices = moe_router_fwd(logits2d, top_k, expert_bias, norm_topk_prob,
+                                          routed_scaling_factor, config)
+        ctx.save_for_backward(logits2d, indices)
+        ctx.args = (norm_topk_prob, routed_scaling_factor, config)
+        ctx.mark_non_differentiable(indices)
+        return weights, indices
+
+    @staticmethod
+    def backward(ctx, dweights, dindices):
+        logits2d, indices = ctx.saved_tensors
+        norm, scale, config = ctx.args
+        if dweights is None:
+            dweights = torch.zeros(indices.shape, device=logits2d.device, dtype=logits2d.dtype)
+        return moe_router_bwd(logits2d, indices, dweights, norm, scale, config), None, None, None, None, None
+
+
+# -- functional ---------------------------------------------------------------------------------------------
+
+def moe_router(logits: torch.Tensor, top_k: int, expert_bias: torch.Tensor | None = None,
+               norm_topk_prob: bool = True, routed_scaling_factor: float = 1.0):
+    """LFM2-MoE routing: logits (..., E) -> (weights (..., k) in logits dtype, indices (..., k) int64).
+
+    Example (Lfm2MoeSparseMoeBlock): logits = F.linear(h2d, gate.weight)
+        weights, idx = moe_router(logits, cfg.num_experts_per_tok,
+                                  block.expert_bias if cfg.use_expert_bias else None,
+                                  cfg.norm_topk_prob, cfg.routed_scaling_factor)
+    """
+    if logits.dim() < 1 or logits.shape[-1] == 0:
+        raise ValueError(f"moe_router takes logits (tokens, experts); got {tuple(logits.shape)}")
+    E = logits.shape[-1]
+    top_k = int(top_k)
+    if not 1 <= top_k <= E:
+        raise ValueError(f"moe_router: top_k must be in 1..{E} (the number of experts), got {top_k}")
+    if expert_bias is not None and tuple(expert_bias.shape) != (E,):
+        raise ValueError(f"moe_router: expert_bias must have shape ({E},); got {tuple(expert_bias.shape)}")
+    lead = logits.shape[:-1]
+    logits2d = logits.reshape(-1, E)
+    d = OP.select(logits2d, tokens=logits2d.shape[0], experts=E, top_k=top_k)
+    if d.impl == "torch":
+        weights, indices = moe_router_ref(logits2d, top_k, expert_bias, norm_topk_prob, routed_scaling_factor)
+    else:
+        weights, indices = MoERouterFunction.apply(logits2d, top_k, expert_bias, bool(norm_topk_prob),
+                                                   float(routed_scaling_factor), d.config)
+    return weights.reshape(*lead, top_k), indices.reshape(*lead, top_k)
+
+
+# -- registration -------------------------------------------------------------------------------------------
+
+from ..dispatch import Impl, Op, register  # noqa: E402
+from ._common import triton_available  # noqa: E402
+
+
+def _make_case(dims, dtype, device):
+    g = torch.Generator(device="cpu").manual_seed(0)
+    T, E, k = dims["tokens"], dims["experts"], dims["top_k"]
+    logits = torch.randn(T, E, generator=g).to(device, dtype).requires_grad_()
+    # HF keeps expert_bias as an fp32 buffer (aux-loss-free load balancing); small like a trained one
+    bias = (0.05 * torch.randn(E, generator=g)).to(device)
+    dw = torch.randn(T, k, generator=g).to(device, dtype)
+    return {"logits": logits, "bias": bias, "dw": dw, "top_k": k}
+
+
+def _run_torch(case, config):
+    w, idx = moe_router_ref(case["logits"], case["top_k"], case["bias"])
+    return [w, idx.float(), *torch.autograd.grad(w, case["logits"], case["dw"])]
+
+
+def _run_triton(case, config):
+    w, idx = MoERouterFunction.apply(case["logits"], case["top_k"], case["bias"], True, 1.0, config)
+    return [w, idx.float(), *torch.autograd.grad(w, case["logits"], case["dw"])]
+
+
+def _warps(elems: int, per_thread: int, arch) -> int:
+    w = max(1, elems // (per_thread * arch.warp_size))   # warp_size 64 on AMD: half the warps
+    return int(min(arch.max_num_warps, 1 << (w.bit_length() - 1)))
+
+
+def _tile_rows(E: int, elems: int) -> int:
+    return max(1, elems // next_pow2(E))
+
+
+def _heuristic(arch, dims, dtype):
+    E = dims["experts"]
+    if arch.name == "cpu":
+        return {"BLOCK_T": min(8, _tile_rows(E, 256)), "num_warps": 1}
+    # 2048-element tiles (64 rows at E=32): T=65536 gives 1024 programs, ~8 per SM; 16 per thread
+    elems = 2048
+    return {"BLOCK_T": _tile_rows(E, elems), "num_warps": _warps(max(elems, next_pow2(E)), 16, arch)}
+
+
+def _configs(arch, dims, dtype):
+    E = dims["experts"]
+    base = _heuristic(arch, dims, dtype)
+    if arch.name == "cpu":
+        return [base, {"BLOCK_T": _tile_rows(E, 64), "num_warps": 1}]
+    out = [base]
+    for elems in (512, 1024, 2048, 4096, 8192):
+        rows = _tile_rows(E, elems)
+        tile = rows * next_pow2(E)
+        for per_thread in (8, 16, 32):
+            cfg = {"BLOCK_T": rows, "num_warps": _warps(tile, per_thread, arch)}
+            if cfg not in out:
+                out.append(cfg)
+    return out
+
+
+def _plan(preset, arch, quick):
+    if preset is not None and preset.experts == 0:
+        return []
+    E = preset.experts if preset is not None else 32
+    k = preset.top_k if preset is not None else 4
+    if arch.name == "cpu":
+        tokens = (preset.quick_tokens if quick else preset.tokens) if preset is not None and preset.tiny \
+            else ((32,) if quick else (16, 64))
+    elif preset is not None:
+        tokens = preset.quick_tokens if quick else preset.tokens
+    else:
+        tokens = (4096,) if quick else (1024, 4096, 16384, 65536)
+    return [{"tokens": int(t), "experts": E, "top_k": k} for t in tokens]
+
+
+OP = register(Op(
+    name="moe_router", static=("experts", "top_k"), dynamic=("tokens",),
+    impls=[Impl("triton", run=_run_triton, available=triton_available, configs=_configs,
+                heuristic=_heuristic, supports=_unsupported),
+           Impl("torch", run=_run_torch)],
+    make_case=_make_case, plan=_plan, reduce_len=lambda d: d["top_k"]))

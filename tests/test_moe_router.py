@@ -1,0 +1,249 @@
+"""moe_router (LFM2-MoE sigmoid top-k routing) through the Triton interpreter: tiny shapes."""
+import pytest
+import torch
+
+from liger_rt import backend, dispatch
+from liger_rt.kernels import moe_router as mr
+from liger_rt.kernels._common import assert_close
+
+CFG = {"BLOCK_T": 16, "num_warps": 1}
+
+
+def _triton(logits, k, bias=None, norm=True, scale=1.0, config=CFG):
+    return mr.MoERouterFunction.apply(logits, k, bias, norm, scale, config)
+
+
+def _run(fn, logits, k, bias, norm, scale, dw):
+    x = logits.detach().clone().requires_grad_()
+    w, idx = fn(x, k, bias, norm, scale)
+    (dl,) = torch.autograd.grad(w, x, dw)
+    return w, idx, dl
+
+
+def _check(logits, k, bias=None, norm=True, scale=1.0, fn=_triton, seed=0):
+    dtype = logits.dtype
+    dw = torch.randn(logits.shape[0], k, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    w, idx, dl = _run(fn, logits, k, bias, norm, scale, dw)
+    wr, ir, dlr = _run(mr.moe_router_ref, logits, k, bias, norm, scale, dw)
+    assert idx.dtype == torch.int64 and w.dtype == dtype and dl.dtype == dtype
+    assert torch.equal(idx, ir), (idx != ir).nonzero()[:5]
+    assert_close(w, wr, dtype, reduce_len=k, name="weights")
+    assert_close(dl, dlr, dtype, reduce_len=k, name="dlogits")
+    # off the selected experts the gradient is exactly zero, on them it is not (random dw)
+    sel = torch.zeros_like(dl, dtype=torch.bool).scatter_(1, idx, True)
+    assert (dl[~sel] == 0).all() and (dl[sel] != 0).float().mean() > 0.9
+    return w, idx, dl
+
+
+def _logits(T, E, dtype=torch.float32, seed=0):
+    return torch.randn(T, E, generator=torch.Generator().manual_seed(seed)).mul(2).to(dtype)
+
+
+@pytest.mark.parametrize("E,k", [(32, 4), (67, 8), (8, 1), (256, 4)])
+@pytest.mark.parametrize("bias,norm,scale", [(True, True, 1.0), (False, False, 2.5), (True, False, 1.0),
+                                             (False, True, 0.7)])
+def test_matches_reference(E, k, bias, norm, scale):
+    logits = _logits(37, E, seed=E)
+    eb = 0.3 * torch.randn(E, generator=torch.Generator().manual_seed(1)) if bias else None
+    _check(logits, k, eb, norm, scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_dtypes_through_dispatch(dtype):
+    logits = _logits(45, 32, dtype)
+    eb = 0.1 * torch.randn(32)
+    w, idx, _ = _check(logits, 4, eb, True, 2.0, fn=mr.moe_router)
+    # the scores are rounded to the logits dtype before selection, as HF's sigmoid is
+    route = torch.sigmoid(logits.float()).to(dtype).float() + eb
+    assert torch.equal(idx, torch.sort(route, dim=-1, descending=True, stable=True).indices[:, :4])
+
+
+def test_ties_lower_index_wins():
+    # integer logits in {0,1,2}: every row is full of exact ties
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randint(0, 3, (40, 16), generator=g).float()
+    w, idx, _ = _check(logits, 4, None, True, 1.0)
+    for r in range(logits.shape[0]):
+        expect = sorted(range(16), key=lambda e: (-logits[r, e].item(), e))[:4]
+        assert idx[r].tolist() == expect
+    # torch.topk selects the same values (its choice among equal values is unspecified on CPU)
+    vals = torch.topk(torch.sigmoid(logits), 4).values
+    assert torch.equal(torch.gather(torch.sigmoid(logits), 1, idx), vals)
+
+
+def test_ties_made_by_expert_bias():
+    # equal logits per row: only the bias orders experts, and it repeats values (ties in score+bias)
+    logits = torch.full((20, 8), 0.25) + torch.arange(20).float()[:, None] * 0.01
+    eb = torch.tensor([0.1, 0.3, 0.3, 0.0, 0.3, 0.1, 0.0, 0.2])
+    w, idx, _ = _check(logits, 3, eb, True, 1.0)
+    assert (idx == torch.tensor([1, 2, 4])).all()
+    # weights come from the unbiased scores: all equal here, so 1/3 each after normalisation
+    s = torch.sigmoid(logits[:, :1])
+    assert_close(w, (s / (3 * s + 1e-6)).expand_as(w), torch.float32)
+
+
+def test_bf16_rounding_creates_ties_like_hf():
+    # distinct fp32 logits whose bf16 sigmoids collide: HF selects on the rounded scores
+    base = torch.linspace(1.0, 1.02, 8)
+    logits = base.repeat(6, 1).to(torch.bfloat16)
+    scores = torch.sigmoid(logits)
+    assert scores.unique().numel() < 8      # really tied after rounding
+    _, idx, _ = _check(logits, 3)
+    expect = torch.sort(scores.float(), dim=-1, descending=True, stable=True).indices[:, :3]
+    assert torch.equal(idx, expect)
+
+
+def test_bias_dtype_promotion():
+    # bf16 scores + bf16 bias sum in bf16 (rounded), with an fp32 bias in fp32: both as torch
+    logits = _logits(33, 16, torch.bfloat16, seed=3)
+    for eb in (0.2 * torch.randn(16), (0.2 * torch.randn(16)).bfloat16()):
+        _, idx, _ = _check(logits, 4, eb)
+        route = torch.sigmoid(logits) + eb        # torch's own promotion
+        assert torch.equal(idx, torch.sort(route.float(), dim=-1, descending=True, stable=True).indices[:, :4])
+
+
+def test_epsilon_guard_with_tiny_scores():
+    # sigmoid(-14) ~ 8e-7: the 1e-6 in (sum + 1e-6) changes the weights by ~30%, so it must be there
+    logits = -14.0 + 0.3 * _logits(21, 16, seed=9)
+    w, _, _ = _check(logits, 4, None, True, 1.0)
+    assert float(w.detach().sum(-1).max()) < 0.95
+
+
+def test_leading_dims_and_validation():
+    logits = _logits(12, 8).reshape(3, 4, 8)
+    w, idx = mr.moe_router(logits, 2)
+    wr, ir = mr.moe_router_ref(logits.reshape(-1, 8), 2)
+    assert w.shape == (3, 4, 2) and torch.equal(idx.reshape(-1, 2), ir)
+    assert_close(w.reshape(-1, 2), wr, torch.float32)
+    with pytest.raises(ValueError, match="top_k"):
+        mr.moe_router(logits, 9)
+    with pytest.raises(ValueError, match="expert_bias"):
+        mr.moe_router(logits, 2, torch.zeros(7))
+
+
+def test_many_experts_fall_back_to_torch():
+    logits = _logits(5, 300)
+    assert mr.OP.select(logits, tokens=5, experts=300, top_k=4).impl == "torch"
+    w, idx = mr.moe_router(logits, 4)
+    assert torch.equal(idx, mr.moe_router_ref(logits, 4)[1])
+
+
+def test_kernels_write_every_element(monkeypatch):
+    """No zero-fill anywhere: outputs allocated with torch.empty are poisoned first."""
+    real_empty = torch.empty
+
+    def poisoned(*a, **kw):
+        t = real_empty(*a, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-7)
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+    logits = _logits(23, 12)
+    w, idx, dl = _check(logits, 3, 0.1 * torch.randn(12), True, 1.5,
+                       fn=lambda *a: _triton(*a, config={"BLOCK_T": 8, "num_warps": 1}))
+    assert torch.isfinite(dl).all() and (idx >= 0).all()
+
+
+@pytest.mark.parametrize("arch", ["hopper", "mi325x"])
+@pytest.mark.parametrize("E", [32, 64])
+def test_every_candidate_config(arch, E):
+    prof = backend.profile(arch)
+    dims = {"tokens": 4096, "experts": E, "top_k": 4}
+    cfgs = mr.OP.candidates(mr.OP.impl("triton"), prof, dims, torch.bfloat16)
+    assert len(cfgs) >= 5 and mr._heuristic(prof, dims, torch.bfloat16) in cfgs
+    assert all(c["num_warps"] <= prof.max_num_warps for c in cfgs)
+    logits = _logits(19, E, seed=E)
+    eb = 0.1 * torch.randn(E)
+    for cfg in cfgs:
+        _check(logits, 4, eb, True, 1.0, fn=lambda *a, cfg=cfg: _triton(*a, config=cfg))
+
+
+def test_amd_heuristic_is_wave64():
+    dims = {"tokens": 65536, "experts": 32, "top_k": 4}
+    h = mr._heuristic(backend.profile("hopper"), dims, torch.bfloat16)
+    a = mr._heuristic(backend.profile("mi325x"), dims, torch.bfloat16)
+    assert h["BLOCK_T"] == a["BLOCK_T"] and a["num_warps"] * 64 == h["num_warps"] * 32
+
+
+def test_dispatch_env_forces_torch(monkeypatch):
+    logits = _logits(9, 8)
+    assert mr.OP.select(logits, tokens=9, experts=8, top_k=2).impl == "triton"
+    monkeypatch.setenv("LIGER_RT_IMPL_MOE_ROUTER", "torch")
+    dispatch.reset()
+    assert mr.OP.select(logits, tokens=9, experts=8, top_k=2).impl == "torch"
+    monkeypatch.setattr(mr.MoERouterFunction, "apply", lambda *a: pytest.fail("triton path taken"))
+    _check(logits, 2, None, True, 1.0, fn=mr.moe_router)
+
+
+def test_plans():
+    from liger_rt.tools.presets import get_preset
+    cpu, hop = backend.profile("cpu"), backend.profile("hopper")
+    assert mr._plan(None, hop, False) == [{"tokens": t, "experts": 32, "top_k": 4} for t in (1024, 4096, 16384, 65536)]
+    p = mr._plan(get_preset("lfm2-24b-a2b"), hop, True)
+    assert p == [{"tokens": 4096, "experts": 64, "top_k": 4}]
+    assert mr._plan(get_preset("lfm2-1.2b"), hop, False) == []
+    assert all(d["tokens"] <= 64 for d in mr._plan(None, cpu, False))
+    assert mr._plan(get_preset("lfm2-moe-tiny"), cpu, False)[0]["experts"] == 8
+
+
+def test_autotune_validates_candidates_on_cpu():
+    from liger_rt import autotune
+    res = autotune.tune(mr.OP, dispatch.current_target("cpu"), torch.float32,
+                        {"tokens": 24, "experts": 16, "top_k": 4}, quick=True)
+    assert not [m for m in res["measurements"] if not m["ok"]]
+    assert "triton" in res["best"]
+
+
+def _hf_router(E, k, norm, scale, use_bias, hidden=16):
+    from transformers.models.lfm2_moe.configuration_lfm2_moe import Lfm2MoeConfig
+    from transformers.models.lfm2_moe.modeling_lfm2_moe import Lfm2MoeTopKRouter
+    cfg = Lfm2MoeConfig(hidden_size=hidden, num_experts=E, num_experts_per_tok=k, num_hidden_layers=2,
+                        layer_types=["conv", "full_attention"], norm_topk_prob=norm,
+                        routed_scaling_factor=scale, use_expert_bias=use_bias)
+    router = Lfm2MoeTopKRouter(cfg)
+    torch.nn.init.normal_(router.weight, std=0.5)
+    return router
+
+
+@pytest.mark.parametrize("E,k,norm,scale,use_bias", [(32, 4, True, 1.0, True), (8, 2, False, 2.5, False),
+                                                    (64, 4, True, 1.7, True), (16, 3, False, 1.0, True)])
+def test_matches_hf_lfm2_moe_router(E, k, norm, scale, use_bias):
+    torch.manual_seed(E + k)
+    router = _hf_router(E, k, norm, scale, use_bias)
+    h = torch.randn(50, 16)
+    eb = 0.2 * torch.randn(E) if use_bias else None     # the block's fp32 expert_bias buffer
+    dw = torch.randn(50, k)
+    hh = h.clone().requires_grad_()
+    logits_hf, w_hf, idx_hf = router(hh, eb)
+    (dh_hf,) = torch.autograd.grad(w_hf, hh, dw)
+    hh = h.clone().requires_grad_()
+    logits = torch.nn.functional.linear(hh, router.weight)
+    d = mr.OP.select(logits, tokens=50, experts=E, top_k=k)
+    assert d.impl == "triton"
+    w, idx = mr.moe_router(logits, k, eb, norm, scale)
+    (dh,) = torch.autograd.grad(w, hh, dw)
+    assert torch.equal(idx, idx_hf)          # same experts, same order
+    assert w.dtype == w_hf.dtype
+    assert_close(w, w_hf, torch.float32, reduce_len=k, name="weights")
+    assert_close(dh, dh_hf, torch.float32, reduce_len=E, name="d hidden")
+
+
+def test_matches_hf_router_bf16():
+    torch.manual_seed(11)
+    E, k = 32, 4
+    router = _hf_router(E, k, True, 1.0, True).to(torch.bfloat16)
+    h = torch.randn(64, 16).bfloat16()
+    eb = 0.05 * torch.randn(E)
+    logits, w_hf, idx_hf = router(h, eb)
+    w, idx = mr.moe_router(logits, k, eb)
+    # HF's CPU topk orders equal values arbitrarily; where the row has no tie among its top k+1
+    # routing scores the choice is unique and must match exactly, elsewhere the chosen scores must.
+    route = (torch.sigmoid(logits) + eb).float()
+    top = torch.sort(route, -1, descending=True).values[:, :k + 1]
+    unique = (top[:, 1:] != top[:, :-1]).all(-1)
+    assert unique.float().mean() > 0.5
+    assert torch.equal(idx[unique], idx_hf[unique])
+    assert torch.equal(torch.gather(route, 1, idx).sort(-1).values, torch.gather(route, 1, idx_hf).sort(-1).values)
+    assert w.dtype == torch.bfloat16
+    order = torch.argsort(idx, -1), torch.argsort(idx_hf, -1)
+    assert_close(torch.gather(w, 1, order[0]), torch.gather(w_hf, 1, order[1]), torch.bfloat16, reduce_len=k)
+    assert torch.isfinite(w.float()).all()
