@@ -128,7 +128,16 @@ def _refuse(flag: str, reason: str, explicit: set[str], model_type: str, exc=Imp
     if flag in explicit:
         raise exc(msg)
     warnings.warn(msg + f"; it stays on the host path (pass {flag}=False to silence this)", PatchWarning,
-                  stacklevel=5)
+                  stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    # the first frame outside liger_rt.patch, so the warning points at the user's patch() call
+    import sys
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("liger_rt.patch"):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _plan(model_type: str, given: dict[str, Any], *, for_class: bool) -> _Plan:
@@ -188,14 +197,15 @@ class InstanceRecord:
     model_type: str
     flags: dict[str, bool]
     given: dict[str, bool]
-    counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)      # per flag: modules on a liger_rt op
+    modules: dict[str, int] = dataclasses.field(default_factory=dict)     # per class: modules rebound
     skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     saved: list[tuple[Any, str, bool, Any]] = dataclasses.field(default_factory=list)    # (obj, attr, had own, old)
     config_saved: list[tuple[Any, str, Any]] = dataclasses.field(default_factory=list)
 
     def describe(self) -> dict:
         return {"model_type": self.model_type, "level": "instance", "flags": dict(self.flags),
-                "patched": dict(self.counts), "skipped": list(self.skipped)}
+                "patched": dict(self.counts), "modules": dict(self.modules), "skipped": list(self.skipped)}
 
 
 def unwrap(model):
@@ -264,7 +274,9 @@ def _patch_instance(model, given: dict[str, Any]):
                 configs[id(config)] = config
             else:
                 _bind(record, module, fn)
-            record.counts[row.flag] = record.counts.get(row.flag, 0) + 1
+            record.modules[type(module).__name__] = record.modules.get(type(module).__name__, 0) + 1
+            if row.op is not None:
+                record.counts[row.flag] = record.counts.get(row.flag, 0) + 1
         if key in lm_classes:
             _patch_loss_instance(record, module, plan.flags)
     for config in configs.values():
@@ -337,15 +349,15 @@ def _patch_class(model_type: str, given: dict[str, Any]) -> None:
     counts: dict[str, int] = {}
     for cls, row, fn in plan.layers:
         _class_set(cls, "forward", moe.experts_forward if row.experts else fn, model_type, keys)
-        counts[row.flag] = counts.get(row.flag, 0) + 1
+        counts[cls.__name__] = counts.get(cls.__name__, 0) + 1
     for cls in plan.causal_lm:
         if plan.flags["fused_linear_cross_entropy"]:
             _class_set(cls, "forward", loss.causal_lm_forward, model_type, keys)
             _class_set(cls, "_liger_rt_loss", loss.LossOptions(True, plan.flags["keep_logits"]), model_type, keys)
-            counts["fused_linear_cross_entropy"] = counts.get("fused_linear_cross_entropy", 0) + 1
+            counts[cls.__name__] = counts.get(cls.__name__, 0) + 1
         if plan.flags["cross_entropy"]:
             _class_set(cls, "_loss_function", staticmethod(loss.causal_lm_loss), model_type, keys)
-            counts["cross_entropy"] = counts.get("cross_entropy", 0) + 1
+            counts[cls.__name__] = counts.get(cls.__name__, 0) + 1
     _CLASS_RECORDS[model_type] = {"flags": plan.flags, "given": plan.given, "keys": keys, "counts": counts}
 
 
@@ -428,8 +440,7 @@ def describe(target) -> dict | None:
         rec = _CLASS_RECORDS.get(target)
         if rec is None:
             return None
-        return {"model_type": target, "level": "class", "flags": dict(rec["flags"]), "patched": dict(rec["counts"]),
-                "skipped": []}
+        return {"model_type": target, "level": "class", "flags": dict(rec["flags"]), "classes": sorted(rec["counts"])}
     rec = unwrap(target).__dict__.get(_RECORD_KEY)
     return None if rec is None else rec.describe()
 

@@ -1,0 +1,325 @@
+"""Parity of a patched model against the unpatched one: same weights, same input, one AdamW step.
+
+    from liger_rt.tools.parity import compare
+    report = compare(lambda: build_model("qwen3-tiny"))            # liger_rt.patch defaults
+    report = compare((baseline, my_patched_model), patch=False)    # your own pair, already patched
+    report["ok"], report["rows"]["logits"]["linf_over_baseline_max"]
+
+    liger-tune parity --model qwen3 --preset qwen3-4b --dtype bf16 --device cuda [--json]
+
+The input is the one of seed 000: two samples of eight tokens, the second right-padded (attention
+mask, labels -100 there), through SDPA; LFM2-VL gets one small image in the first sample.  Rows:
+
+- logits (valid positions), action log-probs (log-softmax gathered at the next token, where both
+  positions are valid), entropy (same positions) — from a forward without labels (what RL reads);
+- optimisation loss (the ``loss`` the forward with labels returns, backpropagated) and reported
+  loss (the token-sum path: ``num_items_in_batch`` given, as a trainer with gradient accumulation
+  logs it);
+- gradients and one AdamW update (lr 1e-3): the worst tensor, by max abs difference, named.
+
+Each row gives max abs, mean abs and L-inf / baseline max (max abs difference over the largest
+baseline magnitude).  Gates come from one per-dtype table (``TOLERANCES``): every row is gated on
+L-inf / baseline max except the AdamW update, gated on mean |diff| / mean |baseline|: a first AdamW
+step is about lr * sign(grad), so a near-zero gradient whose sign flips moves that element by up
+to 2 lr whatever the precision (seed 000 saw 0.89 lr in bf16), and only the mean says whether the
+step as a whole moved.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+from typing import Any, Callable
+
+import torch
+
+# gate per row and dtype (STYLE 8: one table).  fp32 runs compare reassociation-level differences;
+# 16-bit ones compare kernels that round once in fp32 against HF's per-op rounding.
+TOLERANCES: dict[torch.dtype, dict[str, float]] = {
+    torch.float32: dict(logits=1e-4, action_logprobs=1e-4, entropy=1e-4, optimisation_loss=1e-5,
+                        reported_loss=1e-5, gradients=1e-3, adamw_update=1e-3),
+    torch.float16: dict(logits=5e-3, action_logprobs=5e-3, entropy=5e-3, optimisation_loss=1e-3,
+                        reported_loss=1e-3, gradients=2e-2, adamw_update=2e-2),
+    torch.bfloat16: dict(logits=2e-2, action_logprobs=2e-2, entropy=2e-2, optimisation_loss=5e-3,
+                         reported_loss=5e-3, gradients=5e-2, adamw_update=5e-2),
+}
+ROWS = ("logits", "action_logprobs", "entropy", "optimisation_loss", "reported_loss", "gradients", "adamw_update")
+LABELS = {"logits": "logits", "action_logprobs": "action log-probs", "entropy": "entropy",
+          "optimisation_loss": "optimisation loss", "reported_loss": "reported loss",
+          "gradients": "gradients, worst tensor", "adamw_update": "AdamW update, worst tensor"}
+GATE_STAT = {name: "linf_over_baseline_max" for name in ROWS} | {"adamw_update": "mean_over_baseline_mean"}
+
+
+# -- inputs ---------------------------------------------------------------------------------------------
+
+def make_inputs(model, batch: int = 2, seq: int = 8, seed: int = 0, device=None) -> dict[str, torch.Tensor]:
+    """Seed 000's input: `batch` samples of `seq` tokens, the last sample right-padded by 3.
+
+    Token ids avoid 0 (LFM2's pad id) and any image token; a model with a vision tower
+    (config.vision_config) gets one image of side x side patches in the first sample.
+    """
+    config = model.config
+    text = getattr(config, "text_config", None) or config
+    vocab = int(text.vocab_size)
+    device = device or next(model.parameters()).device
+    g = torch.Generator().manual_seed(seed)
+    image_token = getattr(config, "image_token_id", None)
+    vision = getattr(config, "vision_config", None)
+    n_img, side = 0, 0
+    if vision is not None and image_token is not None:
+        factor = int(getattr(config, "downsample_factor", 2))
+        side = max(factor, min(int(math.isqrt(int(getattr(vision, "num_patches", 16)))), 8))
+        side -= side % factor
+        n_img = (side // factor) ** 2
+    total = seq + n_img
+    high = vocab - 1 if image_token is not None else vocab
+    ids = torch.randint(1, high, (batch, total), generator=g)
+    if image_token is not None:
+        ids[ids == image_token] = 1
+    mask = torch.ones(batch, total, dtype=torch.long)
+    if batch > 1:
+        mask[-1, total - 3:] = 0
+    out = {"input_ids": ids, "attention_mask": mask}
+    if n_img:
+        ids[0, 1:1 + n_img] = image_token
+        p, c = int(vision.patch_size), int(getattr(vision, "num_channels", 3))
+        out["pixel_values"] = torch.randn(1, side * side, c * p * p, generator=g)
+        out["spatial_shapes"] = torch.tensor([[side, side]])
+        out["pixel_attention_mask"] = torch.ones(1, side * side, dtype=torch.bool)
+    labels = ids.masked_fill(mask == 0, -100)
+    if image_token is not None:
+        labels = labels.masked_fill(ids == image_token, -100)
+    out["labels"] = labels
+    dtype = next(model.parameters()).dtype
+    return {k: (v.to(device, dtype) if v.is_floating_point() else v.to(device)) for k, v in out.items()}
+
+
+# -- one run --------------------------------------------------------------------------------------------
+
+def _run(model, inputs: dict, lr: float) -> dict[str, Any]:
+    model.train()
+    labels = inputs["labels"]
+    no_labels = {k: v for k, v in inputs.items() if k != "labels"}
+    ids, mask = inputs["input_ids"], inputs["attention_mask"].bool()
+    with torch.no_grad():
+        logits = model(**no_labels).logits.float()
+        logp = torch.log_softmax(logits[:, :-1], dim=-1)
+        action = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        entropy = -(logp.exp() * logp).sum(-1)
+        pair = mask[:, :-1] & mask[:, 1:] & (labels[:, 1:] != -100)
+        res = {"logits": logits[mask], "action_logprobs": action[pair], "entropy": entropy[mask[:, :-1]]}
+        n_items = (labels[:, 1:] != -100).sum()
+        res["reported_loss"] = model(**inputs, num_items_in_batch=n_items).loss.detach().float()
+    model.zero_grad(set_to_none=True)
+    loss = model(**inputs).loss
+    loss.backward()
+    res["optimisation_loss"] = loss.detach().float()
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    res["gradients"] = {n: p.grad.detach().float().clone() for n, p in params if p.grad is not None}
+    before = {n: p.detach().clone() for n, p in params}
+    opt = torch.optim.AdamW([p for _, p in params], lr=lr)
+    opt.step()
+    res["adamw_update"] = {n: (p.detach().float() - before[n].float()) for n, p in params}
+    del opt, before
+    model.zero_grad(set_to_none=True)
+    return res
+
+
+def _stats(diff: torch.Tensor, base: torch.Tensor) -> dict[str, float]:
+    d, b = diff.abs().float(), base.abs().float()
+    bmax, bmean = float(b.max()) if b.numel() else 0.0, float(b.mean()) if b.numel() else 0.0
+    dmax, dmean = float(d.max()) if d.numel() else 0.0, float(d.mean()) if d.numel() else 0.0
+
+    def ratio(x, y):
+        return x / y if y > 0 else (0.0 if x == 0 else math.inf)
+    if not (math.isfinite(dmax) and torch.isfinite(diff).all()):
+        dmax = dmean = math.inf
+    return {"max_abs": dmax, "mean_abs": dmean, "linf_over_baseline_max": ratio(dmax, bmax),
+            "mean_over_baseline_mean": ratio(dmean, bmean), "baseline_max": bmax}
+
+
+def _tensor_row(base: dict, new: dict) -> dict:
+    worst, worst_name = None, None
+    for name, b in base.items():
+        if name not in new:
+            return {**_stats(torch.tensor([math.inf]), torch.tensor([1.0])), "tensor": name,
+                    "note": "no gradient in the patched model"}
+        s = _stats(new[name] - b, b)
+        if worst is None or s["max_abs"] > worst["max_abs"] or math.isnan(s["max_abs"]):
+            worst, worst_name = s, name
+    allb = torch.cat([b.flatten() for b in base.values()])
+    alld = torch.cat([(new[n] - b).flatten() for n, b in base.items()])
+    overall = _stats(alld, allb)
+    return {**worst, "tensor": worst_name, "mean_over_baseline_mean": overall["mean_over_baseline_mean"],
+            "mean_abs_all": overall["mean_abs"]}
+
+
+def _factory(models):
+    """(baseline, patched) from a factory, one model (deep-copied) or a pair."""
+    if isinstance(models, (tuple, list)):
+        if len(models) != 2:
+            raise ValueError("compare takes a model factory, a model, or a (baseline, patched) pair")
+        return models[0], models[1], True
+    if isinstance(models, torch.nn.Module):
+        return models, copy.deepcopy(models), False
+    if callable(models):
+        base, new = models(), models()
+        new.load_state_dict(base.state_dict())
+        return base, new, False
+    raise TypeError(f"compare takes a model factory, a model, or a (baseline, patched) pair; got {type(models).__name__}")
+
+
+def compare(models: Callable[[], torch.nn.Module] | torch.nn.Module | tuple, *, patch: bool | dict | Callable = True,
+            dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
+            inputs: dict | None = None, lr: float = 1e-3, seed: int = 0,
+            tolerances: dict[str, float] | None = None) -> dict:
+    """Run the baseline and the patched model on the same input and compare (see the module docstring).
+
+    models: a zero-argument factory (called twice; the second gets the first's state dict), a model
+    (deep-copied), or a (baseline, patched) pair.  patch: True applies ``liger_rt.patch`` with the
+    family defaults to the second model, a dict gives its flags, a callable(model) patches it your
+    way, False leaves it as given.  dtype/device cast both models when given.  Returns a dict:
+    ``rows`` (per quantity: max_abs, mean_abs, linf_over_baseline_max, mean_over_baseline_mean,
+    tolerance, gate, ok; tensor for the worst-tensor rows), ``ok``, ``patched`` (what was patched).
+    """
+    from liger_rt.kernels._common import parse_dtype
+    base, new, _ = _factory(models)
+    if dtype is not None:
+        dtype = parse_dtype(dtype)
+        base.to(dtype=dtype)
+        new.to(dtype=dtype)
+    if device is not None:
+        base.to(device)
+        new.to(device)
+    from liger_rt.patch import core
+    if patch is True:
+        core.patch(new)
+    elif isinstance(patch, dict):
+        core.patch(new, **patch)
+    elif callable(patch):
+        patch(new)
+    run_dtype = next(base.parameters()).dtype
+    inputs = inputs if inputs is not None else make_inputs(base, seed=seed)
+    torch.manual_seed(seed)
+    rb = _run(base, inputs, lr)
+    torch.manual_seed(seed)
+    rn = _run(new, inputs, lr)
+    tol = dict(TOLERANCES.get(run_dtype, TOLERANCES[torch.float32]))
+    tol.update(tolerances or {})
+    rows: dict[str, dict] = {}
+    for name in ROWS:
+        if isinstance(rb[name], dict):
+            row = _tensor_row(rb[name], rn[name])
+        else:
+            row = _stats(rn[name] - rb[name], rb[name])
+        gate = GATE_STAT[name]
+        row.update(tolerance=tol[name], gate=gate, ok=bool(row[gate] <= tol[name]))
+        rows[name] = row
+    from liger_rt.patch import describe
+    report = {"ok": all(r["ok"] for r in rows.values()), "dtype": str(run_dtype).replace("torch.", ""),
+              "device": str(next(base.parameters()).device), "lr": lr, "rows": rows,
+              "patched": describe(new),
+              "model_class": type(new).__name__}
+    return report
+
+
+# -- presentation ------------------------------------------------------------------------------------
+
+def format_table(report: dict) -> str:
+    head = f"{'quantity':<28}{'max abs':>14}{'mean abs':>14}{'L-inf/base max':>16}{'gate':>12}  status"
+    lines = [head, "-" * len(head)]
+    for name in ROWS:
+        r = report["rows"][name]
+        gate = f"{'mean' if r['gate'] == 'mean_over_baseline_mean' else 'linf'}<={r['tolerance']:.0e}"
+        status = "ok" if r["ok"] else f"FAIL ({r[r['gate']]:.3g})"
+        lines.append(f"{LABELS[name]:<28}{r['max_abs']:>14.7e}{r['mean_abs']:>14.7e}"
+                     f"{r['linf_over_baseline_max']:>16.7e}{gate:>12}  {status}")
+        if "tensor" in r:
+            lines.append(f"{'':<28}  worst tensor: {r['tensor']}")
+    return "\n".join(lines)
+
+
+def _json_safe(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def _parse_flags(text: str | None) -> dict[str, bool]:
+    import click
+    flags: dict[str, bool] = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        key, _, value = part.partition("=")
+        value = value.strip().lower() or "1"
+        if value not in ("0", "1", "true", "false", "on", "off", "yes", "no"):
+            raise click.BadParameter(f"{part!r}: expected FLAG=0|1")
+        flags[key.strip()] = value in ("1", "true", "on", "yes")
+    return flags
+
+
+try:
+    import click
+except ImportError:  # pragma: no cover - click is a dependency
+    click = None
+
+if click is not None:
+    @click.command("parity")
+    @click.option("--model", "model_type", required=True,
+                  help="Model type: qwen3, llama, qwen3_moe, lfm2, lfm2_moe, lfm2_vl.")
+    @click.option("--preset", default="tiny", show_default=True,
+                  help="tiny (the model type's tiny preset), a preset name (e.g. qwen3-4b) or a PATH.json.")
+    @click.option("--dtype", "dtype_name", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32",
+                  show_default=True)
+    @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+    @click.option("--flags", "flags_text", default=None,
+                  help="liger_rt.patch flags on top of the family defaults, e.g. fused_linear_cross_entropy=1,layer_norm=1.")
+    @click.option("--seed", default=0, show_default=True, type=int)
+    @click.option("--lr", default=1e-3, show_default=True, type=float, help="AdamW learning rate of the one step.")
+    @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+    def parity(model_type, preset, dtype_name, device, flags_text, seed, lr, as_json):
+        """Patched vs unpatched model from a config (random weights, no hub): logits, log-probs, entropy, losses, grads, AdamW step."""
+        from liger_rt.kernels._common import parse_dtype
+        from liger_rt.tools.models import build_model
+        from liger_rt.tools.presets import get_preset
+        try:
+            p = get_preset(preset, model_type)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--preset") from None
+        if p.model_type != model_type:
+            raise click.BadParameter(f"preset {p.name} is a {p.model_type} model, not {model_type}",
+                                     param_hint="--preset")
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda" and not torch.cuda.is_available():
+            raise click.BadParameter("no CUDA/ROCm device here", param_hint="--device")
+        dtype = parse_dtype(dtype_name)
+        flags = _parse_flags(flags_text)
+        from liger_rt.patch import core
+        try:
+            core._spec(model_type)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--model") from None
+
+        def factory():
+            return build_model(p, dtype=dtype, device=device, seed=seed)
+        try:
+            report = compare(factory, patch=flags, lr=lr, seed=seed)
+        except (ValueError, TypeError, NotImplementedError, ImportError) as exc:
+            raise click.ClickException(str(exc)) from None
+        report.update(model_type=model_type, preset=p.name, flags=flags)
+        if as_json:
+            click.echo(json.dumps(_json_safe(report), indent=1, default=str))
+        else:
+            desc = report.get("patched") or {}
+            what = ", ".join(f"{k} x{v}" for k, v in (desc.get("patched") or {}).items()) or "nothing"
+            click.echo(f"liger-tune parity: {model_type} ({p.name}), {report['dtype']} on {report['device']}; "
+                       f"patched: {what}")
+            click.echo(format_table(report))
+            click.echo("PASS" if report["ok"] else
+                       "FAIL: " + ", ".join(LABELS[n] for n, r in report["rows"].items() if not r["ok"]))
+        if not report["ok"]:
+            raise SystemExit(1)
