@@ -1,0 +1,177 @@
+"""swiglu through the Triton interpreter: tiny shapes, fp32 references, every candidate config."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import liger_rt.ops
+from liger_rt import autotune, backend, dispatch
+from liger_rt.kernels import swiglu as sw
+from liger_rt.kernels._common import assert_close
+from liger_rt.tools.presets import get_preset
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+CPU = backend.profile("cpu")
+WIDE = {"BLOCK_N": 1024, "ROWS": 16, "num_warps": 4, "bwd_num_warps": 4}
+
+
+def _inputs(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    gate = (torch.randn(*shape, generator=g) * 3.0).to(dtype)      # both tails of silu
+    up = torch.randn(*shape, generator=g).to(dtype)
+    dy = torch.randn(*shape, generator=g).to(dtype)
+    return gate, up, dy
+
+
+def _fwd_bwd(fn, gate, up, dy):
+    gate, up = gate.detach().clone().requires_grad_(), up.detach().clone().requires_grad_()
+    y = fn(gate, up)
+    return [y, *torch.autograd.grad(y, (gate, up), dy)]
+
+
+def _triton(config):
+    return lambda g, u: sw.SwiGLUFunction.apply(g, u, config)
+
+
+def _check(outs, refs, dtype, what=""):
+    for o, r, name in zip(outs, refs, ("y", "dgate", "dup")):
+        assert o.dtype == r.dtype and o.shape == r.shape, name
+        assert_close(o, r, dtype, name=f"{what} {name}")
+
+
+def _heuristic(cols):
+    return sw._heuristic(CPU, {"rows": 1, "cols": cols}, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matches_reference(dtype):
+    gate, up, dy = _inputs((3, 5, 100), dtype)
+    outs = _fwd_bwd(_triton(_heuristic(100)), gate, up, dy)
+    _check(outs, _fwd_bwd(sw.swiglu_ref, gate, up, dy), dtype, f"{dtype} vs ref")
+    exact = _fwd_bwd(sw.swiglu_ref, gate.float(), up.float(), dy.float())
+    for o, r, name in zip(outs, exact, ("y", "dgate", "dup")):
+        assert_close(o, r, dtype, name=f"{dtype} vs fp32 {name}")
+
+
+def test_hand_computed_gradients():
+    """Gradients against the formula, independent of autograd through the reference."""
+    gate, up, dy = _inputs((4, 40), torch.float32, seed=1)
+    y, dg, du = _fwd_bwd(_triton(_heuristic(40)), gate, up, dy)
+    sig = torch.sigmoid(gate)
+    assert_close(y, gate * sig * up, torch.float32)
+    assert_close(du, dy * gate * sig, torch.float32)
+    assert_close(dg, dy * up * sig * (1 + gate * (1 - sig)), torch.float32)
+
+
+def test_matches_eager_module_numerics_bf16():
+    """Same two roundings as F.silu(g) * u in bf16: the forward matches eager to the bit."""
+    gate, up, _ = _inputs((8, 64), torch.bfloat16, seed=2)
+    y = sw.swiglu_fwd(gate, up, _heuristic(64))
+    assert torch.equal(y, F.silu(gate) * up)
+
+
+def test_one_row():
+    gate, up, dy = _inputs((1, 64), torch.float32, seed=3)
+    _check(_fwd_bwd(_triton(_heuristic(64)), gate, up, dy), _fwd_bwd(sw.swiglu_ref, gate, up, dy), torch.float32)
+
+
+@pytest.mark.parametrize("rows,cols,dtype", [(199, 760, torch.bfloat16), (1151, 1000, torch.float32)])
+def test_odd_sizes(rows, cols, dtype):
+    gate, up, dy = _inputs((rows, cols), dtype, seed=4)
+    _check(_fwd_bwd(_triton(WIDE), gate, up, dy), _fwd_bwd(sw.swiglu_ref, gate, up, dy), dtype, f"{rows}x{cols}")
+
+
+def test_fused_gate_up_halves_and_strided_views():
+    g = torch.Generator().manual_seed(5)
+    gate_up = torch.randn(2, 7, 2 * 96, generator=g)
+    dy = torch.randn(2, 7, 96, generator=g)
+    gate, up = gate_up.chunk(2, dim=-1)                     # rows 192 apart: read in place
+    outs = _fwd_bwd(liger_rt.ops.swiglu, gate, up, dy)
+    _check(outs, _fwd_bwd(sw.swiglu_ref, gate, up, dy), torch.float32, "chunked")
+    # column stride 2 (copied), transposed leading dims, strided dy
+    base = torch.randn(7, 2, 192, generator=g)
+    gate2, up2 = base[..., ::2].transpose(0, 1), base[..., 1::2].transpose(0, 1)
+    dy2 = torch.randn(96, 7, 2, generator=g).permute(2, 1, 0)
+    _check(_fwd_bwd(liger_rt.ops.swiglu, gate2, up2, dy2), _fwd_bwd(sw.swiglu_ref, gate2, up2, dy2),
+           torch.float32, "strided")
+
+
+def test_gradients_reach_a_fused_projection():
+    g = torch.Generator().manual_seed(6)
+    gate_up = torch.randn(5, 2 * 48, generator=g, requires_grad=True)
+    dy = torch.randn(5, 48, generator=g)
+    y = liger_rt.ops.swiglu(*gate_up.chunk(2, -1))
+    (dgu,) = torch.autograd.grad(y, gate_up, dy)
+    ref_in = gate_up.detach().clone().requires_grad_()
+    (ref,) = torch.autograd.grad(sw.swiglu_ref(*ref_in.chunk(2, -1)), ref_in, dy)
+    assert_close(dgu, ref, torch.float32)
+
+
+def _all_candidates(cols):
+    out = []
+    for arch in ("hopper", "mi325x", "cpu"):
+        for cfg in sw.OP.candidates(sw.OP.impl("triton"), backend.profile(arch), {"rows": 64, "cols": cols},
+                                    torch.bfloat16):
+            if cfg not in out:
+                out.append(cfg)
+    return out
+
+
+@pytest.mark.parametrize("cols", [100, 2000])
+def test_every_candidate_config(cols):
+    gate, up, dy = _inputs((5, cols), torch.float32, seed=7)
+    refs = _fwd_bwd(sw.swiglu_ref, gate, up, dy)
+    for cfg in _all_candidates(cols):
+        _check(_fwd_bwd(_triton(cfg), gate, up, dy), refs, torch.float32, str(cfg))
+
+
+def test_candidate_spaces_are_modest_and_arch_aware():
+    for arch_name in ("hopper", "mi325x", "mi300x", "blackwell", "ampere"):
+        arch = backend.profile(arch_name)
+        for cols in (768, 4304, 6144, 8192, 12288):
+            dims = {"rows": 16384, "cols": cols}
+            cands = sw.OP.candidates(sw.OP.impl("triton"), arch, dims, torch.bfloat16)
+            assert 1 <= len(cands) <= 12
+            for c in cands + [sw._heuristic(arch, dims, torch.bfloat16)]:
+                assert c["num_warps"] <= arch.max_num_warps and c["bwd_num_warps"] <= arch.max_num_warps
+                assert c["BLOCK_N"] <= 16384
+
+
+def test_sweep_validates_every_cpu_candidate():
+    target = dispatch.Target(arch=CPU, device_type="cpu", interpret=True)
+    result = autotune.tune(sw.OP, target, torch.bfloat16, {"rows": 16, "cols": 96}, quick=True)
+    bad = [m for m in result["measurements"] if not m["ok"]]
+    assert not bad, bad
+
+
+def test_dispatch_heuristic_then_env(monkeypatch):
+    calls = []
+    real = sw.SwiGLUFunction.apply
+    monkeypatch.setattr(sw.SwiGLUFunction, "apply", lambda *a: calls.append(1) or real(*a))
+    gate, up, _ = _inputs((2, 3, 48), torch.bfloat16, seed=8)
+    y = liger_rt.ops.swiglu(gate, up)
+    d = sw.OP.select(gate.reshape(-1, 48), rows=6, cols=48)
+    assert (d.impl, d.origin) == ("triton", "heuristic") and calls == [1]
+    assert_close(y, sw.swiglu_ref(gate, up), torch.bfloat16)
+
+    monkeypatch.setenv("LIGER_RT_IMPL_SWIGLU", "torch")
+    dispatch.reset()
+    y2 = liger_rt.ops.swiglu(gate, up)
+    assert sw.OP.select(gate.reshape(-1, 48), rows=6, cols=48).impl == "torch" and calls == [1]
+    assert torch.equal(y2, F.silu(gate) * up)
+
+
+def test_errors_and_fallbacks():
+    with pytest.raises(ValueError, match="same shape"):
+        liger_rt.ops.swiglu(torch.randn(2, 8), torch.randn(2, 9))
+    g64, u64 = torch.randn(3, 8, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64)
+    assert torch.equal(liger_rt.ops.swiglu(g64, u64), F.silu(g64) * u64)
+    assert liger_rt.ops.swiglu(torch.randn(0, 8), torch.randn(0, 8)).shape == (0, 8)
+
+
+def test_plan():
+    cpu = sw._plan(None, CPU, quick=False)
+    assert cpu and all(d["rows"] <= 32 and d["cols"] <= 128 for d in cpu)
+    assert sw._plan(get_preset("llama-tiny"), CPU, quick=True) == [{"rows": 8, "cols": 96}]
+    hopper = backend.profile("hopper")
+    assert sw._plan(get_preset("qwen3-4b"), hopper, quick=True) == [{"rows": 4096, "cols": 9728}]
+    assert {"rows": 16384, "cols": 12288} in sw._plan(None, hopper, quick=False)
