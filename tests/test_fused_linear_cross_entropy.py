@@ -1,0 +1,313 @@
+"""fused_linear_cross_entropy through the Triton interpreter against the fp32 PyTorch loss."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import liger_rt
+from liger_rt import backend, dispatch
+from liger_rt.kernels import fused_linear_cross_entropy as flce
+from liger_rt.kernels._common import assert_close
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+IDS = ["fp32", "fp16", "bf16"]
+# relative RMSE against the all-fp32 loss (x and W upcast): rounding the logits and dlogits to the
+# dtype is all that may differ; a wrong mask or a missing chunk gives O(1)
+REL_RMSE = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+def _case(tokens, hidden, vocab, dtype, *, bias=False, seed=0, ignore_frac=0.25, lead=None):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g)
+    w = torch.randn(vocab, hidden, generator=g) * (2.0 / hidden ** 0.5)
+    b = torch.randn(vocab, generator=g) if bias else None
+    y = torch.randint(0, vocab, (tokens,), generator=g)
+    y[torch.rand(tokens, generator=g) < ignore_frac] = -100
+    y[0] = 1
+    if lead is not None:
+        x, y = x.reshape(*lead, hidden), y.reshape(lead)
+    cast = lambda t: None if t is None else t.to(dtype)  # noqa: E731
+    return cast(x), cast(w), cast(b), y
+
+
+def _rel_rmse(a, b):
+    a, b = a.detach().float(), b.detach().float()
+    return float((a - b).norm() / b.norm().clamp(min=1e-30))
+
+
+def _grads(fn, x, w, b, y, dy_seed=1, **kw):
+    ins = [t.clone().requires_grad_() for t in (x, w) + ((b,) if b is not None else ())]
+    loss = fn(ins[0], ins[1], y, ins[2] if b is not None else None, **kw)
+    g = torch.Generator().manual_seed(dy_seed)
+    dy = torch.rand(loss.shape, generator=g) + 0.5
+    return loss, torch.autograd.grad(loss, ins, dy)
+
+
+def _check(x, w, b, y, config=None, **kw):
+    """Ours vs the torch implementation in the same dtype (tight) and vs all-fp32 (rel. RMSE)."""
+    dtype = x.dtype
+    if config is None:
+        ours = liger_rt.ops.fused_linear_cross_entropy
+    else:
+        def ours(x_, w_, y_, b_, reduction="mean", label_smoothing=0.0, lse_square_scale=0.0, softcap=None,
+                 num_items_in_batch=None):
+            loss = flce.FusedLinearCrossEntropyFunction.apply(
+                x_.reshape(-1, x_.shape[-1]), w_, y_.reshape(-1), b_, -100, reduction, label_smoothing,
+                lse_square_scale, softcap, num_items_in_batch, config)
+            return loss.reshape(y_.shape) if reduction == "none" else loss
+    loss, grads = _grads(ours, x, w, b, y, **kw)
+    ref_loss, ref_grads = _grads(flce.fused_linear_cross_entropy_ref, x, w, b, y, **kw)
+    f32 = [t.float() if t is not None else None for t in (x, w, b)]
+    full_loss, full_grads = _grads(flce.fused_linear_cross_entropy_ref, *f32, y, **kw)
+    assert loss.dtype == torch.float32 and loss.shape == ref_loss.shape
+    tokens = y.numel()
+    assert_close(loss, ref_loss, torch.float32 if dtype == torch.float32 else dtype, reduce_len=tokens, name="loss")
+    for name, g, r, f in zip(("dx", "dw", "db"), grads, ref_grads, full_grads):
+        assert g.dtype == dtype and g.shape == r.shape
+        assert_close(g, r, dtype, reduce_len=tokens, name=name)
+        assert _rel_rmse(g, f) < REL_RMSE[dtype], (name, _rel_rmse(g, f))
+    assert _rel_rmse(loss, full_loss) < REL_RMSE[dtype]
+    return loss, grads
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_matches_reference(dtype, reduction, bias):
+    # 18 tokens with the cpu heuristic's chunk of 4 (fp32) / 8 (16-bit): a ragged last chunk
+    x, w, b, y = _case(18, 24, 199, dtype, bias=bias)
+    d = flce.OP.select(x, tokens=18, hidden=24, vocab=199)
+    assert 0 < d.config["chunk"] < 18 and 18 % d.config["chunk"] != 0
+    _check(x, w, b, y, reduction=reduction)
+
+
+@pytest.mark.parametrize("feature", [{"label_smoothing": 0.1}, {"lse_square_scale": 1e-2}, {"softcap": 3.0},
+                                     {"label_smoothing": 0.2, "lse_square_scale": 0.1, "softcap": 2.0}],
+                         ids=["smoothing", "zloss", "softcap", "all"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_features(feature, dtype):
+    x, w, b, y = _case(10, 16, 1000, dtype)
+    _check(x, w, b, y, reduction="mean", **feature)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 0, 100])
+def test_chunk_sizes_that_do_not_divide(chunk):
+    x, w, b, y = _case(17, 16, 211, torch.float32, bias=True)
+    _check(x, w, b, y, config={"chunk": chunk, "BLOCK_V": 64, "num_warps": 4}, reduction="sum",
+           label_smoothing=0.1)
+
+
+def test_leading_dims_and_single_token():
+    x, w, b, y = _case(12, 16, 160, torch.bfloat16, lead=(3, 4))
+    loss, (gx, gw) = _check(x, w, b, y, reduction="none")
+    assert loss.shape == (3, 4) and gx.shape == (3, 4, 16)
+    x, w, b, y = _case(1, 8, 300, torch.float32, ignore_frac=0.0)
+    _check(x, w, b, y, reduction="mean")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_all_ignored(reduction):
+    x, w, b, y = _case(9, 16, 199, torch.bfloat16, bias=True)
+    y = torch.full_like(y, -100)
+    ins = [t.clone().requires_grad_() for t in (x, w, b)]
+    loss = liger_rt.ops.fused_linear_cross_entropy(ins[0], ins[1], y, ins[2], reduction=reduction,
+                                                   lse_square_scale=1e-2)
+    grads = torch.autograd.grad(loss, ins, torch.ones_like(loss))
+    assert torch.isfinite(loss).all() and (loss == 0).all()
+    for g in grads:
+        assert torch.isfinite(g.float()).all() and (g == 0).all()
+
+
+def test_fp16_small_gradients_do_not_underflow():
+    # mean over a large count: p / n sits below fp16's normal range, so the dlogits are stored
+    # unscaled and dX/dW scaled afterwards (scaling in-kernel would give ~3.5x the dX error here)
+    x, w, b, y = _case(16, 16, 199, torch.float16)
+    w = w * 4
+    kw = {"num_items_in_batch": 100000}
+    _, (gx, gw) = _grads(liger_rt.ops.fused_linear_cross_entropy, x, w, b, y, **kw)
+    _, (fx, fw) = _grads(flce.fused_linear_cross_entropy_ref, x.float(), w.float(), None, y, **kw)
+    assert _rel_rmse(gx, fx) < 2e-3 and _rel_rmse(gw, fw) < 4.5e-3
+
+
+def test_tied_weights_accumulate():
+    # the lm_head weight is also the input embedding: both gradients must land in one .grad
+    g = torch.Generator().manual_seed(3)
+    vocab, hidden, tokens = 199, 16, 14
+    emb0 = torch.randn(vocab, hidden, generator=g) * 0.5
+    ids = torch.randint(0, vocab, (tokens,), generator=g)
+    proj0 = torch.randn(hidden, hidden, generator=g) * 0.3
+    labels = torch.roll(ids, -1)
+    labels[-1] = -100
+
+    def run(fn):
+        emb = emb0.clone().requires_grad_()
+        proj = proj0.clone().requires_grad_()
+        h = torch.tanh(F.embedding(ids, emb) @ proj)
+        loss = fn(h, emb, labels)
+        loss.backward()
+        return loss, emb.grad, proj.grad
+
+    ours = run(liger_rt.ops.fused_linear_cross_entropy)
+    ref = run(flce.fused_linear_cross_entropy_ref)
+    for a, r in zip(ours, ref):
+        assert_close(a, r, torch.float32, reduce_len=tokens)
+    assert ours[1][ids].abs().sum() > 0
+
+
+def test_hf_causal_lm_loss_mapping():
+    from transformers.loss.loss_utils import ForCausalLMLoss
+    x, w, _, labels = _case(2 * 9, 16, 199, torch.float32, lead=(2, 9), ignore_frac=0.2)
+    for num_items in (None, torch.tensor(11)):
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+        ref = ForCausalLMLoss(xr @ wr.t(), labels, vocab_size=199, num_items_in_batch=num_items)
+        ref.backward()
+        xo, wo = x.clone().requires_grad_(), w.clone().requires_grad_()
+        shifted = F.pad(labels, (0, 1), value=-100)[..., 1:]
+        loss = liger_rt.ops.fused_linear_cross_entropy(xo, wo, shifted, num_items_in_batch=num_items)
+        loss.backward()
+        assert_close(loss, ref, torch.float32)
+        assert_close(xo.grad, xr.grad, torch.float32)
+        assert_close(wo.grad, wr.grad, torch.float32, reduce_len=18)
+
+
+@pytest.mark.parametrize("which", ["x", "w", "none"])
+def test_partial_requires_grad_and_no_grad(which):
+    x, w, b, y = _case(10, 16, 199, torch.float32)
+    xg = x.clone().requires_grad_(which == "x")
+    wg = w.clone().requires_grad_(which == "w")
+    loss = liger_rt.ops.fused_linear_cross_entropy(xg, wg, y)
+    assert_close(loss, flce.fused_linear_cross_entropy_ref(x, w, y), torch.float32)
+    if which == "none":
+        assert loss.grad_fn is None
+        return
+    loss.backward()
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    flce.fused_linear_cross_entropy_ref(xr, wr, y).backward()
+    got, want = (xg.grad, xr.grad) if which == "x" else (wg.grad, wr.grad)
+    assert_close(got, want, torch.float32, reduce_len=10)
+    assert (wg.grad if which == "x" else xg.grad) is None
+    with torch.no_grad():
+        l2 = liger_rt.ops.fused_linear_cross_entropy(xg, wg, y)
+    assert l2.grad_fn is None and torch.equal(l2, loss.detach())
+
+
+def test_weight_in_another_dtype():
+    # fp32 master weight with bf16 activations: the weight is cast differentiably, its grad is fp32
+    x, w, _, y = _case(10, 16, 199, torch.bfloat16)
+    w32 = w.float().requires_grad_()
+    xg = x.clone().requires_grad_()
+    liger_rt.ops.fused_linear_cross_entropy(xg, w32, y, reduction="sum").backward()
+    wr = w.float().requires_grad_()
+    flce.fused_linear_cross_entropy_ref(x.clone(), wr.to(torch.bfloat16), y, reduction="sum").backward()
+    assert w32.grad.dtype == torch.float32
+    assert_close(w32.grad, wr.grad, torch.bfloat16, reduce_len=10)
+
+
+def test_double_backward_is_refused():
+    x, w, _, y = _case(6, 8, 64, torch.float32)
+    xg = x.clone().requires_grad_()
+    loss = liger_rt.ops.fused_linear_cross_entropy(xg, w, y)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="once"):
+        loss.backward()
+
+
+def test_every_candidate_config_hopper_mi325x():
+    # the configs the sweep measures at the two benchmark shapes, each run once on a tiny shape
+    x, w, b, y = _case(6, 8, 300, torch.bfloat16, ignore_frac=0.0)
+    impl = flce.OP.impl("triton")
+    seen = set()
+    for name in ("hopper", "mi325x"):
+        arch = backend.profile(name)
+        for dims in ({"tokens": 8192, "hidden": 2560, "vocab": 151936},
+                     {"tokens": 8192, "hidden": 2048, "vocab": 65536}):
+            cands = flce.OP.candidates(impl, arch, dims, torch.bfloat16)
+            assert flce._heuristic(arch, dims, torch.bfloat16) in cands
+            for cfg in cands:
+                assert cfg["num_warps"] <= arch.max_num_warps
+                key = tuple(sorted(cfg.items()))
+                if key not in seen:
+                    seen.add(key)
+                    _check(x, w, b, y, config=cfg, reduction="sum")
+    assert len(seen) >= 20
+
+
+GB = 1e9
+
+
+def test_memory_budget_mi325x_and_hopper():
+    mib128 = 128 * 2 ** 20
+    for name in ("mi325x", "mi300x", "mi355x"):
+        d = dispatch.select("fused_linear_cross_entropy", arch=name, dtype="bf16",
+                            tokens=8192, hidden=2560, vocab=151936)
+        assert d.origin == "heuristic" and d.impl == "triton"
+        chunk = d.config["chunk"]
+        assert 256 <= chunk and chunk * 151936 * 2 <= mib128, d.config
+        arch = backend.profile(name)
+        for cfg in flce.OP.candidates(flce.OP.impl("triton"), arch,
+                                      {"tokens": 8192, "hidden": 2560, "vocab": 151936}, torch.bfloat16):
+            assert cfg["chunk"] * 151936 * 2 <= mib128
+    # hopper: its budget, and the H200 memory targets (peak extra = dW + dX + one chunk of logits)
+    for (h, v, target_gb) in ((2048, 65536, 0.5), (2560, 151936, 1.0)):
+        d = dispatch.select("fused_linear_cross_entropy", arch="hopper", dtype="bf16", tokens=8192, hidden=h, vocab=v)
+        chunk = d.config["chunk"]
+        assert chunk >= 256 and chunk * v * 2 <= flce.logits_budget(backend.profile("hopper"))
+        extra = (v * h + 8192 * h + chunk * v) * 2
+        assert extra <= target_gb * GB, (h, v, chunk, extra / GB)
+    # a huge vocab keeps the floor; few tokens use one chunk ("all")
+    assert flce._heuristic(backend.profile("hopper"), {"tokens": 8192, "hidden": 4096, "vocab": 2 ** 20},
+                           torch.bfloat16)["chunk"] == 256
+    assert flce._heuristic(backend.profile("hopper"), {"tokens": 64, "hidden": 2048, "vocab": 65536},
+                           torch.bfloat16)["chunk"] == 0
+    # fp32 logits take twice the bytes: half the rows
+    c16 = flce._heuristic(backend.profile("hopper"), {"tokens": 8192, "hidden": 2048, "vocab": 65536}, torch.bfloat16)
+    c32 = flce._heuristic(backend.profile("hopper"), {"tokens": 8192, "hidden": 2048, "vocab": 65536}, torch.float32)
+    assert c32["chunk"] * 2 <= c16["chunk"]
+
+
+def test_dispatch_override_torch(monkeypatch):
+    x, w, _, y = _case(10, 16, 199, torch.float32)
+    monkeypatch.setenv("LIGER_RT_IMPL_FUSED_LINEAR_CROSS_ENTROPY", "torch")
+    dispatch.reset()
+    d = flce.OP.select(x, tokens=10, hidden=16, vocab=199)
+    assert d.impl == "torch" and d.origin == "env"
+    xg = x.clone().requires_grad_()
+    loss = liger_rt.ops.fused_linear_cross_entropy(xg, w, y)
+    assert "FusedLinearCrossEntropy" not in type(loss.grad_fn).__name__
+    assert_close(loss, flce.fused_linear_cross_entropy_ref(x, w, y), torch.float32)
+    monkeypatch.delenv("LIGER_RT_IMPL_FUSED_LINEAR_CROSS_ENTROPY")
+    dispatch.reset()
+    loss = liger_rt.ops.fused_linear_cross_entropy(x.clone().requires_grad_(), w, y)
+    assert "FusedLinearCrossEntropy" in type(loss.grad_fn).__name__
+
+
+def test_tuning_case_validates():
+    # what the autotuner runs: triton outputs must match the torch outputs within the table
+    from liger_rt.kernels._common import close_report
+    dims = {"tokens": 16, "hidden": 32, "vocab": 199}
+    arch = backend.profile("cpu")
+    case = flce._make_case(dims, torch.bfloat16, "cpu")
+    ref = flce._run_torch(case, {})
+    for cfg in flce.OP.candidates(flce.OP.impl("triton"), arch, dims, torch.bfloat16)[:3]:
+        out = flce._run_triton(case, cfg)
+        assert len(out) == len(ref) == 3
+        for o, r in zip(out, ref):
+            assert close_report(o, r, torch.bfloat16, flce.OP.reduce_len(dims)) is None
+
+
+def test_plan_and_errors():
+    from liger_rt.tools.presets import get_preset
+    cpu = backend.profile("cpu")
+    assert flce._plan(None, cpu, True) == [{"tokens": 16, "hidden": 32, "vocab": 199}]
+    tiny = get_preset("qwen3-4b-tiny")
+    assert flce._plan(tiny, cpu, False) == [{"tokens": 16, "hidden": 80, "vocab": 199},
+                                           {"tokens": 64, "hidden": 80, "vocab": 199}]
+    plan = flce._plan(get_preset("qwen3-4b"), backend.profile("hopper"), False)
+    assert {"tokens": 16384, "hidden": 2560, "vocab": 151936} in plan
+    assert {"tokens": 8192, "hidden": 2560, "vocab": 151936} in flce._plan(None, backend.profile("mi325x"), True)
+    x, w, _, y = _case(4, 8, 10, torch.float32)
+    with pytest.raises(ValueError, match="shift labels"):
+        liger_rt.ops.fused_linear_cross_entropy(x, w, y[:3])
+    with pytest.raises(ValueError, match="vocab, hidden"):
+        liger_rt.ops.fused_linear_cross_entropy(x, w.t(), y)
+    with pytest.raises(ValueError, match="reduction"):
+        liger_rt.ops.fused_linear_cross_entropy(x, w, y, reduction="avg")
