@@ -1,6 +1,7 @@
 """Model training-step benchmark on the H200: the issue's three target runs.
 
-    python benchmarks/bench_model.py [--which qwen3|lfm2|lfm2moe|all] [--quick] [--plot benchmarks/results/model_h200.png]
+    python benchmarks/bench_model.py [--which qwen3|lfm2|lfm2moe|all] [--quick]
+                                     [--plot benchmarks/results/model_h200.png]
 
 One SFT step (bf16 weights, fused AdamW, sdpa, random tokens, labels = input_ids, batch 4 x seq
 2048), baseline vs liger_rt.patch (family defaults + fused_linear_cross_entropy) vs Liger-Kernel

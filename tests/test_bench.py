@@ -1,0 +1,226 @@
+"""`liger-tune bench`: the model step on tiny presets on CPU, kernel-bench plumbing, clear errors."""
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import types
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from liger_rt.tools import bench as B
+from liger_rt.tools.bench import bench
+
+RUN_COLS = {"kind", "model_type", "preset", "arm", "run_index", "order", "batch", "seq", "steps", "warmup", "dtype",
+            "device", "median_step_ms", "tok_per_s", "peak_alloc_GB", "loss_first", "loss_last", "losses",
+            "max_loss_diff", "model_TFLOPs", "params_M", "flags", "torch", "gpu"}
+SUMMARY_COLS = {"speedup", "mem_ratio", "loss_curves_overlap", "runs", "tok_per_s_spread"}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models on a shared CPU: more threads only add spin-waiting."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _needs_patchers():
+    pytest.importorskip("liger_rt.tools.models")
+    import liger_rt.patch as P
+    if not hasattr(P, "patch"):
+        pytest.skip("liger_rt.patch has no patch() yet")
+
+
+def _read(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _no_liger_kernel(monkeypatch):
+    monkeypatch.setattr(B._LigerKernelPatch, "supported", staticmethod(lambda mt: (False, "not installed here")))
+
+
+# -- bench model ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model_type", ["qwen3", "lfm2"])
+def test_bench_model_cpu_tiny(model_type, tmp_path, monkeypatch):
+    _needs_patchers()
+    _no_liger_kernel(monkeypatch)
+    out = tmp_path / "model.csv"
+    res = CliRunner().invoke(bench, ["model", "--model", model_type, "--preset", "tiny", "--steps", "2",
+                                     "--warmup", "1", "--batch", "2", "--seq", "16", "--device", "cpu",
+                                     "--dtype", "fp32", "--csv", str(out)])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    rows = _read(out)
+    assert RUN_COLS <= set(rows[0]) and SUMMARY_COLS <= set(rows[0])
+    runs = [r for r in rows if r["kind"] == "run"]
+    assert [r["arm"] for r in runs] == ["baseline", "liger_rt", "liger_rt", "baseline"]
+    assert [int(r["run_index"]) for r in runs] == [0, 1, 2, 3]
+    assert runs[0]["order"] == "baseline>liger_rt>liger_rt>baseline"
+    assert all(r["peak_alloc_GB"] == "n/a" for r in rows)          # CPU: no allocator statistics
+    curves = [json.loads(r["losses"]) for r in runs]
+    assert all(len(c) == 3 for c in curves)                          # warmup + measured steps
+    base = curves[0]
+    assert curves[3] == base                                         # same seed, same weights, same batch
+    for c in curves[1:3]:                                            # fp32: patched must track baseline
+        assert max(abs(a - b) for a, b in zip(c, base)) <= 1e-3 * abs(base[0])
+    summ = {r["arm"]: r for r in rows if r["kind"] == "summary"}
+    assert set(summ) == {"baseline", "liger_rt"} and summ["liger_rt"]["loss_curves_overlap"] == "True"
+    assert "tok/s" in res.output and "n/a" in res.output
+
+
+def test_run_model_bench_api_and_liger_kernel_arm_is_isolated(monkeypatch):
+    """With a (fake) Liger-Kernel present: six runs, ABCCBA, and its module-level mutations are undone."""
+    _needs_patchers()
+    from transformers.models.qwen3 import modeling_qwen3
+    orig_rope, orig_norm = modeling_qwen3.apply_rotary_pos_emb, modeling_qwen3.Qwen3RMSNorm
+
+    def fake_apply(model):                       # what apply_liger_kernel_to_qwen3 does, numerically neutral
+        modeling_qwen3.apply_rotary_pos_emb = lambda *a, **k: orig_rope(*a, **k)
+        modeling_qwen3.Qwen3RMSNorm = type("FakeLigerRMSNorm", (orig_norm,), {})
+        modeling_qwen3.Qwen3Model.liger_marker = True
+        seen.append(model)
+
+    seen = []
+    pkg = types.ModuleType("liger_kernel")
+    tr = types.ModuleType("liger_kernel.transformers")
+    mp = types.ModuleType("liger_kernel.transformers.monkey_patch")
+    mp.MODEL_TYPE_TO_APPLY_LIGER_FN = {"qwen3": fake_apply}
+    mp._apply_liger_kernel_to_instance = lambda model: fake_apply(model)
+    for name, mod in [("liger_kernel", pkg), ("liger_kernel.transformers", tr),
+                      ("liger_kernel.transformers.monkey_patch", mp)]:
+        monkeypatch.setitem(sys.modules, name, mod)
+    rows = B.run_model_bench("qwen3", "qwen3-tiny", batch=2, seq=8, steps=1, warmup=1, dtype="fp32",
+                             device="cpu", echo=None)
+    runs = [r for r in rows if r["kind"] == "run"]
+    assert [r["arm"] for r in runs] == ["baseline", "liger_rt", "liger_kernel", "liger_kernel", "liger_rt", "baseline"]
+    assert len(seen) == 2
+    assert modeling_qwen3.apply_rotary_pos_emb is orig_rope and modeling_qwen3.Qwen3RMSNorm is orig_norm
+    assert not hasattr(modeling_qwen3.Qwen3Model, "liger_marker")
+    assert runs[-1]["losses"] == runs[0]["losses"]
+    summ = {r["arm"]: r for r in rows if r["kind"] == "summary"}
+    assert summ["liger_kernel"]["runs"] == 2 and summ["baseline"]["speedup"] == 1.0
+
+
+def test_liger_kernel_arm_failure_is_reported_not_fatal(monkeypatch):
+    _needs_patchers()
+    monkeypatch.setattr(B._LigerKernelPatch, "supported", staticmethod(lambda mt: (True, "")))
+
+    def boom(self, model):
+        raise RuntimeError("peer kernel exploded")
+    monkeypatch.setattr(B._LigerKernelPatch, "apply", boom)
+    rows = B.run_model_bench("qwen3", "tiny", batch=1, seq=8, steps=1, warmup=0, dtype="fp32", device="cpu",
+                             echo=None)
+    assert [r["arm"] for r in rows if r["kind"] == "run"] == ["baseline", "liger_rt", "liger_rt", "baseline"]
+    assert "peer kernel exploded" in rows[0]["liger_kernel_note"]
+
+
+def test_layers_override_cuts_attention_layers():
+    p = B._bench_preset("lfm2_moe", "lfm2-8b-a1b", 8, None)
+    assert p.layers == 8 and p.attention_layers == (2, 6) and p.name == "lfm2-8b-a1b-8L"
+    p = B._bench_preset("lfm2_moe", "lfm2-8b-a1b", 8, (2, 5))
+    assert p.attention_layers == (2, 5) and p.dense_layers == 2
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--model", "qwen3", "--preset", "no-such-preset"], "unknown preset 'no-such-preset'; valid presets"),
+    (["--model", "gpt2"], "unknown model type 'gpt2'; valid: qwen3"),
+    (["--model", "lfm2", "--preset", "qwen3-1.7b"], "is a qwen3 preset, not lfm2"),
+    (["--model", "qwen3", "--flags", "rms_norm=maybe"], "value must be 0/1"),
+    (["--model", "qwen3", "--dtype", "int8"], "unknown dtype 'int8'"),
+    (["--model", "lfm2", "--attention-layers", "1,9", "--layers", "3"], "attention layers [9] outside 0..2"),
+    (["--model", "qwen3", "--device", "tpu"], "Invalid value for '--device'"),
+    (["--model", "qwen3", "--flags", "no_such_flag=1"], "unknown flag"),
+])
+def test_bench_model_bad_arguments_are_clear(args, needle):
+    res = CliRunner().invoke(bench, ["model", *args, "--device", "cpu", "--steps", "1"] if "--device" not in args
+                             else ["model", *args])
+    assert res.exit_code != 0
+    assert needle in res.output, res.output
+    assert not isinstance(res.exception, (AttributeError, KeyError, TypeError)), repr(res.exception)
+
+
+def test_bench_model_cuda_requested_without_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    res = CliRunner().invoke(bench, ["model", "--model", "qwen3", "--device", "cuda"])
+    assert res.exit_code != 0 and "no CUDA/ROCm GPU is available" in res.output
+
+
+def test_bench_model_plot_without_matplotlib_is_clear(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)             # import fails as if not installed
+    res = CliRunner().invoke(bench, ["model", "--model", "qwen3", "--device", "cpu", "--plot", str(tmp_path / "p.png")])
+    assert res.exit_code != 0 and "pip install matplotlib" in res.output
+
+
+# -- bench kernels --------------------------------------------------------------------------------
+
+def test_bench_kernels_without_gpu_exits_nonzero():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    res = CliRunner().invoke(bench, ["kernels", "--quick"])
+    assert res.exit_code != 0
+    assert "needs a CUDA/ROCm GPU" in res.output and "Traceback" not in res.output
+    assert isinstance(res.exception, SystemExit)
+
+
+def test_normalize_kernel_rows_against_measured_ceilings():
+    rows = [
+        {"op": "rms_norm", "impl": "eager", "M": "16384", "N": "4096", "dtype": "bf16", "fwd_ms": "0.1",
+         "fwd_GBps": "2000", "fwdbwd_ms": "0.5", "fwdbwd_GBps": "1000", "relerr": "0.001", "torch": "2.11",
+         "gpu": "NVIDIA H200"},
+        {"op": "rms_norm", "impl": "triton", "M": "16384", "N": "4096", "dtype": "bf16", "fwd_ms": "0.05",
+         "fwd_GBps": "4000", "fwdbwd_ms": "0.25", "fwdbwd_GBps": "2000", "relerr": "0.001", "torch": "2.11",
+         "gpu": "NVIDIA H200"},
+        {"op": "fused_linear_cross_entropy", "impl": "triton", "variant": "fwdbwd", "tokens": "8192",
+         "ms": "10", "TFLOPs": "600", "GBps": "100", "peak_GB": "1.5"},
+    ]
+    ceil = {"copy_GBps": 4000.0, "bf16_matmul_TFLOPs": 750.0}
+    out = B.normalize_kernel_rows(rows, "norms", ceil)
+    assert len(out) == 5
+    tri = next(r for r in out if r["impl"] == "triton" and r["pass"] == "fwd")
+    assert tri["case"] == "M=16384,N=4096,dtype=bf16" and tri["ceiling"] == "copy"
+    assert tri["frac_ceiling"] == pytest.approx(1.0) and tri["vs_eager"] == pytest.approx(2.0)
+    flce = out[-1]
+    assert flce["pass"] == "fwdbwd" and flce["ceiling"] == "matmul" and flce["frac_ceiling"] == pytest.approx(0.8)
+    assert flce["peak_GB"] == 1.5 and flce["vs_eager"] is None
+
+
+def test_kernel_scripts_resolution_and_run(tmp_path, monkeypatch):
+    bdir = tmp_path / "benchmarks"
+    bdir.mkdir()
+    (bdir / "_harness.py").write_text("")
+    (bdir / "bench_model.py").write_text("raise SystemExit('the model bench is not a kernel bench')")
+    (bdir / "bench_norms.py").write_text(
+        "import os, sys\n"
+        "quick = '--quick' in sys.argv\n"
+        "print('timing rms_norm', 'quick' if quick else 'full')\n"
+        "open(os.path.join(os.environ['OUT'], 'norms.csv'), 'w').write(\n"
+        "    'op,impl,rows,fwd_ms,fwd_GBps\\nrms_norm,eager,4096,0.2,1000\\nlayer_norm,eager,4096,0.2,900\\n')\n")
+    assert B.find_benchmarks_dir(str(bdir)) == bdir
+    scripts = B.available_scripts(bdir)
+    assert list(scripts) == ["norms"]
+    assert B.resolve_scripts([], scripts) == (["norms"], {"norms": set()})
+    assert B.resolve_scripts(["rms_norm"], scripts) == (["norms"], {"norms": {"rms_norm"}})
+    with pytest.raises(ValueError, match=r"no benchmark script for op 'moe_experts' .*bench_moe_experts.py"):
+        B.resolve_scripts(["moe_experts"], scripts)
+    lines = []
+    monkeypatch.delenv("OUT", raising=False)
+    rc, csvs, _ = B.run_kernel_script(scripts["norms"], quick=True, echo=lines.append)
+    assert rc == 0 and [p.name for p in csvs] == ["norms.csv"]
+    assert "[norms] timing rms_norm quick" in lines
+    rows = B.normalize_kernel_rows(B.read_csv_rows(csvs[0]), "norms", None)
+    kept = [r for r in rows if B._op_matches(r["op"], {"rms_norm"})]
+    assert [r["op"] for r in kept] == ["rms_norm"]
+
+
+def test_parse_helpers():
+    assert B.parse_flags("rms_norm=1, swiglu=off,rope") == {"rms_norm": True, "swiglu": False, "rope": True}
+    assert B.parse_config("tie_word_embeddings=true,rope_theta=1e6,name=x") == {
+        "tie_word_embeddings": True, "rope_theta": 1e6, "name": "x"}
+    with pytest.raises(ValueError):
+        B.parse_config("oops")
