@@ -1,0 +1,454 @@
+"""liger_rt.patch on tiny Qwen3 / Llama models: instance and class level, unpatch, errors, loss forwards.
+
+Most tests run the torch references (LIGER_RT_DISABLE=1) to stay fast; the interpreter tests run
+the Triton kernels (TRITON_INTERPRET=1 from conftest) and skip when a kernel module is missing.
+"""
+from __future__ import annotations
+
+import copy
+import importlib
+import types
+import warnings
+
+import pytest
+import torch
+
+import liger_rt
+from liger_rt import dispatch
+from liger_rt.patch import core, specs
+from liger_rt.tools.models import build_model
+
+QWEN3 = "transformers.models.qwen3.modeling_qwen3"
+
+
+@pytest.fixture
+def fallback(monkeypatch):
+    """Every op on its torch reference."""
+    monkeypatch.setenv("LIGER_RT_DISABLE", "1")
+    dispatch.reset()
+
+
+@pytest.fixture(autouse=True)
+def _no_class_patches():
+    yield
+    for model_type in list(core._CLASS_RECORDS):
+        core.unpatch(model_type)
+    assert not core._CLASS_PATCHES
+
+
+def _inputs(vocab=160, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (2, 8), generator=g)
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 5:] = 0
+    return ids, mask, ids.masked_fill(mask == 0, -100)
+
+
+def _pair(preset):
+    base, new = build_model(preset), build_model(preset)
+    new.load_state_dict(base.state_dict())
+    return base, new
+
+
+def _fwd_bwd(model, ids, mask, labels, **kw):
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, attention_mask=mask, labels=labels, **kw)
+    out.loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out, grads
+
+
+def _assert_same(base, new, ids, mask, labels, atol, **kw):
+    ob, gb = _fwd_bwd(base, ids, mask, labels)
+    on, gn = _fwd_bwd(new, ids, mask, labels, **kw)
+    valid = mask.bool()
+    if on.logits is not None:
+        torch.testing.assert_close(on.logits[valid], ob.logits[valid], atol=atol, rtol=atol)
+    torch.testing.assert_close(on.loss, ob.loss, atol=atol, rtol=atol)
+    assert gb.keys() == gn.keys()
+    for name in gb:
+        torch.testing.assert_close(gn[name], gb[name], atol=atol, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+    return on
+
+
+class Counter:
+    """Wraps liger_rt.ops.<name> and records the weight of each call (which module called it)."""
+
+    def __init__(self, monkeypatch, name):
+        self.fn = getattr(liger_rt.ops, name)
+        self.calls = []
+        monkeypatch.setattr(liger_rt.ops, name, self)
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append(args)
+        return self.fn(*args, **kwargs)
+
+
+def _modules(model, class_name):
+    return [m for m in model.modules() if type(m).__name__ == class_name]
+
+
+# -- the allowlist ---------------------------------------------------------------------------------------
+
+def test_supported_models_is_the_allowlist():
+    got = liger_rt.supported_models()
+    assert got[:5] == ["qwen3", "llama", "lfm2", "lfm2_moe", "lfm2_vl"]
+    has_experts = importlib.util.find_spec("liger_rt.layers.moe_experts_interface") is not None
+    assert ("qwen3_moe" in got) == has_experts
+    assert liger_rt.patch is not None and callable(liger_rt.patch)
+
+
+# -- instance patching: numerics ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "llama-tiny"])
+def test_instance_patch_matches_unpatched_torch_fallback(preset, fallback):
+    base, new = _pair(preset)
+    text_before = repr(new)
+    state_before = {k: v.clone() for k, v in new.state_dict().items()}
+    liger_rt.patch(new)
+    assert repr(new) == text_before                                   # print(model) still works, unchanged
+    assert new.state_dict().keys() == state_before.keys()
+    assert all(torch.equal(new.state_dict()[k], v) for k, v in state_before.items())
+    ids, mask, labels = _inputs()
+    _assert_same(base, new, ids, mask, labels, atol=1e-6)
+    info = liger_rt.patch.describe(new)
+    n_norms = len(_modules(new, f"{type(new).__name__.replace('ForCausalLM', '')}RMSNorm"))
+    assert info["patched"] == {"rms_norm": n_norms, "swiglu": 2}
+
+
+def test_instance_patch_matches_unpatched_interpreter():
+    pytest.importorskip("liger_rt.kernels.rms_norm")
+    pytest.importorskip("liger_rt.kernels.swiglu")
+    base, new = _pair("qwen3-4b-tiny")            # odd sizes: hidden 80, intermediate 136, vocab 199
+    liger_rt.patch(new)
+    ids, mask, labels = _inputs(vocab=199)
+    _assert_same(base, new, ids, mask, labels, atol=2e-5)
+    decisions = [d for name in ("rms_norm", "swiglu") for d in dispatch.get_op(name)._memo.values()]
+    assert decisions, "patched layers never reached the dispatcher"
+    assert {d.impl for d in decisions} == {"triton"}, [(d.op, d.impl, d.reason) for d in decisions]
+
+
+def test_every_targeted_module_goes_through_liger(monkeypatch, fallback):
+    model = build_model("qwen3-tiny")
+    norms, swiglu = Counter(monkeypatch, "rms_norm"), Counter(monkeypatch, "swiglu")
+    liger_rt.patch(model)
+    ids, mask, _ = _inputs()
+    model(input_ids=ids, attention_mask=mask)
+    norm_weights = {id(m.weight) for m in _modules(model, "Qwen3RMSNorm")}
+    assert {id(args[1]) for args in norms.calls} == norm_weights       # decoder, final and q/k norms
+    assert len(norms.calls) == len(norm_weights)                        # once each: no double wrapping
+    assert len(swiglu.calls) == len(_modules(model, "Qwen3MLP"))
+    for m in _modules(model, "Qwen3RMSNorm") + _modules(model, "Qwen3MLP"):
+        assert isinstance(m.__dict__["forward"], types.MethodType) and m.__dict__["forward"].__self__ is m
+
+    liger_rt.unpatch(model)
+    norms.calls.clear(), swiglu.calls.clear()
+    model(input_ids=ids, attention_mask=mask)
+    assert norms.calls == [] and swiglu.calls == []
+    assert not any("forward" in m.__dict__ or core._ORIG_KEY in m.__dict__ for m in model.modules())
+    assert liger_rt.patch.describe(model) is None
+
+
+def test_patch_twice_is_idempotent_and_repatch_takes_the_new_flags(monkeypatch, fallback):
+    model = build_model("qwen3-tiny")
+    norms, swiglu = Counter(monkeypatch, "rms_norm"), Counter(monkeypatch, "swiglu")
+    liger_rt.patch(model)
+    liger_rt.patch(model)
+    ids, mask, _ = _inputs()
+    model(input_ids=ids, attention_mask=mask)
+    assert len(norms.calls) == 9 and len(swiglu.calls) == 2
+    liger_rt.patch(model, swiglu=False)
+    norms.calls.clear(), swiglu.calls.clear()
+    model(input_ids=ids, attention_mask=mask)
+    assert len(norms.calls) == 9 and swiglu.calls == []
+    liger_rt.unpatch(model)
+    liger_rt.unpatch(model)                                             # unpatching twice: no-op
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_patched_context_manager_restores_previous_state(fallback):
+    model = build_model("qwen3-tiny")
+    with liger_rt.patched(model) as m:
+        assert m is model and liger_rt.patch.describe(model)["patched"]["swiglu"] == 2
+    assert liger_rt.patch.describe(model) is None
+    liger_rt.patch(model, swiglu=False)
+    with liger_rt.patched(model, swiglu=True, rms_norm=False):
+        assert liger_rt.patch.describe(model)["patched"] == {"swiglu": 2}
+    assert liger_rt.patch.describe(model)["patched"] == {"rms_norm": 9}
+    with pytest.raises(RuntimeError):
+        with liger_rt.patched(model, rms_norm=False):
+            raise RuntimeError("boom")
+    assert liger_rt.patch.describe(model)["patched"] == {"rms_norm": 9}
+
+
+def test_deepcopy_of_a_patched_model_is_patched_to_itself(fallback):
+    model = build_model("qwen3-tiny")
+    liger_rt.patch(model)
+    clone = copy.deepcopy(model)
+    norm = clone.model.norm
+    assert norm.__dict__["forward"].__self__ is norm
+    ids, mask, _ = _inputs()
+    torch.testing.assert_close(clone(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_non_silu_mlp_is_left_alone(fallback):
+    model = build_model("llama-tiny", hidden_act="gelu")
+    liger_rt.patch(model)
+    info = liger_rt.patch.describe(model)
+    assert "swiglu" not in info["patched"] and info["patched"]["rms_norm"] == 5
+    assert any("not SiLU" in why for _, why in info["skipped"])
+
+
+# -- wrappers ---------------------------------------------------------------------------------------------
+
+class _FakeLora(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+
+class _FakePeft(torch.nn.Module):
+    """Duck-typed PeftModel: base_model.model holds the transformers model; attributes forward."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.base_model = _FakeLora(model)
+
+    def get_base_model(self):
+        return self.base_model.model
+
+    def forward(self, *args, **kwargs):
+        return self.base_model.model(*args, **kwargs)
+
+
+class _Wrapper(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.base_model = _FakeLora(model)
+
+
+@pytest.mark.parametrize("wrap", [_FakePeft, _Wrapper])
+def test_peft_style_wrappers_are_unwrapped(wrap, monkeypatch, fallback):
+    inner = build_model("qwen3-tiny")
+    wrapped = wrap(inner)
+    norms = Counter(monkeypatch, "rms_norm")
+    assert liger_rt.patch(wrapped) is wrapped
+    assert liger_rt.patch.describe(wrapped)["patched"]["rms_norm"] == 9
+    ids, _, _ = _inputs()
+    inner(input_ids=ids)
+    assert len(norms.calls) == 9
+    liger_rt.unpatch(wrapped)
+    assert not any("forward" in m.__dict__ for m in inner.modules())
+
+
+def test_accelerate_hooked_modules_keep_their_hook(monkeypatch, fallback):
+    model = build_model("qwen3-tiny")
+    norm = model.model.norm
+    calls = []
+    norm._old_forward = norm.forward
+    norm._hf_hook = object()
+
+    def hooked(*args, **kwargs):
+        calls.append(1)
+        return norm._old_forward(*args, **kwargs)
+    norm.forward = hooked
+    counter = Counter(monkeypatch, "rms_norm")
+    liger_rt.patch(model)
+    assert norm.__dict__["forward"] is hooked
+    model(input_ids=_inputs()[0])
+    assert calls == [1] and len(counter.calls) == 9
+    liger_rt.unpatch(model)
+    assert norm.__dict__["forward"] is hooked and norm._old_forward.__func__ is type(norm).forward
+
+
+# -- class level ----------------------------------------------------------------------------------------
+
+def test_class_level_patch_and_exact_unpatch(monkeypatch, fallback):
+    mod = importlib.import_module(QWEN3)
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm as captured   # a from-import made before
+    originals = {c: c.__dict__["forward"] for c in (mod.Qwen3RMSNorm, mod.Qwen3MLP, mod.Qwen3ForCausalLM)}
+    built_before = build_model("qwen3-tiny")
+    norms = Counter(monkeypatch, "rms_norm")
+    assert liger_rt.patch("qwen3") is None
+    assert captured.forward is liger_rt.layers.norms.rms_norm_forward
+    assert mod.Qwen3MLP.forward is liger_rt.layers.mlp.swiglu_forward
+    assert mod.Qwen3ForCausalLM.forward is originals[mod.Qwen3ForCausalLM]           # loss kernels off
+    assert liger_rt.patch.describe("qwen3")["classes"] == ["Qwen3MLP", "Qwen3RMSNorm"]
+    built_after = build_model("qwen3-tiny")
+    ids = _inputs()[0]
+    built_after(input_ids=ids)
+    assert len(norms.calls) == 9                        # models built afterwards run liger_rt ...
+    built_before(input_ids=ids)
+    assert len(norms.calls) == 18                       # ... and, documented, so do earlier instances
+    liger_rt.patch("qwen3")                             # idempotent
+    liger_rt.unpatch("qwen3")
+    for cls, fn in originals.items():
+        assert cls.forward is fn
+    norms.calls.clear()
+    built_after(input_ids=ids)
+    assert norms.calls == []
+
+
+def test_instance_patch_on_top_of_class_patch_falls_back_to_the_true_original(fallback):
+    mod = importlib.import_module(QWEN3)
+    original = mod.Qwen3RMSNorm.__dict__["forward"]
+    liger_rt.patch("qwen3")
+    model = build_model("qwen3-tiny")
+    liger_rt.patch(model)
+    assert core.original(model.model.norm).__func__ is original
+    liger_rt.unpatch(model)
+    assert mod.Qwen3RMSNorm.forward is liger_rt.layers.norms.rms_norm_forward
+    liger_rt.unpatch("qwen3")
+    assert mod.Qwen3RMSNorm.forward is original
+
+
+# -- errors ------------------------------------------------------------------------------------------------
+
+def test_unknown_flag_lists_valid_flags():
+    model = build_model("qwen3-tiny")
+    with pytest.raises(ValueError, match=r"unknown flag.*'rmsnorm'.*valid flags: rms_norm, swiglu, rope"):
+        liger_rt.patch(model, rmsnorm=True)
+    with pytest.raises(ValueError, match="short_conv"):
+        liger_rt.patch("qwen3", short_conv=True)        # a flag of another family
+    with pytest.raises(TypeError, match="booleans"):
+        liger_rt.patch(model, rms_norm="yes")
+    with pytest.raises(NotImplementedError, match="RoPE"):
+        liger_rt.patch(model, rope=True)
+    liger_rt.patch(model, rope=False)
+    liger_rt.unpatch(model)
+    assert liger_rt.patch.describe(model) is None
+
+
+def test_unknown_model_type_lists_supported():
+    with pytest.raises(ValueError, match=r"'gpt2'.*supported: qwen3, llama, lfm2, lfm2_moe, lfm2_vl"):
+        liger_rt.patch("gpt2")
+    from transformers import GPT2Config, GPT2LMHeadModel
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=16))
+    with pytest.raises(ValueError, match="supported: qwen3"):
+        liger_rt.patch(gpt2)
+    with pytest.raises(ValueError, match="config.model_type"):
+        liger_rt.patch(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="model type string"):
+        liger_rt.patch(42)
+
+
+def test_missing_modeling_module_names_the_upgrade(monkeypatch):
+    import dataclasses
+    gone = dataclasses.replace(specs.SPECS["qwen3"], module="transformers.models.qwen3.modeling_qwen3_not_here")
+    monkeypatch.setitem(specs.SPECS, "qwen3", gone)
+    with pytest.raises(ImportError, match=r"pip install -U transformers"):
+        liger_rt.patch("qwen3")
+
+
+def test_missing_class_or_kernel_raises_when_asked_and_warns_when_default(monkeypatch):
+    import dataclasses
+    renamed = dataclasses.replace(specs.SPECS["qwen3"], layers={"Qwen3RMSNorm": specs.RMS_NORM,
+                                                                "Qwen3MLPRenamed": specs.SWIGLU})
+    monkeypatch.setitem(specs.SPECS, "qwen3", renamed)
+    model = build_model("qwen3-tiny")
+    with pytest.raises(ImportError, match=r"no transformers\.models\.qwen3\.modeling_qwen3\.Qwen3MLPRenamed.*pip install -U"):
+        liger_rt.patch(model, swiglu=True)
+    with pytest.warns(core.PatchWarning, match="swiglu=False to silence"):
+        liger_rt.patch(model)
+    assert liger_rt.patch.describe(model)["patched"] == {"rms_norm": 9}
+    monkeypatch.setattr(core, "_op_missing", lambda op: f"its kernel module liger_rt.kernels.{op} is not in this checkout"
+                        if op == "rms_norm" else None)
+    with pytest.raises(ImportError, match="liger_rt.kernels.rms_norm"):
+        liger_rt.patch(model, rms_norm=True)
+
+
+# -- loss forwards -----------------------------------------------------------------------------------------
+
+def test_fused_linear_cross_entropy_loss_and_grads_without_logits(monkeypatch, fallback):
+    base, new = _pair("qwen3-tiny")
+    flce, ce = Counter(monkeypatch, "fused_linear_cross_entropy"), Counter(monkeypatch, "cross_entropy")
+    liger_rt.patch(new, fused_linear_cross_entropy=True)
+    ids, mask, labels = _inputs()
+    out = _assert_same(base, new, ids, mask, labels, atol=1e-6)
+    assert out.logits is None and len(flce.calls) == 1 and ce.calls == []
+    x, weight, target = flce.calls[0][:3]
+    assert weight is new.lm_head.weight and x.shape == (16, 64) and target.shape == (16,)
+    # the trainer's token-sum path (gradient accumulation)
+    n = (labels[:, 1:] != -100).sum()
+    got = new(input_ids=ids, attention_mask=mask, labels=labels, num_items_in_batch=n)
+    want = base(input_ids=ids, attention_mask=mask, labels=labels, num_items_in_batch=n)
+    assert got.logits is None
+    torch.testing.assert_close(got.loss, want.loss)
+    # return_dict=False gives the tuple without logits
+    tup = new(input_ids=ids, attention_mask=mask, labels=labels, return_dict=False)
+    assert isinstance(tup, tuple) and torch.equal(tup[0], got.loss)
+
+
+def test_logits_stay_when_the_caller_needs_them(monkeypatch, fallback):
+    base, new = _pair("qwen3-tiny")
+    flce = Counter(monkeypatch, "fused_linear_cross_entropy")
+    liger_rt.patch(new, fused_linear_cross_entropy=True)
+    ids, mask, labels = _inputs()
+    want = base(input_ids=ids, attention_mask=mask, labels=labels)
+    # RL: no labels -> logits (log-probs, entropy, KL)
+    got = new(input_ids=ids, attention_mask=mask)
+    torch.testing.assert_close(got.logits, base(input_ids=ids, attention_mask=mask).logits)
+    # asked for in the call
+    got = new(input_ids=ids, attention_mask=mask, labels=labels, return_logits=True)
+    torch.testing.assert_close(got.logits, want.logits)
+    torch.testing.assert_close(got.loss, want.loss)
+    # logits_to_keep other than 0: the host path (HF itself cannot take labels with it)
+    with pytest.raises(ValueError, match="batch_size"):
+        base(input_ids=ids, attention_mask=mask, labels=labels, logits_to_keep=1)
+    with pytest.raises(ValueError, match="batch_size"):
+        new(input_ids=ids, attention_mask=mask, labels=labels, logits_to_keep=1)
+    # eval mode
+    new.eval()
+    assert new(input_ids=ids, attention_mask=mask, labels=labels).logits is not None
+    assert new(input_ids=ids, attention_mask=mask, labels=labels, return_logits=False).logits is None
+    new.train()
+    assert flce.calls and len(flce.calls) == 1
+    # keep_logits in the patch
+    liger_rt.patch(new, fused_linear_cross_entropy=True, keep_logits=True)
+    got = new(input_ids=ids, attention_mask=mask, labels=labels)
+    torch.testing.assert_close(got.logits, want.logits)
+    assert len(flce.calls) == 1
+    liger_rt.unpatch(new)
+    assert "forward" not in new.__dict__ and "_liger_rt_loss" not in new.__dict__
+
+
+def test_fused_linear_cross_entropy_interpreter():
+    pytest.importorskip("liger_rt.kernels.fused_linear_cross_entropy")
+    base, new = _pair("qwen3-tiny")
+    liger_rt.patch(new, rms_norm=False, swiglu=False, fused_linear_cross_entropy=True)
+    ids, mask, labels = _inputs()
+    out = _assert_same(base, new, ids, mask, labels, atol=2e-5)
+    assert out.logits is None
+
+
+def test_cross_entropy_flag_installs_the_loss_function(monkeypatch, fallback):
+    base, new = _pair("llama-tiny")
+    ce = Counter(monkeypatch, "cross_entropy")
+    liger_rt.patch(new, cross_entropy=True)
+    ids, mask, labels = _inputs()
+    out = _assert_same(base, new, ids, mask, labels, atol=1e-6)
+    assert out.logits is not None and len(ce.calls) == 1
+    liger_rt.unpatch(new)
+    from transformers.loss.loss_utils import LOSS_MAPPING
+    assert new.loss_function is LOSS_MAPPING["ForCausalLM"]
+
+
+def test_class_level_fused_linear_cross_entropy(fallback):
+    mod = importlib.import_module(QWEN3)
+    original = mod.Qwen3ForCausalLM.__dict__["forward"]
+    liger_rt.patch("qwen3", fused_linear_cross_entropy=True, rms_norm=False, swiglu=False)
+    model = build_model("qwen3-tiny")
+    ids, mask, labels = _inputs()
+    assert model(input_ids=ids, attention_mask=mask, labels=labels).logits is None
+    assert model(input_ids=ids, attention_mask=mask).logits is not None
+    liger_rt.unpatch("qwen3")
+    assert mod.Qwen3ForCausalLM.forward is original
+    assert "_liger_rt_loss" not in mod.Qwen3ForCausalLM.__dict__
+    assert model(input_ids=ids, attention_mask=mask, labels=labels).logits is not None
+
+
+def test_no_warnings_on_a_plain_patch(fallback):
+    model = build_model("qwen3-tiny")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", core.PatchWarning)
+        liger_rt.patch(model)
