@@ -161,7 +161,7 @@ def _no_gpu_message(what: str) -> str:
     import torch
     return (f"{what} needs a CUDA/ROCm GPU and this machine has none (torch {torch.__version__}, "
             f"torch.cuda.is_available() is False). Kernel timings and ceilings are device measurements; "
-            f"run this on the GPU machine. On CPU, `liger-tune bench model --preset tiny --device cpu` "
+            f"run this on the GPU machine. On CPU, `liger-tune bench model --model qwen3 --preset tiny --device cpu` "
             f"checks the model step plumbing.")
 
 
@@ -417,7 +417,10 @@ def run_kernel_bench(ops: list[str] | None = None, *, quick: bool = False, out_d
     echo(f"kernels on {ceil['device']} (ceilings measured in this run: copy {ceil['copy_GBps']:.0f} GB/s, "
          f"bf16 matmul {ceil['bf16_matmul_TFLOPs']:.0f} TFLOP/s; frac = fraction of the binding ceiling; "
          f"vs_eager = eager ms / ms)")
-    echo(format_table(combined, KERNEL_COLS, {"frac_ceiling": "frac", "GBps": "GB/s", "TFLOPs": "TFLOP/s"}))
+    cols = KERNEL_COLS + (["peak_GB"] if any(r.get("peak_GB") is not None for r in combined) else [])
+    shown = sorted(combined, key=lambda r: (stems.index(r["bench"]), r["op"], r["case"], r["pass"]))
+    echo(format_table(shown, cols, {"frac_ceiling": "frac", "GBps": "GB/s", "TFLOPs": "TFLOP/s",
+                                    "peak_GB": "peak GB"}))
     if combined:
         path = write_rows_csv(combined, out_dir / "kernels_combined.csv")
         echo(f"wrote {path}")
