@@ -1,0 +1,207 @@
+"""layer_norm through the Triton interpreter: tiny shapes, fp32 references, every candidate config."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import liger_rt.ops
+from liger_rt import autotune, backend, dispatch
+from liger_rt.kernels import layer_norm as ln
+from liger_rt.kernels._common import assert_close
+from liger_rt.tools.presets import get_preset
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+CPU = backend.profile("cpu")
+WIDE = {"num_warps": 4, "ROWS": 32, "bwd_num_warps": 4, "bwd_ROWS": 32, "bwd_progs_per_sm": 2, "bwd_stages": 1}
+
+
+def _inputs(shape, dtype, seed=0, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    x = (1.5 + 2.0 * torch.randn(*shape, generator=g)).to(dtype)           # nonzero mean
+    w = (1.0 + 0.5 * torch.randn(shape[-1], generator=g)).to(dtype)
+    b = (0.5 * torch.randn(shape[-1], generator=g)).to(dtype) if bias else None
+    dy = torch.randn(*shape, generator=g).to(dtype)
+    return x, w, b, dy
+
+
+def _fwd_bwd(fn, x, w, b, dy, eps=1e-5):
+    leaves = [t.detach().clone().requires_grad_() for t in (x, w, b) if t is not None]
+    y = fn(leaves[0], leaves[1], leaves[2] if b is not None else None, eps)
+    return [y, *torch.autograd.grad(y, leaves, dy)]
+
+
+def _ref(x, w, b, dy):
+    """LayerNorm evaluated in float64 on the same values, rounded to their dtypes: PyTorch's
+    fp32 CPU LayerNorm backward is itself ~4x less accurate than the kernel at 1151 rows."""
+    d = lambda t: t.double() if t is not None else None  # noqa: E731
+    outs = _fwd_bwd(lambda x, w, b, eps: F.layer_norm(x, (x.shape[-1],), w, b, eps), d(x), d(w), d(b), d(dy))
+    return [o.to(t.dtype) for o, t in zip(outs, [x, x, w, b] if b is not None else [x, x, w])]
+
+
+def _triton(config):
+    return lambda x, w, b, eps: ln.LayerNormFunction.apply(x, w, b, eps, config)
+
+
+def _check(outs, refs, dtype, rows, what=""):
+    names = ("y", "dx", "dw", "db")
+    assert len(outs) == len(refs)
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        assert o.dtype == r.dtype and o.shape == r.shape, names[i]
+        assert_close(o, r, dtype, reduce_len=rows if i >= 2 else 1, name=f"{what} {names[i]}")
+
+
+def _heuristic(hidden):
+    return ln._heuristic(CPU, {"rows": 1, "hidden": hidden}, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matches_reference(dtype):
+    x, w, b, dy = _inputs((3, 5, 100), dtype)
+    outs = _fwd_bwd(_triton(_heuristic(100)), x, w, b, dy)
+    _check(outs, _ref(x, w, b, dy), dtype, 15, f"{dtype} vs ref")
+    exact = _fwd_bwd(ln.layer_norm_ref, x.float(), w.float(), b.float(), dy.float())
+    for i, (o, r) in enumerate(zip(outs, exact)):
+        assert_close(o, r, dtype, reduce_len=15 if i >= 2 else 1, name=f"{dtype} vs fp32 output {i}")
+
+
+def test_hand_computed():
+    x, w, b, dy = _inputs((4, 24), torch.float32, seed=1)
+    y = _triton(_heuristic(24))(x, w, b, 1e-6)
+    mu, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
+    assert_close(y, (x - mu) / torch.sqrt(var + 1e-6) * w + b, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_bias(dtype):
+    x, w, _, dy = _inputs((9, 72), dtype, seed=2, bias=False)
+    outs = _fwd_bwd(_triton(_heuristic(72)), x, w, None, dy)
+    assert len(outs) == 3
+    _check(outs, _ref(x, w, None, dy), dtype, 9, "no bias")
+
+
+def test_one_row():
+    x, w, b, dy = _inputs((1, 64), torch.float32, seed=3)
+    _check(_fwd_bwd(_triton(_heuristic(64)), x, w, b, dy), _ref(x, w, b, dy),
+           torch.float32, 1)
+
+
+@pytest.mark.parametrize("rows,hidden,dtype", [(199, 760, torch.bfloat16), (1151, 1000, torch.float32)])
+def test_odd_sizes(rows, hidden, dtype):
+    x, w, b, dy = _inputs((rows, hidden), dtype, seed=4)
+    _check(_fwd_bwd(_triton(WIDE), x, w, b, dy), _ref(x, w, b, dy), dtype, rows,
+           f"{rows}x{hidden}")
+
+
+def test_siglip_width_bf16():
+    x, w, b, dy = _inputs((3, 1152), torch.bfloat16, seed=5)
+    _check(_fwd_bwd(_triton(_heuristic(1152)), x, w, b, dy), _ref(x, w, b, dy),
+           torch.bfloat16, 3, "1152")
+
+
+def test_non_contiguous():
+    g = torch.Generator().manual_seed(6)
+    base = torch.randn(4, 6, 200, generator=g) + 1.0
+    w = torch.randn(100, generator=g) + 1.0
+    b = torch.randn(100, generator=g)
+    dy = torch.randn(4, 6, 100, generator=g)
+    fn = lambda x, w, b, eps: liger_rt.ops.layer_norm(x, w, b, eps)  # noqa: E731
+    for name, x in {"row-strided view": base[..., :100], "column stride 2": base[..., ::2],
+                    "transposed": base[..., 100:].transpose(0, 1)}.items():
+        d = dy.transpose(0, 1) if name == "transposed" else dy
+        _check(_fwd_bwd(fn, x, w, b, d), _ref(x, w, b, d), torch.float32, 24, name)
+    dy_t = torch.randn(100, 6, 4, generator=g).permute(2, 1, 0)
+    x = base[..., :100]
+    _check(_fwd_bwd(fn, x, w, b, dy_t), _ref(x, w, b, dy_t), torch.float32, 24, "strided dy")
+
+
+def _all_candidates(hidden):
+    out = []
+    for arch in ("hopper", "mi325x", "cpu"):
+        for cfg in ln.OP.candidates(ln.OP.impl("triton"), backend.profile(arch), {"rows": 64, "hidden": hidden},
+                                    torch.bfloat16):
+            if cfg not in out:
+                out.append(cfg)
+    return out
+
+
+@pytest.mark.parametrize("hidden", [100, 1152])
+def test_every_candidate_config(hidden):
+    rows = 13
+    x, w, b, dy = _inputs((rows, hidden), torch.float32, seed=7)
+    refs = _ref(x, w, b, dy)
+    for cfg in _all_candidates(hidden):
+        _check(_fwd_bwd(_triton(cfg), x, w, b, dy), refs, torch.float32, rows, str(cfg))
+
+
+def test_candidate_spaces_are_modest_and_arch_aware():
+    for arch_name in ("hopper", "mi325x", "mi300x", "blackwell", "ampere"):
+        arch = backend.profile(arch_name)
+        for hidden in (128, 1152, 2048, 4096, 8192, 32768):
+            dims = {"rows": 16384, "hidden": hidden}
+            cands = ln.OP.candidates(ln.OP.impl("triton"), arch, dims, torch.bfloat16)
+            assert 1 <= len(cands) <= 12
+            for c in cands + [ln._heuristic(arch, dims, torch.bfloat16)]:
+                assert c["num_warps"] <= arch.max_num_warps and c["bwd_num_warps"] <= arch.max_num_warps
+                assert ln._smem(c, dims, torch.bfloat16) <= arch.smem_bytes
+
+
+def test_sweep_times_torch_and_validates_every_cpu_candidate():
+    """torch is a measured candidate (so a DB row can make dispatch pick it); every triton config passes."""
+    target = dispatch.Target(arch=CPU, device_type="cpu", interpret=True)
+    result = autotune.tune(ln.OP, target, torch.bfloat16, {"rows": 16, "hidden": 48}, quick=True)
+    bad = [m for m in result["measurements"] if not m["ok"]]
+    assert not bad, bad
+    assert {"torch", "triton"} <= set(result["best"])
+
+
+def test_dispatch_heuristic_env_and_db(monkeypatch, tmp_path):
+    calls = []
+    real = ln.LayerNormFunction.apply
+    monkeypatch.setattr(ln.LayerNormFunction, "apply", lambda *a: calls.append(1) or real(*a))
+    x, w, b, _ = _inputs((2, 3, 48), torch.bfloat16, seed=8)
+    y = liger_rt.ops.layer_norm(x, w, b)
+    d = ln.OP.select(x.reshape(-1, 48), rows=6, hidden=48)
+    assert (d.impl, d.origin) == ("triton", "heuristic") and calls == [1]
+    assert_close(y, ln.layer_norm_ref(x, w, b), torch.bfloat16)
+
+    monkeypatch.setenv("LIGER_RT_IMPL_LAYER_NORM", "torch")
+    dispatch.reset()
+    y2 = liger_rt.ops.layer_norm(x, w, b)
+    assert ln.OP.select(x.reshape(-1, 48), rows=6, hidden=48).impl == "torch" and calls == [1]
+    assert torch.equal(y2, ln._layer_norm_torch(x, w, b, 1e-5))
+
+    # a DB row in which torch is faster makes dispatch pick torch: a measurement, not a constant
+    monkeypatch.delenv("LIGER_RT_IMPL_LAYER_NORM")
+    from liger_rt.tuning_db import open_store
+    store = open_store()
+    for impl, ms in (("torch", 0.01), ("triton", 0.02)):
+        store.put_tuning(dict(op="layer_norm", variant="fwdbwd", arch="cpu", device_name="cpu", dtype="bf16",
+                              static_key=ln.OP.static_key({"hidden": 48}), bucket=ln.OP.bucket_key({"rows": 6}),
+                              impl=impl, config={} if impl == "torch" else _heuristic(48), median_ms=ms,
+                              baseline_ms=0.01, source_hash=ln.OP.source_hash, config_schema=ln.OP.schema_version,
+                              triton_version="", torch_version="", origin="sweep"))
+    store.close()
+    dispatch.reset()
+    d = ln.OP.select(x.reshape(-1, 48), rows=6, hidden=48)
+    assert (d.impl, d.origin) == ("torch", "db")
+
+
+def test_errors_and_fallbacks():
+    d = dispatch.select("layer_norm", dtype="bf16", arch="cpu", rows=4, hidden=ln.MAX_HIDDEN + 1)
+    assert d.impl == "torch"
+    with pytest.raises(ValueError, match="hidden <= 32768"):
+        ln.layer_norm_fwd(torch.randn(2, ln.MAX_HIDDEN + 1), torch.ones(ln.MAX_HIDDEN + 1), None, 1e-5, {})
+    with pytest.raises(ValueError, match="bias must have shape"):
+        liger_rt.ops.layer_norm(torch.randn(2, 8), torch.ones(8), torch.ones(7))
+    x = torch.randn(3, 8)
+    assert torch.equal(liger_rt.ops.layer_norm(x, None, None), F.layer_norm(x, (8,)))
+    assert liger_rt.ops.layer_norm(torch.randn(0, 8), torch.ones(8), torch.zeros(8)).shape == (0, 8)
+
+
+def test_plan():
+    cpu = ln._plan(None, CPU, quick=False)
+    assert cpu and all(d["rows"] <= 32 and d["hidden"] <= 128 for d in cpu)
+    assert ln._plan(get_preset("lfm2-vl-tiny"), CPU, quick=True) == [{"rows": 8, "hidden": 48}]
+    hopper = backend.profile("hopper")
+    assert ln._plan(get_preset("lfm2-vl-1.6b"), hopper, quick=True) == [{"rows": 4096, "hidden": 1152}]
+    assert ln._plan(get_preset("qwen3-4b"), hopper, quick=True) == [{"rows": 4096, "hidden": 2560}]
+    assert {"rows": 16384, "hidden": 1152} in ln._plan(None, hopper, quick=False)
