@@ -1,0 +1,161 @@
+"""cross_entropy and fused_linear_cross_entropy on the GPU (real Triton, bf16, real sizes).
+
+    LIGER_RT_TEST_GPU=1 python -m pytest tests/gpu/test_losses_gpu.py -m gpu -q
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import liger_rt
+from liger_rt import backend
+from liger_rt.kernels import cross_entropy as ce
+from liger_rt.kernels import fused_linear_cross_entropy as flce
+from liger_rt.kernels._common import assert_close
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+
+
+def _rel(a, b):
+    a, b = a.detach().float(), b.detach().float()
+    return float((a - b).norm() / b.norm().clamp(min=1e-30))
+
+
+def _flce_case(tokens, hidden, vocab, dtype=torch.bfloat16, seed=0, ignore_frac=0.1):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(tokens, hidden, device=DEV, generator=g).to(dtype)
+    w = (torch.randn(vocab, hidden, device=DEV, generator=g) * hidden ** -0.5).to(dtype)
+    y = torch.randint(0, vocab, (tokens,), device=DEV, generator=g)
+    y[torch.rand(tokens, device=DEV, generator=g) < ignore_frac] = -100
+    return x, w, y
+
+
+def _flce_grads(fn, x, w, y, b=None, **kw):
+    ins = [t.clone().requires_grad_() for t in (x, w) + ((b,) if b is not None else ())]
+    loss = fn(ins[0], ins[1], y, ins[2] if b is not None else None, **kw)
+    loss.backward()
+    return loss.detach(), [t.grad for t in ins]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("kw", [{}, {"label_smoothing": 0.1, "lse_square_scale": 1e-4, "softcap": 30.0}],
+                         ids=["plain", "features"])
+def test_flce_bf16_vs_fp32(reduction, kw):
+    x, w, y = _flce_case(2048, 2048, 32000)
+    b = torch.randn(32000, device=DEV).to(torch.bfloat16) * 0.1
+    loss, grads = _flce_grads(liger_rt.ops.fused_linear_cross_entropy, x, w, y, b, reduction=reduction, **kw)
+    same, sgrads = _flce_grads(flce.fused_linear_cross_entropy_ref, x, w, y, b, reduction=reduction, **kw)
+    full, fgrads = _flce_grads(flce.fused_linear_cross_entropy_ref, x.float(), w.float(), y, b.float(),
+                               reduction=reduction, **kw)
+    assert torch.isfinite(loss) and _rel(loss, full) < 1e-3
+    for name, g, s, f in zip(("dx", "dw", "db"), grads, sgrads, fgrads):
+        assert g.dtype == torch.bfloat16
+        assert _rel(g, f) < 1.5e-2, (name, _rel(g, f))            # bf16 rounding of logits and dlogits
+        assert _rel(g, s) < 1e-2, (name, _rel(g, s))              # the same loss in bf16 via PyTorch
+
+
+def test_flce_chunked_matches_unchunked_and_ignores():
+    x, w, y = _flce_case(3000, 1024, 32000, ignore_frac=0.3)
+    outs = []
+    for chunk in (256, 1000, 0):
+        cfg = {**flce._heuristic(backend.detect(), {"tokens": 3000, "hidden": 1024, "vocab": 32000},
+                                 torch.bfloat16), "chunk": chunk}
+        fn = lambda x_, w_, y_, b_: flce.FusedLinearCrossEntropyFunction.apply(  # noqa: E731
+            x_, w_, y_, b_, -100, "mean", 0.0, 0.0, None, None, cfg, True)
+        outs.append(_flce_grads(fn, x, w, y))
+    for loss, (gx, gw) in outs[:-1]:
+        assert _rel(loss, outs[-1][0]) < 1e-5
+        assert _rel(gx, outs[-1][1][0]) < 1e-2 and _rel(gw, outs[-1][1][1]) < 1e-2
+        assert (gx[y == -100] == 0).all()
+
+
+def test_flce_all_ignored_and_fp16():
+    x, w, y = _flce_case(512, 512, 32000)
+    loss, (gx, gw) = _flce_grads(liger_rt.ops.fused_linear_cross_entropy, x, w, torch.full_like(y, -100))
+    assert loss.item() == 0.0 and (gx == 0).all() and (gw == 0).all()
+    x16, w16 = x.half(), w.half()
+    loss, grads = _flce_grads(liger_rt.ops.fused_linear_cross_entropy, x16, w16, y)
+    _, fgrads = _flce_grads(flce.fused_linear_cross_entropy_ref, x.float(), w.float(), y)
+    for g, f in zip(grads, fgrads):
+        assert _rel(g, f) < 3e-3
+
+
+@pytest.mark.parametrize("shape", [(8192, 2048, 65536, 0.5), (8192, 2560, 151936, 1.0)],
+                         ids=["H2048_V65536", "H2560_V151936"])
+def test_flce_peak_memory_targets(shape):
+    tokens, hidden, vocab, target_gb = shape
+    x, w, y = _flce_case(tokens, hidden, vocab)
+    x.requires_grad_()
+    w.requires_grad_()
+
+    def step():
+        x.grad = w.grad = None
+        liger_rt.ops.fused_linear_cross_entropy(x, w, y).backward()
+
+    step()
+    x.grad = w.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    extra = (torch.cuda.max_memory_allocated() - base) / 1e9
+    assert extra <= target_gb, f"peak extra {extra:.3f} GB > {target_gb} GB"
+
+
+def test_flce_every_candidate_config_compiles_and_matches():
+    arch = backend.detect()
+    x, w, y = _flce_case(1024, 2048, 65536)
+    dims = {"tokens": 8192, "hidden": 2048, "vocab": 65536}
+    _, ref = _flce_grads(flce.fused_linear_cross_entropy_ref, x, w, y, reduction="sum")
+    for cfg in flce.OP.candidates(flce.OP.impl("triton"), arch, dims, torch.bfloat16):
+        fn = lambda x_, w_, y_, b_: flce.FusedLinearCrossEntropyFunction.apply(  # noqa: E731
+            x_, w_, y_, b_, -100, "sum", 0.0, 0.0, None, None, cfg, True)
+        _, grads = _flce_grads(fn, x, w, y)
+        for g, r in zip(grads, ref):
+            assert _rel(g, r) < 1e-2, cfg
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_ce_bf16_vs_fp32(reduction):
+    g = torch.Generator(device=DEV).manual_seed(0)
+    logits = (torch.randn(2048, 32000, device=DEV, generator=g) * 3).to(torch.bfloat16)
+    y = torch.randint(0, 32000, (2048,), device=DEV, generator=g)
+    y[::7] = -100
+    kw = {"label_smoothing": 0.1, "lse_square_scale": 1e-4, "softcap": 20.0}
+    for inplace in (False, True):
+        base = logits.float().requires_grad_()
+        x = base.to(torch.bfloat16)
+        loss = liger_rt.ops.cross_entropy(x, y, reduction=reduction, inplace_backward=inplace, **kw)
+        dy = torch.rand_like(loss) + 0.5
+        (gx,) = torch.autograd.grad(loss, base, dy)
+        xr = logits.float().requires_grad_()
+        ref = ce.cross_entropy_ref(xr, y, reduction=reduction, **kw)
+        (gr,) = torch.autograd.grad(ref, xr, dy)
+        assert_close(loss, ref, torch.float32, reduce_len=32000)
+        assert_close(gx, gr.to(torch.bfloat16).float(), torch.bfloat16, reduce_len=4)
+        assert _rel(gx, gr) < 1e-2
+
+
+def test_ce_every_candidate_config_compiles_and_matches():
+    arch = backend.detect()
+    g = torch.Generator(device=DEV).manual_seed(0)
+    logits = (torch.randn(64, 151936, device=DEV, generator=g) * 3).to(torch.bfloat16)
+    y = torch.randint(0, 151936, (64,), device=DEV, generator=g)
+    xr = logits.float().requires_grad_()
+    (gr,) = torch.autograd.grad(F.cross_entropy(xr, y, reduction="sum"), xr)
+    for cfg in ce.OP.candidates(ce.OP.impl("triton"), arch, {"rows": 8192, "vocab": 151936}, torch.bfloat16):
+        x = logits.clone().requires_grad_()
+        loss = ce.CrossEntropyFunction.apply(x, y, -100, "sum", 0.0, 0.0, None, None, False, cfg)
+        (gx,) = torch.autograd.grad(loss, x)
+        assert _rel(loss, F.cross_entropy(logits.float(), y, reduction="sum")) < 1e-5, cfg
+        assert _rel(gx, gr) < 1e-2, cfg
+
+
+def test_ce_all_ignored_no_nan():
+    logits = torch.randn(128, 32000, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    y = torch.full((128,), -100, device=DEV)
+    loss = liger_rt.ops.cross_entropy(logits, y)
+    loss.backward()
+    assert loss.item() == 0.0 and (logits.grad == 0).all()
