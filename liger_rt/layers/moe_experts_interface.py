@@ -1,0 +1,130 @@
+"""liger_rt as an experts implementation of transformers v5 (``ExpertsInterface``).
+
+transformers v5 MoE experts modules (``Lfm2MoeExperts``, ``Qwen3MoeExperts``, ... decorated
+with ``@use_experts_implementation``) look their forward up at every call by
+``config._experts_implementation`` in ``transformers.integrations.moe.ExpertsInterface``.
+``register_experts_interface()`` adds ``"liger_rt"`` there; the forward calls
+``liger_rt.ops.moe_experts``, which dispatches triton / grouped_mm / torch per shape.
+
+How a model selects it (register first: transformers validates the name when a model is built
+or switched):
+
+    from liger_rt.layers.moe_experts_interface import register_experts_interface
+    register_experts_interface()
+    model = AutoModelForCausalLM.from_pretrained(path, experts_implementation="liger_rt")
+    # or, on a loaded model:  model.set_experts_implementation("liger_rt")
+    # or, on a config before the model is built:  config._experts_implementation = "liger_rt"
+
+Undo with ``model.set_experts_implementation(previous)`` (``model.get_experts_implementation()``
+snapshots it); ``unregister_experts_interface()`` removes the name again.
+
+Both lfm2_moe and qwen3_moe store experts as gate_up_proj (E, 2*I, H) with the gate in the
+first half, down_proj (E, H, I), SiLU, no bias, not transposed: exactly the layout of
+``liger_rt.ops.moe_experts``. A module with another layout or activation (biases, transposed or
+interleaved weights, a post-expert norm, expert parallelism) runs its own eager forward, with a
+one-time warning saying why.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+NAME = "liger_rt"
+_warned: set[str] = set()
+
+
+def _is_silu(act) -> bool:
+    if act is F.silu or isinstance(act, torch.nn.SiLU):
+        return True
+    return type(act).__name__ in ("SiLUActivation", "SiLU")
+
+
+def _unsupported(module) -> str | None:
+    """None when the experts module has the layout moe_experts takes, else why not."""
+    for attr in ("gate_up_proj", "down_proj"):
+        if not isinstance(getattr(module, attr, None), torch.Tensor):
+            return f"no {attr} tensor"
+    checks = (
+        (getattr(module, "has_gate", True), "experts without a gate (up_proj only)"),
+        (not getattr(module, "has_bias", False), "expert biases"),
+        (not getattr(module, "is_transposed", False), "transposed expert weights"),
+        (getattr(module, "is_concatenated", True), "interleaved gate/up weights"),
+        (not getattr(module, "has_post_expert_norm", False), "a post-expert norm"),
+        (not getattr(module, "_is_expert_parallel", False), "expert parallelism (sentinel expert ids)"),
+        (_is_silu(getattr(module, "act_fn", None)), f"activation {getattr(module, 'act_fn', None)!r} (SiLU only)"),
+    )
+    for ok, what in checks:
+        if not ok:
+            return what
+    default_gate = _default_apply_gate()
+    if default_gate is not None and getattr(type(module), "_apply_gate", default_gate) is not default_gate:
+        return "a custom _apply_gate"
+    return None
+
+
+def _default_apply_gate():
+    from transformers.integrations import moe
+    return getattr(moe, "_default_apply_gate", None)
+
+
+def _eager_forward(module):
+    """The module's own (eager) forward, which use_experts_implementation wrapped."""
+    fwd = type(module).forward
+    return getattr(fwd, "__wrapped__", fwd)
+
+
+def liger_rt_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                             top_k_weights: torch.Tensor) -> torch.Tensor:
+    """ExpertsInterface forward: hidden_states (tokens, hidden), top_k_* (tokens, k) -> (tokens, hidden)."""
+    why = _unsupported(self)
+    if why is not None:
+        key = f"{type(self).__name__}: {why}"
+        if key not in _warned:
+            _warned.add(key)
+            warnings.warn(f"liger_rt experts: {key} is not supported by liger_rt.ops.moe_experts; "
+                          "this module runs its eager forward", RuntimeWarning, stacklevel=2)
+        return _eager_forward(self)(self, hidden_states, top_k_index, top_k_weights)
+    from liger_rt import ops
+    w = self.gate_up_proj
+    # autocast can hand fp32 activations to bf16 experts (as transformers' grouped_mm does: cast to the weights)
+    x = hidden_states if hidden_states.dtype == w.dtype else hidden_states.to(w.dtype)
+    out = ops.moe_experts(x, w, self.down_proj, top_k_index, top_k_weights)
+    return out if out.dtype == hidden_states.dtype else out.to(hidden_states.dtype)
+
+
+def register_experts_interface(name: str = NAME) -> bool:
+    """Register ``name`` (default "liger_rt") in transformers' ExpertsInterface. Idempotent.
+
+    Returns True when it is registered now (also if it already was), and raises an ImportError
+    naming the fix when this transformers has no experts interface (transformers < 5)."""
+    try:
+        from transformers.integrations.moe import ExpertsInterface
+    except ImportError as exc:
+        import transformers
+        raise ImportError(f"transformers {transformers.__version__} has no ExpertsInterface; "
+                          "liger_rt experts need transformers >= 5: pip install -U 'transformers>=5'") from exc
+    if ExpertsInterface._global_mapping.get(name) is not liger_rt_experts_forward:
+        ExpertsInterface.register(name, liger_rt_experts_forward)
+    return True
+
+
+def unregister_experts_interface(name: str = NAME) -> bool:
+    """Remove ``name`` from ExpertsInterface (models still set to it then fail at forward)."""
+    try:
+        from transformers.integrations.moe import ExpertsInterface
+    except ImportError:
+        return False
+    if ExpertsInterface._global_mapping.get(name) is liger_rt_experts_forward:
+        del ExpertsInterface._global_mapping[name]
+        return True
+    return False
+
+
+def is_registered(name: str = NAME) -> bool:
+    try:
+        from transformers.integrations.moe import ExpertsInterface
+    except ImportError:
+        return False
+    return ExpertsInterface._global_mapping.get(name) is liger_rt_experts_forward

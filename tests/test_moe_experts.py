@@ -1,0 +1,409 @@
+"""moe_experts on CPU: the fused Triton path through the interpreter against the fp32 loop
+reference (forward and every gradient), edge routings, every candidate config of the hopper and
+mi325x profiles, crossovers and dispatch, pinned configs, the ExpertsInterface registration."""
+import json
+import math
+
+import pytest
+import torch
+
+from liger_rt import backend, dispatch
+from liger_rt.kernels import moe_experts as M
+from liger_rt.kernels._common import assert_close
+from liger_rt.tuning_db import open_store
+from liger_rt.tuning_db.store import Store, load_jsonl
+
+NAMES = ("y", "dx", "dgate_up", "ddown", "dweights")
+
+
+def _dims(T, E, K, H, I):
+    return dict(tokens=T, experts=E, top_k=K, hidden=H, intermediate=I)
+
+
+def _check_all(out, ref, dtype, dims):
+    n = M._reduce_len(dims)
+    for name, o, r in zip(NAMES, out, ref):
+        assert_close(o, r, dtype, n, name=name)
+
+
+def _case(dims, dtype=torch.float32, tag="uniform", idx=None):
+    case = M._make_case(dims, dtype, "cpu", tag=tag)
+    if idx is not None:
+        case["idx"] = idx
+    return case
+
+
+# -- correctness of the fused path --------------------------------------------------------------
+@pytest.mark.parametrize("tag", ["uniform", "skewed"])
+def test_fwd_bwd_fp32_odd_shapes(tag):
+    dims = _dims(37, 5, 2, 48, 40)    # nothing a power of two, H and I not multiples of BLOCK_K
+    case = _case(dims, tag=tag)
+    _check_all(M._run_triton(case, M._CPU[0]), M._run_torch(case, {}), torch.float32, dims)
+
+
+def _fp32_reference(case):
+    """The reference on fp32 copies of the inputs: no rounding of its own to compare against."""
+    c32 = {k: v.detach().float().requires_grad_() if v.is_floating_point() else v for k, v in case.items()}
+    return M._run_torch(c32, {})
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fwd_bwd_half_precision(dtype):
+    # fp16 runs tl.dot in fp16 through the interpreter; bf16 upcasts the loaded tiles (DOT_FP32)
+    # since the interpreter's bf16 arithmetic is wrong. GPU bf16 dots are covered by tests/gpu.
+    # The interpreter also truncates fp32 -> bf16 stores (the GPU rounds to nearest even), so the
+    # bf16 intermediates (h, gate|up, dgu) carry twice the GPU's rounding error here.
+    dims = _dims(24, 4, 2, 32, 32)
+    case = _case(dims, dtype)
+    out, ref = M._run_triton(case, M._CPU[1]), _fp32_reference(case)
+    _check_all(out, ref, dtype, dims)
+    for name, o, r in zip(NAMES, out, ref):
+        rel = float((o.detach().float() - r.detach()).norm() / r.detach().norm())
+        assert rel < (4e-3 if dtype == torch.float16 else 1.5e-2), (name, rel)
+
+
+def _edge_idx(name, T, E, K, g):
+    if name == "empty_experts":      # only experts 1 and 3 of 6 receive tokens
+        return torch.stack([torch.full((T,), 1), torch.full((T,), 3)], 1)[:, :K]
+    if name == "one_expert":         # every slot on expert 2, two slots of a token on the same expert
+        return torch.full((T, K), 2)
+    return torch.rand(T, E, generator=g).topk(K, dim=-1).indices
+
+
+@pytest.mark.parametrize("name,T,K", [("empty_experts", 20, 2), ("one_expert", 40, 2), ("k1", 19, 1),
+                                      ("t1", 1, 2)])
+def test_edge_routings(name, T, K):
+    E = 6
+    dims = _dims(T, E, K, 32, 16)
+    idx = _edge_idx(name, T, E, K, torch.Generator().manual_seed(1))
+    case = _case(dims, idx=idx)
+    out = M._run_triton(case, M._CPU[0])
+    ref = M._run_torch(case, {})
+    _check_all(out, ref, torch.float32, dims)
+    if name == "empty_experts":      # experts without rows get exactly zero weight gradients
+        empty = [0, 2, 4, 5]
+        assert out[2][empty].abs().max() == 0 and out[3][empty].abs().max() == 0
+
+
+def test_non_contiguous_inputs():
+    dims = _dims(21, 4, 2, 32, 24)
+    case = _case(dims)
+    wide = torch.rand(21, 6, generator=torch.Generator().manual_seed(3)) + 0.1
+    case["w"] = wide[:, 1:5:2].detach().requires_grad_()     # (T, 2) leaf with strides (6, 2)
+    xw = torch.randn(21, 40, generator=torch.Generator().manual_seed(4))
+    case["x"] = xw[:, 3:35].detach().requires_grad_()        # rows of stride 40
+    assert not case["w"].is_contiguous() and not case["x"].is_contiguous()
+    _check_all(M._run_triton(case, M._CPU[0]), M._run_torch(case, {}), torch.float32, dims)
+
+
+def test_functional_dispatch_and_leading_dims():
+    dims = _dims(12, 4, 2, 32, 16)
+    case = _case(dims)
+    x3 = case["x"].detach().view(3, 4, 32)
+    idx3, w3 = case["idx"].view(3, 4, 2), case["w"].detach().view(3, 4, 2)
+    from liger_rt import ops
+    d = M.OP.select(case["x"], **dims)
+    assert d.impl == "triton" and d.origin == "heuristic"    # interpreter on: the fused path on cpu
+    y = ops.moe_experts(x3, case["gate_up"].detach(), case["down"].detach(), idx3, w3)
+    assert y.shape == (3, 4, 32)
+    ref = M.moe_experts_ref(case["x"], case["gate_up"], case["down"], case["idx"], case["w"])
+    assert_close(y.view(12, 32), ref, torch.float32, M._reduce_len(dims))
+
+
+def test_no_grad_forward_skips_saving():
+    dims = _dims(16, 4, 2, 32, 16)
+    case = _case(dims)
+    with torch.no_grad():
+        y = M.MoEExpertsFunction.apply(case["x"], case["gate_up"], case["down"], case["idx"], case["w"], M._CPU[0])
+    assert_close(y, M.moe_experts_ref(case["x"], case["gate_up"], case["down"], case["idx"], case["w"]),
+                 torch.float32, M._reduce_len(dims))
+
+
+def test_input_errors():
+    x = torch.randn(4, 8)
+    gu, dn = torch.randn(2, 6, 8), torch.randn(2, 8, 3)
+    idx, w = torch.zeros(4, 1, dtype=torch.long), torch.ones(4, 1)
+    with pytest.raises(ValueError, match="experts layout"):
+        M.moe_experts(x, gu, torch.randn(2, 3, 8), idx, w)
+    with pytest.raises(TypeError, match="integer"):
+        M.moe_experts(x, gu, dn, idx.float(), w)
+    with pytest.raises(TypeError, match="share a dtype"):
+        M.moe_experts(x.half(), gu, dn, idx, w)
+    with pytest.raises(RuntimeError, match="outside"):
+        M.MoEExpertsFunction.apply(x, gu, dn, torch.full((4, 1), 2), w, M._CPU[0])
+
+
+# -- grouped MM ---------------------------------------------------------------------------------
+def test_grouped_mm_math_on_cpu_and_availability():
+    # dispatch never picks grouped_mm on CPU, but this torch has a CPU grouped MM: check the layout
+    # (transposed weight views, int32 end offsets, gate first) against the reference here
+    if M._grouped_mm_fn() is None:
+        pytest.skip("this torch has no grouped MM")
+    dims = _dims(30, 5, 2, 32, 24)
+    idx = _edge_idx("empty_experts", 30, 5, 2, None)      # empty experts inside the offsets
+    for case in (_case(dims), _case(dims, idx=idx)):
+        _check_all(M._run_grouped_mm(case, {}), M._run_torch(case, {}), torch.float32, dims)
+    cpu = dispatch.current_target("cpu")
+    assert not M._grouped_mm_available(cpu)
+    assert M._supports_grouped_mm(dims, torch.float32) is not None
+    assert M._supports_grouped_mm(_dims(8, 4, 2, 2048, 1792), torch.bfloat16) is None
+    assert "grouped_mm" not in M.OP.available_impls(cpu, dims, torch.bfloat16)
+
+
+# -- configs --------------------------------------------------------------------------------------
+BIG = _dims(4096, 32, 4, 2048, 1792)
+
+
+@pytest.mark.parametrize("arch", ["hopper", "mi325x", "cpu"])
+def test_every_candidate_config(arch):
+    prof = backend.profile(arch)
+    cands = M.OP.candidates(M.OP.impl("triton"), prof, BIG, torch.bfloat16)
+    assert 2 <= len(cands) <= 12
+    if arch == "mi325x":
+        for c in cands:
+            assert _hip_safe(c)
+    dims = _dims(16, 4, 2, 32, 32)
+    case = _case(dims)
+    ref = M._run_torch(case, {})
+    for cfg in cands:
+        _check_all(M._run_triton(case, cfg), ref, torch.float32, dims)
+
+
+def _hip_safe(cfg):
+    fams = [cfg[f] for f in ("up", "up_bwd", "down", "wgrad")]
+    return (all(f["num_stages"] <= 2 and f["num_warps"] <= 8 for f in fams)
+            and M._smem(cfg, BIG, torch.bfloat16) <= 64 * 1024)
+
+
+def test_smem_pruning_and_heuristics():
+    hopper = backend.profile("hopper")
+    small = backend.profile("mi325x")
+    # a hopper candidate does not fit 64 KiB: the smem estimate prunes it on the AMD profile
+    big = M._HOPPER[0]
+    assert M._smem(big, BIG, torch.bfloat16) > small.smem_bytes
+    assert dispatch.prune_configs([big], small, M.OP.impl("triton"), BIG, torch.bfloat16) == []
+    # fp32 doubles the tiles: only the small NVIDIA configs survive on hopper
+    fp32 = M.OP.candidates(M.OP.impl("triton"), hopper, BIG, torch.float32)
+    assert fp32 and all(M._smem(c, BIG, torch.float32) <= hopper.smem_bytes for c in fp32)
+    for arch in ("hopper", "ampere", "blackwell", "mi300x", "mi325x", "mi355x", "cpu"):
+        prof = backend.profile(arch)
+        for dtype in (torch.bfloat16, torch.float32):
+            for T in (256, 16384):
+                dims = dict(BIG, tokens=T)
+                for fn in (M._heuristic, M._pinned):
+                    assert M._fits(fn(prof, dims, dtype), prof, dims, dtype), (arch, dtype, fn.__name__)
+    assert M._heuristic(hopper, dict(BIG, tokens=256), torch.bfloat16)["up"]["BLOCK_M"] == 64
+    assert M._heuristic(hopper, BIG, torch.bfloat16)["up"]["BLOCK_M"] == 128
+    generic = backend.Arch(name="generic-nvidia", vendor="nvidia", capability="sm75", device_name="x", sm_count=40,
+                           warp_size=32, max_num_warps=8, max_num_stages=2, smem_bytes=49152)
+    assert M._fits(M._pinned(generic, BIG, torch.bfloat16), generic, BIG, torch.bfloat16)
+
+
+def test_plan_and_cases():
+    from liger_rt.tools.presets import get_preset
+    cpu, hopper = backend.profile("cpu"), backend.profile("hopper")
+    full = M._plan(None, hopper, False)
+    assert [d["tokens"] for d in full] == [512, 2048, 4096, 16384]
+    assert all((d["experts"], d["top_k"], d["hidden"], d["intermediate"]) == (32, 4, 2048, 1792) for d in full)
+    assert [d["tokens"] for d in M._plan(None, hopper, True)] == [512, 4096]
+    p24 = M._plan(get_preset("lfm2-24b-a2b"), hopper, False)
+    assert p24[0]["experts"] == 64 and p24[0]["intermediate"] == 1536
+    assert M._plan(get_preset("qwen3-1.7b"), hopper, False) == []
+    tiny = M._plan(None, cpu, False)
+    assert tiny and all(4 <= d["experts"] <= 8 and d["hidden"] <= 64 and d["tokens"] <= 64 for d in tiny)
+    assert M._plan(get_preset("lfm2-moe-tiny"), cpu, True)[0]["experts"] == 8
+    dims = _dims(256, 8, 2, 32, 32)
+    uni = M.OP.new_case(dims, torch.float32, "cpu", "uniform")
+    sk = M.OP.new_case(dims, torch.float32, "cpu", "skewed")
+    cu = torch.bincount(uni["idx"].flatten(), minlength=8)
+    cs = torch.bincount(sk["idx"].flatten(), minlength=8)
+    assert (cu > 0).all() and (cs == 0).sum() == 2 and cs.max() > 2 * cu.max()
+    for c in (uni, sk):   # distinct experts per token
+        assert (c["idx"].sort(-1).values.diff(dim=-1) != 0).all()
+    assert M._rows_per_expert(BIG) == 512
+
+
+# -- crossovers and dispatch -----------------------------------------------------------------------
+def test_derive_crossover_with_hysteresis(tmp_path):
+    # triton wins at few rows per expert, grouped MM at many; a 3% "win" inside the 5% margin
+    # must not flip the choice, a real one moves the boundary to the geometric mean
+    pts = [(16.0, {"triton": 1.0, "grouped_mm": 1.6}),
+           (64.0, {"triton": 1.0, "grouped_mm": 0.97}),   # within the margin: stays triton
+           (256.0, {"triton": 2.0, "grouped_mm": 1.5}),
+           (1024.0, {"triton": 6.0, "grouped_mm": 5.0})]
+    seg = dispatch.derive_crossover(pts, margin=0.05)
+    assert seg == [[round(math.sqrt(64 * 256), 6), "triton"], [None, "grouped_mm"]]
+    assert dispatch.derive_crossover(pts, margin=0.0)[0] == [round(math.sqrt(16 * 64), 6), "triton"]
+    store = open_store(tmp_path / "x.db")
+    sk = M.OP.static_key(BIG)
+    store.put_crossover(dict(op="moe_experts", variant="fwdbwd", arch="hopper", dtype="bf16", static_key=sk,
+                             axis_name="rows_per_expert", segments=seg, margin=0.05, origin="sweep",
+                             source_hash=M.OP.source_hash))
+    row = store.crossover_row("moe_experts", "fwdbwd", "hopper", "bf16", sk)
+    assert json.loads(row["segments"]) == seg
+    assert dispatch.crossover_pick(seg, 100.0) == "triton" and dispatch.crossover_pick(seg, 200.0) == "grouped_mm"
+    store.close()
+
+
+def _put_user_crossover(arch, dtype, dims, segments, origin="sweep"):
+    store = open_store()        # LIGER_RT_TUNING_DB: the per-test DB of conftest
+    store.put_crossover(dict(op="moe_experts", variant="fwdbwd", arch=arch, dtype=dtype,
+                             static_key=M.OP.static_key(dims), axis_name="rows_per_expert", segments=segments,
+                             margin=0.05, origin=origin, source_hash=M.OP.source_hash))
+    store.close()
+    dispatch.reset()
+
+
+def test_dispatch_switches_across_crossover_cpu():
+    # on CPU grouped_mm cannot run: a crossover between triton and torch
+    base = _dims(16, 4, 2, 32, 16)
+    _put_user_crossover("cpu", "fp32", base, [[8.0, "triton"], [None, "torch"]])
+    x = torch.randn(1, 32)
+    lo = M.OP.select(x, **dict(base, tokens=12))      # 6 rows per expert
+    hi = M.OP.select(x, **dict(base, tokens=40))      # 20 rows per expert
+    assert (lo.impl, lo.origin) == ("triton", "crossover") and "rows_per_expert=6" in lo.reason
+    assert (hi.impl, hi.origin) == ("torch", "crossover")
+    case = _case(dict(base, tokens=40))
+    from liger_rt import ops
+    y = ops.moe_experts(case["x"], case["gate_up"], case["down"], case["idx"], case["w"])
+    assert_close(y, M.moe_experts_ref(case["x"], case["gate_up"], case["down"], case["idx"], case["w"]),
+                 torch.float32, 64)
+
+
+def test_dispatch_switches_to_grouped_mm_on_hopper_plan(monkeypatch):
+    # planning for hopper (no GPU here): grouped_mm is available by the arch rules of this torch
+    if M._grouped_mm_fn() is None:
+        pytest.skip("this torch has no grouped MM")
+    monkeypatch.setattr(backend, "gpu_present", lambda: False)
+    _put_user_crossover("hopper", "bf16", BIG, [[100.0, "triton"], [None, "grouped_mm"]])
+    lo = dispatch.select("moe_experts", arch="hopper", dtype="bf16", **dict(BIG, tokens=512))
+    hi = dispatch.select("moe_experts", arch="hopper", dtype="bf16", **dict(BIG, tokens=4096))
+    assert (lo.impl, lo.origin) == ("triton", "crossover") and lo.config["up"]["BLOCK_M"] == 64   # 64 rows per expert
+    assert (hi.impl, hi.origin, dict(hi.config)) == ("grouped_mm", "crossover", {})
+    # fp32 has no crossover row and grouped_mm cannot take it: the heuristic picks triton
+    f32 = dispatch.select("moe_experts", arch="hopper", dtype="fp32", **dict(BIG, tokens=4096))
+    assert (f32.impl, f32.origin) == ("triton", "heuristic")
+
+
+def test_hopper_heuristic_impl(monkeypatch):
+    if M._grouped_mm_fn() is None:
+        pytest.skip("this torch has no grouped MM")
+    monkeypatch.setattr(backend, "gpu_present", lambda: False)
+    e64 = dict(BIG, experts=64, intermediate=1536)
+    low = dispatch.select("moe_experts", arch="hopper", dtype="bf16", **dict(e64, tokens=512))   # 32 rows
+    high = dispatch.select("moe_experts", arch="hopper", dtype="bf16", **dict(BIG, tokens=4096))  # 512 rows
+    assert (low.impl, low.origin) == ("grouped_mm", "heuristic")
+    assert (high.impl, high.origin) == ("triton", "heuristic")
+
+
+def test_published_mi325x_crossover(monkeypatch):
+    if M._grouped_mm_fn() is None:
+        pytest.skip("this torch has no grouped MM")
+    monkeypatch.setattr(backend, "gpu_present", lambda: False)
+    # the shipped file loads by the export rules, one record per static key
+    from importlib import resources
+    text = (resources.files("liger_rt.tuning_db") / "defaults" / "mi325x.jsonl").read_text()
+    store = Store(None, layer="check")
+    counts = load_jsonl(store, text.splitlines())
+    e64 = dict(BIG, experts=64, intermediate=1536)
+    keys = {r["static_key"] for r in store.all_rows("crossover") if r["op"] == "moe_experts"}
+    assert counts["crossover"] >= 2 and {M.OP.static_key(BIG), M.OP.static_key(e64)} <= keys
+    for dims, T, want in [(BIG, 512, "triton"), (BIG, 1024, "triton"), (BIG, 4096, "grouped_mm"),
+                          (e64, 2048, "triton"), (e64, 4096, "triton"), (e64, 8192, "grouped_mm")]:
+        d = dispatch.select("moe_experts", arch="mi325x", dtype="bf16", **dict(dims, tokens=T))
+        assert (d.impl, d.origin) == (want, "crossover"), (dims["experts"], T, d.reason)
+        assert "published" in d.reason
+        if want == "triton":
+            assert _hip_safe(d.config)
+
+
+def test_pinned_configs(monkeypatch):
+    dims = _dims(16, 4, 2, 32, 32)
+    x = torch.randn(1, 32)
+    monkeypatch.setenv("LIGER_FUSED_MOE_AUTOTUNE", "0")
+    monkeypatch.setenv("LIGER_RT_ARCH", "mi325x")
+    dispatch.reset()
+    d = M.OP.select(x.bfloat16(), **dims)
+    assert (d.impl, d.origin, d.arch) == ("triton", "pinned", "mi325x") and "HIP-safe" in d.reason
+    assert _hip_safe(d.config) and dict(d.config) == M._PINNED_HIP
+    d = M.OP.select(x, **dims)   # fp32 tiles are twice the bytes: the first HIP config within 64 KiB
+    assert d.origin == "pinned" and M._fits(d.config, backend.profile("mi325x"), dims, torch.float32)
+    case = _case(dims)           # the pinned HIP config computes right (through the interpreter)
+    _check_all(M._run_triton(case, d.config), M._run_torch(case, {}), torch.float32, dims)
+    monkeypatch.setenv("LIGER_RT_ARCH", "hopper")
+    dispatch.reset()
+    d = M.OP.select(x.bfloat16(), **dims)
+    assert (d.origin, dict(d.config)) == ("pinned", M._PINNED_CUDA)
+    monkeypatch.setenv("LIGER_FUSED_MOE_AUTOTUNE", "1")
+    dispatch.reset()
+    assert M.OP.select(x, **dims).origin == "heuristic"
+
+
+# -- transformers ExpertsInterface -------------------------------------------------------------------
+def _spy(monkeypatch):
+    calls = []
+    orig = M.MoEExpertsFunction.apply
+    monkeypatch.setattr(M.MoEExpertsFunction, "apply", lambda *a: calls.append(1) or orig(*a))
+    return calls
+
+
+def test_experts_interface_qwen3_moe(monkeypatch):
+    from transformers import Qwen3MoeConfig
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    from liger_rt.layers import moe_experts_interface as MI
+    assert MI.register_experts_interface() and MI.register_experts_interface()    # idempotent
+    assert "liger_rt" in ALL_EXPERTS_FUNCTIONS and MI.is_registered()
+    cfg = Qwen3MoeConfig(hidden_size=32, moe_intermediate_size=16, num_experts=6, num_experts_per_tok=2)
+    torch.manual_seed(0)
+    mod = Qwen3MoeExperts(cfg)
+    with torch.no_grad():
+        mod.gate_up_proj.normal_(0, 0.3)
+        mod.down_proj.normal_(0, 0.3)
+    x = torch.randn(13, 32, requires_grad=True)
+    idx = torch.rand(13, 6).topk(2, dim=-1).indices
+    w = torch.rand(13, 2).softmax(-1).requires_grad_()
+    dy = torch.randn(13, 32)
+    outs = {}
+    calls = _spy(monkeypatch)
+    for impl in ("eager", "liger_rt"):
+        cfg._experts_implementation = impl
+        y = mod(x, idx, w)
+        outs[impl] = [y, *torch.autograd.grad(y, (x, mod.gate_up_proj, mod.down_proj, w), dy)]
+    assert calls, "the liger_rt experts forward did not reach the fused path"
+    for name, a, b in zip(NAMES, outs["liger_rt"], outs["eager"]):
+        assert_close(a, b, torch.float32, 64, name=name)
+    # a layout moe_experts does not take falls back to the module's eager forward, once warned
+    mod.act_fn = torch.nn.GELU()
+    cfg._experts_implementation = "liger_rt"
+    with pytest.warns(RuntimeWarning, match="eager forward"):
+        y = mod(x, idx, w)
+    cfg._experts_implementation = "eager"
+    assert_close(y, mod(x, idx, w), torch.float32, name="fallback")
+
+
+def test_experts_interface_lfm2_moe_model(monkeypatch):
+    from transformers import Lfm2MoeConfig, Lfm2MoeForCausalLM
+
+    from liger_rt.layers.moe_experts_interface import register_experts_interface
+    register_experts_interface()
+    cfg = Lfm2MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts=4,
+                        num_experts_per_tok=2, num_dense_layers=1, layer_types=["full_attention", "conv"],
+                        experts_implementation="liger_rt")
+    torch.manual_seed(0)
+    model = Lfm2MoeForCausalLM(cfg).eval()
+    assert model.config._experts_implementation == "liger_rt"
+    experts = model.model.layers[1].feed_forward.experts
+    with torch.no_grad():
+        experts.gate_up_proj.normal_(0, 0.3)
+        experts.down_proj.normal_(0, 0.3)
+    ids = torch.randint(0, 64, (2, 7))
+    calls = _spy(monkeypatch)
+    with torch.no_grad():
+        ours = model(ids).logits
+        assert calls
+        model.set_experts_implementation("eager")
+        eager = model(ids).logits
+    assert_close(ours, eager, torch.float32, 64, name="logits")
