@@ -16,6 +16,7 @@ it to ``"liger_rt"`` on the configs the experts modules read, after
 """
 from __future__ import annotations
 
+import functools
 import importlib
 
 import torch
@@ -67,3 +68,16 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
     """Experts forward for class-level patches: the registered ``liger_rt`` experts function."""
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
     return ALL_EXPERTS_FUNCTIONS[EXPERTS_IMPLEMENTATION](self, hidden_states, top_k_index, top_k_weights)
+
+
+def experts_forward_for(cls: type):
+    """``experts_forward`` for one experts class, ``__wrapped__`` pointing at the forward it replaces:
+    the interface's own fallback for layouts it cannot take unwraps to that, never back to us."""
+    original = cls.__dict__.get("forward", cls.forward)
+
+    @functools.wraps(original)
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        return experts_forward(self, hidden_states, top_k_index, top_k_weights)
+    forward.__wrapped__ = original
+    forward._liger_rt_experts = True
+    return forward

@@ -348,7 +348,10 @@ def _patch_class(model_type: str, given: dict[str, Any]) -> None:
     keys: list = []
     counts: dict[str, int] = {}
     for cls, row, fn in plan.layers:
-        _class_set(cls, "forward", moe.experts_forward if row.experts else fn, model_type, keys)
+        if row.experts:
+            rec = _CLASS_PATCHES.get((cls, "forward"))
+            fn = rec.value if rec is not None else moe.experts_forward_for(cls)
+        _class_set(cls, "forward", fn, model_type, keys)
         counts[cls.__name__] = counts.get(cls.__name__, 0) + 1
     for cls in plan.causal_lm:
         if plan.flags["fused_linear_cross_entropy"]:

@@ -285,6 +285,11 @@ if click is not None:
         from liger_rt.kernels._common import parse_dtype
         from liger_rt.tools.models import build_model
         from liger_rt.tools.presets import get_preset
+        from liger_rt.patch import core
+        try:
+            core._spec(model_type)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--model") from None
         try:
             p = get_preset(preset, model_type)
         except ValueError as exc:
@@ -298,11 +303,6 @@ if click is not None:
             raise click.BadParameter("no CUDA/ROCm device here", param_hint="--device")
         dtype = parse_dtype(dtype_name)
         flags = _parse_flags(flags_text)
-        from liger_rt.patch import core
-        try:
-            core._spec(model_type)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--model") from None
 
         def factory():
             return build_model(p, dtype=dtype, device=device, seed=seed)
