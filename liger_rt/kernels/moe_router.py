@@ -119,6 +119,7 @@ if triton is not None:
             # the lower index wins a tie: explicit, as argmax's tie rule differs across backends
             b_max = tl.max(b_r, axis=1)
             i_k = tl.min(tl.where(b_r == b_max[:, None], o_e[None, :], BLOCK_E), axis=1)
+            i_k = tl.minimum(i_k, E - 1)   # a NaN row matches nothing: keep the index in range
             hit = o_e[None, :] == i_k[:, None]
             w_k = tl.sum(tl.where(hit, b_s, 0.0), axis=1)
             b_r = tl.where(hit, float("-inf"), b_r)

@@ -24,9 +24,7 @@ import functools
 
 import torch
 
-from ._common import next_pow2
-
-MAX_KERNEL = 4  # LFM2 uses 3 (conv_L_cache); the weight-gradient accumulator holds up to 4 taps
+MAX_KERNEL = 4  # LFM2 uses 3 (conv_L_cache); the weight-gradient kernel has 4 tap accumulators
 
 
 # -- reference -------------------------------------------------------------------------------------
@@ -99,8 +97,9 @@ if triton is not None:
         for k in tl.static_range(K):
             o_src = o_t - (K - 1 - k)
             m_src = m_t & (o_src >= 0)
-            if HAS_SEQ and k < K - 1:
-                m_src = m_src & (tl.load(p_s + o_src * s_st, mask=m_src, other=-2) == b_seq)
+            if HAS_SEQ:
+                if k < K - 1:
+                    m_src = m_src & (tl.load(p_s + o_src * s_st, mask=m_src, other=-2) == b_seq)
             m = m_src[:, None] & m_h[None, :]
             p = p_x + o_src.to(tl.int64)[:, None] * s_xt + o_h[None, :]
             b_b = tl.load(p, mask=m, other=0.0).to(tl.float32)
@@ -120,7 +119,7 @@ if triton is not None:
         T, H, n_chunks, T_CHUNK,
         s_xb, s_xt, s_gb, s_gt, s_db, s_dt, s_sb, s_st,
         K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr,
-        BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
     ):
         # One program: BLOCK_H channels over T_CHUNK tokens of one batch row, in BLOCK_T steps.
         # dz = dy*C;  dC = dy*z (z recomputed);  du[t] = sum_j w[K-1-j] dz[t+j];  dB = du*x;
@@ -130,13 +129,17 @@ if triton is not None:
         t_start = (pid % n_chunks) * T_CHUNK
         o_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         m_h = o_h < H
-        o_k = tl.arange(0, BLOCK_K)
         p_x = BCX + b * s_xb
         p_g = DY + b * s_gb
         p_d = DBCX + b * s_db
         p_s = SEQ + b * s_sb
-        b_dw = tl.zeros((BLOCK_K, BLOCK_H), dtype=tl.float32)
-        b_db = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        # tile-shaped fp32 accumulators, one per tap, reduced over tokens once at the end (a
+        # cross-warp tl.sum per step and tap would cost a shared-memory round trip each)
+        b_dw0 = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+        b_dw1 = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+        b_dw2 = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+        b_dw3 = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+        b_db = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
         n_iter = tl.minimum(T_CHUNK, T - t_start)
         for i in range(0, n_iter, BLOCK_T):
             o_t = t_start + i + tl.arange(0, BLOCK_T)
@@ -167,10 +170,17 @@ if triton is not None:
                            * tl.load(ps + 2 * H, mask=ms, other=0.0).to(tl.float32))
                 b_w = tl.load(W + o_h * K + k, mask=m_h, other=0.0).to(tl.float32)
                 b_z += b_w[None, :] * b_u
-                b_dw += tl.where(o_k[:, None] == k, tl.sum(b_dz * b_u, axis=0)[None, :], 0.0)
+                if k == 0:
+                    b_dw0 += b_dz * b_u
+                elif k == 1:
+                    b_dw1 += b_dz * b_u
+                elif k == 2:
+                    b_dw2 += b_dz * b_u
+                else:
+                    b_dw3 += b_dz * b_u
             if HAS_BIAS:
                 b_z += tl.load(BIAS + o_h, mask=m_h, other=0.0).to(tl.float32)[None, :]
-                b_db += tl.sum(b_dz, axis=0)
+                b_db += b_dz
             # du: output t+j read u[t] through tap K-1-j
             b_du = b_dz * tl.load(W + o_h * K + (K - 1), mask=m_h, other=0.0).to(tl.float32)[None, :]
             for j in tl.static_range(1, K):
@@ -190,10 +200,16 @@ if triton is not None:
             tl.store(pd + H, (b_g * b_z).to(dt), mask=m)
             tl.store(pd + 2 * H, (b_du * b_b).to(dt), mask=m)
         pid64 = pid.to(tl.int64)
-        p_dw = DW_PART + pid64 * K * H + o_k[:, None] * H + o_h[None, :]
-        tl.store(p_dw, b_dw, mask=(o_k[:, None] < K) & m_h[None, :])
+        p_dw = DW_PART + pid64 * K * H + o_h
+        tl.store(p_dw, tl.sum(b_dw0, axis=0), mask=m_h)
+        if K > 1:
+            tl.store(p_dw + H, tl.sum(b_dw1, axis=0), mask=m_h)
+        if K > 2:
+            tl.store(p_dw + 2 * H, tl.sum(b_dw2, axis=0), mask=m_h)
+        if K > 3:
+            tl.store(p_dw + 3 * H, tl.sum(b_dw3, axis=0), mask=m_h)
         if HAS_BIAS:
-            tl.store(DB_PART + pid64 * H + o_h, b_db, mask=m_h)
+            tl.store(DB_PART + pid64 * H + o_h, tl.sum(b_db, axis=0), mask=m_h)
 
 
 # -- launchers ------------------------------------------------------------------------------------
@@ -302,7 +318,7 @@ def short_conv_bwd(bcx, weight, bias, seq_idx, dy, config):
         T, H, n_chunks, chunk,
         bcx.stride(0), bcx.stride(1), dy.stride(0), dy.stride(1), dbcx.stride(0), dbcx.stride(1), s_sb, s_st,
         K=K, HAS_BIAS=bias is not None, HAS_SEQ=seq_idx is not None,
-        BLOCK_T=BT, BLOCK_H=BH, BLOCK_K=max(2, next_pow2(K)), num_warps=int(config.get("bwd_num_warps", 4)))
+        BLOCK_T=BT, BLOCK_H=BH, num_warps=int(config.get("bwd_num_warps", 4)))
     dw = dw_part.sum(0).t().to(weight.dtype)
     db = db_part.sum(0).to(bias.dtype) if bias is not None else None
     return dbcx, dw, db
