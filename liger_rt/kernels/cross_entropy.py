@@ -324,6 +324,13 @@ class CrossEntropyFunction(torch.autograd.Function):
 
 # -- functional ---------------------------------------------------------------------------------
 
+@torch.compiler.disable
+def _apply(fn, *args):
+    # Under torch.compile the Triton launches and the gradient handed over from forward run eagerly
+    # (one graph break at the loss, the last op of a model) rather than being traced.
+    return fn.apply(*args)
+
+
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
                   *, label_smoothing: float = 0.0, lse_square_scale: float = 0.0, softcap: float | None = None,
                   num_items_in_batch=None, inplace_backward: bool = False) -> torch.Tensor:
@@ -359,7 +366,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     inplace = bool(inplace_backward) and x2d.stride(-1) == 1 and not logits.is_leaf
     if x2d.stride(-1) != 1:
         x2d = x2d.contiguous()
-    loss = CrossEntropyFunction.apply(x2d, t1d.contiguous(), int(ignore_index), reduction, float(label_smoothing),
+    loss = _apply(CrossEntropyFunction, x2d, t1d.contiguous(), int(ignore_index), reduction, float(label_smoothing),
                                       float(lse_square_scale), None if softcap is None else float(softcap),
                                       num_items_in_batch, inplace, d.config, torch.is_grad_enabled())
     return loss.reshape(target.shape) if reduction == "none" else loss

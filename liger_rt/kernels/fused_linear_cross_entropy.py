@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .cross_entropy import (
-    _check_args, _grad_scale, _reduce, cross_entropy_fwd, cross_entropy_ref, scale_,
+    _apply, _check_args, _grad_scale, _reduce, cross_entropy_fwd, cross_entropy_ref, scale_,
     _configs as _ce_configs, _heuristic as _ce_heuristic,
 )
 
@@ -223,8 +223,8 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
         weight = weight.to(x.dtype)
     if bias is not None and bias.dtype != x.dtype:
         bias = bias.to(x.dtype)
-    loss = FusedLinearCrossEntropyFunction.apply(
-        x2d.contiguous(), weight.contiguous(), t1d.contiguous(), None if bias is None else bias.contiguous(),
+    loss = _apply(
+        FusedLinearCrossEntropyFunction, x2d.contiguous(), weight.contiguous(), t1d.contiguous(), None if bias is None else bias.contiguous(),
         int(ignore_index), reduction, float(label_smoothing), float(lse_square_scale),
         None if softcap is None else float(softcap), num_items_in_batch, d.config, torch.is_grad_enabled())
     return loss.reshape(target.shape) if reduction == "none" else loss
