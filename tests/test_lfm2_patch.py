@@ -263,3 +263,31 @@ def test_class_level_lfm2_affects_models_built_afterwards(monkeypatch, fallback)
     liger_rt.unpatch("lfm2")
     for cls, fn in originals.items():
         assert cls.forward is fn
+
+
+def test_class_level_experts_and_router(monkeypatch, fallback):
+    pytest.importorskip("liger_rt.layers.moe_experts_interface")
+    pytest.importorskip("liger_rt.kernels.moe_experts")
+    mod = importlib.import_module("transformers.models.lfm2_moe.modeling_lfm2_moe")
+    originals = {c: c.__dict__["forward"] for c in (mod.Lfm2MoeExperts, mod.Lfm2MoeTopKRouter)}
+    base = build_model("lfm2-moe-tiny")
+    liger_rt.patch("lfm2_moe")
+    experts, router = Counter(monkeypatch, "moe_experts"), Counter(monkeypatch, "moe_router")
+    model = build_model("lfm2-moe-tiny")
+    assert model.config._experts_implementation != "liger_rt"       # classes, not configs, at class level
+    model.load_state_dict(base.state_dict())
+    model(**make_inputs(model))
+    assert len(experts.calls) == 2 and len(router.calls) == 2
+    monkeypatch.undo()
+    liger_rt.unpatch("lfm2_moe")
+    for cls, fn in originals.items():
+        assert cls.forward is fn
+
+
+@pytest.mark.filterwarnings("ignore:.*gradient_checkpointing_enable.*:FutureWarning")
+def test_gradient_checkpointing_keeps_parity(fallback):
+    base, new = _pair("lfm2-moe-tiny")
+    _patch(new)
+    for m in (base, new):
+        m.gradient_checkpointing_enable()
+    _check_parity(base, new, atol=1e-5)
