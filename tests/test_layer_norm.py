@@ -11,7 +11,8 @@ from liger_rt.tools.presets import get_preset
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 CPU = backend.profile("cpu")
-WIDE = {"num_warps": 4, "ROWS": 32, "bwd_num_warps": 4, "bwd_ROWS": 32, "bwd_progs_per_sm": 2, "bwd_stages": 1}
+WIDE = {"num_warps": 4, "ROWS": 32, "bwd_num_warps": 4, "bwd_ROWS": 32, "bwd_progs_per_sm": 2, "bwd_stages": 1,
+        "bwd_prefetch": 1}
 
 
 def _inputs(shape, dtype, seed=0, bias=True):

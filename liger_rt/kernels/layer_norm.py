@@ -89,25 +89,38 @@ def _layer_norm_fwd_kernel(X, W, B, Y, MEAN, RSTD, stride_x, stride_y, M, N, eps
 @triton.jit(do_not_specialize=["M", "rows_per_prog"])
 def _layer_norm_bwd_kernel(DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, stride_dy, stride_x, stride_dx,
                            M, N, rows_per_prog, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-                           STAGES: tl.constexpr, HAS_BIAS: tl.constexpr, RNE_BF16: tl.constexpr):
+                           STAGES: tl.constexpr, PREFETCH: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           RNE_BF16: tl.constexpr):
     pid = tl.program_id(0)
     row_start = pid * rows_per_prog
     row_end = tl.minimum(row_start + rows_per_prog, M)
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < N
-    w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)
     acc_w = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     acc_b = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    if PREFETCH:  # register double buffering: the next tile's loads fly while this tile computes
+        o_first = (row_start + tl.arange(0, ROWS)).to(tl.int64)
+        m_nx = (o_first < row_end)[:, None] & m_n[None, :]
+        dy_nx = tl.load(DY + o_first[:, None] * stride_dy + o_n[None, :], mask=m_nx, other=0.0)
+        x_nx = tl.load(X + o_first[:, None] * stride_x + o_n[None, :], mask=m_nx, other=0.0)
     for r0 in tl.range(row_start, row_end, ROWS, num_stages=STAGES):
         o_m = r0 + tl.arange(0, ROWS)
         m_m = o_m < row_end
         mask = m_m[:, None] & m_n[None, :]
         o_m64 = o_m.to(tl.int64)
-        dy = tl.load(DY + o_m64[:, None] * stride_dy + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
-        x = tl.load(X + o_m64[:, None] * stride_x + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        if PREFETCH:
+            dy = dy_nx.to(tl.float32)
+            x = x_nx.to(tl.float32)
+            m_nx = (o_m + ROWS < row_end)[:, None] & m_n[None, :]
+            dy_nx = tl.load(DY + (o_m64 + ROWS)[:, None] * stride_dy + o_n[None, :], mask=m_nx, other=0.0)
+            x_nx = tl.load(X + (o_m64 + ROWS)[:, None] * stride_x + o_n[None, :], mask=m_nx, other=0.0)
+        else:
+            dy = tl.load(DY + o_m64[:, None] * stride_dy + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(X + o_m64[:, None] * stride_x + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
         mean = tl.load(MEAN + o_m, mask=m_m, other=0.0)
         rstd = tl.load(RSTD + o_m, mask=m_m, other=0.0)
         xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)   # L1-resident: cheaper than 16 registers
         g = dy * w[None, :]
         c1 = tl.sum(g * xhat, axis=1) / N
         c2 = tl.sum(g, axis=1) / N
@@ -210,7 +223,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
     _layer_norm_bwd_kernel[(grid,)](
         dy2, x2, weight, mean, rstd, dx, part[0], part_b, dy2.stride(0), x2.stride(0), dx.stride(0), m, n,
         rows_per_prog, BLOCK_N=next_pow2(n), ROWS=rows, STAGES=int(config.get("bwd_stages", 1)),
-        HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=int(config.get("bwd_num_warps", 4)))
+        PREFETCH=bool(config.get("bwd_prefetch", 0)), HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=int(config.get("bwd_num_warps", 4)))
     dw = torch.empty(n, dtype=weight.dtype, device=weight.device)
     db = torch.empty(n, dtype=bias.dtype, device=bias.device) if has_bias else None
     # >= 2 column programs per SM on a 132-SM part at hidden 4096; few wide ones in the interpreter
@@ -295,20 +308,21 @@ def _fwd(arch, block_n: int, tile: int, per_thread: int) -> dict:
     return {"num_warps": _warps(rows * block_n, per_thread, arch), "ROWS": rows}
 
 
-def _bwd(arch, block_n: int, row_mult: int, per_thread: int, progs: int, stages: int) -> dict:
+def _bwd(arch, block_n: int, row_mult: int, per_thread: int, progs: int, stages: int = 1, prefetch: int = 1) -> dict:
     rows = max(1, 4096 // block_n) * row_mult
     return {"bwd_num_warps": _warps(rows * block_n, per_thread, arch), "bwd_ROWS": rows,
-            "bwd_progs_per_sm": progs, "bwd_stages": stages}
+            "bwd_progs_per_sm": progs, "bwd_stages": stages, "bwd_prefetch": prefetch}
 
 
 def _heuristic(arch, dims, dtype):
-    """As rms_norm.py: Liger-Kernel's forward warp table (8 values per thread up to 2048, 16 above),
-    and a backward of 4096-element row tiles, 16 values per thread, two persistent programs per SM
-    (estimate, not yet measured: sweeps decide, and pick torch where it is faster)."""
+    """As rms_norm.py: Liger-Kernel's forward warp table (8 values per thread up to 2048, 16
+    above); a backward of 4096-element row tiles at 16 values per thread, two persistent programs
+    per SM, the next tile prefetched into registers.  Not yet measured on a GPU: sweeps decide,
+    and pick torch where it is faster."""
     e = next_pow2(dims["hidden"])
     if arch.name == "cpu":
-        return {**_fwd(arch, e, 2048, 8), **_bwd(arch, e, 1, 16, 2, 1)}
-    return {**_fwd(arch, e, 2048, 8 if e <= 2048 else 16), **_bwd(arch, e, 1, 16, 2, 1)}
+        return {**_fwd(arch, e, 2048, 8), **_bwd(arch, e, 1, 16, 2)}
+    return {**_fwd(arch, e, 2048, 8 if e <= 2048 else 16), **_bwd(arch, e, 1, 16, 2)}
 
 
 def _configs(arch, dims, dtype):
@@ -316,10 +330,14 @@ def _configs(arch, dims, dtype):
     base = _heuristic(arch, dims, dtype)
     fwd_h = {k: base[k] for k in ("num_warps", "ROWS")}
     if arch.name == "cpu":  # the interpreter ignores warps: cover the code paths, not the space
-        return [base, {**fwd_h, **_bwd(arch, e, 2, 16, 1, 2)},
-                {**_fwd(arch, e, 8192, 16), **_bwd(arch, e, 1, 8, 4, 1)}]
-    bwd = [_bwd(arch, e, 1, 16, 2, 1), _bwd(arch, e, 1, 16, 2, 2), _bwd(arch, e, 1, 8, 2, 1),
-           _bwd(arch, e, 2, 16, 1, 1), _bwd(arch, e, 1, 16, 4, 1), _bwd(arch, e, 1, 8, 1, 2)]
+        return [base, {**fwd_h, **_bwd(arch, e, 2, 16, 1, stages=2, prefetch=0)},
+                {**_fwd(arch, e, 8192, 16), **_bwd(arch, e, 1, 8, 4, prefetch=0)}]
+    bwd = [_bwd(arch, e, 1, 16, 2),                          # register prefetch (the heuristic)
+           _bwd(arch, e, 1, 16, 2, prefetch=0),              # no overlap within a program
+           _bwd(arch, e, 1, 16, 2, stages=2, prefetch=0),    # cp.async pipelining by tl.range
+           _bwd(arch, e, 1, 16, 2, stages=3, prefetch=0),
+           _bwd(arch, e, 1, 8, 2),                           # half the registers, twice the warps
+           _bwd(arch, e, 2, 16, 1)]                          # one fat program per SM
     fwd_alt = [_fwd(arch, e, 2048, 16), _fwd(arch, e, 2048, 8), _fwd(arch, e, 8192, 16)]
     out = [{**fwd_h, **b} for b in bwd] + [{**f, **bwd[0]} for f in fwd_alt]
     seen, uniq = set(), []

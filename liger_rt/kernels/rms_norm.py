@@ -81,25 +81,37 @@ def _rms_norm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps, offset,
 @triton.jit(do_not_specialize=["M", "rows_per_prog"])
 def _rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW_PART, stride_dy, stride_x, stride_dx, M, N, rows_per_prog,
                          offset, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr,
-                         RNE_BF16: tl.constexpr):
+                         PREFETCH: tl.constexpr, RNE_BF16: tl.constexpr):
     pid = tl.program_id(0)
     row_start = pid * rows_per_prog
     row_end = tl.minimum(row_start + rows_per_prog, M)
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < N
-    w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32) + offset
     acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    if PREFETCH:  # register double buffering: the next tile's loads fly while this tile computes
+        o_first = (row_start + tl.arange(0, ROWS)).to(tl.int64)
+        m_nx = (o_first < row_end)[:, None] & m_n[None, :]
+        dy_nx = tl.load(DY + o_first[:, None] * stride_dy + o_n[None, :], mask=m_nx, other=0.0)
+        x_nx = tl.load(X + o_first[:, None] * stride_x + o_n[None, :], mask=m_nx, other=0.0)
     for r0 in tl.range(row_start, row_end, ROWS, num_stages=STAGES):
         o_m = r0 + tl.arange(0, ROWS)
         m_m = o_m < row_end
         mask = m_m[:, None] & m_n[None, :]
         o_m64 = o_m.to(tl.int64)
-        dy = tl.load(DY + o_m64[:, None] * stride_dy + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
-        x = tl.load(X + o_m64[:, None] * stride_x + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        if PREFETCH:
+            dy = dy_nx.to(tl.float32)
+            x = x_nx.to(tl.float32)
+            m_nx = (o_m + ROWS < row_end)[:, None] & m_n[None, :]
+            dy_nx = tl.load(DY + (o_m64 + ROWS)[:, None] * stride_dy + o_n[None, :], mask=m_nx, other=0.0)
+            x_nx = tl.load(X + (o_m64 + ROWS)[:, None] * stride_x + o_n[None, :], mask=m_nx, other=0.0)
+        else:
+            dy = tl.load(DY + o_m64[:, None] * stride_dy + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(X + o_m64[:, None] * stride_x + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(RSTD + o_m, mask=m_m, other=0.0)
         xhat = x * rstd[:, None]
         # dW sees the normalised x as the forward multiplied it: rounded to the input dtype
         acc += dy * _to(xhat, X.dtype.element_ty, RNE_BF16).to(tl.float32)
+        w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32) + offset   # L1-resident: cheaper than registers
         g = dy * w[None, :]
         c = tl.sum(g * xhat, axis=1) / N
         dx = (g - xhat * c[:, None]) * rstd[:, None]
@@ -183,7 +195,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: 
     _rms_norm_bwd_kernel[(grid,)](
         dy2, x2, weight, rstd, dx, part, dy2.stride(0), x2.stride(0), dx.stride(0), m, n, rows_per_prog,
         float(offset), BLOCK_N=next_pow2(n), ROWS=rows, STAGES=int(config.get("bwd_stages", 1)),
-        RNE_BF16=interpreter_on(), num_warps=int(config.get("bwd_num_warps", 4)))
+        PREFETCH=bool(config.get("bwd_prefetch", 0)), RNE_BF16=interpreter_on(), num_warps=int(config.get("bwd_num_warps", 4)))
     dw = torch.empty(n, dtype=weight.dtype, device=weight.device)
     # >= 2 column programs per SM on a 132-SM part at hidden 4096; the interpreter runs programs
     # one after another, so few wide ones there
@@ -264,22 +276,23 @@ def _fwd(arch, block_n: int, tile: int, per_thread: int) -> dict:
     return {"num_warps": _warps(rows * block_n, per_thread, arch), "ROWS": rows}
 
 
-def _bwd(arch, block_n: int, row_mult: int, per_thread: int, progs: int, stages: int) -> dict:
+def _bwd(arch, block_n: int, row_mult: int, per_thread: int, progs: int, stages: int = 1, prefetch: int = 1) -> dict:
     rows = max(1, 4096 // block_n) * row_mult
     return {"bwd_num_warps": _warps(rows * block_n, per_thread, arch), "bwd_ROWS": rows,
-            "bwd_progs_per_sm": progs, "bwd_stages": stages}
+            "bwd_progs_per_sm": progs, "bwd_stages": stages, "bwd_prefetch": prefetch}
 
 
 def _heuristic(arch, dims, dtype):
     """Forward: Liger-Kernel 0.8.5's warp table (8 values per thread up to 2048, 16 above), which
-    runs at 3.77-3.85 TB/s on the H200 (anchors/h200-anchor.json).  Backward: 4096-element row tiles
-    at 16 fp32 values per thread and tensor (about 100 registers: dy, x, accumulator, temporaries)
-    and two persistent programs per SM: ~16 warps and 32 KB of loads in flight per SM, what the
-    register file holds without spilling (estimate, not yet measured: sweeps decide)."""
+    runs at 3.77-3.85 TB/s on the H200 (anchors/h200-anchor.json).  Backward: 4096-element row
+    tiles at 16 values per thread, the next tile prefetched into registers while this one
+    computes, two persistent programs per SM: four tiles, 64 KB of loads, in flight per SM
+    (Triton 3.9 sm_90 ptxas: 80 registers at hidden 4096, no spills, so even three 8-warp programs
+    fit; two leave headroom for other compilers).  Not yet measured on a GPU: sweeps decide."""
     e = next_pow2(dims["hidden"])
     if arch.name == "cpu":
-        return {**_fwd(arch, e, 2048, 8), **_bwd(arch, e, 1, 16, 2, 1)}
-    return {**_fwd(arch, e, 2048, 8 if e <= 2048 else 16), **_bwd(arch, e, 1, 16, 2, 1)}
+        return {**_fwd(arch, e, 2048, 8), **_bwd(arch, e, 1, 16, 2)}
+    return {**_fwd(arch, e, 2048, 8 if e <= 2048 else 16), **_bwd(arch, e, 1, 16, 2)}
 
 
 def _configs(arch, dims, dtype):
@@ -287,10 +300,14 @@ def _configs(arch, dims, dtype):
     base = _heuristic(arch, dims, dtype)
     fwd_h = {k: base[k] for k in ("num_warps", "ROWS")}
     if arch.name == "cpu":  # the interpreter ignores warps: cover the code paths, not the space
-        return [base, {**fwd_h, **_bwd(arch, e, 2, 16, 1, 2)},
-                {**_fwd(arch, e, 8192, 16), **_bwd(arch, e, 1, 8, 4, 1)}]
-    bwd = [_bwd(arch, e, 1, 16, 2, 1), _bwd(arch, e, 1, 16, 2, 2), _bwd(arch, e, 1, 8, 2, 1),
-           _bwd(arch, e, 2, 16, 1, 1), _bwd(arch, e, 1, 16, 4, 1), _bwd(arch, e, 1, 8, 1, 2)]
+        return [base, {**fwd_h, **_bwd(arch, e, 2, 16, 1, stages=2, prefetch=0)},
+                {**_fwd(arch, e, 8192, 16), **_bwd(arch, e, 1, 8, 4, prefetch=0)}]
+    bwd = [_bwd(arch, e, 1, 16, 2),                          # register prefetch (the heuristic)
+           _bwd(arch, e, 1, 16, 3),                          # 80 registers fit three 8-warp programs
+           _bwd(arch, e, 1, 16, 2, prefetch=0),              # no overlap within a program
+           _bwd(arch, e, 1, 16, 2, stages=2, prefetch=0),    # cp.async pipelining by tl.range
+           _bwd(arch, e, 1, 8, 2),                           # half the registers, twice the warps
+           _bwd(arch, e, 2, 16, 1)]                          # one fat program per SM
     fwd_alt = [_fwd(arch, e, 2048, 16), _fwd(arch, e, 2048, 8), _fwd(arch, e, 8192, 16)]
     out = [{**fwd_h, **b} for b in bwd] + [{**f, **bwd[0]} for f in fwd_alt]
     seen, uniq = set(), []
