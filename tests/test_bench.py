@@ -178,25 +178,40 @@ def test_bench_kernels_without_gpu_exits_nonzero():
 
 
 def test_normalize_kernel_rows_against_measured_ceilings():
+    """Wide rows (bench_lfm2_ops.py layout) and long rows (bench_losses.py layout) -> one long table."""
+    conv = dict(op="short_conv", dtype="bfloat16", batch="8", seq="4096", hidden="2048", kernel="3",
+                peak_gb="0.2", anchor_eager_fwdbwd="3.278", target_speedup="4.0", torch="2.11", gpu="NVIDIA H200")
     rows = [
-        {"op": "rms_norm", "impl": "eager", "M": "16384", "N": "4096", "dtype": "bf16", "fwd_ms": "0.1",
-         "fwd_GBps": "2000", "fwdbwd_ms": "0.5", "fwdbwd_GBps": "1000", "relerr": "0.001", "torch": "2.11",
-         "gpu": "NVIDIA H200"},
-        {"op": "rms_norm", "impl": "triton", "M": "16384", "N": "4096", "dtype": "bf16", "fwd_ms": "0.05",
-         "fwd_GBps": "4000", "fwdbwd_ms": "0.25", "fwdbwd_GBps": "2000", "relerr": "0.001", "torch": "2.11",
-         "gpu": "NVIDIA H200"},
-        {"op": "fused_linear_cross_entropy", "impl": "triton", "variant": "fwdbwd", "tokens": "8192",
-         "ms": "10", "TFLOPs": "600", "GBps": "100", "peak_GB": "1.5"},
+        {**conv, "impl": "eager", "fwd_ms": "0.1", "fwd_GBps": "2000", "fwdbwd_ms": "0.5", "fwdbwd_GBps": "1000",
+         "fwd_frac_ceiling": "0.47", "relerr_vs_eager": "0", "config": "", "speedup_vs_eager": "1.0"},
+        {**conv, "impl": "liger_rt", "fwd_ms": "0.05", "fwd_GBps": "4000", "fwdbwd_ms": "0.25",
+         "fwdbwd_GBps": "2000", "fwd_frac_ceiling": "0.94", "relerr_vs_eager": "0.001",
+         "config": "triton {'BLOCK_T': 64} (heuristic)", "speedup_vs_eager": "2.0"},
+        {"kind": "flce", "shape": "BT8192_H2048_V65536", "impl": "eager", "dtype": "bf16", "ms": "20",
+         "peak_extra_GB": "3.0", "TFLOPs": "300", "frac_ceiling": "0.4", "target_ms": "10.4", "target_GB": "0.5"},
+        {"kind": "flce", "shape": "BT8192_H2048_V65536", "impl": "liger_rt", "dtype": "bf16", "ms": "10",
+         "peak_extra_GB": "0.4", "TFLOPs": "600", "frac_ceiling": "0.8", "target_ms": "10.4", "target_GB": "0.5",
+         "meets_target": "True", "origin": "heuristic"},
+        {"kind": "flce", "shape": "BT8192_H2048_V65536", "impl": "liger_kernel", "dtype": "bf16",
+         "error": "ImportError: no liger"},
+        {"shape": "BT8192_H2048_V65536", "chunk": "1024", "ms": "11", "TFLOPs": "550"},   # a tuning table row
     ]
     ceil = {"copy_GBps": 4000.0, "bf16_matmul_TFLOPs": 750.0}
-    out = B.normalize_kernel_rows(rows, "norms", ceil)
-    assert len(out) == 5
-    tri = next(r for r in out if r["impl"] == "triton" and r["pass"] == "fwd")
-    assert tri["case"] == "M=16384,N=4096,dtype=bf16" and tri["ceiling"] == "copy"
-    assert tri["frac_ceiling"] == pytest.approx(1.0) and tri["vs_eager"] == pytest.approx(2.0)
-    flce = out[-1]
-    assert flce["pass"] == "fwdbwd" and flce["ceiling"] == "matmul" and flce["frac_ceiling"] == pytest.approx(0.8)
-    assert flce["peak_GB"] == 1.5 and flce["vs_eager"] is None
+    out = B.normalize_kernel_rows(rows, "mixed", ceil)
+    assert [(r["op"], r["impl"], r["pass"]) for r in out] == [
+        ("short_conv", "eager", "fwd"), ("short_conv", "eager", "fwdbwd"),
+        ("short_conv", "liger_rt", "fwd"), ("short_conv", "liger_rt", "fwdbwd"),
+        ("fused_linear_cross_entropy", "eager", ""), ("fused_linear_cross_entropy", "liger_rt", ""),
+        ("fused_linear_cross_entropy", "liger_kernel", "")]
+    ours = out[2]
+    assert ours["case"] == "dtype=bfloat16,batch=8,seq=4096,hidden=2048,kernel=3" == out[0]["case"]
+    assert ours["ceiling"] == "copy" and ours["frac_ceiling"] == pytest.approx(1.0)     # 4000 / 4000 measured
+    assert ours["vs_eager"] == pytest.approx(2.0) and ours["peak_GB"] == 0.2 and "BLOCK_T" in ours["config"]
+    flce = out[5]
+    assert flce["case"] == "shape=BT8192_H2048_V65536,dtype=bf16"
+    assert flce["ceiling"] == "matmul" and flce["frac_ceiling"] == pytest.approx(0.8)
+    assert flce["vs_eager"] == pytest.approx(2.0) and flce["peak_GB"] == 0.4 and flce["ms"] == 10.0
+    assert out[6]["error"].startswith("ImportError") and out[6]["ms"] is None
 
 
 def test_kernel_scripts_resolution_and_run(tmp_path, monkeypatch):

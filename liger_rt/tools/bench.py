@@ -280,11 +280,15 @@ _TIME = re.compile(r"^(?P<p>.*?)_?(ms|time_ms|median_ms)$", re.I)
 _GBPS = re.compile(r"^(?P<p>.*?)_?(gbps|gb_s|gb/s|gbytes_s)$", re.I)
 _TFLOPS = re.compile(r"^(?P<p>.*?)_?(tflops|tflop_s|tflop/s)$", re.I)
 _MEM = re.compile(r"(peak|mem).*_?gb$|_gb$", re.I)
-_SKIP = re.compile(r"(frac|pct|percent|ceiling|speedup|ratio|vs_|err|rmse|ok$)", re.I)
-_OP_COLS = ("op", "kernel", "name", "bench")
+# derived or reference figures, never this run's measurement: the fraction is recomputed here
+_SKIP = re.compile(r"(frac|pct|percent|ceiling|speedup|ratio|vs_|err|rmse|target|anchor|^ok$|meets)", re.I)
+_NOT_LABEL = ("config", "origin", "error", "desc", "description", "note", "notes", "reason")
+_OP_COLS = ("op", "kind")
 _IMPL_COLS = ("impl", "provider", "implementation", "backend", "method", "peer", "arm")
 _PASS_COLS = ("pass", "mode", "direction", "variant", "phase")
 _REF_IMPLS = ("eager", "torch", "pytorch", "reference", "ref", "baseline")
+OP_ALIASES = {"flce": "fused_linear_cross_entropy", "ce": "cross_entropy", "rmsnorm": "rms_norm",
+              "layernorm": "layer_norm", "router": "moe_router", "experts": "moe_experts", "conv": "short_conv"}
 
 
 def _num(v):
@@ -299,21 +303,28 @@ def _num(v):
 def normalize_kernel_rows(rows: list[dict], bench: str, ceilings: dict | None) -> list[dict]:
     """Kernel-bench rows of any reasonable layout -> one long row per (case, impl, pass).
 
-    Metric columns are recognised by name: `<pass>_ms`, `<pass>_GBps`, `<pass>_TFLOPs` (pass
-    may be empty: then a `pass`/`variant` column names it); op/impl/pass from the usual column
-    names; every other integer or short string column is part of the case label.  The fraction
-    of the ceiling is recomputed against `ceilings` measured in this run (the larger of the copy
-    and matmul fractions when a row reports both: that one binds)."""
+    Only comparison rows count: a row needs an implementation column (impl, provider, ...); the
+    scripts' tuning tables (one row per launch config, no impl) stay in their own CSVs.  Metric
+    columns are recognised by name: `<pass>_ms`, `<pass>_GBps`, `<pass>_TFLOPs` (an empty pass is
+    named by a `pass`/`variant` column if there is one); every other integer or short string
+    column except config/origin/error is part of the case label.  The fraction of the ceiling is
+    recomputed against `ceilings` measured in this run (the larger of the copy and matmul
+    fractions when a row reports both: that one binds); the scripts' own fractions, speedups and
+    targets are left out."""
     out = []
     for r in rows:
+        impl = next((r[c] for c in _IMPL_COLS if r.get(c) not in (None, "")), "")
+        if not impl:
+            continue
+        op = next((r[c] for c in _OP_COLS if r.get(c) not in (None, "")), "")
+        op = OP_ALIASES.get(str(op).lower(), op)
+        pas = next((r[c] for c in _PASS_COLS if r.get(c) not in (None, "")), "")
         metrics: dict[str, dict] = {}
         label: dict[str, str] = {}
-        op = next((r[c] for c in _OP_COLS if r.get(c) not in (None, "")), "")
-        impl = next((r[c] for c in _IMPL_COLS if r.get(c) not in (None, "")), "")
-        pas = next((r[c] for c in _PASS_COLS if r.get(c) not in (None, "")), "")
         mem = None
         for k, v in r.items():
-            if k is None or k in VERSION_COLS or k in _OP_COLS or k in _IMPL_COLS or k in _PASS_COLS:
+            if k is None or k in VERSION_COLS or k in _OP_COLS or k in _IMPL_COLS or k in _PASS_COLS \
+                    or k.lower() in _NOT_LABEL:
                 continue
             for kind, rx in (("ms", _TIME), ("GBps", _GBPS), ("TFLOPs", _TFLOPS)):
                 m = rx.match(k)
@@ -321,15 +332,21 @@ def normalize_kernel_rows(rows: list[dict], bench: str, ceilings: dict | None) -
                     metrics.setdefault(m.group("p").rstrip("_"), {})[kind] = _num(v)
                     break
             else:
-                if _MEM.search(k) and _num(v) is not None:
+                sv = "" if v is None else str(v).strip()
+                if _MEM.search(k) and not _SKIP.search(k) and _num(v) is not None:
                     mem = _num(v)
-                elif _SKIP.search(k) or v in (None, ""):
+                elif _SKIP.search(k) or sv in ("", "None", "True", "False", "n/a", "nan"):
                     continue
-                elif _num(v) is not None and not re.fullmatch(r"-?\d+", str(v).strip()):
+                elif _num(sv) is not None and not re.fullmatch(r"-?\d+", sv):
                     continue                      # a float that is not a metric we know
-                elif len(str(v)) <= 40:
-                    label[k] = str(v)
+                elif len(sv) <= 40:
+                    label[k] = sv
         case = ",".join(f"{k}={v}" for k, v in label.items())
+        extra = {k: r[k] for k in ("config", "origin") if r.get(k) not in (None, "")}
+        if not metrics and r.get("error"):
+            out.append({"bench": bench, "op": op, "impl": impl, "case": case, "pass": pas, "ms": None,
+                        "GBps": None, "TFLOPs": None, "peak_GB": None, "ceiling": "", "frac_ceiling": None,
+                        "error": str(r["error"])[:120], **extra})
         for prefix, m in metrics.items():
             row = {"bench": bench, "op": op, "impl": impl, "case": case, "pass": prefix or pas or "",
                    "ms": m.get("ms"), "GBps": m.get("GBps"), "TFLOPs": m.get("TFLOPs"), "peak_GB": mem}
@@ -341,6 +358,7 @@ def normalize_kernel_rows(rows: list[dict], bench: str, ceilings: dict | None) -
                 row["ceiling"], row["frac_ceiling"] = "matmul", fr_mm
             else:
                 row["ceiling"], row["frac_ceiling"] = "", None
+            row.update(extra)
             out.append(row)
     # speed against the PyTorch reference of the same case and pass
     ref = {}
@@ -418,6 +436,7 @@ def run_kernel_bench(ops: list[str] | None = None, *, quick: bool = False, out_d
          f"bf16 matmul {ceil['bf16_matmul_TFLOPs']:.0f} TFLOP/s; frac = fraction of the binding ceiling; "
          f"vs_eager = eager ms / ms)")
     cols = KERNEL_COLS + (["peak_GB"] if any(r.get("peak_GB") is not None for r in combined) else [])
+    cols += ["error"] if any(r.get("error") for r in combined) else []
     shown = sorted(combined, key=lambda r: (stems.index(r["bench"]), r["op"], r["case"], r["pass"]))
     echo(format_table(shown, cols, {"frac_ceiling": "frac", "GBps": "GB/s", "TFLOPs": "TFLOP/s",
                                     "peak_GB": "peak GB"}))
