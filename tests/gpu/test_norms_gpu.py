@@ -1,0 +1,150 @@
+"""rms_norm, swiglu and layer_norm on the GPU at real sizes, bf16 against fp32 references.
+
+    LIGER_RT_TEST_GPU=1 python -m pytest -m gpu tests/gpu/test_norms_gpu.py -q
+
+Besides accuracy at real sizes, every candidate config of this GPU's arch is compiled, run and
+validated through the autotuner (on this Triton version), so no config can fail or win wrongly.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import liger_rt.ops
+from liger_rt import autotune, backend, dispatch
+from liger_rt.kernels import layer_norm as ln
+from liger_rt.kernels import rms_norm as rn
+from liger_rt.kernels import swiglu as sw
+from liger_rt.kernels._common import assert_close, interpreter_on
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+
+if torch.cuda.is_available() and interpreter_on():
+    pytest.skip("TRITON_INTERPRET=1: run GPU tests with LIGER_RT_TEST_GPU=1", allow_module_level=True)
+
+
+def _rel_rmse(a, b):
+    a, b = a.detach().float(), b.detach().float()
+    return float((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-30))
+
+
+def _run(fn, tensors, dy):
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    y = fn(*leaves)
+    return [y, *torch.autograd.grad(y, leaves, dy)]
+
+
+def _check(outs, refs, dtype, rows, names, reduce_from=2):
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        assert o.shape == r.shape, names[i]
+        assert_close(o, r, dtype, reduce_len=rows if i >= reduce_from else 1, name=names[i])
+        assert _rel_rmse(o, r) < (1e-5 if dtype == torch.float32 else 8e-3), f"{names[i]} rel rmse"
+
+
+def _rand(*shape, scale=1.0, shift=0.0, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    return (shift + scale * torch.randn(*shape, device=DEV, generator=g)).to(dtype)
+
+
+# -- rms_norm ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("M,N", [(4096, 4096), (16384, 2048), (1151, 1000), (1, 4096), (2048, 8192)])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_rms_norm_bf16_real_sizes(M, N, offset):
+    x, w, dy = _rand(M, N, scale=2.0), _rand(N, scale=0.3, shift=0.0 if offset else 1.0, seed=1), _rand(M, N, seed=2)
+    d = rn.OP.select(x, rows=M, hidden=N)
+    assert d.impl == "triton", d
+    outs = _run(lambda a, b: liger_rt.ops.rms_norm(a, b, 1e-6, offset), (x, w), dy)
+    names = ["y", "dx", "dw"]
+    # the module's casting on the same bf16 values, and exact fp32 math
+    _check(outs, _run(lambda a, b: rn.rms_norm_ref(a, b, 1e-6, offset), (x, w), dy), torch.bfloat16, M, names)
+    _check(outs, _run(lambda a, b: rn.rms_norm_ref(a, b, 1e-6, offset), (x.float(), w.float()), dy.float()),
+           torch.bfloat16, M, names)
+
+
+def test_rms_norm_fp32_and_3d_noncontiguous():
+    base = _rand(4, 1024, 2 * 2048, dtype=torch.float32)
+    x = base[..., :2048]                                         # rows 4096 apart: read in place
+    w, dy = _rand(2048, shift=1.0, dtype=torch.float32, seed=1), _rand(4, 1024, 2048, dtype=torch.float32, seed=2)
+    outs = _run(liger_rt.ops.rms_norm, (x, w), dy)
+    _check(outs, _run(rn.rms_norm_ref, (x, w), dy), torch.float32, 4096, ["y", "dx", "dw"])
+
+
+# -- swiglu ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("M,N", [(4096, 8192), (8192, 12288), (1151, 1000), (1, 6144), (2048, 4304)])
+def test_swiglu_bf16_real_sizes(M, N):
+    gate, up, dy = _rand(M, N, scale=3.0), _rand(M, N, seed=1), _rand(M, N, seed=2)
+    d = sw.OP.select(gate, rows=M, cols=N)
+    assert d.impl == "triton", d
+    outs = _run(liger_rt.ops.swiglu, (gate, up), dy)
+    assert torch.equal(outs[0], F.silu(gate) * up)                 # the eager module's roundings, bit for bit
+    names = ["y", "dgate", "dup"]
+    _check(outs, _run(sw.swiglu_ref, (gate, up), dy), torch.bfloat16, 1, names)
+    _check(outs, _run(sw.swiglu_ref, (gate.float(), up.float()), dy.float()), torch.bfloat16, 1, names)
+
+
+def test_swiglu_fused_gate_up_halves():
+    gate_up = _rand(2, 2048, 2 * 8192, scale=2.0)
+    dy = _rand(2, 2048, 8192, seed=1)
+    leaf = gate_up.detach().clone().requires_grad_()
+    y = liger_rt.ops.swiglu(*leaf.chunk(2, -1))
+    (dgu,) = torch.autograd.grad(y, leaf, dy)
+    ref_leaf = gate_up.float().requires_grad_()
+    y_ref = sw.swiglu_ref(*ref_leaf.chunk(2, -1))
+    (dgu_ref,) = torch.autograd.grad(y_ref, ref_leaf, dy.float())
+    assert_close(y, y_ref, torch.bfloat16, name="y")
+    assert_close(dgu, dgu_ref, torch.bfloat16, name="dgate_up")
+
+
+# -- layer_norm ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("M,N", [(4096, 1152), (23328, 1152), (4096, 4096), (1151, 1000), (1, 2048)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_layer_norm_bf16_real_sizes(M, N, bias):
+    x = _rand(M, N, scale=2.0, shift=1.5)
+    w, dy = _rand(N, scale=0.5, shift=1.0, seed=1), _rand(M, N, seed=2)
+    b = _rand(N, scale=0.5, seed=3) if bias else None
+    leaves = (x, w, b) if bias else (x, w)
+    fn = (lambda a, ww, bb: liger_rt.ops.layer_norm(a, ww, bb, 1e-6)) if bias else \
+        (lambda a, ww: liger_rt.ops.layer_norm(a, ww, None, 1e-6))
+    ref = (lambda a, ww, bb: ln.layer_norm_ref(a, ww, bb, 1e-6)) if bias else \
+        (lambda a, ww: ln.layer_norm_ref(a, ww, None, 1e-6))
+    # force triton: the dispatcher may legitimately pick torch here once a DB says it is faster
+    d = ln.OP.select(x, rows=M, hidden=N)
+    assert d.impl == "triton", d
+    outs = _run(fn, leaves, dy)
+    names = ["y", "dx", "dw", "db"]
+    _check(outs, _run(ref, leaves, dy), torch.bfloat16, M, names)
+    _check(outs, _run(ref, tuple(t.float() for t in leaves), dy.float()), torch.bfloat16, M, names)
+
+
+# -- every candidate config, through the autotuner ------------------------------------------------------
+
+@pytest.mark.parametrize("op,dims", [
+    ("rms_norm", {"rows": 4096, "hidden": 4096}), ("rms_norm", {"rows": 8192, "hidden": 2048}),
+    ("rms_norm", {"rows": 32768, "hidden": 128}),
+    ("swiglu", {"rows": 4096, "cols": 8192}), ("swiglu", {"rows": 2048, "cols": 12288}),
+    ("layer_norm", {"rows": 4096, "hidden": 1152}), ("layer_norm", {"rows": 4096, "hidden": 4096}),
+])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_every_candidate_compiles_and_validates(op, dims, dtype):
+    the_op = dispatch.get_op(op)
+    target = dispatch.current_target("cuda")
+    result = autotune.tune(the_op, target, dtype, dims, quick=True)
+    bad = [(m["config"], m["error"]) for m in result["measurements"] if not m["ok"]]
+    assert not bad, bad
+    n = len(the_op.candidates(the_op.impl("triton"), target.arch, dims, dtype))
+    assert sum(m["impl"] == "triton" for m in result["measurements"]) == n
+    # report what won (visible with -s): the lead's first look at the H200 optimum
+    win = result["winner"]
+    print(f"\n{op} {dims} {dtype}: winner {win['impl']} {win['config']} {win['median_ms']:.4g} ms "
+          f"(torch {result['baseline_ms']:.4g} ms)")
+
+
+def test_heuristic_arch_profile():
+    arch = backend.detect()
+    for op, dims in (("rms_norm", {"rows": 16384, "hidden": 4096}), ("swiglu", {"rows": 16384, "cols": 8192}),
+                     ("layer_norm", {"rows": 4096, "hidden": 1152})):
+        d = dispatch.select(op, dtype="bf16", **dims)
+        assert d.impl == "triton" and d.origin == "heuristic" and d.arch == arch.name, d
