@@ -327,8 +327,11 @@ class CrossEntropyFunction(torch.autograd.Function):
 @torch.compiler.disable
 def _apply(fn, *args):
     # Under torch.compile the Triton launches and the gradient handed over from forward run eagerly
-    # (one graph break at the loss, the last op of a model) rather than being traced.
-    return fn.apply(*args)
+    # (one graph break at the loss, the last op of a model) rather than being traced. Autocast is off
+    # inside: the launchers chose the dtypes, and matmuls with out= must not be re-cast.
+    device_type = args[0].device.type
+    with torch.autocast(device_type=device_type, enabled=False):
+        return fn.apply(*args)
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",

@@ -151,9 +151,10 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
             gw = torch.empty_like(weight) if need_w else None
             gb = torch.zeros(weight.shape[0], device=x.device, dtype=torch.float32) if need_b else None
             ones = torch.ones(1, device=x.device, dtype=torch.float32)
-            flce_chunks(x, weight, bias, target, ctx.config, kscale=ones,
-                        row_scale=grad_output.reshape(-1).to(torch.float32).contiguous(),
-                        gx=gx, gw=gw, gb=gb, **ctx.kw)
+            with torch.autocast(device_type=x.device.type, enabled=False):
+                flce_chunks(x, weight, bias, target, ctx.config, kscale=ones,
+                            row_scale=grad_output.reshape(-1).to(torch.float32).contiguous(),
+                            gx=gx, gw=gw, gb=gb, **ctx.kw)
             if gb is not None:
                 gb = gb.to(bias.dtype)
         else:
@@ -174,6 +175,16 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
 
 # -- functional ---------------------------------------------------------------------------------
 
+def _autocast_dtype(device: torch.device):
+    """The autocast dtype active for `device`, or None."""
+    try:
+        if torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+    except (TypeError, AttributeError, RuntimeError):   # an older torch or an exotic device type
+        pass
+    return None
+
+
 def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                                bias: torch.Tensor | None = None, ignore_index: int = -100,
                                reduction: str = "mean", *, label_smoothing: float = 0.0,
@@ -185,7 +196,8 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
     possibly tied to the input embedding (it is only read; its gradient is returned to autograd,
     which sums it with the embedding's); target (...) int, the same leading dims as x; bias (vocab,).
     weight/bias in another dtype than x are cast to x's dtype (differentiably: the cast costs one
-    copy of W). Returns a 0-d fp32 loss, or target's shape for reduction="none".
+    copy of W); under torch.autocast, x, weight and bias are cast to the autocast dtype first, as
+    F.linear would be. Returns a 0-d fp32 loss, or target's shape for reduction="none".
     ignore_index, reduction, label_smoothing, lse_square_scale (z-loss), softcap and
     num_items_in_batch mean what they mean in `liger_rt.ops.cross_entropy`.
 
@@ -214,17 +226,22 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
     if t1d.numel() != x2d.shape[0]:
         raise ValueError(f"target {tuple(target.shape)} does not match x {tuple(x.shape)} "
                          f"(expected {tuple(x.shape[:-1])}); shift labels before the call")
+    amp = _autocast_dtype(x.device)
+    if amp is not None and x2d.dtype != amp:   # what F.linear would do under autocast
+        x2d = x2d.to(amp)
     d = OP.select(x2d, tokens=x2d.shape[0], hidden=hidden, vocab=vocab)
     if d.impl == "torch":
-        return fused_linear_cross_entropy_ref(x, weight, target, bias, ignore_index, reduction,
-                                              label_smoothing=label_smoothing, lse_square_scale=lse_square_scale,
-                                              softcap=softcap, num_items_in_batch=num_items_in_batch)
-    if weight.dtype != x.dtype:
-        weight = weight.to(x.dtype)
-    if bias is not None and bias.dtype != x.dtype:
-        bias = bias.to(x.dtype)
+        return fused_linear_cross_entropy_ref(x2d.reshape(x.shape[:-1] + (hidden,)), weight, target, bias,
+                                              ignore_index, reduction, label_smoothing=label_smoothing,
+                                              lse_square_scale=lse_square_scale, softcap=softcap,
+                                              num_items_in_batch=num_items_in_batch)
+    if weight.dtype != x2d.dtype:
+        weight = weight.to(x2d.dtype)
+    if bias is not None and bias.dtype != x2d.dtype:
+        bias = bias.to(x2d.dtype)
     loss = _apply(
-        FusedLinearCrossEntropyFunction, x2d.contiguous(), weight.contiguous(), t1d.contiguous(), None if bias is None else bias.contiguous(),
+        FusedLinearCrossEntropyFunction, x2d.contiguous(), weight.contiguous(), t1d.contiguous(),
+        None if bias is None else bias.contiguous(),
         int(ignore_index), reduction, float(label_smoothing), float(lse_square_scale),
         None if softcap is None else float(softcap), num_items_in_batch, d.config, torch.is_grad_enabled())
     return loss.reshape(target.shape) if reduction == "none" else loss
