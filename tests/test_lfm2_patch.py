@@ -3,6 +3,7 @@ the MoE router and experts, the SigLIP2 LayerNorm.  Parts whose kernel module is
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import warnings
 
 import pytest

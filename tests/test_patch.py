@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import importlib.util
 import types
 import warnings
 

@@ -10,23 +10,29 @@
 
 The mechanism is in core.py, the per-family tables in specs.py, the semantics in docs/patching.md.
 
-``liger_rt.patch`` is both this package and the function: once the package is imported the
-attribute ``liger_rt.patch`` is the module, so the module itself is callable and calling it is
-``patch(...)``.
+``liger_rt.patch`` is both this package and the function.  Importing a subpackage makes it an
+attribute of its parent, so ``liger_rt.patch`` is this module: the module is callable, and its
+``patch`` attribute is the module itself, so ``liger_rt.patch(model)``,
+``from liger_rt.patch import patch`` and ``liger_rt.patch.describe(model)`` all work whichever
+import ran first.  The plain function is ``liger_rt.patch.core.patch``.
 """
 from __future__ import annotations
 
 import sys
 import types
 
-from .core import PatchWarning, describe, original, patch, patched, supported_models, unpatch
+from . import core
+from .core import PatchWarning, describe, original, patched, supported_models, unpatch
 
 __all__ = ["patch", "unpatch", "patched", "supported_models", "describe", "PatchWarning"]
 
 
 class _CallableModule(types.ModuleType):
     def __call__(self, target, **layers):
-        return patch(target, **layers)
+        return core.patch(target, **layers)
+
+    __call__.__doc__ = core.patch.__doc__
 
 
 sys.modules[__name__].__class__ = _CallableModule
+patch = sys.modules[__name__]

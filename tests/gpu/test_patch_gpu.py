@@ -1,0 +1,86 @@
+"""Patchers on the GPU (run on the H200: pytest -m gpu tests/gpu/test_patch_gpu.py).
+
+Real layer sizes with few layers, bf16, the Triton kernels: parity gates of liger_rt.tools.parity,
+the kernels really chosen, the LFM2 conv fast path taken in training on this transformers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+import liger_rt
+from liger_rt import dispatch
+from liger_rt.patch import core
+from liger_rt.tools.models import build_model
+from liger_rt.tools.parity import compare, format_table, make_inputs
+from liger_rt.tools.presets import get_preset
+
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:.*causal_conv1d.*")]
+
+
+def _short(name, layers):
+    p = get_preset(name)
+    if p.attention_layers:
+        attn = tuple(i for i in range(layers) if i % 3 == 2) or (layers - 1,)
+        return dataclasses.replace(p, layers=layers, attention_layers=attn, dense_layers=min(p.dense_layers, 1))
+    return dataclasses.replace(p, layers=layers)
+
+
+@pytest.mark.parametrize("name,flags", [
+    ("qwen3-4b", {}),
+    ("qwen3-4b", {"fused_linear_cross_entropy": True}),
+    ("llama-3.2-1b", {}),
+    ("lfm2-1.2b", {}),
+    ("lfm2-8b-a1b", {}),
+    ("lfm2-vl-1.6b", {"layer_norm": True}),
+    ("qwen3-30b-a3b", {}),
+])
+def test_parity_bf16(name, flags):
+    preset = _short(name, 4)
+    if preset.model_type not in liger_rt.supported_models():
+        pytest.skip(f"{preset.model_type} not on the allowlist in this checkout")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", core.PatchWarning)
+        report = compare(lambda: build_model(preset, dtype=torch.bfloat16, device="cuda"), patch=flags)
+    print(format_table(report))
+    assert report["ok"], format_table(report)
+    impls = {d.op: d.impl for op in ("rms_norm", "swiglu") for d in dispatch.get_op(op)._memo.values()
+             if d.dtype == "bf16"}
+    assert impls.get("rms_norm") == "triton", impls
+
+
+def test_lfm2_conv_fast_path_in_training_on_this_transformers(monkeypatch):
+    model = build_model(_short("lfm2-1.2b", 3), dtype=torch.bfloat16, device="cuda")
+    liger_rt.patch(model)
+    calls = []
+    real = liger_rt.ops.short_conv
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(liger_rt.ops, "short_conv", counting)
+    model(**make_inputs(model)).loss.backward()             # train mode, config.use_cache as shipped
+    n_conv = sum(type(m).__name__ == "Lfm2ShortConv" for m in model.modules())
+    assert len(calls) == n_conv, f"{len(calls)} fused conv calls for {n_conv} conv layers (HF path taken?)"
+
+
+def test_fused_linear_cross_entropy_memory_and_loss():
+    preset = _short("qwen3-4b", 2)
+    base = build_model(preset, dtype=torch.bfloat16, device="cuda")
+    new = build_model(preset, dtype=torch.bfloat16, device="cuda")
+    new.load_state_dict(base.state_dict())
+    liger_rt.patch(new, fused_linear_cross_entropy=True)
+    ids = torch.randint(1, preset.vocab, (2, 1024), device="cuda")
+    peaks, losses = [], []
+    for m in (base, new):
+        torch.cuda.reset_peak_memory_stats()
+        out = m(input_ids=ids, labels=ids)
+        out.loss.backward()
+        peaks.append(torch.cuda.max_memory_allocated())
+        losses.append(out.loss.detach().float())
+    assert out.logits is None
+    torch.testing.assert_close(losses[1], losses[0], atol=2e-2, rtol=5e-3)
+    assert peaks[1] < peaks[0], peaks
