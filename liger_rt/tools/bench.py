@@ -266,6 +266,7 @@ def run_kernel_script(script: Path, *, quick: bool, echo: Callable[[str], None] 
     rc = proc.wait()
     csvs = sorted(tmp.glob("*.csv"))
     if not csvs:   # a script that writes its CSV without _harness.write_csv: take fresh results
+        shutil.rmtree(tmp, ignore_errors=True)
         res = script.parent / "results"
         csvs = sorted(p for p in res.glob("*.csv") if p.stat().st_mtime >= t0 - 1) if res.is_dir() else []
     return rc, csvs, time.time() - t0
@@ -423,6 +424,8 @@ def run_kernel_bench(ops: list[str] | None = None, *, quick: bool = False, out_d
             rows = [r for r in rows if _op_matches(r["op"], keep[stem])]
             combined += rows
             n += len(rows)
+        if csvs and csvs[0].parent.name.startswith("liger_bench_"):
+            shutil.rmtree(csvs[0].parent, ignore_errors=True)
         status.append({"bench": stem, "rc": rc, "csv": ",".join(p.name for p in csvs), "rows": n,
                        "seconds": round(secs, 1)})
     for r in combined:
