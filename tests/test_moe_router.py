@@ -39,9 +39,9 @@ def _logits(T, E, dtype=torch.float32, seed=0):
     return torch.randn(T, E, generator=torch.Generator().manual_seed(seed)).mul(2).to(dtype)
 
 
-@pytest.mark.parametrize("E,k", [(32, 4), (67, 8), (8, 1), (256, 4)])
-@pytest.mark.parametrize("bias,norm,scale", [(True, True, 1.0), (False, False, 2.5), (True, False, 1.0),
-                                             (False, True, 0.7)])
+@pytest.mark.parametrize("E,k,bias,norm,scale", [
+    (32, 4, True, True, 1.0), (32, 4, False, False, 2.5), (67, 8, True, False, 1.0), (67, 8, False, True, 0.7),
+    (8, 1, True, True, 1.0), (8, 1, False, False, 2.5), (256, 4, True, False, 1.3), (256, 4, False, True, 1.0)])
 def test_matches_reference(E, k, bias, norm, scale):
     logits = _logits(37, E, seed=E)
     eb = 0.3 * torch.randn(E, generator=torch.Generator().manual_seed(1)) if bias else None

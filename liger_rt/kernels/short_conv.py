@@ -395,9 +395,12 @@ def _warps(elems: int, per_thread: int, arch) -> int:
 
 
 # Tiles (BLOCK_T, BLOCK_H).  The forward has 3 live tiles, the backward ~12 (dy, B, C, x, dz, z,
-# du and the shifted taps), hence its smaller tiles and fewer elements per thread.  Unmeasured
-# starting points (no GPU where this was written): `benchmarks/bench_lfm2_ops.py --tune` times
-# the full fwd x bwd space on the H200 and the sweep's DB rows override these defaults.
+# du, the shifted taps and 4 dw accumulators), hence its smaller tiles and fewer elements per
+# thread.  Registers from ptxas (sm_90a) on Triton 3.9's PTX compiled offline, no spills: fwd
+# 32x128 / 8 warps 64 regs (64x128: 104); bwd 16x128 / 8 warps 128 regs (162 with seq_idx),
+# 32x128 / 8 warps 241.  Times are unmeasured here (no GPU where this was written):
+# `benchmarks/bench_lfm2_ops.py --tune` times the full fwd and bwd spaces on the H200, and the
+# sweep's DB rows override these defaults.
 _FWD_TILES = [(32, 128), (64, 128), (16, 256), (64, 64)]
 _BWD_TILES = [(16, 128), (32, 128), (16, 64), (8, 256)]
 _FWD_PER_THREAD, _BWD_PER_THREAD = 16, 8
