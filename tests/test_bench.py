@@ -248,3 +248,25 @@ def test_parse_helpers():
         "tie_word_embeddings": True, "rope_theta": 1e6, "name": "x"}
     with pytest.raises(ValueError):
         B.parse_config("oops")
+
+
+# -- on the GPU (pytest -m gpu) -------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_measure_ceilings_gpu():
+    c = B.measure_ceilings("cuda", quick=True)
+    assert c["copy_GBps"] > 100 and c["bf16_matmul_TFLOPs"] > 10
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model_type", ["qwen3", "lfm2_moe"])
+def test_bench_model_cuda_tiny(model_type):
+    _needs_patchers()
+    rows = B.run_model_bench(model_type, "tiny", batch=2, seq=64, steps=2, warmup=1, dtype="bf16", device="cuda",
+                             echo=None)
+    runs = [r for r in rows if r["kind"] == "run"]
+    assert runs[0]["arm"] == runs[-1]["arm"] == "baseline" and len(runs) in (4, 6)
+    assert all(isinstance(r["peak_alloc_GB"], float) and r["peak_alloc_GB"] > 0 for r in rows)
+    assert all(r["mfu"] is not None for r in runs)
+    summ = {r["arm"]: r for r in rows if r["kind"] == "summary"}
+    assert summ["liger_rt"]["loss_curves_overlap"], summ["liger_rt"]["loss_rel_diff"]
