@@ -247,3 +247,20 @@ def test_matches_hf_router_bf16():
     order = torch.argsort(idx, -1), torch.argsort(idx_hf, -1)
     assert_close(torch.gather(w, 1, order[0]), torch.gather(w_hf, 1, order[1]), torch.bfloat16, reduce_len=k)
     assert torch.isfinite(w.float()).all()
+
+
+def test_compiled_path_matches_eager():
+    """torch.compile sees the kernels as custom ops (fake shapes); fullgraph once the decision is memoised."""
+    torch._dynamo.reset()
+    logits = _logits(20, 16, seed=5)
+    eb = 0.1 * torch.randn(16)
+    dw = torch.randn(20, 4)
+
+    def f(x, k, bias, norm, scale):
+        w, idx = mr.moe_router(x, k, bias, norm, scale)
+        return w * 3.0, idx
+
+    eager = _run(f, logits, 4, eb, True, 1.5, dw)
+    compiled = _run(torch.compile(f, backend="aot_eager", fullgraph=True), logits, 4, eb, True, 1.5, dw)
+    for o, r in zip(compiled, eager):
+        assert torch.equal(o, r)

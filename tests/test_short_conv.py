@@ -241,3 +241,19 @@ def test_matches_hf_lfm2_short_conv(bias):
     names = ["y", "dx", "d in_proj", "d conv.weight", "d out_proj", "d conv.bias"]
     for name, o, r in zip(names, results[1], results[0]):
         assert_close(o, r, torch.float32, reduce_len=18, name=name)
+
+
+def test_compiled_path_matches_eager():
+    """torch.compile sees the kernels as custom ops (fake shapes); fullgraph once the decision is memoised."""
+    torch._dynamo.reset()
+    bcx, w, b, dy = _inputs(2, 9, 8, 3, True, seed=8)
+    _, pos = _packed()
+    seq_idx = sc.seq_idx_from_position_ids(pos[:, :9])
+
+    def f(x, ww, bb):
+        return sc.short_conv(x, ww, bb, seq_idx=seq_idx) * 2.0
+
+    eager = _fwd_bwd(f, bcx, w, b, dy)
+    compiled = _fwd_bwd(torch.compile(f, backend="aot_eager", fullgraph=True), bcx, w, b, dy)
+    for o, r in zip(compiled, eager):
+        assert torch.equal(o, r)

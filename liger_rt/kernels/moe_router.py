@@ -18,6 +18,8 @@ The backward writes every element of d(logits) (zeros off the selected experts) 
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ._common import next_pow2
@@ -234,11 +236,50 @@ def moe_router_bwd(logits2d, indices, dweights, norm_topk_prob, routed_scaling_f
 
 # -- autograd ---------------------------------------------------------------------------------------------
 
+# Under torch.compile the launchers run as opaque custom ops (fake impls give dynamo the shapes);
+# in eager they are called directly (a custom op's dispatch costs microseconds per call).
+def _config_str(config) -> str:
+    # "KEY=int,..." rather than json: dynamo traces this (fullgraph), it cannot trace json.dumps
+    return ",".join(f"{k}={int(v)}" for k, v in sorted(config.items()))
+
+
+def _config_parse(text: str) -> dict:
+    return {k: int(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
+
+
+@torch.library.custom_op("liger_rt::moe_router_fwd", mutates_args=())
+def _moe_router_fwd_op(logits2d: torch.Tensor, top_k: int, expert_bias: Optional[torch.Tensor],
+                       norm_topk_prob: bool, routed_scaling_factor: float,
+                       config: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return moe_router_fwd(logits2d, top_k, expert_bias, norm_topk_prob, routed_scaling_factor, _config_parse(config))
+
+
+@_moe_router_fwd_op.register_fake
+def _(logits2d, top_k, expert_bias, norm_topk_prob, routed_scaling_factor, config):
+    T = logits2d.shape[0]
+    return logits2d.new_empty(T, top_k), logits2d.new_empty(T, top_k, dtype=torch.int64)
+
+
+@torch.library.custom_op("liger_rt::moe_router_bwd", mutates_args=())
+def _moe_router_bwd_op(logits2d: torch.Tensor, indices: torch.Tensor, dweights: torch.Tensor,
+                       norm_topk_prob: bool, routed_scaling_factor: float, config: str) -> torch.Tensor:
+    return moe_router_bwd(logits2d, indices, dweights, norm_topk_prob, routed_scaling_factor, _config_parse(config))
+
+
+@_moe_router_bwd_op.register_fake
+def _(logits2d, indices, dweights, norm_topk_prob, routed_scaling_factor, config):
+    return logits2d.new_empty(logits2d.shape)
+
+
 class MoERouterFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits2d, top_k, expert_bias, norm_topk_prob, routed_scaling_factor, config):
-        weights, indices = moe_router_fwd(logits2d, top_k, expert_bias, norm_topk_prob,
-                                          routed_scaling_factor, config)
+        if torch.compiler.is_compiling():
+            weights, indices = _moe_router_fwd_op(logits2d, top_k, expert_bias, norm_topk_prob,
+                                                  routed_scaling_factor, _config_str(config))
+        else:
+            weights, indices = moe_router_fwd(logits2d, top_k, expert_bias, norm_topk_prob,
+                                              routed_scaling_factor, config)
         ctx.save_for_backward(logits2d, indices)
         ctx.args = (norm_topk_prob, routed_scaling_factor, config)
         ctx.mark_non_differentiable(indices)
@@ -250,7 +291,11 @@ class MoERouterFunction(torch.autograd.Function):
         norm, scale, config = ctx.args
         if dweights is None:
             dweights = torch.zeros(indices.shape, device=logits2d.device, dtype=logits2d.dtype)
-        return moe_router_bwd(logits2d, indices, dweights, norm, scale, config), None, None, None, None, None
+        if torch.compiler.is_compiling():
+            dlogits = _moe_router_bwd_op(logits2d, indices, dweights, norm, scale, _config_str(config))
+        else:
+            dlogits = moe_router_bwd(logits2d, indices, dweights, norm, scale, config)
+        return dlogits, None, None, None, None, None
 
 
 # -- functional ---------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ ours sits closer to the fp32 truth than HF's own bf16 path.
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 
@@ -58,11 +59,13 @@ def short_conv_ref(bcx: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 def seq_idx_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
-    """Sequence ids of packed rows: a new sequence starts wherever position_ids is 0.
+    """Sequence ids of packed rows: a new sequence starts wherever the position does not follow
+    the previous one (a reset to 0, or any jump), as liger_rt.layers.short_conv derives it.
 
-    position_ids (batch, seq) -> int32 (batch, seq), e.g. [[0,1,2,0,1]] -> [[1,1,1,2,2]].
+    position_ids (batch, seq) -> int32 (batch, seq), e.g. [[0,1,2,0,1]] -> [[0,0,0,1,1]].
     """
-    return torch.cumsum(position_ids == 0, dim=-1, dtype=torch.int32)
+    starts = position_ids[:, 1:] != position_ids[:, :-1] + 1
+    return torch.nn.functional.pad(torch.cumsum(starts, dim=-1, dtype=torch.int32), (1, 0))
 
 
 # -- Triton kernels ----------------------------------------------------------------------------------
@@ -319,17 +322,57 @@ def short_conv_bwd(bcx, weight, bias, seq_idx, dy, config):
         bcx.stride(0), bcx.stride(1), dy.stride(0), dy.stride(1), dbcx.stride(0), dbcx.stride(1), s_sb, s_st,
         K=K, HAS_BIAS=bias is not None, HAS_SEQ=seq_idx is not None,
         BLOCK_T=BT, BLOCK_H=BH, num_warps=int(config.get("bwd_num_warps", 4)))
-    dw = dw_part.sum(0).t().to(weight.dtype)
+    dw = dw_part.sum(0).t().to(weight.dtype).contiguous()
     db = db_part.sum(0).to(bias.dtype) if bias is not None else None
     return dbcx, dw, db
 
 
 # -- autograd ---------------------------------------------------------------------------------------
 
+# Under torch.compile the launchers run as opaque custom ops (fake impls give dynamo the shapes;
+# tracing into Triton's launch path, or the interpreter's, would break the graph or fail).  In
+# eager they are called directly: a custom op's dispatch costs microseconds per call.
+def _config_str(config) -> str:
+    # "KEY=int,..." rather than json: dynamo traces this (fullgraph), it cannot trace json.dumps
+    return ",".join(f"{k}={int(v)}" for k, v in sorted(config.items()))
+
+
+def _config_parse(text: str) -> dict:
+    return {k: int(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
+
+
+@torch.library.custom_op("liger_rt::short_conv_fwd", mutates_args=())
+def _short_conv_fwd_op(bcx: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                       seq_idx: Optional[torch.Tensor], config: str) -> torch.Tensor:
+    return short_conv_fwd(bcx, weight, bias, seq_idx, _config_parse(config))
+
+
+@_short_conv_fwd_op.register_fake
+def _(bcx, weight, bias, seq_idx, config):
+    return bcx.new_empty(bcx.shape[0], bcx.shape[1], weight.shape[0])
+
+
+@torch.library.custom_op("liger_rt::short_conv_bwd", mutates_args=())
+def _short_conv_bwd_op(bcx: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                       seq_idx: Optional[torch.Tensor], dy: torch.Tensor,
+                       config: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dbcx, dw, db = short_conv_bwd(bcx, weight, bias, seq_idx, dy, _config_parse(config))
+    return dbcx, dw, (db if db is not None else weight.new_empty(0))
+
+
+@_short_conv_bwd_op.register_fake
+def _(bcx, weight, bias, seq_idx, dy, config):
+    return (bcx.new_empty(bcx.shape[0], bcx.shape[1], bcx.shape[2]), torch.empty_like(weight, memory_format=torch.contiguous_format),
+            bias.new_empty(bias.shape) if bias is not None else weight.new_empty(0))
+
+
 class ShortConvFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, bcx, weight, bias, seq_idx, config):
-        y = short_conv_fwd(bcx, weight, bias, seq_idx, config)
+        if torch.compiler.is_compiling():
+            y = _short_conv_fwd_op(bcx, weight, bias, seq_idx, _config_str(config))
+        else:
+            y = short_conv_fwd(bcx, weight, bias, seq_idx, config)
         ctx.save_for_backward(bcx, weight, bias, seq_idx)
         ctx.config = config
         return y
@@ -337,7 +380,11 @@ class ShortConvFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         bcx, weight, bias, seq_idx = ctx.saved_tensors
-        dbcx, dw, db = short_conv_bwd(bcx, weight, bias, seq_idx, dy, ctx.config)
+        if torch.compiler.is_compiling():
+            dbcx, dw, db = _short_conv_bwd_op(bcx, weight, bias, seq_idx, dy, _config_str(ctx.config))
+            db = db if bias is not None else None
+        else:
+            dbcx, dw, db = short_conv_bwd(bcx, weight, bias, seq_idx, dy, ctx.config)
         return dbcx, dw, db, None, None
 
 
