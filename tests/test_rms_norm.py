@@ -200,6 +200,6 @@ def test_plan():
     assert tiny == [{"rows": 8, "hidden": 64}]
     hopper = backend.profile("hopper")
     full = rn._plan(get_preset("qwen3-4b"), hopper, quick=False)
-    assert {"rows": 16384, "hidden": 2560} in full and {"rows": 4096 * 32, "hidden": 128} in full
+    assert {"rows": 16384, "hidden": 2560} in full and all(d["hidden"] == 2560 for d in full)
     assert rn._plan(get_preset("qwen3-4b"), hopper, quick=True) == [{"rows": 4096, "hidden": 2560}]
     assert rn._plan(None, hopper, quick=True)

@@ -248,6 +248,7 @@ class LayerNormFunction(torch.autograd.Function):
         return y.view(x.shape)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x2, weight, bias, mean, rstd = ctx.saved_tensors
         dx, dw, db = layer_norm_bwd(dy, x2, weight, bias, mean, rstd, ctx.config)

@@ -219,6 +219,7 @@ class RMSNormFunction(torch.autograd.Function):
         return y.view(*x.shape[:-1], x.shape[-1])
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x2, weight, rstd = ctx.saved_tensors
         dx, dw = rms_norm_bwd(dy, x2, weight, rstd, ctx.offset, ctx.config)
@@ -343,11 +344,7 @@ def _plan(preset, arch, quick):
         hidden, tokens = (2048, 4096), ((4096,) if quick else (1024, 4096, 16384, 65536))
     else:
         hidden, tokens = (preset.hidden,), (preset.quick_tokens if quick else preset.tokens)
-    out = [{"rows": t, "hidden": h} for h in hidden for t in tokens]
-    if preset is not None and not quick and preset.model_type.startswith("qwen3") and preset.head_dim:
-        # Qwen3 q_norm/k_norm: RMSNorm over head_dim on tokens * heads rows
-        out += [{"rows": t * preset.heads, "hidden": preset.head_dim} for t in tokens if t * preset.heads <= 1 << 21]
-    return out
+    return [{"rows": t, "hidden": h} for h in hidden for t in tokens]
 
 
 OP = register(Op(

@@ -153,6 +153,7 @@ class SwiGLUFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         gate, up = ctx.saved_tensors
         dg, du = swiglu_bwd(dy, gate, up, ctx.config)
