@@ -142,6 +142,7 @@ def test_candidate_spaces_are_modest_and_arch_aware():
             assert 1 <= len(cands) <= 12
             for c in cands + [ln._heuristic(arch, dims, torch.bfloat16)]:
                 assert c["num_warps"] <= arch.max_num_warps and c["bwd_num_warps"] <= arch.max_num_warps
+                assert c["bwd_stages"] <= arch.max_num_stages
                 assert ln._smem(c, dims, torch.bfloat16) <= arch.smem_bytes
 
 

@@ -344,6 +344,8 @@ def _configs(arch, dims, dtype):
     seen, uniq = set(), []
     for c in out:
         key = tuple(sorted(c.items()))
+        if c["bwd_stages"] > arch.max_num_stages:   # HIP: <= 2 stages (dispatch prunes only num_stages)
+            continue
         if key not in seen:
             seen.add(key)
             uniq.append(c)
