@@ -362,7 +362,7 @@ def _short_conv_bwd_op(bcx: torch.Tensor, weight: torch.Tensor, bias: Optional[t
 
 @_short_conv_bwd_op.register_fake
 def _(bcx, weight, bias, seq_idx, dy, config):
-    return (bcx.new_empty(bcx.shape[0], bcx.shape[1], bcx.shape[2]), torch.empty_like(weight, memory_format=torch.contiguous_format),
+    return (bcx.new_empty(bcx.shape[0], bcx.shape[1], bcx.shape[2]), weight.new_empty(weight.shape),
             bias.new_empty(bias.shape) if bias is not None else weight.new_empty(0))
 
 
