@@ -220,9 +220,9 @@ def test_kernel_scripts_resolution_and_run(tmp_path, monkeypatch):
     (bdir / "_harness.py").write_text("")
     (bdir / "bench_model.py").write_text("raise SystemExit('the model bench is not a kernel bench')")
     (bdir / "bench_norms.py").write_text(
-        "import os, sys\n"
+        "import os, sys  # ap.add_argument('--op', action='append')\n"
         "quick = '--quick' in sys.argv\n"
-        "print('timing rms_norm', 'quick' if quick else 'full')\n"
+        "print('timing rms_norm', 'quick' if quick else 'full', sys.argv[2:])\n"
         "open(os.path.join(os.environ['OUT'], 'norms.csv'), 'w').write(\n"
         "    'op,impl,rows,fwd_ms,fwd_GBps\\nrms_norm,eager,4096,0.2,1000\\nlayer_norm,eager,4096,0.2,900\\n')\n")
     assert B.find_benchmarks_dir(str(bdir)) == bdir
@@ -232,11 +232,13 @@ def test_kernel_scripts_resolution_and_run(tmp_path, monkeypatch):
     assert B.resolve_scripts(["rms_norm"], scripts) == (["norms"], {"norms": {"rms_norm"}})
     with pytest.raises(ValueError, match=r"no benchmark script for op 'moe_experts' .*bench_moe_experts.py"):
         B.resolve_scripts(["moe_experts"], scripts)
+    with pytest.raises(ValueError, match=r"unknown op 'rmsnorm2'; valid --op values: norms, "):
+        B.resolve_scripts(["rmsnorm2"], scripts)
     lines = []
     monkeypatch.delenv("OUT", raising=False)
-    rc, csvs, _ = B.run_kernel_script(scripts["norms"], quick=True, echo=lines.append)
+    rc, csvs, _ = B.run_kernel_script(scripts["norms"], quick=True, ops={"rms_norm"}, echo=lines.append)
     assert rc == 0 and [p.name for p in csvs] == ["norms.csv"]
-    assert "[norms] timing rms_norm quick" in lines
+    assert "[norms] timing rms_norm quick ['--op', 'rms_norm']" in lines
     rows = B.normalize_kernel_rows(B.read_csv_rows(csvs[0]), "norms", None)
     kept = [r for r in rows if B._op_matches(r["op"], {"rms_norm"})]
     assert [r["op"] for r in kept] == ["rms_norm"]

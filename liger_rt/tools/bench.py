@@ -169,7 +169,7 @@ def _no_gpu_message(what: str) -> str:
 
 # benchmark script stem (benchmarks/bench_<stem>.py) -> the ops it covers
 KERNEL_SCRIPTS: dict[str, tuple[str, ...]] = {
-    "norms": ("rms_norm", "layer_norm"),
+    "norms": ("rms_norm", "swiglu", "layer_norm"),
     "lfm2_ops": ("short_conv", "moe_router"),
     "moe_experts": ("moe_experts",),
     "losses": ("cross_entropy", "fused_linear_cross_entropy"),
@@ -229,6 +229,8 @@ def resolve_scripts(ops: list[str], scripts: dict[str, Path]) -> tuple[list[str]
             chosen[op].add("*")
             continue
         stem = next((s for s in (op, *[k for k, v in KERNEL_SCRIPTS.items() if op in v]) if s in scripts), None)
+        if stem is None and op not in known_kernel_names():
+            raise ValueError(f"unknown op {op!r}; valid --op values: {', '.join(known_kernel_names())}")
         if stem is None:
             want = [k for k, v in KERNEL_SCRIPTS.items() if op in v] or [op]
             raise ValueError(f"no benchmark script for op {op!r} (expected benchmarks/bench_{want[0]}.py); "
@@ -240,17 +242,21 @@ def resolve_scripts(ops: list[str], scripts: dict[str, Path]) -> tuple[list[str]
     return list(chosen), {s: (set() if "*" in k else k) for s, k in chosen.items()}
 
 
-def run_kernel_script(script: Path, *, quick: bool, echo: Callable[[str], None] = click.echo,
+def run_kernel_script(script: Path, *, quick: bool, ops: set[str] | None = None,
+                      echo: Callable[[str], None] = click.echo,
                       timeout: float | None = None) -> tuple[int, list[Path], float]:
     """Run one benchmark script in a subprocess (cwd: the repo root), streaming its output.
 
-    The script's _harness.write_csv copies every CSV it writes to $OUT; a private $OUT catches
-    them.  Returns (exit code, CSV paths, seconds)."""
+    `ops` narrows a script that takes `--op` (bench_norms.py) to those ops.  The script's
+    _harness.write_csv copies every CSV it writes to $OUT; a private $OUT catches them.
+    Returns (exit code, CSV paths, seconds)."""
     tmp = Path(tempfile.mkdtemp(prefix=f"liger_bench_{script.stem}_"))
     root = str(script.resolve().parent.parent)
     env = dict(os.environ, OUT=str(tmp), PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH", "")])))
     cmd = [sys.executable, str(script)] + (["--quick"] if quick else [])
+    if ops and re.search(r"""add_argument\(\s*["']--op["']""", script.read_text()):
+        cmd += [a for op in sorted(ops) for a in ("--op", op)]
     t0 = time.time()
     tag = script.stem[len("bench_"):]
     echo(f"[{tag}] $ {' '.join(cmd[1:])}")
@@ -413,7 +419,7 @@ def run_kernel_bench(ops: list[str] | None = None, *, quick: bool = False, out_d
     out_dir.mkdir(parents=True, exist_ok=True)
     combined, status = [], []
     for stem in stems:
-        rc, csvs, secs = run_kernel_script(scripts[stem], quick=quick, echo=echo)
+        rc, csvs, secs = run_kernel_script(scripts[stem], quick=quick, ops=keep[stem], echo=echo)
         n = 0
         for path in csvs:
             dest = out_dir / path.name
@@ -446,9 +452,10 @@ def run_kernel_bench(ops: list[str] | None = None, *, quick: bool = False, out_d
     if combined:
         path = write_rows_csv(combined, out_dir / "kernels_combined.csv")
         echo(f"wrote {path}")
-    failed = [s["bench"] for s in status if s["rc"] != 0]
+    failed = [f"{s['bench']} (exit {s['rc']})" if s["rc"] else f"{s['bench']} (wrote no CSV)"
+              for s in status if s["rc"] != 0 or not s["csv"]]
     if failed:
-        raise RuntimeError(f"benchmark script(s) failed: {', '.join(failed)} (output above)")
+        raise RuntimeError(f"benchmark script(s) failed: {', '.join(failed)}; their output is above")
     return combined
 
 
@@ -1002,7 +1009,7 @@ def bench():
 
 @bench.command()
 @click.option("--op", "ops", multiple=True,
-              help="Op or script to run (repeatable): rms_norm, layer_norm, short_conv, moe_router, moe_experts, "
+              help="Op or script to run (repeatable): rms_norm, swiglu, layer_norm, short_conv, moe_router, moe_experts, "
                    "cross_entropy, fused_linear_cross_entropy, or a script stem (norms, lfm2_ops, moe_experts, "
                    "losses). Default: every benchmarks/bench_*.py present.")
 @click.option("--quick", is_flag=True, help="Pass --quick to each script (fewer shapes, shorter timing).")
