@@ -403,7 +403,13 @@ def _moe_wgrad_kernel(
 class _Routing:
     """Slots sorted by expert: perm (sorted row -> slot), bounds (E+1 row offsets), tile schedules."""
 
-    def __init__(self, top_k_index: torch.Tensor, experts: int):
+    def __init__(self, top_k_index: torch.Tensor | None, experts: int, *, saved=None):
+        self._tiles: dict[int, tuple[torch.Tensor, int]] = {}
+        if saved is not None:                      # (perm int32, bounds int32, k) from a forward
+            self.perm, self.bounds, self.K = saved
+            self.bounds64 = self.bounds.long()
+            self.S, self.E = self.perm.numel(), experts
+            return
         flat = top_k_index.reshape(-1)
         self.S = flat.numel()
         self.E = experts
@@ -417,7 +423,6 @@ class _Routing:
         self.perm = perm.to(torch.int32)
         self.bounds64 = bounds
         self.bounds = bounds.to(torch.int32)
-        self._tiles: dict[int, tuple[torch.Tensor, int]] = {}
 
     def tiles(self, block_m: int) -> tuple[torch.Tensor, int]:
         """(2, n) int32: row 0 the expert of each BLOCK_M tile (-1 past the last), row 1 its first row."""
@@ -452,30 +457,69 @@ def _launch_opts(c: dict) -> dict:
             "num_warps": c["num_warps"], "num_stages": c["num_stages"]}
 
 
+def launch_up_fwd(x, gate_up_proj, route: _Routing, c: dict, h, gu=None) -> None:
+    """h (S, I) [and gu (S, 2I)] <- SwiGLU(x[tokens] @ gate_up[e]^T), rows in sorted order."""
+    H, I = x.shape[1], h.shape[1]
+    dot_fp32, prec = _dot_flags(x.dtype, x.device)
+    meta, n_m = route.tiles(c["BLOCK_M"])
+    _moe_up_fwd_kernel[(n_m * triton.cdiv(I, c["BLOCK_N"]),)](
+        x, gate_up_proj, h if gu is None else gu, h, route.perm, meta, route.bounds, n_m, H, I, route.K,
+        STORE_GU=gu is not None, EVEN_K=H % c["BLOCK_K"] == 0, DOT_FP32=dot_fp32, PRECISION=prec, **_launch_opts(c))
+
+
+def launch_down(a, w, w_strides: tuple[int, int, int], out, scale, route: _Routing, c: dict) -> None:
+    """out[slot] <- (scale[slot] *) a[sorted row] @ W[e]; W[e, k, n] at w + e*s0 + k*s1 + n*s2."""
+    KD, N = a.shape[1], out.shape[1]
+    dot_fp32, prec = _dot_flags(a.dtype, a.device)
+    meta, n_m = route.tiles(c["BLOCK_M"])
+    _moe_down_kernel[(n_m * triton.cdiv(N, c["BLOCK_N"]),)](
+        a, w, out, scale if scale is not None else a, route.perm, meta, route.bounds, n_m, N, KD, *w_strides,
+        HAS_SCALE=scale is not None, EVEN_K=KD % c["BLOCK_K"] == 0, DOT_FP32=dot_fp32, PRECISION=prec,
+        **_launch_opts(c))
+
+
+def launch_up_bwd(dy, down_proj, gu, h, w_flat, route: _Routing, c: dict, dgu, dwp=None) -> None:
+    """dgu (S, 2I) <- SwiGLU'(w * dy[tokens] @ down[e]); dwp (S, I/BLOCK_N) <- partials of d weights."""
+    H, I = dy.shape[1], h.shape[1]
+    dot_fp32, prec = _dot_flags(dy.dtype, dy.device)
+    meta, n_m = route.tiles(c["BLOCK_M"])
+    _moe_up_bwd_kernel[(n_m * triton.cdiv(I, c["BLOCK_N"]),)](
+        dy, down_proj, gu, h, w_flat, dgu, dgu if dwp is None else dwp, route.perm, meta, route.bounds, n_m,
+        H, I, route.K, NEED_DW=dwp is not None, EVEN_K=H % c["BLOCK_K"] == 0, DOT_FP32=dot_fp32, PRECISION=prec,
+        **_launch_opts(c))
+
+
+def launch_wgrad(a, b, out, w_flat, route: _Routing, c: dict, *, a_gather: bool, b_gather: bool,
+                 scale_a: bool) -> None:
+    """out (E, M, N) <- per expert sum over its rows of A[r]^T B[r] (A, B gathered by token or sorted)."""
+    E, M, N = out.shape
+    dot_fp32, prec = _dot_flags(a.dtype, a.device)
+    grid = (E * triton.cdiv(M, c["BLOCK_M"]) * triton.cdiv(N, c["BLOCK_N"]),)
+    _moe_wgrad_kernel[grid](
+        a, b, out, w_flat, route.perm, route.bounds, M, N, a.shape[1], b.shape[1], route.K,
+        A_GATHER=a_gather, B_GATHER=b_gather, SCALE_A=scale_a, DOT_FP32=dot_fp32, PRECISION=prec,
+        **_launch_opts(c))
+
+
+def _sum_k(slots: torch.Tensor, T: int, K: int) -> torch.Tensor:
+    """(T*K, H) slot rows -> (T, H): a contiguous sum over k, accumulated in fp32 by torch."""
+    H = slots.shape[1]
+    return slots.view(T, K, H).sum(1) if K > 1 else slots.view(T, H)
+
+
 def moe_experts_fwd(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, w_flat: torch.Tensor,
                     route: _Routing, config: dict, save: bool):
     """Fused forward on contiguous 2-D inputs; returns (y (T, H), gu (S, 2I) or None, h (S, I))."""
     T, H = x.shape
-    E, I2, _ = gate_up_proj.shape
-    I = I2 // 2
-    S, K = route.S, route.K
-    dot_fp32, prec = _dot_flags(x.dtype, x.device)
-    up, dn = config["up"], config["down"]
+    I = down_proj.shape[2]
+    S = route.S
     h = torch.empty(S, I, device=x.device, dtype=x.dtype)
     gu = torch.empty(S, 2 * I, device=x.device, dtype=x.dtype) if save else None
-    meta, n_m = route.tiles(up["BLOCK_M"])
-    grid = (n_m * triton.cdiv(I, up["BLOCK_N"]),)
-    _moe_up_fwd_kernel[grid](
-        x, gate_up_proj, gu if save else h, h, route.perm, meta, route.bounds, n_m, H, I, K,
-        STORE_GU=save, EVEN_K=H % up["BLOCK_K"] == 0, DOT_FP32=dot_fp32, PRECISION=prec, **_launch_opts(up))
+    launch_up_fwd(x, gate_up_proj, route, config["up"], h, gu)
     y_slot = torch.empty(S, H, device=x.device, dtype=x.dtype)
-    meta, n_m = route.tiles(dn["BLOCK_M"])
-    grid = (n_m * triton.cdiv(H, dn["BLOCK_N"]),)
-    _moe_down_kernel[grid](
-        h, down_proj, y_slot, w_flat, route.perm, meta, route.bounds, n_m, H, I, H * I, 1, I,
-        HAS_SCALE=True, EVEN_K=I % dn["BLOCK_K"] == 0, DOT_FP32=dot_fp32, PRECISION=prec, **_launch_opts(dn))
-    y = y_slot.view(T, K, H).sum(1) if K > 1 else y_slot.view(T, H)
-    return y, gu, h
+    # W[e, k=i, n=h] = down[e, h, i]
+    launch_down(h, down_proj, (H * I, 1, I), y_slot, w_flat, route, config["down"])
+    return _sum_k(y_slot, T, route.K), gu, h
 
 
 def moe_experts_bwd(dy: torch.Tensor, x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
@@ -484,42 +528,27 @@ def moe_experts_bwd(dy: torch.Tensor, x: torch.Tensor, gate_up_proj: torch.Tenso
     """Fused backward; needs = (dx, dgate_up, ddown, dweights). Returns the four grads (None if not needed)."""
     need_dx, need_dgu, need_ddown, need_dw = needs
     T, H = x.shape
-    E, I2, _ = gate_up_proj.shape
-    I = I2 // 2
+    I = down_proj.shape[2]
     S, K = route.S, route.K
-    dot_fp32, prec = _dot_flags(x.dtype, x.device)
-    ub, dn, wg = config["up_bwd"], config["down"], config["wgrad"]
     dx = dgate_up = ddown = dw = None
-
     dgu = torch.empty(S, 2 * I, device=x.device, dtype=x.dtype)
-    n_tn = triton.cdiv(I, ub["BLOCK_N"])
-    dwp = torch.empty(S, n_tn, device=x.device, dtype=torch.float32) if need_dw else dgu
-    meta, n_m = route.tiles(ub["BLOCK_M"])
-    _moe_up_bwd_kernel[(n_m * n_tn,)](
-        dy, down_proj, gu, h, w_flat, dgu, dwp, route.perm, meta, route.bounds, n_m, H, I, K,
-        NEED_DW=need_dw, EVEN_K=H % ub["BLOCK_K"] == 0, DOT_FP32=dot_fp32, PRECISION=prec, **_launch_opts(ub))
+    dwp = None
+    if need_dw:
+        dwp = torch.empty(S, triton.cdiv(I, config["up_bwd"]["BLOCK_N"]), device=x.device, dtype=torch.float32)
+    launch_up_bwd(dy, down_proj, gu, h, w_flat, route, config["up_bwd"], dgu, dwp)
     if need_dw:
         dw = dwp.sum(1).view(T, K)
     if need_dx:
         dx_slot = torch.empty(S, H, device=x.device, dtype=x.dtype)
-        meta, n_m = route.tiles(dn["BLOCK_M"])
-        _moe_down_kernel[(n_m * triton.cdiv(H, dn["BLOCK_N"]),)](
-            dgu, gate_up_proj, dx_slot, w_flat, route.perm, meta, route.bounds, n_m, H, 2 * I, 2 * I * H, H, 1,
-            HAS_SCALE=False, EVEN_K=(2 * I) % dn["BLOCK_K"] == 0, DOT_FP32=dot_fp32, PRECISION=prec,
-            **_launch_opts(dn))
-        dx = dx_slot.view(T, K, H).sum(1) if K > 1 else dx_slot.view(T, H)
+        # W[e, k=j, n=h] = gate_up[e, j, h]
+        launch_down(dgu, gate_up_proj, (2 * I * H, H, 1), dx_slot, None, route, config["down"])
+        dx = _sum_k(dx_slot, T, K)
     if need_dgu:
         dgate_up = torch.empty_like(gate_up_proj)
-        grid = (E * triton.cdiv(2 * I, wg["BLOCK_M"]) * triton.cdiv(H, wg["BLOCK_N"]),)
-        _moe_wgrad_kernel[grid](
-            dgu, x, dgate_up, w_flat, route.perm, route.bounds, 2 * I, H, 2 * I, H, K,
-            A_GATHER=False, B_GATHER=True, SCALE_A=False, DOT_FP32=dot_fp32, PRECISION=prec, **_launch_opts(wg))
+        launch_wgrad(dgu, x, dgate_up, w_flat, route, config["wgrad"], a_gather=False, b_gather=True, scale_a=False)
     if need_ddown:
         ddown = torch.empty_like(down_proj)
-        grid = (E * triton.cdiv(H, wg["BLOCK_M"]) * triton.cdiv(I, wg["BLOCK_N"]),)
-        _moe_wgrad_kernel[grid](
-            dy, h, ddown, w_flat, route.perm, route.bounds, H, I, H, I, K,
-            A_GATHER=True, B_GATHER=False, SCALE_A=True, DOT_FP32=dot_fp32, PRECISION=prec, **_launch_opts(wg))
+        launch_wgrad(dy, h, ddown, w_flat, route, config["wgrad"], a_gather=True, b_gather=False, scale_a=True)
     return dx, dgate_up, ddown, dw
 
 
@@ -528,6 +557,69 @@ def _c(t: torch.Tensor) -> torch.Tensor:
 
 
 # ================================================================================ autograd
+# Under torch.compile the forward and backward run as two opaque custom ops (fake impls give
+# dynamo the shapes; tracing into Triton's launcher or the interpreter would break the graph).
+# In eager they are called directly (a custom op's dispatch costs microseconds per call).
+def _config_str(config) -> str:
+    # "fam.KEY=int,..." rather than json: dynamo traces this (fullgraph), it cannot trace json.dumps
+    return ",".join(f"{fam}.{k}={int(v)}" for fam, c in sorted(config.items()) if isinstance(c, dict)
+                    for k, v in sorted(c.items()))
+
+
+def _config_parse(text: str) -> dict:
+    out: dict = {}
+    for kv in text.split(","):
+        if kv:
+            key, v = kv.split("=")
+            fam, k = key.split(".")
+            out.setdefault(fam, {})[k] = int(v)
+    return out
+
+
+def _fwd(x, gate_up_proj, down_proj, top_k_index, w_flat, config: dict, save: bool):
+    route = _Routing(top_k_index, gate_up_proj.shape[0])
+    y, gu, h = moe_experts_fwd(x, gate_up_proj, down_proj, w_flat, route, config, save)
+    return y, gu, h, route
+
+
+@torch.library.custom_op("liger_rt::moe_experts_fwd", mutates_args=())
+def _moe_experts_fwd_op(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
+                        top_k_index: torch.Tensor, w_flat: torch.Tensor, config: str,
+                        save: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    y, gu, h, route = _fwd(x, gate_up_proj, down_proj, top_k_index, w_flat, _config_parse(config), save)
+    return y, gu if gu is not None else x.new_empty(0), h, route.perm, route.bounds
+
+
+@_moe_experts_fwd_op.register_fake
+def _(x, gate_up_proj, down_proj, top_k_index, w_flat, config, save):
+    T, H = x.shape
+    E, I2, _ = gate_up_proj.shape
+    S = top_k_index.numel()
+    return (x.new_empty(T, H), x.new_empty(S, I2) if save else x.new_empty(0), x.new_empty(S, I2 // 2),
+            x.new_empty(S, dtype=torch.int32), x.new_empty(E + 1, dtype=torch.int32))
+
+
+@torch.library.custom_op("liger_rt::moe_experts_bwd", mutates_args=())
+def _moe_experts_bwd_op(dy: torch.Tensor, x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
+                        w_flat: torch.Tensor, perm: torch.Tensor, bounds: torch.Tensor, gu: torch.Tensor,
+                        h: torch.Tensor, top_k: int, config: str, need_dx: bool, need_dgu: bool, need_ddown: bool,
+                        need_dw: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    route = _Routing(None, gate_up_proj.shape[0], saved=(perm, bounds, top_k))
+    grads = moe_experts_bwd(dy, x, gate_up_proj, down_proj, w_flat, route, gu, h, _config_parse(config),
+                            (need_dx, need_dgu, need_ddown, need_dw))
+    return tuple(g if g is not None else x.new_empty(0) for g in grads)
+
+
+@_moe_experts_bwd_op.register_fake
+def _(dy, x, gate_up_proj, down_proj, w_flat, perm, bounds, gu, h, top_k, config, need_dx, need_dgu, need_ddown,
+      need_dw):
+    T = x.shape[0]
+    return (x.new_empty(x.shape) if need_dx else x.new_empty(0),
+            gate_up_proj.new_empty(gate_up_proj.shape) if need_dgu else x.new_empty(0),
+            down_proj.new_empty(down_proj.shape) if need_ddown else x.new_empty(0),
+            x.new_empty(T, top_k, dtype=torch.float32) if need_dw else x.new_empty(0))
+
+
 class MoEExpertsFunction(torch.autograd.Function):
     """Fused experts; inputs already 2-D: x (T, H), top_k_index / top_k_weights (T, k)."""
 
@@ -535,22 +627,34 @@ class MoEExpertsFunction(torch.autograd.Function):
     def forward(ctx, x, gate_up_proj, down_proj, top_k_index, top_k_weights, config):
         x, gate_up_proj, down_proj = _c(x), _c(gate_up_proj), _c(down_proj)
         w_flat = _c(top_k_weights).reshape(-1)
-        route = _Routing(top_k_index, gate_up_proj.shape[0])
         save = any(ctx.needs_input_grad)
-        y, gu, h = moe_experts_fwd(x, gate_up_proj, down_proj, w_flat, route, config, save)
+        if torch.compiler.is_compiling():
+            y, gu, h, perm, bounds = _moe_experts_fwd_op(x, gate_up_proj, down_proj, top_k_index, w_flat,
+                                                         _config_str(config), save)
+            route = None
+        else:
+            y, gu, h, route = _fwd(x, gate_up_proj, down_proj, top_k_index, w_flat, config, save)
+            perm, bounds = route.perm, route.bounds
         if save:
-            ctx.save_for_backward(x, gate_up_proj, down_proj, w_flat, gu, h)
-            ctx.route = route
+            ctx.save_for_backward(x, gate_up_proj, down_proj, w_flat, gu, h, perm, bounds)
+            ctx.route = route          # eager: keeps the tile schedules computed in the forward
+            ctx.top_k = top_k_index.shape[-1]
             ctx.config = config
             ctx.w_dtype = top_k_weights.dtype
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, gate_up_proj, down_proj, w_flat, gu, h = ctx.saved_tensors
+        x, gate_up_proj, down_proj, w_flat, gu, h, perm, bounds = ctx.saved_tensors
         nx, ngu, ndown, _, nw, _ = ctx.needs_input_grad
-        dx, dgu, ddown, dw = moe_experts_bwd(_c(dy), x, gate_up_proj, down_proj, w_flat, ctx.route, gu, h,
-                                             ctx.config, (nx, ngu, ndown, nw))
+        dy = _c(dy)
+        if torch.compiler.is_compiling() or ctx.route is None:
+            grads = _moe_experts_bwd_op(dy, x, gate_up_proj, down_proj, w_flat, perm, bounds, gu, h, ctx.top_k,
+                                        _config_str(ctx.config), nx, ngu, ndown, nw)
+            dx, dgu, ddown, dw = (g if need else None for g, need in zip(grads, (nx, ngu, ndown, nw)))
+        else:
+            dx, dgu, ddown, dw = moe_experts_bwd(dy, x, gate_up_proj, down_proj, w_flat, ctx.route, gu, h,
+                                                 ctx.config, (nx, ngu, ndown, nw))
         if dw is not None:
             dw = dw.to(ctx.w_dtype)
         return dx, dgu, ddown, None, dw, None

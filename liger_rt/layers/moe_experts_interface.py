@@ -26,6 +26,7 @@ one-time warning saying why.
 """
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import torch
@@ -70,9 +71,13 @@ def _default_apply_gate():
 
 
 def _eager_forward(module):
-    """The module's own (eager) forward, which use_experts_implementation wrapped."""
-    fwd = type(module).forward
-    return getattr(fwd, "__wrapped__", fwd)
+    """The module's own eager forward under use_experts_implementation's wrapper (and a class-level
+    patch's, whose ``__wrapped__`` points at that wrapper): unwrapped all the way, so a fallback
+    never dispatches back here."""
+    fwd = inspect.unwrap(type(module).forward)
+    if fwd is liger_rt_experts_forward or getattr(fwd, "_liger_rt_experts", False):
+        raise RuntimeError(f"liger_rt experts: {type(module).__name__} has no eager forward to fall back to")
+    return fwd
 
 
 def liger_rt_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
