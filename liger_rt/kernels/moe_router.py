@@ -286,6 +286,7 @@ class MoERouterFunction(torch.autograd.Function):
         return weights, indices
 
     @staticmethod
+    @torch.autograd.function.once_differentiable   # double backward raises, never silently wrong
     def backward(ctx, dweights, dindices):
         logits2d, indices = ctx.saved_tensors
         norm, scale, config = ctx.args

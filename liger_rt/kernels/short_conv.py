@@ -378,6 +378,7 @@ class ShortConvFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @torch.autograd.function.once_differentiable   # double backward raises, never silently wrong
     def backward(ctx, dy):
         bcx, weight, bias, seq_idx = ctx.saved_tensors
         if torch.compiler.is_compiling():
