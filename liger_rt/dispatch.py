@@ -208,6 +208,7 @@ class Op:
             return hit
         return self._select_slow(key, x, dims)
 
+    @torch.compiler.disable  # a decision is made eagerly (locks, SQL), then memoised for compiled graphs
     def _select_slow(self, key, x: torch.Tensor, dims: dict) -> Decision:
         with _LOCK:
             device_type = "cpu" if x.device.type == "cpu" else "cuda"
