@@ -292,3 +292,15 @@ def test_gradient_checkpointing_keeps_parity(fallback):
     for m in (base, new):
         m.gradient_checkpointing_enable()
     _check_parity(base, new, atol=1e-5)
+
+
+def test_training_with_an_unknown_cache_api_still_fuses(monkeypatch, fallback):
+    base, new = _pair("lfm2-tiny")
+    _patch(new)
+    conv = Counter(monkeypatch, "short_conv")
+    layer_b, layer_n = base.model.layers[0].conv, new.model.layers[0].conv
+    h = torch.randn(2, 6, 64)
+    want = layer_b(hidden_states=h)
+    got = layer_n(hidden_states=h, cache=object())          # a cache this layer cannot read
+    assert len(conv.calls) == 1
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

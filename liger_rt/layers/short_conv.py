@@ -8,7 +8,9 @@ depthwise conv (weight (hidden, kernel) = ``conv.weight.squeeze(1)``) run as one
 
 When the fused op runs, and when the Hugging Face path does:
 - training and no-cache calls, and a prefill into an empty cache (the conv state the cache keeps,
-  the last ``kernel`` columns of B*x, is written the way the HF layer writes it): liger_rt;
+  the last ``kernel`` columns of B*x, is written the way the HF layer writes it): liger_rt
+  (a training forward into a cache whose API this layer does not know fuses too and leaves that
+  cache's conv state unwritten);
 - decoding and any call continuing from cached state, caches the layer cannot read, accelerate
   offload hooks, positional extras: the module's own forward, unchanged.
 
@@ -136,12 +138,17 @@ def _fresh_prefill(self, cache, kwargs: dict, seq: int):
         return write
     conv_cache = getattr(cache, "conv_cache", None)                                    # Lfm2HybridConvCache
     cache_position = kwargs.get("cache_position")
-    if conv_cache is not None and cache_position is not None and int(cache_position[0]) == 0:
+    if isinstance(conv_cache, (list, tuple)) and cache_position is not None and int(cache_position[0]) == 0:
         def write_old(bcx):
-            b, _, x = bcx.detach().chunk(3, dim=-1)
+            b, _, x = bcx[:, -kernel:].detach().chunk(3, dim=-1)
             bx = (b * x).transpose(-1, -2)
             conv_cache[idx].copy_(torch.nn.functional.pad(bx, (kernel - bx.shape[-1], 0)))
         return write_old
+    if self.training and torch.is_grad_enabled():
+        # a training forward into a cache API this layer does not know (transformers creates one
+        # whenever config.use_cache is on): fuse, and leave that cache's conv state unwritten —
+        # nobody decodes from a training step's cache; inference prefill keeps the HF path
+        return lambda bcx: None
     return None
 
 
