@@ -27,8 +27,22 @@ def swiglu_w1_w3_w2_forward(self, x: torch.Tensor) -> torch.Tensor:
     return self.w2(ops.swiglu(self.w1(x), self.w3(x)))
 
 
+def _missing(module, names) -> str | None:
+    gone = [n for n in names if not isinstance(getattr(module, n, None), torch.nn.Module)]
+    return f"no {', '.join(gone)} submodule(s) in this transformers' {type(module).__name__}" if gone else None
+
+
+def w1_w3_w2(module) -> str | None:
+    """None when an LFM2 MLP has its w1/w3/w2 projections, else why not."""
+    return _missing(module, ("w1", "w3", "w2"))
+
+
 def silu_gated(module) -> str | None:
-    """None when the MLP's activation is SiLU (so SwiGLU computes what it computes), else why not."""
+    """None when the MLP has gate/up/down projections and a SiLU activation (so SwiGLU computes
+    what it computes), else why not."""
+    missing = _missing(module, ("gate_proj", "up_proj", "down_proj"))
+    if missing:
+        return missing
     act = getattr(module, "act_fn", None)
     if isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation" or act is torch.nn.functional.silu:
         return None

@@ -39,6 +39,19 @@ def router_forward(self, hidden_states: torch.Tensor, expert_bias: torch.Tensor 
     return router_logits, weights.to(router_logits.dtype), indices.long()
 
 
+def router_compatible(module) -> str | None:
+    """None when a router has the LFM2-MoE attributes and signature router_forward reads."""
+    import inspect
+    need = ("weight", "top_k", "norm_topk_prob", "routed_scaling_factor")
+    gone = [n for n in need if not hasattr(module, n)]
+    if gone:
+        return f"no {', '.join(gone)} on this transformers' {type(module).__name__}"
+    params = list(inspect.signature(type(module).forward).parameters)
+    if params[1:3] != ["hidden_states", "expert_bias"]:
+        return f"{type(module).__name__}.forward takes ({', '.join(params[1:])}), not (hidden_states, expert_bias)"
+    return None
+
+
 def experts_interface_missing() -> str | None:
     """None when the liger_rt experts implementation can be registered, else why not."""
     try:

@@ -152,6 +152,17 @@ def _fresh_prefill(self, cache, kwargs: dict, seq: int):
     return None
 
 
+def conv_compatible(module) -> str | None:
+    """None when an Lfm2ShortConv has the layout this forward reads, else why not."""
+    conv = getattr(module, "conv", None)
+    for name in ("in_proj", "out_proj"):
+        if not isinstance(getattr(module, name, None), torch.nn.Module):
+            return f"no {name} in this transformers' {type(module).__name__}"
+    if not isinstance(conv, torch.nn.Conv1d) or conv.groups != conv.out_channels or conv.weight.shape[1] != 1:
+        return f"{type(module).__name__}.conv is not a depthwise Conv1d"
+    return None
+
+
 def _original(self):
     from ..patch.core import original
     return original(self)

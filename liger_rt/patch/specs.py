@@ -73,10 +73,12 @@ LOSS_OPS = {"cross_entropy": "cross_entropy", "fused_linear_cross_entropy": "fus
 _L = "liger_rt.layers."
 RMS_NORM = Layer("rms_norm", _L + "norms:rms_norm_forward", op="rms_norm")
 SWIGLU = Layer("swiglu", _L + "mlp:swiglu_forward", op="swiglu", applies=_L + "mlp:silu_gated")
-SWIGLU_W132 = Layer("swiglu", _L + "mlp:swiglu_w1_w3_w2_forward", op="swiglu")          # w1 gate, w3 up, w2 down
-SHORT_CONV = Layer("short_conv", _L + "short_conv:short_conv_forward", op="short_conv")
+SWIGLU_W132 = Layer("swiglu", _L + "mlp:swiglu_w1_w3_w2_forward", op="swiglu",         # w1 gate, w3 up, w2 down
+                    applies=_L + "mlp:w1_w3_w2")
+SHORT_CONV = Layer("short_conv", _L + "short_conv:short_conv_forward", op="short_conv",
+                   applies=_L + "short_conv:conv_compatible")
 CONV_POSITIONS = Layer("short_conv", _L + "short_conv:decoder_layer_forward")            # position_ids -> conv
-MOE_ROUTER = Layer("moe_router", _L + "moe:router_forward", op="moe_router")
+MOE_ROUTER = Layer("moe_router", _L + "moe:router_forward", op="moe_router", applies=_L + "moe:router_compatible")
 MOE_EXPERTS = Layer("moe_experts", _L + "moe:experts_forward", op="moe_experts", experts=True)
 VISION_LAYER_NORM = Layer("layer_norm", _L + "norms:layer_norm_forward", op="layer_norm", within="vision_tower",
                           class_level=False)
