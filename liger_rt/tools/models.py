@@ -36,7 +36,9 @@ def _text_kwargs(p: Preset) -> dict[str, Any]:
                   num_hidden_layers=p.layers, num_attention_heads=p.heads, num_key_value_heads=p.kv_heads,
                   max_position_embeddings=4096 if p.tiny else 32768)
     if p.model_type in ("qwen3", "llama", "qwen3_moe"):
-        common.update(head_dim=p.head_dim, hidden_act="silu", tie_word_embeddings=p.tiny and p.model_type != "llama")
+        # as released: Qwen3 <= 4B and Llama 3.2 1B/3B tie the LM head to the embedding
+        tie = {"qwen3": p.hidden <= 2560, "llama": p.hidden <= 3072, "qwen3_moe": False}[p.model_type]
+        common.update(head_dim=p.head_dim, hidden_act="silu", tie_word_embeddings=tie)
     if p.model_type == "qwen3_moe":
         common.update(num_experts=p.experts, num_experts_per_tok=p.top_k, moe_intermediate_size=p.moe_intermediate,
                       decoder_sparse_step=1, norm_topk_prob=True)
