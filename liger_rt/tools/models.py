@@ -73,7 +73,7 @@ def build_config(preset: str | Preset, **overrides):
     vision = dict(model_type="siglip2_vision_model", hidden_size=p.vision_hidden,
                   intermediate_size=p.vision_intermediate, num_hidden_layers=p.vision_layers,
                   num_attention_heads=p.vision_heads, patch_size=4 if p.tiny else 16,
-                  num_patches=max(p.vision_tokens, side * side), vision_use_head=False)
+                  num_patches=side * side, vision_use_head=False)     # position grid 16x16 as released
     vision.update(overrides.pop("vision_config", {}) or {})
     kwargs = dict(text_config=text, vision_config=vision, image_token_id=p.vocab - 1, downsample_factor=2)
     if p.tiny:
