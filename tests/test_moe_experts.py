@@ -85,6 +85,27 @@ def test_edge_routings(name, T, K):
         assert out[2][empty].abs().max() == 0 and out[3][empty].abs().max() == 0
 
 
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_tile_schedule(block_m):
+    # counts 0, 37, 0, 1, 64, 0, 15 (empty experts first, last and between; a full multiple of 16/64)
+    counts = torch.tensor([0, 37, 0, 1, 64, 0, 15])
+    idx = torch.repeat_interleave(torch.arange(7), counts)[torch.randperm(int(counts.sum()))].view(-1, 1)
+    route = M._Routing(idx, 7)
+    meta, n = route.tiles(block_m)
+    want_e, want_r = [], []
+    start = 0
+    for e, c in enumerate(counts.tolist()):
+        for r in range(start, start + c, block_m):
+            want_e.append(e)
+            want_r.append(r)
+        start += c
+    assert n >= len(want_e)
+    assert meta[0, :len(want_e)].tolist() == want_e and meta[1, :len(want_r)].tolist() == want_r
+    assert (meta[0, len(want_e):] == -1).all()
+    assert route.bounds.tolist() == [0, *torch.cumsum(counts, 0).tolist()]
+    assert (idx.flatten()[route.perm.long()].diff() >= 0).all()
+
+
 def test_non_contiguous_inputs():
     dims = _dims(21, 4, 2, 32, 24)
     case = _case(dims)

@@ -399,6 +399,27 @@ def _moe_wgrad_kernel(
     tl.store(p_o, acc.to(out_ptr.dtype.element_ty), mask=(o_m < M)[:, None] & (o_n < N)[None, :])
 
 
+@triton.jit(do_not_specialize=["n_tiles"])
+def _moe_tiles_kernel(bounds_ptr, meta_ptr, n_tiles, E,
+                      BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Tile schedule of a grouped GEMM in one launch: for tile t, the expert owning it (-1 past
+    the last tile) and its first sorted row. Expert e owns tiles [tile_start[e], tile_end[e])."""
+    o_e = tl.arange(0, E_PAD)
+    m_e = o_e < E
+    start = tl.load(bounds_ptr + o_e, mask=m_e, other=0)
+    end = tl.load(bounds_ptr + o_e + 1, mask=m_e, other=0)
+    ntiles = (end - start + BLOCK_M - 1) // BLOCK_M
+    tile_end = tl.cumsum(ntiles, axis=0)
+    tile_start = tile_end - ntiles
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    hit = (tile_start[None, :] <= t[:, None]) & (t[:, None] < tile_end[None, :]) & m_e[None, :]
+    e = tl.max(tl.where(hit, o_e[None, :], -1), axis=1)
+    row = tl.sum(tl.where(hit, start[None, :] + (t[:, None] - tile_start[None, :]) * BLOCK_M, 0), axis=1)
+    m_t = t < n_tiles
+    tl.store(meta_ptr + t, e, mask=m_t)
+    tl.store(meta_ptr + n_tiles + t, row, mask=m_t)
+
+
 # ================================================================================ launchers
 class _Routing:
     """Slots sorted by expert: perm (sorted row -> slot), bounds (E+1 row offsets), tile schedules."""
@@ -407,7 +428,6 @@ class _Routing:
         self._tiles: dict[int, tuple[torch.Tensor, int]] = {}
         if saved is not None:                      # (perm int32, bounds int32, k) from a forward
             self.perm, self.bounds, self.K = saved
-            self.bounds64 = self.bounds.long()
             self.S, self.E = self.perm.numel(), experts
             return
         flat = top_k_index.reshape(-1)
@@ -421,7 +441,6 @@ class _Routing:
             torch._assert_async((bounds[0] == 0) & (bounds[experts] == self.S),
                                 f"moe_experts: top_k_index holds ids outside [0, {experts})")
         self.perm = perm.to(torch.int32)
-        self.bounds64 = bounds
         self.bounds = bounds.to(torch.int32)
 
     def tiles(self, block_m: int) -> tuple[torch.Tensor, int]:
@@ -429,17 +448,11 @@ class _Routing:
         hit = self._tiles.get(block_m)
         if hit is not None:
             return hit
-        E, b = self.E, self.bounds64
-        counts = b[1:] - b[:-1]
-        ntiles = (counts + block_m - 1) // block_m
-        tile_end = torch.cumsum(ntiles, 0)
         # sum_e ceil(c_e / BM) <= (S + E * (BM - 1)) // BM: an upper bound known without a sync
-        n = max(1, min(self.S, (self.S + E * (block_m - 1)) // block_m))
-        t = torch.arange(n, device=b.device)
-        te = torch.searchsorted(tile_end, t, right=True)
-        tc = te.clamp(max=E - 1)
-        row = b[tc] + (t - (tile_end - ntiles)[tc]) * block_m
-        meta = torch.stack([torch.where(te < E, te, -1), row]).to(torch.int32).contiguous()
+        n = max(1, min(self.S, (self.S + self.E * (block_m - 1)) // block_m))
+        meta = torch.empty(2, n, device=self.perm.device, dtype=torch.int32)
+        _moe_tiles_kernel[(triton.cdiv(n, 128),)](self.bounds, meta, n, self.E, BLOCK_M=block_m,
+                                                   E_PAD=triton.next_power_of_2(self.E), BLOCK_T=128, num_warps=4)
         self._tiles[block_m] = (meta, n)
         return meta, n
 
