@@ -22,6 +22,15 @@ from liger_rt.tools.models import build_model
 QWEN3 = "transformers.models.qwen3.modeling_qwen3"
 
 
+def needs(*ops):
+    """Skip when a kernel module has not landed (the patch would leave that layer on the host)."""
+    missing = [op for op in ops if importlib.util.find_spec(f"liger_rt.kernels.{op}") is None]
+    return pytest.mark.skipif(bool(missing), reason=f"kernel module(s) {', '.join(missing)} not in this checkout")
+
+
+NORM_MLP = needs("rms_norm", "swiglu")
+
+
 @pytest.fixture
 def fallback(monkeypatch):
     """Every op on its torch reference."""
@@ -101,6 +110,7 @@ def test_supported_models_is_the_allowlist():
 
 # -- instance patching: numerics ----------------------------------------------------------------------------
 
+@NORM_MLP
 @pytest.mark.parametrize("preset", ["qwen3-tiny", "llama-tiny"])
 def test_instance_patch_matches_unpatched_torch_fallback(preset, fallback):
     base, new = _pair(preset)
@@ -129,6 +139,7 @@ def test_instance_patch_matches_unpatched_interpreter():
     assert {d.impl for d in decisions} == {"triton"}, [(d.op, d.impl, d.reason) for d in decisions]
 
 
+@NORM_MLP
 def test_every_targeted_module_goes_through_liger(monkeypatch, fallback):
     model = build_model("qwen3-tiny")
     norms, swiglu = Counter(monkeypatch, "rms_norm"), Counter(monkeypatch, "swiglu")
@@ -150,6 +161,7 @@ def test_every_targeted_module_goes_through_liger(monkeypatch, fallback):
     assert liger_rt.patch.describe(model) is None
 
 
+@NORM_MLP
 def test_patch_twice_is_idempotent_and_repatch_takes_the_new_flags(monkeypatch, fallback):
     model = build_model("qwen3-tiny")
     norms, swiglu = Counter(monkeypatch, "rms_norm"), Counter(monkeypatch, "swiglu")
@@ -167,6 +179,7 @@ def test_patch_twice_is_idempotent_and_repatch_takes_the_new_flags(monkeypatch, 
     assert not any("forward" in m.__dict__ for m in model.modules())
 
 
+@NORM_MLP
 def test_patched_context_manager_restores_previous_state(fallback):
     model = build_model("qwen3-tiny")
     with liger_rt.patched(model) as m:
@@ -182,6 +195,7 @@ def test_patched_context_manager_restores_previous_state(fallback):
     assert liger_rt.patch.describe(model)["patched"] == {"rms_norm": 9}
 
 
+@NORM_MLP
 def test_deepcopy_of_a_patched_model_is_patched_to_itself(fallback):
     model = build_model("qwen3-tiny")
     liger_rt.patch(model)
@@ -192,6 +206,7 @@ def test_deepcopy_of_a_patched_model_is_patched_to_itself(fallback):
     torch.testing.assert_close(clone(input_ids=ids).logits, model(input_ids=ids).logits)
 
 
+@NORM_MLP
 def test_non_silu_mlp_is_left_alone(fallback):
     model = build_model("llama-tiny", hidden_act="gelu")
     liger_rt.patch(model)
@@ -228,6 +243,7 @@ class _Wrapper(torch.nn.Module):
         self.base_model = _FakeLora(model)
 
 
+@NORM_MLP
 @pytest.mark.parametrize("wrap", [_FakePeft, _Wrapper])
 def test_peft_style_wrappers_are_unwrapped(wrap, monkeypatch, fallback):
     inner = build_model("qwen3-tiny")
@@ -242,6 +258,7 @@ def test_peft_style_wrappers_are_unwrapped(wrap, monkeypatch, fallback):
     assert not any("forward" in m.__dict__ for m in inner.modules())
 
 
+@NORM_MLP
 def test_accelerate_hooked_modules_keep_their_hook(monkeypatch, fallback):
     model = build_model("qwen3-tiny")
     norm = model.model.norm
@@ -264,6 +281,7 @@ def test_accelerate_hooked_modules_keep_their_hook(monkeypatch, fallback):
 
 # -- class level ----------------------------------------------------------------------------------------
 
+@NORM_MLP
 def test_class_level_patch_and_exact_unpatch(monkeypatch, fallback):
     mod = importlib.import_module(QWEN3)
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm as captured   # a from-import made before
@@ -290,6 +308,7 @@ def test_class_level_patch_and_exact_unpatch(monkeypatch, fallback):
     assert norms.calls == []
 
 
+@NORM_MLP
 def test_instance_patch_on_top_of_class_patch_falls_back_to_the_true_original(fallback):
     mod = importlib.import_module(QWEN3)
     original = mod.Qwen3RMSNorm.__dict__["forward"]
@@ -341,6 +360,7 @@ def test_missing_modeling_module_names_the_upgrade(monkeypatch):
         liger_rt.patch("qwen3")
 
 
+@NORM_MLP
 def test_missing_class_or_kernel_raises_when_asked_and_warns_when_default(monkeypatch):
     import dataclasses
     renamed = dataclasses.replace(specs.SPECS["qwen3"], layers={"Qwen3RMSNorm": specs.RMS_NORM,
@@ -360,6 +380,7 @@ def test_missing_class_or_kernel_raises_when_asked_and_warns_when_default(monkey
 
 # -- loss forwards -----------------------------------------------------------------------------------------
 
+@needs("fused_linear_cross_entropy")
 def test_fused_linear_cross_entropy_loss_and_grads_without_logits(monkeypatch, fallback):
     base, new = _pair("qwen3-tiny")
     flce, ce = Counter(monkeypatch, "fused_linear_cross_entropy"), Counter(monkeypatch, "cross_entropy")
@@ -380,6 +401,7 @@ def test_fused_linear_cross_entropy_loss_and_grads_without_logits(monkeypatch, f
     assert isinstance(tup, tuple) and torch.equal(tup[0], got.loss)
 
 
+@needs("fused_linear_cross_entropy")
 def test_logits_stay_when_the_caller_needs_them(monkeypatch, fallback):
     base, new = _pair("qwen3-tiny")
     flce = Counter(monkeypatch, "fused_linear_cross_entropy")
@@ -422,6 +444,7 @@ def test_fused_linear_cross_entropy_interpreter():
     assert out.logits is None
 
 
+@needs("cross_entropy")
 def test_cross_entropy_flag_installs_the_loss_function(monkeypatch, fallback):
     base, new = _pair("llama-tiny")
     ce = Counter(monkeypatch, "cross_entropy")
@@ -434,6 +457,7 @@ def test_cross_entropy_flag_installs_the_loss_function(monkeypatch, fallback):
     assert new.loss_function is LOSS_MAPPING["ForCausalLM"]
 
 
+@needs("fused_linear_cross_entropy")
 def test_class_level_fused_linear_cross_entropy(fallback):
     mod = importlib.import_module(QWEN3)
     original = mod.Qwen3ForCausalLM.__dict__["forward"]
@@ -448,8 +472,19 @@ def test_class_level_fused_linear_cross_entropy(fallback):
     assert model(input_ids=ids, attention_mask=mask, labels=labels).logits is not None
 
 
+@NORM_MLP
 def test_no_warnings_on_a_plain_patch(fallback):
     model = build_model("qwen3-tiny")
     with warnings.catch_warnings():
         warnings.simplefilter("error", core.PatchWarning)
         liger_rt.patch(model)
+
+
+@NORM_MLP
+def test_patched_context_manager_at_class_level(fallback):
+    mod = importlib.import_module(QWEN3)
+    original = mod.Qwen3MLP.__dict__["forward"]
+    with liger_rt.patched("qwen3", rms_norm=False):
+        assert mod.Qwen3MLP.forward is liger_rt.layers.mlp.swiglu_forward
+        assert liger_rt.patch.describe("qwen3")["classes"] == ["Qwen3MLP"]
+    assert mod.Qwen3MLP.forward is original and liger_rt.patch.describe("qwen3") is None
