@@ -204,3 +204,23 @@ def test_plan():
     assert {"rows": 16384, "hidden": 2560} in full and all(d["hidden"] == 2560 for d in full)
     assert rn._plan(get_preset("qwen3-4b"), hopper, quick=True) == [{"rows": 4096, "hidden": 2560}]
     assert rn._plan(None, hopper, quick=True)
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_torch_compile_fullgraph_dynamic(monkeypatch, impl):
+    """Under torch.compile the kernels run as custom ops, dispatched at run time (env respected)."""
+    if impl == "torch":
+        monkeypatch.setenv("LIGER_RT_IMPL_RMS_NORM", "torch")
+        dispatch.reset()
+    calls = []
+    real = rn.rms_norm_fwd
+    monkeypatch.setattr(rn, "rms_norm_fwd", lambda *a: calls.append(1) or real(*a))
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, w: liger_rt.ops.rms_norm(x, w, 1e-6, 1.0) * 2.0, backend="aot_eager",
+                      fullgraph=True, dynamic=True)
+    for rows in (3, 5):   # a second shape: the dynamic graph is reused, dispatch still per call
+        x, w, dy = _inputs((2, rows, 40), torch.float32, seed=rows, w_mean=0.0)
+        outs = _fwd_bwd(f, x, w, dy)
+        refs = _fwd_bwd(lambda a, b: rn.rms_norm_ref(a, b, 1e-6, 1.0) * 2.0, x, w, dy)
+        _check(outs, refs, torch.float32, 2 * rows, f"compiled {impl} rows={rows}")
+    assert (len(calls) == 2) == (impl == "triton")

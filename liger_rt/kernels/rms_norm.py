@@ -226,6 +226,60 @@ class RMSNormFunction(torch.autograd.Function):
         return dx.view(ctx.x_shape), dw, None, None, None
 
 
+# -- the torch.compile path: opaque custom ops --------------------------------------------------------
+# Under torch.compile the kernels run inside custom ops, dispatched at run time exactly like eager
+# calls (so dynamic shapes and env overrides behave the same), and dynamo never traces a launcher.
+# Eager calls keep the autograd.Function above: it costs less per call than the op dispatcher.
+
+@torch.library.custom_op("liger_rt::rms_norm_fwd", mutates_args=())
+def _rms_norm_fwd_op(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (rows, hidden) -> (y, rstd)."""
+    d = OP.select(x, rows=x.shape[0], hidden=x.shape[1])
+    if d.impl == "torch":
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1) + eps)
+        return rms_norm_ref(x, weight, eps, offset), rstd
+    return rms_norm_fwd(x, weight, eps, offset, d.config)
+
+
+@_rms_norm_fwd_op.register_fake
+def _(x, weight, eps, offset):
+    return (x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype)),
+            x.new_empty((x.shape[0],), dtype=torch.float32))
+
+
+@torch.library.custom_op("liger_rt::rms_norm_bwd", mutates_args=())
+def _rms_norm_bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, eps: float,
+                     offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    d = OP.select(x, rows=x.shape[0], hidden=x.shape[1])
+    if d.impl == "torch":   # autograd is off inside an op: the reference's gradients in closed form
+        xhat = x.float() * rstd[:, None]
+        dw = (dy.float() * xhat.to(x.dtype).float()).sum(0).to(weight.dtype)
+        g = dy.float() * (weight.float() + offset)
+        dx = (g - xhat * (g * xhat).mean(-1, keepdim=True)) * rstd[:, None]
+        return dx.to(x.dtype), dw
+    return rms_norm_bwd(dy, x, weight, rstd, offset, d.config)
+
+
+@_rms_norm_bwd_op.register_fake
+def _(dy, x, weight, rstd, eps, offset):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, weight, eps, offset = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.eps, ctx.offset = eps, offset
+
+
+def _rms_norm_backward(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = _rms_norm_bwd_op(dy, x, weight, rstd, ctx.eps, ctx.offset)
+    return dx, dw, None, None
+
+
+_rms_norm_fwd_op.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup)
+
+
 # -- functional --------------------------------------------------------------------------------------
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0) -> torch.Tensor:
@@ -237,6 +291,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: f
     if x.dtype not in DTYPES.values() or x.numel() == 0:
         return rms_norm_ref(x, weight, eps, offset)
     x2 = x.reshape(-1, n)
+    if torch.compiler.is_compiling():
+        y, _ = _rms_norm_fwd_op(x2, weight, float(eps), float(offset))
+        return y.view(*x.shape[:-1], n)
     d = OP.select(x2, rows=x2.shape[0], hidden=n)
     if d.impl == "torch":
         return rms_norm_ref(x, weight, eps, offset)
