@@ -175,3 +175,21 @@ def test_plan():
     hopper = backend.profile("hopper")
     assert sw._plan(get_preset("qwen3-4b"), hopper, quick=True) == [{"rows": 4096, "cols": 9728}]
     assert {"rows": 16384, "cols": 12288} in sw._plan(None, hopper, quick=False)
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_torch_compile_fullgraph_dynamic(monkeypatch, impl):
+    """Under torch.compile the kernels run as custom ops, dispatched at run time (env respected)."""
+    if impl == "torch":
+        monkeypatch.setenv("LIGER_RT_IMPL_SWIGLU", "torch")
+        dispatch.reset()
+    calls = []
+    real = sw.swiglu_fwd
+    monkeypatch.setattr(sw, "swiglu_fwd", lambda *a: calls.append(1) or real(*a))
+    torch._dynamo.reset()
+    f = torch.compile(lambda g, u: liger_rt.ops.swiglu(g, u) * 2.0, backend="aot_eager", fullgraph=True, dynamic=True)
+    for rows in (3, 5):
+        gate, up, dy = _inputs((2, rows, 40), torch.float32, seed=rows)
+        _check(_fwd_bwd(f, gate, up, dy), _fwd_bwd(lambda a, b: sw.swiglu_ref(a, b) * 2.0, gate, up, dy),
+               torch.float32, f"compiled {impl} rows={rows}")
+    assert (len(calls) == 2) == (impl == "triton")

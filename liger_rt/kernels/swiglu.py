@@ -160,6 +160,54 @@ class SwiGLUFunction(torch.autograd.Function):
         return dg, du, None
 
 
+# -- the torch.compile path: opaque custom ops --------------------------------------------------------
+# Under torch.compile the kernels run inside custom ops, dispatched at run time exactly like eager
+# calls (so dynamic shapes and env overrides behave the same), and dynamo never traces a launcher.
+# Eager calls keep the autograd.Function above: it costs less per call than the op dispatcher.
+
+@torch.library.custom_op("liger_rt::swiglu_fwd", mutates_args=())
+def _swiglu_fwd_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gate, up (rows, cols) -> y."""
+    d = OP.select(gate, rows=gate.shape[0], cols=gate.shape[1])
+    if d.impl == "torch":
+        return _swiglu_torch(gate, up)
+    return swiglu_fwd(gate, up, d.config)
+
+
+@_swiglu_fwd_op.register_fake
+def _(gate, up):
+    return gate.new_empty(gate.shape, dtype=torch.promote_types(gate.dtype, up.dtype))
+
+
+@torch.library.custom_op("liger_rt::swiglu_bwd", mutates_args=())
+def _swiglu_bwd_op(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    d = OP.select(gate, rows=gate.shape[0], cols=gate.shape[1])
+    if d.impl == "torch":   # autograd is off inside an op: the gradients in closed form
+        g, u, dyf = gate.float(), up.float(), dy.float()
+        sig = torch.sigmoid(g)
+        du = dyf * (g * sig).to(gate.dtype).float()
+        dg = dyf * u * sig * (1.0 + g * (1.0 - sig))
+        return dg.to(gate.dtype), du.to(up.dtype)
+    return swiglu_bwd(dy, gate, up, d.config)
+
+
+@_swiglu_bwd_op.register_fake
+def _(dy, gate, up):
+    return gate.new_empty(gate.shape), up.new_empty(up.shape)
+
+
+def _swiglu_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _swiglu_backward(ctx, dy):
+    gate, up = ctx.saved_tensors
+    return _swiglu_bwd_op(dy, gate, up)
+
+
+_swiglu_fwd_op.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
+
+
 # -- functional --------------------------------------------------------------------------------------
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -169,6 +217,8 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return _swiglu_torch(gate, up)
     n = gate.shape[-1]
     g2, u2 = gate.reshape(-1, n), up.reshape(-1, n)
+    if torch.compiler.is_compiling():
+        return _swiglu_fwd_op(g2, u2).view(gate.shape)
     d = OP.select(g2, rows=g2.shape[0], cols=n)
     if d.impl == "torch":
         return _swiglu_torch(gate, up)
