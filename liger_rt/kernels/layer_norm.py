@@ -15,6 +15,7 @@ Minimum traffic: fwd 2MN, bwd 3MN.
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -255,6 +256,68 @@ class LayerNormFunction(torch.autograd.Function):
         return dx.view(ctx.x_shape), dw, db, None, None
 
 
+# -- the torch.compile path: opaque custom ops --------------------------------------------------------
+# Under torch.compile the kernels run inside custom ops, dispatched at run time exactly like eager
+# calls (so dynamic shapes, env overrides and DB picks of torch behave the same), and dynamo never
+# traces a launcher.  Eager calls keep the autograd.Function above: it costs less per call.
+
+@torch.library.custom_op("liger_rt::layer_norm_fwd", mutates_args=())
+def _layer_norm_fwd_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (rows, hidden) -> (y, mean, rstd)."""
+    d = OP.select(x, rows=x.shape[0], hidden=x.shape[1])
+    if d.impl == "torch":
+        xf = x.float()
+        mean = xf.mean(-1)
+        rstd = torch.rsqrt((xf - mean[:, None]).pow(2).mean(-1) + eps)
+        return _layer_norm_torch(x, weight, bias, eps), mean, rstd
+    return layer_norm_fwd(x, weight, bias, eps, d.config)
+
+
+@_layer_norm_fwd_op.register_fake
+def _(x, weight, bias, eps):
+    stat = x.new_empty((x.shape[0],), dtype=torch.float32)
+    return x.new_empty(x.shape), stat, torch.empty_like(stat)
+
+
+@torch.library.custom_op("liger_rt::layer_norm_bwd", mutates_args=())
+def _layer_norm_bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                       mean: torch.Tensor, rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (dx, dW, dB); dB is empty when there is no bias."""
+    d = OP.select(x, rows=x.shape[0], hidden=x.shape[1])
+    if d.impl == "torch":   # autograd is off inside an op: the gradients in closed form
+        xhat = (x.float() - mean[:, None]) * rstd[:, None]
+        dyf = dy.float()
+        g = dyf * weight.float()
+        dx = (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True)) * rstd[:, None]
+        dw = (dyf * xhat).sum(0).to(weight.dtype)
+        db = dyf.sum(0).to(bias.dtype) if bias is not None else weight.new_empty(0)
+        return dx.to(x.dtype), dw, db
+    dx, dw, db = layer_norm_bwd(dy, x, weight, bias, mean, rstd, d.config)
+    return dx, dw, db if db is not None else weight.new_empty(0)
+
+
+@_layer_norm_bwd_op.register_fake
+def _(dy, x, weight, bias, mean, rstd):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), \
+        (bias.new_empty(bias.shape) if bias is not None else weight.new_empty(0))
+
+
+def _layer_norm_setup(ctx, inputs, output):
+    x, weight, bias, _ = inputs
+    ctx.save_for_backward(x, weight, bias, output[1], output[2])
+    ctx.has_bias = bias is not None
+
+
+def _layer_norm_backward(ctx, dy, _dmean, _drstd):
+    x, weight, bias, mean, rstd = ctx.saved_tensors
+    dx, dw, db = _layer_norm_bwd_op(dy, x, weight, bias, mean, rstd)
+    return dx, dw, (db if ctx.has_bias else None), None
+
+
+_layer_norm_fwd_op.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup)
+
+
 # -- functional --------------------------------------------------------------------------------------
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
@@ -269,6 +332,8 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     if weight is None or x.dtype not in DTYPES.values() or x.numel() == 0:
         return _layer_norm_torch(x, weight, bias, eps)
     x2 = x.reshape(-1, n)
+    if torch.compiler.is_compiling():
+        return _layer_norm_fwd_op(x2, weight, bias, float(eps))[0].view(x.shape)
     d = OP.select(x2, rows=x2.shape[0], hidden=n)
     if d.impl == "torch":
         return _layer_norm_torch(x, weight, bias, eps)
