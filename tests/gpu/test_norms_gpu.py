@@ -148,3 +148,24 @@ def test_heuristic_arch_profile():
                      ("layer_norm", {"rows": 4096, "hidden": 1152})):
         d = dispatch.select(op, dtype="bf16", **dims)
         assert d.impl == "triton" and d.origin == "heuristic" and d.arch == arch.name, d
+
+
+# -- torch.compile (inductor) around our custom ops -----------------------------------------------------
+
+def test_compiled_model_block_bf16():
+    """A norm -> SwiGLU block under torch.compile(fullgraph, dynamic): custom ops, same numbers as eager."""
+    M, H, I = 2048, 2048, 8192
+    x, w = _rand(M, H, scale=2.0), _rand(H, scale=0.3, shift=1.0, seed=1)
+    wg, wu = _rand(H, I, scale=0.02, seed=2), _rand(H, I, scale=0.02, seed=3)
+    lw, lb = _rand(H, scale=0.3, shift=1.0, seed=4), _rand(H, scale=0.3, seed=5)
+    dy = _rand(M, I, seed=6)
+
+    def block(x, w, lw, lb):
+        h = liger_rt.ops.layer_norm(liger_rt.ops.rms_norm(x, w), lw, lb, 1e-6)
+        return liger_rt.ops.swiglu(h @ wg, h @ wu)
+
+    comp = torch.compile(block, fullgraph=True, dynamic=True)
+    outs = _run(comp, (x, w, lw, lb), dy)
+    refs = _run(block, (x, w, lw, lb), dy)
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        assert_close(o, r, torch.bfloat16, reduce_len=M if i >= 2 else 1, name=f"compiled output {i}")
