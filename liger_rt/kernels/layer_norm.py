@@ -6,8 +6,10 @@ like nn.LayerNorm: statistics and the affine in fp32, one rounding at the end.
     y = liger_rt.ops.layer_norm(x, weight, bias, eps=1e-6)   # x (4, 729, 1152) bf16
 
 Kernels mirror rms_norm.py: ROWS rows per program in the forward (which stores mean and rstd,
-fp32, per row); a persistent backward of about sm_count * progs_per_sm programs writing fp32
-partials of dW and dB (one row per program each), summed by a second kernel.  No atomics.
+fp32, per row); a persistent backward of about sm_count * progs_per_sm programs, the next row
+tile prefetched while the current one computes, writing fp32 partials of dW and dB (one row per
+program each), summed by a second kernel.  No atomics.  Under torch.compile the launchers run
+inside custom ops (liger_rt::layer_norm_fwd/bwd) dispatched at run time.
 PyTorch's own LayerNorm is fast at small hidden sizes; the dispatcher picks `torch` wherever the
 tuning DB measured it faster (the torch implementation is registered and timed by sweeps).
 Minimum traffic: fwd 2MN, bwd 3MN.

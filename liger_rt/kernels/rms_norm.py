@@ -13,11 +13,14 @@ Kernels
 - forward: ROWS rows per program (ROWS > 1 only for small hidden), BLOCK_N = next_pow2(hidden);
   stores rstd (fp32, one per row) for the backward.
 - backward: persistent, about sm_count * progs_per_sm programs, each owning a contiguous chunk
-  of rows that it walks bwd_ROWS rows at a time (optionally software-pipelined through
-  tl.range(num_stages=bwd_stages)); dx is written per row, dW is accumulated in fp32 registers
-  and written as one fp32 partial row per program, then a second kernel sums the partials and
-  casts to the weight dtype.  No atomics.  Minimum traffic: fwd reads x, writes y (2MN); bwd
-  reads dy and x, writes dx (3MN).
+  of rows that it walks bwd_ROWS rows at a time, with the next tile's loads in flight while the
+  current one computes (bwd_prefetch: register double buffering; or bwd_stages > 1: cp.async
+  pipelining by tl.range); dx is written per row, dW is accumulated in fp32 registers and written
+  as one fp32 partial row per program, then a second kernel sums the partials and casts to the
+  weight dtype.  No atomics.  Minimum traffic: fwd reads x, writes y (2MN); bwd reads dy and x,
+  writes dx (3MN).
+- under torch.compile the same launchers run inside custom ops (liger_rt::rms_norm_fwd/bwd),
+  dispatched at run time, so graphs stay whole (fullgraph, dynamic shapes).
 """
 from __future__ import annotations
 
