@@ -127,12 +127,13 @@ def test_instance_patch_matches_unpatched_torch_fallback(preset, fallback):
     assert info["patched"] == {"rms_norm": n_norms, "swiglu": 2}
 
 
-def test_instance_patch_matches_unpatched_interpreter():
+@pytest.mark.parametrize("preset,vocab", [("qwen3-4b-tiny", 199), ("llama-tiny", 160)])
+def test_instance_patch_matches_unpatched_interpreter(preset, vocab):
     pytest.importorskip("liger_rt.kernels.rms_norm")
     pytest.importorskip("liger_rt.kernels.swiglu")
-    base, new = _pair("qwen3-4b-tiny")            # odd sizes: hidden 80, intermediate 136, vocab 199
+    base, new = _pair(preset)                     # qwen3-4b-tiny: odd sizes (hidden 80, intermediate 136, vocab 199)
     liger_rt.patch(new)
-    ids, mask, labels = _inputs(vocab=199)
+    ids, mask, labels = _inputs(vocab=vocab)
     _assert_same(base, new, ids, mask, labels, atol=2e-5)
     decisions = [d for name in ("rms_norm", "swiglu") for d in dispatch.get_op(name)._memo.values()]
     assert decisions, "patched layers never reached the dispatcher"
