@@ -3,6 +3,7 @@
     python benchmarks/bench_norms.py             # full run (~3 min on the H200, torch.compile included)
     python benchmarks/bench_norms.py --quick     # one shape per op, no torch.compile
     python benchmarks/bench_norms.py --tune      # time every candidate config per shape, print the best
+    python benchmarks/bench_norms.py --regs      # no GPU: sm_90 registers/spills of every candidate
 
 Implementations: `liger_rt` (liger_rt.ops, whatever dispatch picks: DB, else the heuristic),
 `triton` (our Function with the decision LIGER_RT_IMPL_<OP>=triton gives: DB config, else the
@@ -315,6 +316,80 @@ def tune(H_, dtype, quick: bool):
     return out
 
 
+# -- --regs: register use per candidate, compiled offline for sm_90 (no GPU needed) ----------------------
+
+def regs(hidden_sizes=(1152, 2048, 4096, 8192), swiglu_cols=(8192, 12288)) -> list[dict]:
+    """Compile every hopper candidate with Triton's bundled ptxas and report registers, spills
+    (local bytes), shared memory and whether cp.async pipelining happened.  Two 8-warp programs
+    per SM need <= 128 registers, three <= 85."""
+    import re
+    import subprocess
+    import tempfile
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from liger_rt import backend
+    from liger_rt.kernels import layer_norm as ln
+    from liger_rt.kernels import rms_norm as rn
+    from liger_rt.kernels import swiglu as sw
+    target, arch = GPUTarget("cuda", 90, 32), backend.profile("hopper")
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    aligned = [["tt.divisibility", 16]]
+
+    def build(fn, sig, consts, num_warps, n):
+        # what a launch specializes: 16-aligned pointers, strides and N (when N % 16 == 0); M and
+        # rows_per_prog are do_not_specialize
+        sig = {**sig, **{k: "constexpr" for k in consts}}
+        attrs = {(fn.arg_names.index(k),): aligned for k, t in sig.items()
+                 if t.startswith("*") or k.startswith("stride") or (k == "N" and n % 16 == 0)}
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=target,
+                           options={"num_warps": num_warps})
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        m = re.search(r"REG:(\d+).*LOCAL:(\d+)", usage)
+        return {"regs": int(m.group(1)) if m else None, "local": int(m.group(2)) if m else None,
+                "smem": k.metadata.shared, "cp_async": "cp.async" in k.asm["ptx"]}
+
+    t, f32 = "*bf16", "*fp32"
+    rows = []
+    for op, mod in (("rms_norm", rn), ("layer_norm", ln)):
+        for n in hidden_sizes:
+            e = triton.next_power_of_2(n)
+            for cfg in mod.OP.candidates(mod.OP.impl("triton"), arch, {"rows": 16384, "hidden": n}, torch.bfloat16):
+                bwd = {"BLOCK_N": e, "ROWS": cfg["bwd_ROWS"], "STAGES": cfg["bwd_stages"],
+                       "PREFETCH": bool(cfg["bwd_prefetch"]), "RNE_BF16": False}
+                if op == "rms_norm":
+                    fr = build(rn._rms_norm_fwd_kernel, {"X": t, "W": t, "Y": t, "RSTD": f32, "stride_x": "i32",
+                               "stride_y": "i32", "M": "i32", "N": "i32", "eps": "fp32", "offset": "fp32"},
+                               {"BLOCK_N": e, "ROWS": cfg["ROWS"], "RNE_BF16": False}, cfg["num_warps"], n)
+                    br = build(rn._rms_norm_bwd_kernel, {"DY": t, "X": t, "W": t, "RSTD": f32, "DX": t, "DW_PART": f32,
+                               "stride_dy": "i32", "stride_x": "i32", "stride_dx": "i32", "M": "i32", "N": "i32",
+                               "rows_per_prog": "i32", "offset": "fp32"}, bwd, cfg["bwd_num_warps"], n)
+                else:
+                    fr = build(ln._layer_norm_fwd_kernel, {"X": t, "W": t, "B": t, "Y": t, "MEAN": f32, "RSTD": f32,
+                               "stride_x": "i32", "stride_y": "i32", "M": "i32", "N": "i32", "eps": "fp32"},
+                               {"BLOCK_N": e, "ROWS": cfg["ROWS"], "HAS_BIAS": True, "RNE_BF16": False}, cfg["num_warps"], n)
+                    br = build(ln._layer_norm_bwd_kernel, {"DY": t, "X": t, "W": t, "MEAN": f32, "RSTD": f32, "DX": t,
+                               "DW_PART": f32, "DB_PART": f32, "stride_dy": "i32", "stride_x": "i32", "stride_dx": "i32",
+                               "M": "i32", "N": "i32", "rows_per_prog": "i32"}, {**bwd, "HAS_BIAS": True},
+                               cfg["bwd_num_warps"], n)
+                rows.append({"op": op, "N": n, "config": str(cfg), **{f"fwd_{k}": v for k, v in fr.items()},
+                             **{f"bwd_{k}": v for k, v in br.items()}})
+    for n in swiglu_cols:
+        for cfg in sw.OP.candidates(sw.OP.impl("triton"), arch, {"rows": 16384, "cols": n}, torch.bfloat16):
+            c = {"BLOCK_N": cfg["BLOCK_N"], "ROWS": cfg["ROWS"], "RNE_BF16": False}
+            fr = build(sw._swiglu_fwd_kernel, {"G": t, "U": t, "Y": t, "stride_g": "i32", "stride_u": "i32",
+                       "stride_y": "i32", "M": "i32", "N": "i32"}, c, cfg["num_warps"], n)
+            br = build(sw._swiglu_bwd_kernel, {"DY": t, "G": t, "U": t, "DG": t, "DU": t, "stride_dy": "i32",
+                       "stride_g": "i32", "stride_u": "i32", "stride_dg": "i32", "stride_du": "i32", "M": "i32",
+                       "N": "i32"}, c, cfg["bwd_num_warps"], n)
+            rows.append({"op": "swiglu", "N": n, "config": str(cfg), **{f"fwd_{k}": v for k, v in fr.items()},
+                         **{f"bwd_{k}": v for k, v in br.items()}})
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="one shape per op, no torch.compile")
@@ -323,7 +398,16 @@ def main(argv=None) -> int:
     ap.add_argument("--op", action="append", choices=("rms_norm", "swiglu", "layer_norm"),
                     help="only these ops (repeatable)")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    ap.add_argument("--regs", action="store_true",
+                    help="no GPU needed: compile every hopper candidate for sm_90, print registers/spills/smem")
     args = ap.parse_args(argv)
+    if args.regs:
+        os.environ.pop("TRITON_INTERPRET", None)   # read when the kernels are decorated: before the import
+        import _harness as H_
+        rows = regs()
+        H_.print_table(rows, ["op", "N", "fwd_regs", "fwd_local", "bwd_regs", "bwd_local", "bwd_smem",
+                              "bwd_cp_async", "config"])
+        return 0
     if not torch.cuda.is_available():
         print("bench_norms: no CUDA/ROCm device here; run it on the GPU (the H200): "
               "python benchmarks/bench_norms.py [--quick|--tune]")
