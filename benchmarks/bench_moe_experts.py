@@ -287,14 +287,15 @@ def tune(H_, statics, tokens):
             dgu = torch.randn(S, 2 * I, device=DEVICE, dtype=torch.bfloat16) * 0.1
             slot = torch.empty(S, H, device=DEVICE, dtype=torch.bfloat16)
             dwp = torch.empty(S, I, device=DEVICE, dtype=torch.float32)
+            hw = torch.empty_like(h)
             d1, d2 = torch.empty_like(gud), torch.empty_like(dnd)
             launch = {
                 "up": lambda c: M.launch_up_fwd(xd, gud, route, c, h, g2),
-                "up_bwd": lambda c: M.launch_up_bwd(dyd, dnd, g2, h, wf, route, c, dgu, dwp),
+                "up_bwd": lambda c: M.launch_up_bwd(dyd, dnd, g2, h, wf, route, c, dgu, dwp, hw),
                 "down": lambda c: (M.launch_down(h, dnd, (H * I, 1, I), slot, wf, route, c),
                                    M.launch_down(dgu, gud, (2 * I * H, H, 1), slot, None, route, c)),
-                "wgrad": lambda c: (M.launch_wgrad(dgu, xd, d1, wf, route, c, a_gather=False, b_gather=True, scale_a=False),
-                                    M.launch_wgrad(dyd, h, d2, wf, route, c, a_gather=True, b_gather=False, scale_a=True)),
+                "wgrad": lambda c: (M.launch_wgrad(dgu, xd, d1, route, c, a_gather=False, b_gather=True),
+                                    M.launch_wgrad(dyd, hw, d2, route, c, a_gather=True, b_gather=False)),
             }
             best = {}
             for fam, fn in launch.items():
@@ -324,7 +325,7 @@ def tune(H_, statics, tokens):
                     out.append({"op": "moe_experts", "half": "fwdbwd", "shape": shape, "family": "assembled",
                                 "config": json.dumps(combo, sort_keys=True), "ms": ms, "error": ""})
             print(f"  heuristic {json.dumps(M._heuristic(arch, dims, torch.bfloat16), sort_keys=True)}")
-            del case, route, h, g2, dgu, slot, dwp, d1, d2
+            del case, route, h, g2, dgu, slot, dwp, hw, d1, d2
             torch.cuda.empty_cache()
     return out
 

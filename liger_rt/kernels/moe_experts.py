@@ -40,8 +40,8 @@ Backward (dy (T, H)):
    dtype, then summed over k like step 4 (no atomics).
 7. dW: one grouped "weight-gradient" kernel per weight, an fp32 accumulator per (expert,
    tile) looping over that expert's rows: dW_gate_up[e] = dgu_e^T @ x[tokens_e] (x gathered),
-   dW_down[e] = (w * dy[tokens_e])^T @ h_e (dy gathered and scaled in the loads). Experts with
-   no rows get zeros.
+   dW_down[e] = dy[tokens_e]^T @ hw_e (dy gathered; hw = w * h written by step 5, so neither
+   operand needs a register pass). Experts with no rows get zeros.
 Every GEMM is ``tl.dot`` with fp32 accumulation. ``DOT_FP32`` (constexpr) upcasts loaded tiles
 to fp32 for fp32 inputs and for bf16 under the Triton interpreter, whose bf16 arithmetic is
 wrong (NOTES.md); on a GPU bf16/fp16 tiles feed the tensor cores directly.
@@ -291,12 +291,17 @@ def _moe_down_kernel(
 
 @triton.jit(do_not_specialize=["n_tiles_m"])
 def _moe_up_bwd_kernel(
-    dy_ptr, w_ptr, gu_ptr, h_ptr, scale_ptr, dgu_ptr, dwp_ptr, perm_ptr, tile_ptr, bounds_ptr,
+    dy_ptr, w_ptr, gu_ptr, h_ptr, scale_ptr, dgu_ptr, dwp_ptr, hw_ptr, perm_ptr, tile_ptr, bounds_ptr,
     n_tiles_m, H, I, TOP_K,
-    NEED_DW: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+    NEED_DW: tl.constexpr, STORE_HW: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
+    PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    """g = dy[tok_r] @ down[e] (fp32); dw partial <g, h>; dgate/dup through SwiGLU of w * g."""
+    """g = dy[tok_r] @ down[e] (fp32); dw partial <g, h>; dgate/dup through SwiGLU of w * g.
+
+    STORE_HW also writes hw = w * h (the scaled A^T of dW_down) while the h tile is in registers,
+    so the dW_down GEMM streams both operands straight into shared memory (a scale applied in its
+    loads would route them through registers) at the cost of one (S, I) write."""
     pid = tl.program_id(0)
     n_tiles_n = tl.cdiv(I, BLOCK_N)
     pid_m, pid_n = _tile_swizzle(pid, n_tiles_m, n_tiles_n, GROUP_M)
@@ -331,10 +336,15 @@ def _moe_up_bwd_kernel(
         p_w += BLOCK_K * I
     o_r = o_m.to(tl.int64)
     m_o = m_m[:, None] & (o_n < I)[None, :]
-    if NEED_DW:
+    b_w = tl.load(scale_ptr + slot, mask=m_m, other=0.0).to(tl.float32)
+    if NEED_DW or STORE_HW:
         b_h = tl.load(h_ptr + o_r[:, None] * I + o_n[None, :], mask=m_o, other=0.0).to(tl.float32)
-        tl.store(dwp_ptr + slot.to(tl.int64) * n_tiles_n + pid_n, tl.sum(acc * b_h, axis=1), mask=m_m)
-    b_dh = acc * tl.load(scale_ptr + slot, mask=m_m, other=0.0).to(tl.float32)[:, None]
+        if NEED_DW:
+            tl.store(dwp_ptr + slot.to(tl.int64) * n_tiles_n + pid_n, tl.sum(acc * b_h, axis=1), mask=m_m)
+        if STORE_HW:
+            tl.store(hw_ptr + o_r[:, None] * I + o_n[None, :], (b_h * b_w[:, None]).to(hw_ptr.dtype.element_ty),
+                     mask=m_o)
+    b_dh = acc * b_w[:, None]
     p_gu = gu_ptr + o_r[:, None] * (2 * I) + o_n[None, :]
     b_g = tl.load(p_gu, mask=m_o, other=0.0).to(tl.float32)
     b_u = tl.load(p_gu + I, mask=m_o, other=0.0).to(tl.float32)
@@ -348,17 +358,15 @@ def _moe_up_bwd_kernel(
 
 @triton.jit
 def _moe_wgrad_kernel(
-    a_ptr, b_ptr, out_ptr, scale_ptr, perm_ptr, bounds_ptr,
+    a_ptr, b_ptr, out_ptr, perm_ptr, bounds_ptr,
     M, N, lda, ldb, TOP_K,
-    A_GATHER: tl.constexpr, B_GATHER: tl.constexpr, SCALE_A: tl.constexpr, DOT_FP32: tl.constexpr,
-    PRECISION: tl.constexpr,
+    A_GATHER: tl.constexpr, B_GATHER: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """out[e, m, n] = sum over the rows r of expert e of A[r, m] * B[r, n] (fp32 accumulator).
 
-    A row r is a[tok_r] when A_GATHER else a[r] (sorted order), likewise B; SCALE_A multiplies
-    A rows by the routing weight of their slot. dW_gate_up: A = dgu, B = x gathered;
-    dW_down: A = dy gathered and scaled, B = h."""
+    A row r is a[tok_r] when A_GATHER else a[r] (sorted order), likewise B.
+    dW_gate_up: A = dgu, B = x gathered; dW_down: A = dy gathered, B = hw = w * h."""
     pid = tl.program_id(0)
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
@@ -386,11 +394,6 @@ def _moe_wgrad_kernel(
             row_b = o_r.to(tl.int64)
         a = tl.load(a_ptr + row_a[None, :] * lda + o_mw[:, None], mask=m_r[None, :], other=0.0)
         b = tl.load(b_ptr + row_b[:, None] * ldb + o_nw[None, :], mask=m_r[:, None], other=0.0)
-        if SCALE_A:
-            s = tl.load(scale_ptr + slot, mask=m_r, other=0.0).to(tl.float32)
-            a = a.to(tl.float32) * s[None, :]
-            if not DOT_FP32:
-                a = a.to(a_ptr.dtype.element_ty)
         if DOT_FP32:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -491,26 +494,26 @@ def launch_down(a, w, w_strides: tuple[int, int, int], out, scale, route: _Routi
         **_launch_opts(c))
 
 
-def launch_up_bwd(dy, down_proj, gu, h, w_flat, route: _Routing, c: dict, dgu, dwp=None) -> None:
-    """dgu (S, 2I) <- SwiGLU'(w * dy[tokens] @ down[e]); dwp (S, I/BLOCK_N) <- partials of d weights."""
+def launch_up_bwd(dy, down_proj, gu, h, w_flat, route: _Routing, c: dict, dgu, dwp=None, hw=None) -> None:
+    """dgu (S, 2I) <- SwiGLU'(w * dy[tokens] @ down[e]); dwp (S, I/BLOCK_N) <- partials of d weights;
+    hw (S, I) <- w * h."""
     H, I = dy.shape[1], h.shape[1]
     dot_fp32, prec = _dot_flags(dy.dtype, dy.device)
     meta, n_m = route.tiles(c["BLOCK_M"])
     _moe_up_bwd_kernel[(n_m * triton.cdiv(I, c["BLOCK_N"]),)](
-        dy, down_proj, gu, h, w_flat, dgu, dgu if dwp is None else dwp, route.perm, meta, route.bounds, n_m,
-        H, I, route.K, NEED_DW=dwp is not None, EVEN_K=H % c["BLOCK_K"] == 0, DOT_FP32=dot_fp32, PRECISION=prec,
-        **_launch_opts(c))
+        dy, down_proj, gu, h, w_flat, dgu, dgu if dwp is None else dwp, dgu if hw is None else hw, route.perm, meta,
+        route.bounds, n_m, H, I, route.K, NEED_DW=dwp is not None, STORE_HW=hw is not None,
+        EVEN_K=H % c["BLOCK_K"] == 0, DOT_FP32=dot_fp32, PRECISION=prec, **_launch_opts(c))
 
 
-def launch_wgrad(a, b, out, w_flat, route: _Routing, c: dict, *, a_gather: bool, b_gather: bool,
-                 scale_a: bool) -> None:
+def launch_wgrad(a, b, out, route: _Routing, c: dict, *, a_gather: bool, b_gather: bool) -> None:
     """out (E, M, N) <- per expert sum over its rows of A[r]^T B[r] (A, B gathered by token or sorted)."""
     E, M, N = out.shape
     dot_fp32, prec = _dot_flags(a.dtype, a.device)
     grid = (E * triton.cdiv(M, c["BLOCK_M"]) * triton.cdiv(N, c["BLOCK_N"]),)
     _moe_wgrad_kernel[grid](
-        a, b, out, w_flat, route.perm, route.bounds, M, N, a.shape[1], b.shape[1], route.K,
-        A_GATHER=a_gather, B_GATHER=b_gather, SCALE_A=scale_a, DOT_FP32=dot_fp32, PRECISION=prec,
+        a, b, out, route.perm, route.bounds, M, N, a.shape[1], b.shape[1], route.K,
+        A_GATHER=a_gather, B_GATHER=b_gather, DOT_FP32=dot_fp32, PRECISION=prec,
         **_launch_opts(c))
 
 
@@ -548,7 +551,8 @@ def moe_experts_bwd(dy: torch.Tensor, x: torch.Tensor, gate_up_proj: torch.Tenso
     dwp = None
     if need_dw:
         dwp = torch.empty(S, triton.cdiv(I, config["up_bwd"]["BLOCK_N"]), device=x.device, dtype=torch.float32)
-    launch_up_bwd(dy, down_proj, gu, h, w_flat, route, config["up_bwd"], dgu, dwp)
+    hw = torch.empty(S, I, device=x.device, dtype=x.dtype) if need_ddown else None
+    launch_up_bwd(dy, down_proj, gu, h, w_flat, route, config["up_bwd"], dgu, dwp, hw)
     if need_dw:
         dw = dwp.sum(1).view(T, K)
     if need_dx:
@@ -558,10 +562,10 @@ def moe_experts_bwd(dy: torch.Tensor, x: torch.Tensor, gate_up_proj: torch.Tenso
         dx = _sum_k(dx_slot, T, K)
     if need_dgu:
         dgate_up = torch.empty_like(gate_up_proj)
-        launch_wgrad(dgu, x, dgate_up, w_flat, route, config["wgrad"], a_gather=False, b_gather=True, scale_a=False)
+        launch_wgrad(dgu, x, dgate_up, route, config["wgrad"], a_gather=False, b_gather=True)
     if need_ddown:
         ddown = torch.empty_like(down_proj)
-        launch_wgrad(dy, h, ddown, w_flat, route, config["wgrad"], a_gather=True, b_gather=False, scale_a=True)
+        launch_wgrad(dy, hw, ddown, route, config["wgrad"], a_gather=True, b_gather=False)
     return dx, dgate_up, ddown, dw
 
 
