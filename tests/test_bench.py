@@ -206,12 +206,30 @@ def test_normalize_kernel_rows_against_measured_ceilings():
     ours = out[2]
     assert ours["case"] == "dtype=bfloat16,batch=8,seq=4096,hidden=2048,kernel=3" == out[0]["case"]
     assert ours["ceiling"] == "copy" and ours["frac_ceiling"] == pytest.approx(1.0)     # 4000 / 4000 measured
-    assert ours["vs_eager"] == pytest.approx(2.0) and ours["peak_GB"] == 0.2 and "BLOCK_T" in ours["config"]
+    assert ours["vs_baseline"] == pytest.approx(2.0) and ours["peak_GB"] == 0.2 and "BLOCK_T" in ours["config"]
     flce = out[5]
     assert flce["case"] == "shape=BT8192_H2048_V65536,dtype=bf16"
     assert flce["ceiling"] == "matmul" and flce["frac_ceiling"] == pytest.approx(0.8)
-    assert flce["vs_eager"] == pytest.approx(2.0) and flce["peak_GB"] == 0.4 and flce["ms"] == 10.0
+    assert flce["vs_baseline"] == pytest.approx(2.0) and flce["peak_GB"] == 0.4 and flce["ms"] == 10.0
     assert out[6]["error"].startswith("ImportError") and out[6]["ms"] is None
+
+
+def test_normalize_moe_rows_compare_with_hf_grouped_mm():
+    """bench_moe_experts.py layout: per-case routing statistics stay out of the label."""
+    point = dict(op="moe_experts", dtype="bf16", experts="32", top_k="4", hidden="2048", intermediate="1792",
+                 tokens="512", routing="uniform", rows_per_expert="64.0")
+    rows = [{**point, "impl": "hf_grouped_mm", "max_rows_expert": "80", "empty_experts": "0", "fwd_ms": "1.0",
+             "fwd_TFLOPs": "100", "fwdbwd_ms": "3.0", "fwdbwd_TFLOPs": "100", "peak_gb": "", "error": ""},
+            {**point, "impl": "triton", "max_rows_expert": "80", "empty_experts": "0", "fwd_ms": "0.5",
+             "fwd_TFLOPs": "200", "fwdbwd_ms": "2.0", "fwdbwd_TFLOPs": "150", "peak_gb": "", "error": "",
+             "config": "{'BLOCK_M': 64}"},
+            {**point, "impl": "liger_kernel", "fwd_ms": "", "fwdbwd_ms": "", "error": "RuntimeError: shape"}]
+    out = B.normalize_kernel_rows(rows, "moe_experts", {"copy_GBps": 4000.0, "bf16_matmul_TFLOPs": 750.0})
+    assert out[0]["case"] == "dtype=bf16,experts=32,top_k=4,hidden=2048,intermediate=1792,tokens=512,routing=uniform"
+    tri = {r["pass"]: r for r in out if r["impl"] == "triton"}
+    assert tri["fwdbwd"]["vs_baseline"] == pytest.approx(1.5) and tri["fwdbwd"]["frac_ceiling"] == pytest.approx(0.2)
+    assert tri["fwd"]["case"] == out[0]["case"] and tri["fwd"]["peak_GB"] is None
+    assert out[-1]["impl"] == "liger_kernel" and out[-1]["error"] == "RuntimeError: shape"
 
 
 def test_kernel_scripts_resolution_and_run(tmp_path, monkeypatch):

@@ -289,11 +289,13 @@ _TFLOPS = re.compile(r"^(?P<p>.*?)_?(tflops|tflop_s|tflop/s)$", re.I)
 _MEM = re.compile(r"(peak|mem).*_?gb$|_gb$", re.I)
 # derived or reference figures, never this run's measurement: the fraction is recomputed here
 _SKIP = re.compile(r"(frac|pct|percent|ceiling|speedup|ratio|vs_|err|rmse|target|anchor|^ok$|meets)", re.I)
-_NOT_LABEL = ("config", "origin", "error", "desc", "description", "note", "notes", "reason")
+# columns that describe a row but do not name its case (so every arm of a case shares one label)
+_NOT_LABEL = re.compile(r"^(config|origin|error|desc|description|notes?|reason)$|^(max|min)_|empty|count", re.I)
 _OP_COLS = ("op", "kind")
 _IMPL_COLS = ("impl", "provider", "implementation", "backend", "method", "peer", "arm")
 _PASS_COLS = ("pass", "mode", "direction", "variant", "phase")
-_REF_IMPLS = ("eager", "torch", "pytorch", "reference", "ref", "baseline")
+# the PyTorch / Hugging Face path each case is compared with (vs_baseline = its ms / ms)
+_REF_IMPLS = ("eager", "hf_grouped_mm", "hf", "torch", "pytorch", "reference", "ref", "baseline")
 OP_ALIASES = {"flce": "fused_linear_cross_entropy", "ce": "cross_entropy", "rmsnorm": "rms_norm",
               "layernorm": "layer_norm", "router": "moe_router", "experts": "moe_experts", "conv": "short_conv"}
 
@@ -331,7 +333,7 @@ def normalize_kernel_rows(rows: list[dict], bench: str, ceilings: dict | None) -
         mem = None
         for k, v in r.items():
             if k is None or k in VERSION_COLS or k in _OP_COLS or k in _IMPL_COLS or k in _PASS_COLS \
-                    or k.lower() in _NOT_LABEL:
+                    or _NOT_LABEL.search(k):
                 continue
             for kind, rx in (("ms", _TIME), ("GBps", _GBPS), ("TFLOPs", _TFLOPS)):
                 m = rx.match(k)
@@ -367,14 +369,18 @@ def normalize_kernel_rows(rows: list[dict], bench: str, ceilings: dict | None) -
                 row["ceiling"], row["frac_ceiling"] = "", None
             row.update(extra)
             out.append(row)
-    # speed against the PyTorch reference of the same case and pass
-    ref = {}
+    # speed against the PyTorch / HF path of the same case and pass (the first of _REF_IMPLS present)
+    ref: dict = {}
     for row in out:
-        if str(row["impl"]).lower() in _REF_IMPLS and row["ms"]:
-            ref.setdefault((row["bench"], row["op"], row["case"], row["pass"]), row["ms"])
+        name = str(row["impl"]).lower()
+        if name in _REF_IMPLS and row["ms"]:
+            key = (row["bench"], row["op"], row["case"], row["pass"])
+            rank = _REF_IMPLS.index(name)
+            if key not in ref or rank < ref[key][0]:
+                ref[key] = (rank, row["ms"])
     for row in out:
-        base = ref.get((row["bench"], row["op"], row["case"], row["pass"]))
-        row["vs_eager"] = base / row["ms"] if base and row["ms"] else None
+        base = ref.get((row["bench"], row["op"], row["case"], row["pass"]), (None, None))[1]
+        row["vs_baseline"] = base / row["ms"] if base and row["ms"] else None
     return out
 
 
@@ -388,7 +394,8 @@ def _op_matches(row_op: str, keep: set[str]) -> bool:
     return any(canon.replace("_", "") == k.replace("_", "") for k in keep)
 
 
-KERNEL_COLS = ["bench", "op", "impl", "case", "pass", "ms", "GBps", "TFLOPs", "ceiling", "frac_ceiling", "vs_eager"]
+KERNEL_COLS = ["bench", "op", "impl", "case", "pass", "ms", "GBps", "TFLOPs", "ceiling", "frac_ceiling",
+               "vs_baseline"]
 
 
 def run_kernel_bench(ops: list[str] | None = None, *, quick: bool = False, out_dir: str | Path | None = None,
@@ -443,12 +450,12 @@ def run_kernel_bench(ops: list[str] | None = None, *, quick: bool = False, out_d
     echo("")
     echo(f"kernels on {ceil['device']} (ceilings measured in this run: copy {ceil['copy_GBps']:.0f} GB/s, "
          f"bf16 matmul {ceil['bf16_matmul_TFLOPs']:.0f} TFLOP/s; frac = fraction of the binding ceiling; "
-         f"vs_eager = eager ms / ms)")
+         f"vs_base = ms of the PyTorch/HF arm (eager, hf_grouped_mm) / ms)")
     cols = KERNEL_COLS + (["peak_GB"] if any(r.get("peak_GB") is not None for r in combined) else [])
     cols += ["error"] if any(r.get("error") for r in combined) else []
     shown = sorted(combined, key=lambda r: (stems.index(r["bench"]), r["op"], r["case"], r["pass"]))
     echo(format_table(shown, cols, {"frac_ceiling": "frac", "GBps": "GB/s", "TFLOPs": "TFLOP/s",
-                                    "peak_GB": "peak GB"}))
+                                    "peak_GB": "peak GB", "vs_baseline": "vs_base"}))
     if combined:
         path = write_rows_csv(combined, out_dir / "kernels_combined.csv")
         echo(f"wrote {path}")
