@@ -401,7 +401,8 @@ KERNEL_COLS = ["bench", "op", "impl", "case", "pass", "ms", "GBps", "TFLOPs", "c
 def run_kernel_bench(ops: list[str] | None = None, *, quick: bool = False, out_dir: str | Path | None = None,
                      benchmarks: str | None = None, echo: Callable[[str], None] = click.echo) -> list[dict]:
     """Run the kernel benchmark scripts for `ops` (default: every script present), measure the
-    ceilings, and return the combined long rows (also written to OUT_DIR/kernels_combined.csv)."""
+    ceilings, and return the combined long rows, also written to OUT_DIR/kernels_combined.csv
+    (a subset: kernels_<script>-<script>.csv; --quick adds _quick)."""
     import torch
     if not torch.cuda.is_available():
         raise RuntimeError(_no_gpu_message("bench kernels"))
@@ -457,7 +458,8 @@ def run_kernel_bench(ops: list[str] | None = None, *, quick: bool = False, out_d
     echo(format_table(shown, cols, {"frac_ceiling": "frac", "GBps": "GB/s", "TFLOPs": "TFLOP/s",
                                     "peak_GB": "peak GB", "vs_baseline": "vs_base"}))
     if combined:
-        path = write_rows_csv(combined, out_dir / "kernels_combined.csv")
+        what = "combined" if not ops else "-".join(stems)
+        path = write_rows_csv(combined, out_dir / f"kernels_{what}{'_quick' if quick else ''}.csv")
         echo(f"wrote {path}")
     failed = [f"{s['bench']} (exit {s['rc']})" if s["rc"] else f"{s['bench']} (wrote no CSV)"
               for s in status if s["rc"] != 0 or not s["csv"]]
@@ -1021,7 +1023,8 @@ def bench():
                    "losses). Default: every benchmarks/bench_*.py present.")
 @click.option("--quick", is_flag=True, help="Pass --quick to each script (fewer shapes, shorter timing).")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
-              help="Folder for the scripts' CSVs and kernels_combined.csv (default: benchmarks/results).")
+              help="Folder for the scripts' CSVs and the combined CSV (default: benchmarks/results): "
+                   "kernels_combined.csv, kernels_<scripts>.csv for an --op subset, _quick with --quick.")
 @click.option("--benchmarks", default=None, type=click.Path(file_okay=False),
               help="The benchmarks/ folder of a liger_rt checkout (default: found from the cwd).")
 def kernels(ops, quick, out_dir, benchmarks):
