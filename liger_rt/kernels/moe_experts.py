@@ -15,10 +15,10 @@ Three implementations on one Op:
 - ``torch``: the loop-over-experts reference in fp32 (tests, parity, the fallback).
 
 Design of the fused path (S = tokens * k routed slots, slot s = t * k + j):
-1. routing metadata (torch, no host sync): a stable sort of the S slots by expert gives
-   ``perm`` (sorted row -> slot) and ``bounds`` (E+1 row offsets per expert); a per-BLOCK_M tile
-   schedule (tile -> expert, first row) is derived with cumsum/searchsorted. The grid is
-   launched for an upper bound of tiles; tiles past the real count return at once.
+1. routing metadata (no host sync): a stable torch sort of the S slots by expert gives
+   ``perm`` (sorted row -> slot) and ``bounds`` (E+1 row offsets per expert, searchsorted); a
+   per-BLOCK_M tile schedule (tile -> expert, first row) comes from one small Triton launch.
+   GEMM grids are launched for an upper bound of tiles; tiles past the real count return at once.
 2. up GEMM: rows of x are gathered by token *inside the A-operand loads* (no permuted copy of
    x); two accumulators (gate columns n and up columns I+n of the same expert) share every A
    tile; the epilogue applies SwiGLU and stores h (S, I) in the input dtype, in sorted order,
@@ -146,14 +146,15 @@ def _torch_at_least(major: int, minor: int) -> bool:
 def _grouped_mm_available(target) -> bool:
     """CUDA/ROCm only (never CPU, never the interpreter), and only where the op exists and runs.
 
-    With a GPU present a tiny launch decides. For planning without one (``liger-tune explain
-    --arch``) the rules of the op: torch._grouped_mm of torch <= 2.8 is sm90-only; torch >= 2.9
-    supports sm80+ (NVIDIA) and gfx942/gfx950 (ROCm)."""
+    With a GPU present a tiny launch decides (once per device). For planning without one
+    (``liger-tune explain --arch``), or while a CUDA graph is being captured, the rules of the
+    op: torch._grouped_mm of torch <= 2.8 is sm90-only; torch >= 2.9 supports sm80+ (NVIDIA) and
+    gfx942/gfx950 (ROCm)."""
     if target.device_type != "cuda" or _grouped_mm_fn() is None:
         return False
-    if backend.gpu_present():
-        return _grouped_mm_probe(torch.cuda.current_device())
     arch = target.arch
+    if backend.gpu_present() and backend.detect().name == arch.name and not torch.cuda.is_current_stream_capturing():
+        return _grouped_mm_probe(torch.cuda.current_device())
     if arch.vendor == "nvidia":
         sm = int(arch.capability[2:]) if arch.capability[2:].isdigit() else 0
         return sm // 10 == 9 or (_torch_at_least(2, 9) and sm >= 80)
