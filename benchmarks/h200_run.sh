@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# What we run on the H200 (the device tool here): stages by name, each under its own time limit.
+#   bash benchmarks/h200_run.sh gputests norms lfm2 losses moe sweep parity model
+# Results: benchmarks/results/*.csv in the tree, everything packed into $OUT/results.tgz, and the
+# whole log in $OUT/log.txt. The GPU image lacks sqlite-utils: the wheels in .whl/ are installed
+# offline first (shared/tools/device-wheels.sh fetches them, liger-kernel 0.8.5 included).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUTDIR=${OUT:-/tmp/out}; mkdir -p "$OUTDIR"
+unset OUT   # benchmarks write into benchmarks/results; we pack them at the end
+LOG="$OUTDIR/log.txt"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+export LIGER_RT_TUNING_DB=${LIGER_RT_TUNING_DB:-$PWD/benchmarks/results/hopper_sweep.db}
+Q=${QUICK:-}
+stage() {  # name, seconds, command...
+  local name=$1 secs=$2; shift 2
+  echo "=== $name ($(date +%T), limit ${secs}s): $*" | tee -a "$LOG"
+  timeout "$secs" "$@" 2>&1 | tee -a "$LOG"
+  echo "=== $name rc=${PIPESTATUS[0]}" | tee -a "$LOG"
+}
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv 2>&1 | tee -a "$LOG"
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$LOG"
+for s in "$@"; do
+  case $s in
+    gputests) stage gputests ${GPUTEST_S:-300} python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rfE ;;
+    norms)    stage norms 240 python3 benchmarks/bench_norms.py $Q ;;
+    normtune) stage normtune 240 python3 benchmarks/bench_norms.py --tune --quick ;;
+    lfm2)     stage lfm2 200 python3 benchmarks/bench_lfm2_ops.py $Q ;;
+    lfm2tune) stage lfm2tune 200 python3 benchmarks/bench_lfm2_ops.py --tune --quick --no-compile ;;
+    losses)   stage losses 240 python3 benchmarks/bench_losses.py $Q ;;
+    moe)      stage moe 300 python3 benchmarks/bench_moe_experts.py $Q ;;
+    sweep)    stage sweep ${SWEEP_S:-420} python3 -m liger_rt.tools.cli sweep --arch hopper ${SWEEP_ARGS:---quick}
+              stage export 60 python3 -m liger_rt.tools.cli export benchmarks/results/hopper.jsonl --arch hopper
+              stage explain 60 python3 -m liger_rt.tools.cli explain rms_norm --shape rows=16384,hidden=4096 --dtype bf16 ;;
+    parity)   stage parity 300 python3 -m liger_rt.tools.cli parity --model qwen3 --preset qwen3-4b --dtype bf16 --device cuda ;;
+    model)    stage model ${MODEL_S:-540} python3 benchmarks/bench_model.py ${MODEL_ARGS:-} ;;
+    *) echo "unknown stage $s" | tee -a "$LOG" ;;
+  esac
+done
+tar czf "$OUTDIR/results.tgz" benchmarks/results 2>/dev/null
+ls -la benchmarks/results | tee -a "$LOG"
