@@ -23,6 +23,14 @@ if torch.cuda.is_available() and interpreter_on():
     pytest.skip("TRITON_INTERPRET=1: run GPU tests with LIGER_RT_TEST_GPU=1", allow_module_level=True)
 
 
+@pytest.fixture
+def force_triton(monkeypatch):
+    """Our kernels whatever a (shipped or swept) DB would pick for the shape."""
+    for op in ("RMS_NORM", "SWIGLU", "LAYER_NORM"):
+        monkeypatch.setenv(f"LIGER_RT_IMPL_{op}", "triton")
+    dispatch.reset()
+
+
 def _rel_rmse(a, b):
     a, b = a.detach().float(), b.detach().float()
     return float((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-30))
@@ -50,7 +58,7 @@ def _rand(*shape, scale=1.0, shift=0.0, dtype=torch.bfloat16, seed=0):
 
 @pytest.mark.parametrize("M,N", [(4096, 4096), (16384, 2048), (1151, 1000), (1, 4096), (2048, 8192)])
 @pytest.mark.parametrize("offset", [0.0, 1.0])
-def test_rms_norm_bf16_real_sizes(M, N, offset):
+def test_rms_norm_bf16_real_sizes(M, N, offset, force_triton):
     x, w, dy = _rand(M, N, scale=2.0), _rand(N, scale=0.3, shift=0.0 if offset else 1.0, seed=1), _rand(M, N, seed=2)
     d = rn.OP.select(x, rows=M, hidden=N)
     assert d.impl == "triton", d
@@ -62,7 +70,7 @@ def test_rms_norm_bf16_real_sizes(M, N, offset):
            torch.bfloat16, M, names)
 
 
-def test_rms_norm_fp32_and_3d_noncontiguous():
+def test_rms_norm_fp32_and_3d_noncontiguous(force_triton):
     base = _rand(4, 1024, 2 * 2048, dtype=torch.float32)
     x = base[..., :2048]                                         # rows 4096 apart: read in place
     w, dy = _rand(2048, shift=1.0, dtype=torch.float32, seed=1), _rand(4, 1024, 2048, dtype=torch.float32, seed=2)
@@ -73,7 +81,7 @@ def test_rms_norm_fp32_and_3d_noncontiguous():
 # -- swiglu ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("M,N", [(4096, 8192), (8192, 12288), (1151, 1000), (1, 6144), (2048, 4304)])
-def test_swiglu_bf16_real_sizes(M, N):
+def test_swiglu_bf16_real_sizes(M, N, force_triton):
     gate, up, dy = _rand(M, N, scale=3.0), _rand(M, N, seed=1), _rand(M, N, seed=2)
     d = sw.OP.select(gate, rows=M, cols=N)
     assert d.impl == "triton", d
@@ -87,7 +95,7 @@ def test_swiglu_bf16_real_sizes(M, N):
     _check(outs, _run(sw.swiglu_ref, (gate.float(), up.float()), dy.float()), torch.bfloat16, 1, names)
 
 
-def test_swiglu_fused_gate_up_halves():
+def test_swiglu_fused_gate_up_halves(force_triton):
     gate_up = _rand(2, 2048, 2 * 8192, scale=2.0)
     dy = _rand(2, 2048, 8192, seed=1)
     leaf = gate_up.detach().clone().requires_grad_()
@@ -104,7 +112,7 @@ def test_swiglu_fused_gate_up_halves():
 
 @pytest.mark.parametrize("M,N", [(4096, 1152), (23328, 1152), (4096, 4096), (1151, 1000), (1, 2048)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_layer_norm_bf16_real_sizes(M, N, bias):
+def test_layer_norm_bf16_real_sizes(M, N, bias, force_triton):
     x = _rand(M, N, scale=2.0, shift=1.5)
     w, dy = _rand(N, scale=0.5, shift=1.0, seed=1), _rand(M, N, seed=2)
     b = _rand(N, scale=0.5, seed=3) if bias else None
@@ -113,8 +121,7 @@ def test_layer_norm_bf16_real_sizes(M, N, bias):
         (lambda a, ww: liger_rt.ops.layer_norm(a, ww, None, 1e-6))
     ref = (lambda a, ww, bb: ln.layer_norm_ref(a, ww, bb, 1e-6)) if bias else \
         (lambda a, ww: ln.layer_norm_ref(a, ww, None, 1e-6))
-    # force triton: the dispatcher may legitimately pick torch here once a DB says it is faster
-    d = ln.OP.select(x, rows=M, hidden=N)
+    d = ln.OP.select(x, rows=M, hidden=N)   # forced: a DB may legitimately pick torch at SigLIP sizes
     assert d.impl == "triton", d
     outs = _run(fn, leaves, dy)
     names = ["y", "dx", "dw", "db"]
@@ -147,12 +154,14 @@ def test_every_candidate_compiles_and_validates(op, dims, dtype):
           f"(torch {result['baseline_ms']:.4g} ms)")
 
 
-def test_heuristic_arch_profile():
+def test_decisions_for_this_arch():
+    """Decisions name this GPU's arch; without a DB row they are the triton heuristic."""
     arch = backend.detect()
     for op, dims in (("rms_norm", {"rows": 16384, "hidden": 4096}), ("swiglu", {"rows": 16384, "cols": 8192}),
                      ("layer_norm", {"rows": 4096, "hidden": 1152})):
         d = dispatch.select(op, dtype="bf16", **dims)
-        assert d.impl == "triton" and d.origin == "heuristic" and d.arch == arch.name, d
+        assert d.arch == arch.name, d
+        assert d.origin != "heuristic" or d.impl == "triton", d
 
 
 # -- torch.compile (inductor) around our custom ops -----------------------------------------------------
