@@ -138,6 +138,8 @@ def smoke(args) -> None:
                                 config=t.get("config"), experts_implementation=t.get("experts_implementation"),
                                 echo=lambda s: print(s, flush=True))
     print(format_model_summary(rows))
+    if args.plot:
+        print(f"wrote {plot_model_rows(rows, args.plot)}")
 
 
 if __name__ == "__main__":

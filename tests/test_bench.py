@@ -166,6 +166,17 @@ def test_bench_model_plot_without_matplotlib_is_clear(monkeypatch, tmp_path):
     assert res.exit_code != 0 and "pip install matplotlib" in res.output
 
 
+def test_plot_model_rows(tmp_path):
+    pytest.importorskip("matplotlib")
+    common = dict(model_type="qwen3", preset="qwen3-tiny", warmup=1)
+    runs = [dict(common, kind="run", arm=a, run_index=i, losses=[5.0, 4.9, 4.8], peak_alloc_GB=None)
+            for i, a in enumerate(["baseline", "liger_rt", "liger_rt", "baseline"])]
+    summ = [dict(common, kind="summary", arm=a, tok_per_s=t, peak_alloc_GB=None, max_loss_diff=0.0)
+            for a, t in [("baseline", 100.0), ("liger_rt", 130.0)]]
+    path = B.plot_model_rows(runs + summ, tmp_path / "p.png")
+    assert path.stat().st_size > 1000
+
+
 # -- bench kernels --------------------------------------------------------------------------------
 
 def test_bench_kernels_without_gpu_exits_nonzero():

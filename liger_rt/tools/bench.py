@@ -981,25 +981,33 @@ def plot_model_rows(rows: list[dict], path: str | Path) -> Path:
     colors = {"baseline": "tab:gray", "liger_rt": "tab:blue", "liger_kernel": "tab:orange"}
     for i, key in enumerate(keys):
         ax, bx = axes[i]
-        for r in rows:
-            if r.get("kind") == "run" and (r["model_type"], r["preset"]) == key:
-                losses = r["losses"] if isinstance(r["losses"], list) else json.loads(r["losses"])
-                ax.plot(range(len(losses)), losses, color=colors.get(r["arm"]), alpha=0.8,
-                        linestyle="-" if r["run_index"] < len(losses) / 2 else "--",
-                        label=f"{r['arm']} #{r['run_index'] + 1}")
-        ax.set_title(f"{key[1]}: loss per step (warmup included)")
+        runs = [r for r in rows if r.get("kind") == "run" and (r["model_type"], r["preset"]) == key]
+        for r in runs:
+            losses = r["losses"] if isinstance(r["losses"], list) else json.loads(r["losses"])
+            idx = int(r["run_index"])
+            ax.plot(range(len(losses)), losses, color=colors.get(r["arm"]), alpha=0.8,
+                    linestyle="-" if idx < len(runs) / 2 else "--", label=f"{r['arm']} #{idx + 1}")
+        if runs and int(runs[0]["warmup"]):
+            ax.axvline(int(runs[0]["warmup"]) - 0.5, color="k", linewidth=0.5, linestyle=":")
+        summ = [r for r in rows if r.get("kind") == "summary" and (r["model_type"], r["preset"]) == key]
+        diffs = ", ".join(f"{r['arm']} {float(r['max_loss_diff']):.2g}" for r in summ)
+        ax.set_title(f"{key[1]}: loss per step (warm-up left of the dotted line)\nmax |dloss| vs baseline: {diffs}",
+                     fontsize=9)
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
         ax.legend(fontsize=7)
-        summ = [r for r in rows if r.get("kind") == "summary" and (r["model_type"], r["preset"]) == key]
         names = [r["arm"] for r in summ]
-        bx.bar(names, [r["tok_per_s"] for r in summ], color=[colors.get(n) for n in names])
+        bx.bar(names, [float(r["tok_per_s"]) for r in summ], color=[colors.get(n) for n in names])
         bx.set_ylabel("tokens/s")
-        bx.set_title(f"{key[1]}: throughput (bars) and peak memory (dots)")
-        if any(r["peak_alloc_GB"] is not None for r in summ):
+        peaks = [r["peak_alloc_GB"] for r in summ]
+        has_mem = any(isinstance(v, (int, float)) or (isinstance(v, str) and _num(v) is not None) for v in peaks)
+        bx.set_title(f"{key[1]}: throughput (bars)" + (" and peak allocated memory (dots)" if has_mem else ""),
+                     fontsize=9)
+        if has_mem:
             cx = bx.twinx()
-            cx.plot(names, [r["peak_alloc_GB"] or float("nan") for r in summ], "ko")
+            cx.plot(names, [_num(v) if _num(v) is not None else float("nan") for v in peaks], "ko")
             cx.set_ylabel("peak allocated GB")
+            cx.set_ylim(bottom=0)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -1116,7 +1124,7 @@ def model(model_type, preset, batch, seq, steps, warmup, dtype, layers, attentio
         rows = run_model_bench(model_type, preset, batch=batch, seq=seq, steps=steps, warmup=warmup, dtype=dtype,
                                layers=layers, attention_layers=attn, liger_kernel=liger_kernel, flags=flag_dict,
                                device=device, seed=seed, lr=lr, experts_implementation=experts_implementation,
-                               config=config, echo=click.echo)
+                               config=config, echo=lambda m: click.echo(m, err=as_json))
     except ValueError as exc:
         raise click.UsageError(str(exc))
     except RuntimeError as exc:
