@@ -19,6 +19,21 @@ model from the same seed, so the loss curves of all runs must overlap.  Python A
 
 LFM2-VL is benchmarked text-only: the step runs input_ids through the VL model without
 pixel_values (the language model, its patched layers and the loss; the vision tower idles).
+MoE families (lfm2_moe, qwen3_moe) use transformers' grouped_mm experts in every arm unless told
+otherwise (the anchors' baseline); liger_rt.patch then swaps in its own experts where enabled.
+
+Method (seed 004, shared/anchors/anchor_probe*.py): bf16 weights, fused AdamW (CUDA), the same
+random batch every step, a torch.cuda.synchronize() on both sides of each timed step, warm-up
+steps excluded, median step time per run, tokens/s = batch * seq / median, an arm's tokens/s
+the mean over its runs, peak = torch.cuda.max_memory_allocated() over the measured steps (reset
+after warm-up, so weights, grads and optimizer state are in it, as in the anchors).  Model
+TFLOP/s is an estimate (6 * active matmul params * tokens + causal attention) and mfu its
+fraction of the bf16 matmul ceiling measured in the same process.
+
+On the H200: ``python benchmarks/bench_model.py --which all`` (the issue's three targets, about
+3-5 min) and ``liger-tune bench kernels --quick`` (every kernel script, about 5 min; the full
+run takes ~10 min: split it with --op, e.g. ``--op norms --op lfm2_ops`` then
+``--op losses --op moe_experts``).
 """
 from __future__ import annotations
 
