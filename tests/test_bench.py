@@ -78,6 +78,9 @@ def test_bench_model_cpu_tiny(model_type, tmp_path, monkeypatch):
     summ = {r["arm"]: r for r in rows if r["kind"] == "summary"}
     assert set(summ) == {"baseline", "liger_rt"} and summ["liger_rt"]["loss_curves_overlap"] == "True"
     assert "tok/s" in res.output and "n/a" in res.output
+    import liger_rt.patch as P                                       # nothing left patched behind it
+    from liger_rt.tools.models import build_model
+    assert P.describe(model_type) is None and P.describe(build_model(f"{model_type}-tiny")) is None
 
 
 def test_run_model_bench_api_and_liger_kernel_arm_is_isolated(monkeypatch):
