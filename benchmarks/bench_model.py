@@ -65,6 +65,11 @@ def main() -> None:
                     help="plumbing check anywhere (CPU too): the families' tiny presets, batch 2 x seq 32, "
                          "2 steps; prints, writes no CSV")
     args = ap.parse_args()
+    if args.plot:                 # fail now, not after the run
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            sys.exit("--plot needs matplotlib: pip install matplotlib (or leave --plot out)")
     if args.smoke:
         return smoke(args)
     steps = args.steps or (8 if args.quick else 20)
