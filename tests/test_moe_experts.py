@@ -21,7 +21,7 @@ def _dims(T, E, K, H, I):
 
 
 def _check_all(out, ref, dtype, dims):
-    n = M._reduce_len(dims)
+    n = max(M._reduce_len(dims), dims["tokens"] * dims["top_k"])  # edge routings put 2 slots of a token on one expert
     for name, o, r in zip(NAMES, out, ref):
         assert_close(o, r, dtype, n, name=name)
 

@@ -30,8 +30,8 @@ def _fp32_ref(case):
     return M._run_torch(c32, {})
 
 
-def _check(out, ref, dtype, dims, what=""):
-    n = M._reduce_len(dims)
+def _check(out, ref, dtype, dims, what="", reduce_len=None):
+    n = reduce_len or M._reduce_len(dims)
     for name, o, r in zip(NAMES, out, ref):
         assert o.dtype == dtype and o.shape == r.shape, (what, name, o.dtype, o.shape)
         assert_close(o, r, dtype, n, name=f"{what} {name}")
@@ -82,7 +82,8 @@ def test_bf16_edge_routings(name, T, K, H, I):
     case = M._make_case(dims, torch.bfloat16, DEV)
     case["idx"] = _edge_idx(name, T, 8, K)
     out = RUN["triton"](case, dims)
-    _check(out, _fp32_ref(case), torch.bfloat16, dims, name)
+    # one_expert puts both slots of every token on one expert: its dW sums 2*T rows
+    _check(out, _fp32_ref(case), torch.bfloat16, dims, name, reduce_len=max(M._reduce_len(dims), T * K))
     if name == "empty_experts":
         empty = [0, 2, 3, 4, 7]
         assert out[2][empty].abs().max() == 0 and out[3][empty].abs().max() == 0
