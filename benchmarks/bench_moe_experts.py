@@ -119,7 +119,8 @@ def arms(E, K, H, I, case, dims, liger_fn):
         idx32 = idx.to(torch.int32)
         out["liger_kernel"] = (lambda: liger_fn.apply(x, gu, dn, idx32, w), (x, gu, dn, w), "LigerFusedMoEFunction")
     if M._grouped_mm_available(dispatch.current_target("cuda")):
-        out["grouped_mm"] = (lambda: M.moe_experts_grouped_mm(x, gu, dn, idx, w), (x, gu, dn, w), "ours, torch grouped MM")
+        out["grouped_mm"] = (lambda: M.moe_experts_grouped_mm(x, gu, dn, idx, w), (x, gu, dn, w),
+                             "ours, torch grouped MM")
     out["triton"] = (lambda: M.MoEExpertsFunction.apply(x, gu, dn, idx, w, forced.config), (x, gu, dn, w),
                      f"triton {json.dumps(dict(forced.config), sort_keys=True)} ({forced.origin})")
     out["liger_rt"] = (lambda: ops.moe_experts(x, gu, dn, idx, w), (x, gu, dn, w),
@@ -334,7 +335,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="T {512, 4096}, uniform routing only, no memory pass")
     ap.add_argument("--tune", action="store_true",
-                    help="time every candidate config of the fused path per shape (and each GEMM family), print the best")
+                    help="time every candidate config of the fused path per shape (and each GEMM family), "
+                         "print the best")
     ap.add_argument("--experts", type=int, choices=[s[0] for s in STATICS], action="append",
                     help="only this static shape (E32: 8B, E64: 24B); repeatable")
     args = ap.parse_args(argv)

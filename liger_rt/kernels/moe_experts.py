@@ -686,8 +686,9 @@ def _check(x, gate_up_proj, down_proj, top_k_index, top_k_weights) -> tuple[int,
     H = x.shape[-1]
     E, I2, H2 = gate_up_proj.shape
     if H2 != H or I2 % 2 or tuple(down_proj.shape) != (E, H, I2 // 2):
-        raise ValueError(f"moe_experts: inconsistent shapes x {tuple(x.shape)}, gate_up_proj {tuple(gate_up_proj.shape)}"
-                         f", down_proj {tuple(down_proj.shape)}; expected gate_up_proj (E, 2*I, {H}) and down_proj "
+        raise ValueError(f"moe_experts: inconsistent shapes x {tuple(x.shape)}, gate_up_proj "
+                         f"{tuple(gate_up_proj.shape)}, down_proj {tuple(down_proj.shape)}; expected gate_up_proj "
+                         f"(E, 2*I, {H}) and down_proj "
                          f"(E, {H}, I) (the transformers v5 experts layout)")
     if top_k_index.shape != top_k_weights.shape or top_k_index.shape[:-1] != x.shape[:-1]:
         raise ValueError(f"moe_experts: top_k_index {tuple(top_k_index.shape)} and top_k_weights "
