@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from . import backend
-from .kernels._common import close_report, dtype_name
+from .kernels._common import dtype_name, validation_report
 
 
 def measure(fn: Callable[[], object], device_type: str, *, quick: bool = False) -> float:
@@ -77,7 +77,7 @@ def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag
                 outs = impl.run(case, cfg)
                 _sync(device)
                 bad = [f"output {i}: {msg}" for i, (o, r) in enumerate(zip(outs, reference))
-                       if (msg := close_report(o, r, dtype, reduce_len))]
+                       if (msg := validation_report(o, r, dtype, reduce_len))]
                 if len(outs) != len(reference):
                     bad.append(f"{len(outs)} outputs, reference has {len(reference)}")
                 if bad:

@@ -252,3 +252,18 @@ def test_locked_db_falls_back_after_timeout(tmp_path, monkeypatch):
     holder.execute("ROLLBACK")
     assert d.origin == "heuristic"
     assert any("tuning DB" in str(w.message) for w in caught)
+
+
+def test_validation_tolerates_ulp_outliers_but_not_wrong_elements():
+    from liger_rt.kernels._common import validation_report
+    torch.manual_seed(0)
+    ref = torch.randn(4096, 64) * 50
+    out = ref.to(torch.bfloat16)
+    near = out.clone().float()
+    near.view(-1)[:20] += 3 * (near.view(-1)[:20].abs() * 2 ** -8 + 0.05)   # 20 elements 3 ulps out
+    assert validation_report(near.to(torch.bfloat16), ref, torch.bfloat16) is None
+    wrong = out.clone()
+    wrong[17] = 0                                                              # one row dropped
+    assert "worst element" in validation_report(wrong, ref, torch.bfloat16)
+    off = (ref * 1.03).to(torch.bfloat16)                                     # everything 3% off
+    assert validation_report(off, ref, torch.bfloat16) is not None
