@@ -25,7 +25,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv 2>&1 | tee -a "$
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$LOG"
 for s in "$@"; do
   case $s in
-    gputests) stage gputests ${GPUTEST_S:-300} python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rfE ;;
+    gputests) stage gputests ${GPUTEST_S:-300} python3 -m pytest -m gpu ${GPUTESTS:-tests/gpu} -q -p no:cacheprovider -rfE ;;
     norms)    stage norms 240 python3 benchmarks/bench_norms.py $Q ;;
     normtune) stage normtune 240 python3 benchmarks/bench_norms.py --tune --quick ;;
     lfm2)     stage lfm2 200 python3 benchmarks/bench_lfm2_ops.py $Q ;;
