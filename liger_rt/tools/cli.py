@@ -456,6 +456,9 @@ def prune(stale, op, arch_name, dry_run, db_path):
 
 
 def _add_optional_commands() -> None:
+    # parity and bench import the patchers, hence the kernel modules: the interpreter switch must
+    # be in place before any @triton.jit runs (it is read when a kernel is decorated)
+    _cpu_interpreter()
     try:
         from liger_rt.tools.parity import parity
         main.add_command(parity)
