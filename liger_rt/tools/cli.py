@@ -263,8 +263,7 @@ def derive_sweep_crossovers(results, store, margin: float = 0.05) -> list[dict]:
     out = []
     for (name, dt, static_key), by_axis in groups.items():
         op = ops[name]
-        points = [(axis, {i: sum(v) / len(v) for i, v in impls.items() if i != "torch" or len(impls) == 1})
-                  for axis, impls in by_axis.items()]
+        points = [(axis, {i: sum(v) / len(v) for i, v in impls.items()}) for axis, impls in by_axis.items()]
         if len(points) < 1:
             continue
         segments = dispatch.derive_crossover(points, margin=margin)
