@@ -107,3 +107,16 @@ def test_prune_stale_lists_and_removes(tmp_path, monkeypatch):
     assert [r["bucket"] for r in store.all_rows("tuning")] == ['{"rows":16}']
     res = CliRunner().invoke(main, ["prune"])
     assert res.exit_code != 0 and "--stale" in res.output
+
+
+def test_console_sweep_turns_the_interpreter_on_itself(tmp_path):
+    """As the README runs it: no TRITON_INTERPRET in the environment, triton candidates must run."""
+    pytest.importorskip("liger_rt.kernels.rms_norm")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["LIGER_RT_TUNING_DB"] = str(tmp_path / "console.db")
+    res = subprocess.run([sys.executable, "-m", "liger_rt.tools.cli", "sweep", "--arch", "cpu", "--op", "rms_norm",
+                          "--shape", "rows=4,hidden=64", "--dtype", "fp32", "--quick", "--json"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout)["results"][0]
+    assert out["failed"] == 0
