@@ -95,9 +95,9 @@ def test_prune_stale_lists_and_removes(tmp_path, monkeypatch):
     pytest.importorskip("liger_rt.kernels.rms_norm")
     from liger_rt.tuning_db import open_store
     store = open_store()
-    base = dict(op="rms_norm", variant="fwdbwd", arch="cpu", dtype="fp32", static_key='{"hidden":64}', impl="torch",
-                config={}, median_ms=1.0, config_schema=1)
     from liger_rt import dispatch
+    base = dict(op="rms_norm", variant="fwdbwd", arch="cpu", dtype="fp32", static_key='{"hidden":64}', impl="torch",
+                config={}, median_ms=1.0, config_schema=dispatch.get_op("rms_norm").schema_version)
     store.put_tuning({**base, "bucket": '{"rows":8}', "source_hash": "deadbeefdeadbeef"})
     store.put_tuning({**base, "bucket": '{"rows":16}', "source_hash": dispatch.get_op("rms_norm").source_hash})
     res = CliRunner().invoke(main, ["prune", "--stale", "--dry-run"])
