@@ -337,8 +337,8 @@ def regs(hidden_sizes=(1152, 2048, 4096, 8192), swiglu_cols=(8192, 12288)) -> li
     aligned = [["tt.divisibility", 16]]
 
     def build(fn, sig, consts, num_warps, n):
-        # what a launch specializes: 16-aligned pointers, strides and N (when N % 16 == 0); M and
-        # rows_per_prog are do_not_specialize
+        # what a launch specializes: 16-aligned pointers, strides and N (when N % 16 == 0); M is
+        # do_not_specialize
         sig = {**sig, **{k: "constexpr" for k in consts}}
         attrs = {(fn.arg_names.index(k),): aligned for k, t in sig.items()
                  if t.startswith("*") or k.startswith("stride") or (k == "N" and n % 16 == 0)}
@@ -358,22 +358,21 @@ def regs(hidden_sizes=(1152, 2048, 4096, 8192), swiglu_cols=(8192, 12288)) -> li
         for n in hidden_sizes:
             e = triton.next_power_of_2(n)
             for cfg in mod.OP.candidates(mod.OP.impl("triton"), arch, {"rows": 16384, "hidden": n}, torch.bfloat16):
-                bwd = {"BLOCK_N": e, "ROWS": cfg["bwd_ROWS"], "STAGES": cfg["bwd_stages"],
-                       "PREFETCH": bool(cfg["bwd_prefetch"]), "RNE_BF16": False}
+                bwd = {"BLOCK_N": e, "PREFETCH": bool(cfg["bwd_prefetch"]), "RNE_BF16": False}
                 if op == "rms_norm":
                     fr = build(rn._rms_norm_fwd_kernel, {"X": t, "W": t, "Y": t, "RSTD": f32, "stride_x": "i32",
                                "stride_y": "i32", "M": "i32", "N": "i32", "eps": "fp32", "offset": "fp32"},
                                {"BLOCK_N": e, "ROWS": cfg["ROWS"], "RNE_BF16": False}, cfg["num_warps"], n)
                     br = build(rn._rms_norm_bwd_kernel, {"DY": t, "X": t, "W": t, "RSTD": f32, "DX": t, "DW_PART": f32,
                                "stride_dy": "i32", "stride_x": "i32", "stride_dx": "i32", "M": "i32", "N": "i32",
-                               "rows_per_prog": "i32", "offset": "fp32"}, bwd, cfg["bwd_num_warps"], n)
+                               "offset": "fp32"}, bwd, cfg["bwd_num_warps"], n)
                 else:
                     fr = build(ln._layer_norm_fwd_kernel, {"X": t, "W": t, "B": t, "Y": t, "MEAN": f32, "RSTD": f32,
                                "stride_x": "i32", "stride_y": "i32", "M": "i32", "N": "i32", "eps": "fp32"},
                                {"BLOCK_N": e, "ROWS": cfg["ROWS"], "HAS_BIAS": True, "RNE_BF16": False}, cfg["num_warps"], n)
                     br = build(ln._layer_norm_bwd_kernel, {"DY": t, "X": t, "W": t, "MEAN": f32, "RSTD": f32, "DX": t,
                                "DW_PART": f32, "DB_PART": f32, "stride_dy": "i32", "stride_x": "i32", "stride_dx": "i32",
-                               "M": "i32", "N": "i32", "rows_per_prog": "i32"}, {**bwd, "HAS_BIAS": True},
+                               "M": "i32", "N": "i32"}, {**bwd, "HAS_BIAS": True},
                                cfg["bwd_num_warps"], n)
                 rows.append({"op": op, "N": n, "config": str(cfg), **{f"fwd_{k}": v for k, v in fr.items()},
                              **{f"bwd_{k}": v for k, v in br.items()}})

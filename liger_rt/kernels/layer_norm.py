@@ -5,10 +5,11 @@ like nn.LayerNorm: statistics and the affine in fp32, one rounding at the end.
 
     y = liger_rt.ops.layer_norm(x, weight, bias, eps=1e-6)   # x (4, 729, 1152) bf16
 
-Kernels mirror rms_norm.py: ROWS rows per program in the forward (which stores mean and rstd,
-fp32, per row); a persistent backward of about sm_count * progs_per_sm programs, the next row
-tile prefetched while the current one computes, writing fp32 partials of dW and dB (one row per
-program each), summed by a second kernel.  No atomics.  Under torch.compile the launchers run
+Kernels mirror rms_norm.py: ROWS rows per program in the forward (1-D tiles when ROWS == 1;
+stores mean and rstd, fp32, per row); a persistent backward of min(rows, sm_count *
+bwd_progs_per_sm) programs walking rows with the grid's stride, the next row optionally
+prefetched while the current one computes, writing fp32 partials of dW and dB (one row per
+program each), summed by a column-parallel second kernel.  No atomics.  Under torch.compile the launchers run
 inside custom ops (liger_rt::layer_norm_fwd/bwd) dispatched at run time.
 PyTorch's own LayerNorm is fast at small hidden sizes; the dispatcher picks `torch` wherever the
 tuning DB measured it faster (the torch implementation is registered and timed by sweeps).
@@ -70,71 +71,83 @@ def _to(x, dtype: tl.constexpr, RNE_BF16: tl.constexpr):
 def _layer_norm_fwd_kernel(X, W, B, Y, MEAN, RSTD, stride_x, stride_y, M, N, eps,
                            BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_BIAS: tl.constexpr,
                            RNE_BF16: tl.constexpr):
-    o_m = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    o_n = tl.arange(0, BLOCK_N)
-    m_m = o_m < M
-    m_n = o_n < N
-    mask = m_m[:, None] & m_n[None, :]
-    o_m64 = o_m.to(tl.int64)
-    x = tl.load(X + o_m64[:, None] * stride_x + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
-    mean = tl.sum(x, axis=1) / N
-    xc = tl.where(mask, x - mean[:, None], 0.0)
-    rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
-    w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)
-    y = xc * rstd[:, None] * w[None, :]
-    if HAS_BIAS:
-        y += tl.load(B + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(Y + o_m64[:, None] * stride_y + o_n[None, :], _to(y, Y.dtype.element_ty, RNE_BF16), mask=mask)
-    tl.store(MEAN + o_m, mean, mask=m_m)
-    tl.store(RSTD + o_m, rstd, mask=m_m)
-
-
-@triton.jit(do_not_specialize=["M", "rows_per_prog"])
-def _layer_norm_bwd_kernel(DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, stride_dy, stride_x, stride_dx,
-                           M, N, rows_per_prog, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-                           STAGES: tl.constexpr, PREFETCH: tl.constexpr, HAS_BIAS: tl.constexpr,
-                           RNE_BF16: tl.constexpr):
-    pid = tl.program_id(0)
-    row_start = pid * rows_per_prog
-    row_end = tl.minimum(row_start + rows_per_prog, M)
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < N
-    acc_w = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-    acc_b = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-    if PREFETCH:  # register double buffering: the next tile's loads fly while this tile computes
-        o_first = (row_start + tl.arange(0, ROWS)).to(tl.int64)
-        m_nx = (o_first < row_end)[:, None] & m_n[None, :]
-        dy_nx = tl.load(DY + o_first[:, None] * stride_dy + o_n[None, :], mask=m_nx, other=0.0)
-        x_nx = tl.load(X + o_first[:, None] * stride_x + o_n[None, :], mask=m_nx, other=0.0)
-    for r0 in tl.range(row_start, row_end, ROWS, num_stages=STAGES):
-        o_m = r0 + tl.arange(0, ROWS)
-        m_m = o_m < row_end
+    if ROWS == 1:   # one row per program, 1-D tiles and scalar row statistics
+        row = tl.program_id(0).to(tl.int64)
+        x = tl.load(X + row * stride_x + o_n, mask=m_n, other=0.0).to(tl.float32)
+        mean = tl.sum(x, axis=0) / N
+        xc = tl.where(m_n, x - mean, 0.0)
+        rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / N + eps)
+        tl.store(MEAN + row, mean)
+        tl.store(RSTD + row, rstd)
+        w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)
+        y = xc * rstd * w
+        if HAS_BIAS:
+            y += tl.load(B + o_n, mask=m_n, other=0.0).to(tl.float32)
+        tl.store(Y + row * stride_y + o_n, _to(y, Y.dtype.element_ty, RNE_BF16), mask=m_n)
+    else:
+        o_m = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        m_m = o_m < M
         mask = m_m[:, None] & m_n[None, :]
         o_m64 = o_m.to(tl.int64)
+        x = tl.load(X + o_m64[:, None] * stride_x + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        mean = tl.sum(x, axis=1) / N
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
+        w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)
+        y = xc * rstd[:, None] * w[None, :]
+        if HAS_BIAS:
+            y += tl.load(B + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+        tl.store(Y + o_m64[:, None] * stride_y + o_n[None, :], _to(y, Y.dtype.element_ty, RNE_BF16), mask=mask)
+        tl.store(MEAN + o_m, mean, mask=m_m)
+        tl.store(RSTD + o_m, rstd, mask=m_m)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _layer_norm_bwd_kernel(DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, stride_dy, stride_x, stride_dx,
+                           M, N, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           RNE_BF16: tl.constexpr):
+    """Persistent, as rms_norm.py: program pid takes rows pid, pid + G, ... (G = grid <= M), 1-D
+    row tiles, scalar mean/rstd, fp32 dW/dB accumulators, one partial row each per program."""
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    o_n = tl.arange(0, BLOCK_N)
+    m_n = o_n < N
+    acc_w = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if PREFETCH:  # register double buffering: the next row's loads fly while this row computes
+        p64 = pid.to(tl.int64)
+        dy_nx = tl.load(DY + p64 * stride_dy + o_n, mask=m_n, other=0.0)
+        x_nx = tl.load(X + p64 * stride_x + o_n, mask=m_n, other=0.0)
+    for i in tl.range(0, tl.cdiv(M - pid, G)):
+        row = pid + i * G
+        r64 = row.to(tl.int64)
         if PREFETCH:
             dy = dy_nx.to(tl.float32)
             x = x_nx.to(tl.float32)
-            m_nx = (o_m + ROWS < row_end)[:, None] & m_n[None, :]
-            dy_nx = tl.load(DY + (o_m64 + ROWS)[:, None] * stride_dy + o_n[None, :], mask=m_nx, other=0.0)
-            x_nx = tl.load(X + (o_m64 + ROWS)[:, None] * stride_x + o_n[None, :], mask=m_nx, other=0.0)
+            m_nx = o_n < tl.where(row + G < M, N, 0)   # the next row, if any
+            dy_nx = tl.load(DY + (r64 + G) * stride_dy + o_n, mask=m_nx, other=0.0)
+            x_nx = tl.load(X + (r64 + G) * stride_x + o_n, mask=m_nx, other=0.0)
         else:
-            dy = tl.load(DY + o_m64[:, None] * stride_dy + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
-            x = tl.load(X + o_m64[:, None] * stride_x + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
-        mean = tl.load(MEAN + o_m, mask=m_m, other=0.0)
-        rstd = tl.load(RSTD + o_m, mask=m_m, other=0.0)
-        xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-        w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)   # L1-resident: cheaper than 16 registers
-        g = dy * w[None, :]
-        c1 = tl.sum(g * xhat, axis=1) / N
-        c2 = tl.sum(g, axis=1) / N
-        dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
-        tl.store(DX + o_m64[:, None] * stride_dx + o_n[None, :], _to(dx, DX.dtype.element_ty, RNE_BF16), mask=mask)
+            dy = tl.load(DY + r64 * stride_dy + o_n, mask=m_n, other=0.0).to(tl.float32)
+            x = tl.load(X + r64 * stride_x + o_n, mask=m_n, other=0.0).to(tl.float32)
+        mean = tl.load(MEAN + r64)
+        rstd = tl.load(RSTD + r64)
+        xhat = tl.where(m_n, (x - mean) * rstd, 0.0)
+        w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)   # L1-resident
+        g = dy * w
+        c1 = tl.sum(g * xhat, axis=0) / N
+        c2 = tl.sum(g, axis=0) / N
+        dx = (g - xhat * c1 - c2) * rstd
+        tl.store(DX + r64 * stride_dx + o_n, _to(dx, DX.dtype.element_ty, RNE_BF16), mask=m_n)
         acc_w += dy * xhat
         if HAS_BIAS:
             acc_b += dy
-    tl.store(DW_PART + pid * N + o_n, tl.sum(acc_w, axis=0), mask=m_n)
+    p_off = pid.to(tl.int64) * N
+    tl.store(DW_PART + p_off + o_n, acc_w, mask=m_n)
     if HAS_BIAS:
-        tl.store(DB_PART + pid * N + o_n, tl.sum(acc_b, axis=0), mask=m_n)
+        tl.store(DB_PART + p_off + o_n, acc_b, mask=m_n)
 
 
 @triton.jit
@@ -189,6 +202,19 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     return n
 
 
+def _bwd_grid(m: int, device: torch.device, config) -> int:
+    """Persistent backward programs: sm_count * bwd_progs_per_sm, never more than the rows."""
+    return max(1, min(m, _sm_count(device) * int(config.get("bwd_progs_per_sm", 4))))
+
+
+def _dw_tile(n: int, device: torch.device) -> tuple[int, int]:
+    """(columns, partial rows) per tile of the dW/dB partial-sum kernel (see rms_norm.py): 32
+    contiguous columns x 64 partial rows on a GPU; few wide programs under the interpreter."""
+    if device.type == "cpu":
+        return 128, 16
+    return 32, 64
+
+
 def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
                    config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (..., N) -> (y (..., N) in x.dtype, mean (rows,), rstd (rows,) fp32)."""
@@ -217,22 +243,18 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
     dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return dx.view(x.shape), torch.zeros_like(weight), (torch.zeros_like(bias) if has_bias else None)
-    rows = int(config.get("bwd_ROWS", 1))
-    progs = _sm_count(x.device) * int(config.get("bwd_progs_per_sm", 2))
-    rows_per_prog = triton.cdiv(triton.cdiv(m, progs), rows) * rows
-    grid = triton.cdiv(m, rows_per_prog)
+    grid = _bwd_grid(m, x.device, config)
     part = torch.empty((2 if has_bias else 1, grid, n), dtype=torch.float32, device=x.device)
     part_b = part[1] if has_bias else part[0]
     _layer_norm_bwd_kernel[(grid,)](
         dy2, x2, weight, mean, rstd, dx, part[0], part_b, dy2.stride(0), x2.stride(0), dx.stride(0), m, n,
-        rows_per_prog, BLOCK_N=next_pow2(n), ROWS=rows, STAGES=int(config.get("bwd_stages", 1)),
-        PREFETCH=bool(config.get("bwd_prefetch", 0)), HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=int(config.get("bwd_num_warps", 4)))
+        BLOCK_N=next_pow2(n), PREFETCH=bool(config.get("bwd_prefetch", 0)), HAS_BIAS=has_bias,
+        RNE_BF16=interpreter_on(), num_warps=int(config.get("bwd_num_warps", 4)))
     dw = torch.empty(n, dtype=weight.dtype, device=weight.device)
     db = torch.empty(n, dtype=bias.dtype, device=bias.device) if has_bias else None
-    # >= 2 column programs per SM on a 132-SM part at hidden 4096; few wide ones in the interpreter
-    block_r = 128 if x.device.type == "cpu" else (16 if n <= 4096 else 32)
+    block_r, block_g = _dw_tile(n, x.device)
     _layer_norm_dwdb_kernel[(triton.cdiv(n, block_r),)](
-        part[0], part_b, dw, db if has_bias else dw, grid, n, BLOCK_G=4096 // block_r, BLOCK_R=block_r,
+        part[0], part_b, dw, db if has_bias else dw, grid, n, BLOCK_G=block_g, BLOCK_R=block_r,
         HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=4)
     return dx.view(x.shape), dw, db
 
@@ -376,21 +398,23 @@ def _fwd(arch, block_n: int, tile: int, per_thread: int) -> dict:
     return {"num_warps": _warps(rows * block_n, per_thread, arch), "ROWS": rows}
 
 
-def _bwd(arch, block_n: int, row_mult: int, per_thread: int, progs: int, stages: int = 1, prefetch: int = 1) -> dict:
-    rows = max(1, 4096 // block_n) * row_mult
-    return {"bwd_num_warps": _warps(rows * block_n, per_thread, arch), "bwd_ROWS": rows,
-            "bwd_progs_per_sm": progs, "bwd_stages": stages, "bwd_prefetch": prefetch}
+def _bwd(arch, block_n: int, per_thread: int, progs: int, prefetch: int) -> dict:
+    return {"bwd_num_warps": max(min(4, arch.max_num_warps), _warps(block_n, per_thread, arch)),
+            "bwd_progs_per_sm": progs, "bwd_prefetch": prefetch}
 
 
 def _heuristic(arch, dims, dtype):
-    """As rms_norm.py: Liger-Kernel's forward warp table (8 values per thread up to 2048, 16
-    above); a backward of 4096-element row tiles at 16 values per thread, two persistent programs
-    per SM, the next tile prefetched into registers.  Not yet measured on a GPU: sweeps decide,
-    and pick torch where it is faster."""
+    """As rms_norm.py.  Forward: one row per program from hidden 2048 up (1-D tiles), 8 values
+    per thread up to 2048 and 16 above; small rows pack 2048 elements per program.  Backward: 2
+    persistent programs per SM walking rows with the grid's stride, 8 values per thread (16
+    warps at 4096); the next row prefetched into registers up to hidden 2048 only: LayerNorm's
+    backward holds two accumulators, and with prefetch a 16-warp program at 4096 takes 82
+    registers on Triton 3.9 sm_90 (one resident per SM), without it 64 (two resident).
+    fp32 dW/dB partials (2 * sm_count rows each) summed by a column-parallel kernel.
+    Not measured on a GPU yet: `liger-tune sweep` decides among _configs, and picks torch
+    where PyTorch's LayerNorm is faster (small hidden)."""
     e = next_pow2(dims["hidden"])
-    if arch.name == "cpu":
-        return {**_fwd(arch, e, 2048, 8), **_bwd(arch, e, 1, 16, 2)}
-    return {**_fwd(arch, e, 2048, 8 if e <= 2048 else 16), **_bwd(arch, e, 1, 16, 2)}
+    return {**_fwd(arch, e, 2048, 8 if e <= 2048 else 16), **_bwd(arch, e, 8, 2, 1 if e <= 2048 else 0)}
 
 
 def _configs(arch, dims, dtype):
@@ -398,34 +422,34 @@ def _configs(arch, dims, dtype):
     base = _heuristic(arch, dims, dtype)
     fwd_h = {k: base[k] for k in ("num_warps", "ROWS")}
     if arch.name == "cpu":  # the interpreter ignores warps: cover the code paths, not the space
-        return [base, {**fwd_h, **_bwd(arch, e, 2, 16, 1, stages=2, prefetch=0)},
-                {**_fwd(arch, e, 8192, 16), **_bwd(arch, e, 1, 8, 4, prefetch=0)}]
-    bwd = [_bwd(arch, e, 1, 16, 2),                          # register prefetch (the heuristic)
-           _bwd(arch, e, 1, 16, 2, prefetch=0),              # no overlap within a program
-           _bwd(arch, e, 1, 16, 2, stages=2, prefetch=0),    # cp.async pipelining by tl.range
-           _bwd(arch, e, 1, 16, 2, stages=3, prefetch=0),
-           _bwd(arch, e, 1, 8, 2),                           # half the registers, twice the warps
-           _bwd(arch, e, 2, 16, 1)]                          # one fat program per SM
-    fwd_alt = [_fwd(arch, e, 2048, 16), _fwd(arch, e, 2048, 8), _fwd(arch, e, 8192, 16)]
+        return [base, {**fwd_h, **_bwd(arch, e, 16, 1, 0)},
+                {**_fwd(arch, e, 8192, 16), **_bwd(arch, e, 8, 3, 0)}]
+    bwd = [{k: base[k] for k in base if k.startswith("bwd_")},   # the heuristic
+           _bwd(arch, e, 8, 2, 1),
+           _bwd(arch, e, 8, 4, 1),
+           _bwd(arch, e, 8, 4, 0),      # occupancy instead of prefetch
+           _bwd(arch, e, 8, 8, 0),
+           _bwd(arch, e, 16, 2, 1),     # 8 warps at 4096: 127 registers with or without prefetch
+           _bwd(arch, e, 16, 3, 0),
+           _bwd(arch, e, 16, 8, 0),
+           _bwd(arch, e, 16, 16, 0),    # many short programs (8 rows each at 16384 x 4096)
+           _bwd(arch, e, 32, 8, 0)]     # 4 warps at 4096
+    fwd_alt = [_fwd(arch, e, min(e, 2048), 8) if e > 2048 else _fwd(arch, e, 2048, 16),  # 16 warps/row at 4096
+               _fwd(arch, e, min(e, 2048), 32),                                           # 4 warps/row at 4096
+               _fwd(arch, e, 8192, 16)]                                                   # packed rows
     out = [{**fwd_h, **b} for b in bwd] + [{**f, **bwd[0]} for f in fwd_alt]
     seen, uniq = set(), []
     for c in out:
         key = tuple(sorted(c.items()))
-        if c["bwd_stages"] > arch.max_num_stages:   # HIP: <= 2 stages (dispatch prunes only num_stages)
-            continue
         if key not in seen:
             seen.add(key)
             uniq.append(c)
-    return uniq
+    return uniq[:12]   # the heuristic first
 
 
 def _smem(config, dims, dtype) -> int:
-    """Pipelined backward stages keep bwd_stages tiles of dy and x in shared memory."""
-    e = next_pow2(dims["hidden"])
-    el = torch.empty((), dtype=dtype).element_size() if dtype is not None else 2
-    stages = int(config.get("bwd_stages", 1))
-    tiles = stages * int(config.get("bwd_ROWS", 1)) * e * 2 * el if stages > 1 else 0
-    return tiles + 4096  # row-reduction scratch
+    """Row reductions only: a few KB of scratch (no pipelined shared-memory tiles)."""
+    return 4096
 
 
 def _supports(dims, dtype):
@@ -457,4 +481,5 @@ OP = register(Op(
     impls=[Impl("triton", run=_run_triton, available=triton_available, configs=_configs,
                 heuristic=_heuristic, supports=_supports, smem=_smem),
            Impl("torch", run=_run_torch)],
-    make_case=_make_case, plan=_plan, reduce_len=lambda d: d["rows"]))
+    make_case=_make_case, plan=_plan, reduce_len=lambda d: d["rows"],
+    schema_version=2))   # 2: grid-strided backward; bwd_ROWS and bwd_stages are gone
