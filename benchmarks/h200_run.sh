@@ -35,6 +35,7 @@ for s in "$@"; do
     sweep)    stage sweep ${SWEEP_S:-420} python3 -m liger_rt.tools.cli sweep --arch hopper ${SWEEP_ARGS:---quick}
               stage export 60 python3 -m liger_rt.tools.cli export benchmarks/results/hopper.jsonl --arch hopper
               stage explain 60 python3 -m liger_rt.tools.cli explain rms_norm --shape rows=16384,hidden=4096 --dtype bf16 ;;
+    profile)  stage profile 90 python3 benchmarks/profile_norms.py ;;
     parity)   stage parity 300 python3 -m liger_rt.tools.cli parity --model qwen3 --preset qwen3-4b --dtype bf16 --device cuda ;;
     model)    stage model ${MODEL_S:-540} python3 benchmarks/bench_model.py ${MODEL_ARGS:-} ;;
     *) echo "unknown stage $s" | tee -a "$LOG" ;;
