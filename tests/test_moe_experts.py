@@ -316,8 +316,10 @@ def test_hopper_heuristic_impl(monkeypatch):
     e64 = dict(BIG, experts=64, intermediate=1536)
     low = dispatch.select("moe_experts", arch="hopper", dtype="bf16", **dict(e64, tokens=512))   # 32 rows
     high = dispatch.select("moe_experts", arch="hopper", dtype="bf16", **dict(BIG, tokens=4096))  # 512 rows
-    assert (low.impl, low.origin) == ("grouped_mm", "heuristic")
-    assert (high.impl, high.origin) == ("triton", "heuristic")
+    # the fused path was fastest or tied at every measured H200 point (32..512 rows per expert)
+    assert (low.impl, low.origin) == ("triton", "heuristic") and low.config["up"]["BLOCK_M"] == 64
+    assert (high.impl, high.origin) == ("triton", "heuristic") and high.config["up"]["BLOCK_M"] == 128
+    assert not hasattr(M, "HOPPER_GROUPED_MM_BELOW")
 
 
 def test_published_mi325x_crossover(monkeypatch):

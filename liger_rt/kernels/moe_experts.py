@@ -747,8 +747,9 @@ _g = _gemm
 # for sm90 with ptxas (Triton 3.9, no GPU): the up tiles 128x(2x128)/8 warps use 255 registers
 # (16 B spill), 128x(2x64)/8 warps 128; up_bwd 128x64/8 warps 105 (128x128 spills 96 B);
 # down 128x256/8 warps 216. BLOCK_M 64 variants serve few rows per expert (a 128-row tile is
-# mostly padding below 128 routed rows per expert). Not yet timed: `bench_moe_experts.py --tune`
-# ranks them on the H200.
+# mostly padding below 128 routed rows per expert). On the first H200 run the heuristic picks
+# ([5] at T512, [0] at T4096) beat both peers; `liger-tune sweep --arch hopper` (or
+# `bench_moe_experts.py --tune`) times every candidate and persists the fastest per shape.
 _HOPPER = [
     _combo(_g(128, 128, 64, 8, 3), _g(128, 64, 64, 8, 4), _g(128, 256, 64, 8, 3), _g(128, 256, 64, 8, 3)),
     _combo(_g(128, 128, 64, 8, 3), _g(128, 64, 64, 8, 4), _g(128, 128, 64, 8, 4), _g(128, 128, 64, 8, 4)),
@@ -758,6 +759,12 @@ _HOPPER = [
     _combo(_g(64, 128, 64, 4, 4), _g(64, 64, 64, 4, 4), _g(64, 256, 64, 4, 4), _g(128, 128, 64, 8, 4)),
     _combo(_g(64, 64, 64, 4, 4), _g(64, 64, 64, 4, 4), _g(64, 128, 64, 4, 4), _g(128, 128, 32, 4, 4)),
     _combo(_g(64, 128, 64, 4, 3), _g(64, 64, 64, 4, 4), _g(64, 128, 64, 4, 4), _g(128, 256, 64, 8, 3)),
+    # few rows per expert: 64-row up tiles with an 8-warp 64x256 down/dX GEMM and the wide wgrad
+    # tile that won at T4096 (smem: up 160 KiB, down 120 KiB, wgrad 144 KiB)
+    _combo(_g(64, 128, 64, 4, 4), _g(64, 64, 64, 4, 4), _g(64, 256, 64, 8, 3), _g(128, 256, 64, 8, 3)),
+    # many rows per expert: 4-stage up/down/wgrad, up_bwd with BLOCK_K 128 (half the K loop
+    # iterations for its narrower tile; smem: up/down/wgrad 192 KiB, up_bwd 144 KiB)
+    _combo(_g(128, 128, 64, 8, 4), _g(128, 64, 128, 8, 3), _g(128, 256, 64, 8, 4), _g(128, 256, 64, 8, 4)),
 ]
 # fp32 (ieee dot, 4-byte tiles): small tiles (also what other NVIDIA parts fall back to)
 _NVIDIA_FP32 = [
@@ -851,12 +858,17 @@ def _supports_triton(dims: dict, dtype: torch.dtype) -> str | None:
     return None
 
 
-# Hopper heuristic between implementations, from anchors/h200-anchor.json (H200, bf16,
-# fwd+bwd, E32/E64 x T512..16384): a fused Triton experts path (Liger 0.8.5) lost to grouped MM
-# by 1.6x at 32 routed rows per expert (E64 T512) and by 10% at 64 (E32 T512), and was within
-# +-7% of it from 128 rows per expert up. So grouped MM below 128 rows per expert, the fused
-# path above. Replace by the measured crossover of `bench_moe_experts.py --emit-crossover`.
-HOPPER_GROUPED_MM_BELOW = 128.0
+# Hopper heuristic between implementations, measured on an H200 (torch 2.11, Triton 3.6, bf16
+# fwd+bwd ms, uniform routing; first run of bench_moe_experts.py, heuristic configs):
+#                 hf_grouped_mm  liger_kernel  ours grouped_mm  ours triton
+#   E32 T512          1.306         1.621          1.341           1.305
+#   E32 T4096         4.151         3.933          3.512           3.455
+#   E64 T512          2.123         1.823          1.620           1.439
+#   E64 T4096         4.201         4.125          3.621           3.653
+# The fused Triton path was fastest or within 1% of grouped MM at every point measured, from 32
+# to 512 routed rows per expert (the Liger 0.8.5 anchor that once suggested grouped MM below
+# 128 rows per expert does not carry over to this kernel). So: triton everywhere on Hopper;
+# a measured crossover row (`bench_moe_experts.py --emit-crossover`, `liger-tune`) overrides it.
 # MI325X (seed 004, bf16 fwd+bwd): the fused path wins below ~256 routed rows per expert,
 # grouped MM above. The same numbers ship as published crossover rows in defaults/mi325x.jsonl.
 HIP_GROUPED_MM_FROM = 256.0
@@ -866,8 +878,6 @@ def _heuristic_impl(target, dims: dict, dtype: torch.dtype, avail: list[str]) ->
     rows = _rows_per_expert(dims)
     arch = target.arch
     if "grouped_mm" in avail:
-        if arch.name == "hopper" and rows < HOPPER_GROUPED_MM_BELOW:
-            return "grouped_mm"
         if arch.is_hip and rows >= HIP_GROUPED_MM_FROM:
             return "grouped_mm"
     if "triton" in avail:
