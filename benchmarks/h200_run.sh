@@ -28,9 +28,9 @@ for s in "$@"; do
     gputests) stage gputests ${GPUTEST_S:-300} python3 -m pytest -m gpu ${GPUTESTS:-tests/gpu} -q -p no:cacheprovider -rfE ;;
     norms)    stage norms 240 python3 benchmarks/bench_norms.py $Q ;;
     normtune) stage normtune 240 python3 benchmarks/bench_norms.py --tune --quick ;;
-    lfm2)     stage lfm2 200 python3 benchmarks/bench_lfm2_ops.py $Q ;;
+    lfm2)     stage lfm2 200 python3 benchmarks/bench_lfm2_ops.py $Q ${LFM2_ARGS:-} ;;
     lfm2tune) stage lfm2tune 200 python3 benchmarks/bench_lfm2_ops.py --tune --quick --no-compile ;;
-    losses)   stage losses 240 python3 benchmarks/bench_losses.py $Q ;;
+    losses)   stage losses 240 python3 benchmarks/bench_losses.py $Q ${LOSSES_ARGS:-} ;;
     moe)      stage moe 300 python3 benchmarks/bench_moe_experts.py $Q ;;
     sweep)    stage sweep ${SWEEP_S:-420} python3 -m liger_rt.tools.cli sweep --arch hopper ${SWEEP_ARGS:---quick}
               stage export 60 python3 -m liger_rt.tools.cli export benchmarks/results/hopper.jsonl --arch hopper
