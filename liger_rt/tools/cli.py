@@ -215,6 +215,7 @@ def sweep(arch_name, ops, preset, shape, dtypes, quick, dry_run, db_path, as_jso
             rows.append({"op": name, "dims": dims, "dtype": dt, "tag": tag, "impls": ",".join(avail), "candidates": n})
         click.echo(json.dumps(rows, indent=1) if as_json else _table(rows, ["op", "dims", "dtype", "tag", "impls", "candidates"]))
         return
+    import torch
     from tqdm import tqdm
 
     from liger_rt.tuning_db import TuningDBError, open_store
@@ -228,7 +229,16 @@ def sweep(arch_name, ops, preset, shape, dtypes, quick, dry_run, db_path, as_jso
     for name, dims, dt, tag in bar:
         op = dispatch.get_op(name)
         bar.set_postfix_str(f"{name} {','.join(f'{k}={v}' for k, v in dims.items())} {dt} {tag}".strip())
-        result = autotune.tune(op, target, parse_dtype(dt), dims, quick=quick, tag=tag)
+        try:
+            result = autotune.tune(op, target, parse_dtype(dt), dims, quick=quick, tag=tag)
+        except Exception as exc:  # e.g. the case itself does not fit in memory: skip it, keep sweeping
+            if target.device_type == "cuda":
+                torch.cuda.empty_cache()
+            click.echo(f"\nskipped {name} {dims} {dt} {tag}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
+                       err=True)
+            summary.append({"op": name, "dims": dims, "dtype": dt, "tag": tag, "impl": "-", "config": {},
+                            "ms": None, "torch_ms": None, "speedup": None, "failed": "case"})
+            continue
         autotune.persist(op, result, store)
         results.append((op, dt, tag, result))
         win = result["winner"] or {}
