@@ -28,13 +28,14 @@ from .kernels._common import dtype_name, validation_report
 
 
 def measure(fn: Callable[[], object], device_type: str, *, quick: bool = False) -> float:
-    """Milliseconds of device time per fn().
+    """Milliseconds per fn(): median of a CUDA-graph replay where the candidate can be captured,
+    else of `triton.testing.do_bench` (wall time between events, host launch cost included).
 
-    On a GPU the candidate is replayed from a CUDA graph (`triton.testing.do_bench_cudagraph`), so
-    the figure is what the op costs the device, not the Python launch time around it: in a training
-    step the host runs ahead of the GPU, and timing launches made the H200 sweep pick PyTorch for
-    norms whose kernels were faster (device time 175 us vs 265 us of wall time at 16384x4096).
-    Candidates that cannot be captured (a host sync inside) are timed by `do_bench` instead.
+    Device time is what a launch-bound op costs inside a training step whose host runs ahead of
+    the GPU. Caveat, seen on the H200 (torch 2.11): autograd-based candidates warned of an
+    AccumulateGrad stream mismatch inside the capture and fell back to do_bench, so the shipped
+    Hopper rows are do_bench medians. Capturing on the stream the case was made on is the fix
+    still to make.
     """
     if device_type == "cuda":
         import triton.testing
