@@ -39,3 +39,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def no_shipped_defaults(monkeypatch):
+    """Hide the shipped tuning defaults (tests of the heuristic and crossover paths in isolation)."""
+    from liger_rt import dispatch
+    from liger_rt.tuning_db import store
+    monkeypatch.setattr(store, "_DEFAULTS", store.Store(None, layer="shipped"))
+    dispatch.reset()
+    yield
+    dispatch.reset()

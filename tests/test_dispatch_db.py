@@ -267,3 +267,14 @@ def test_validation_tolerates_ulp_outliers_but_not_wrong_elements():
     assert "worst element" in validation_report(wrong, ref, torch.bfloat16)
     off = (ref * 1.03).to(torch.bfloat16)                                     # everything 3% off
     assert validation_report(off, ref, torch.bfloat16) is not None
+
+
+def test_shipped_hopper_defaults_are_fresh_and_used(monkeypatch):
+    """The rows measured on the H200 match this code (else every Hopper user silently loses them)."""
+    from liger_rt.tuning_db.store import _fresh, shipped_defaults
+    rows = shipped_defaults().all_rows("tuning", "arch = ?", ["hopper"])
+    assert len(rows) >= 20
+    stale = [(r["op"], r["static_key"]) for r in rows if not _fresh(r, dispatch.get_op(r["op"]))]
+    assert not stale, f"shipped rows measured on other kernel code: {stale}; re-sweep on the H200"
+    d = dispatch.select("rms_norm", dtype="bf16", arch="hopper", rows=4096, hidden=4096)
+    assert (d.origin, d.impl) == ("db", "triton") and "shipped" in d.reason

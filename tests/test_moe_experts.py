@@ -294,7 +294,7 @@ def test_dispatch_switches_across_crossover_cpu():
                  torch.float32, 64)
 
 
-def test_dispatch_switches_to_grouped_mm_on_hopper_plan(monkeypatch):
+def test_dispatch_switches_to_grouped_mm_on_hopper_plan(monkeypatch, no_shipped_defaults):
     # planning for hopper (no GPU here): grouped_mm is available by the arch rules of this torch
     if M._grouped_mm_fn() is None:
         pytest.skip("this torch has no grouped MM")
@@ -309,7 +309,7 @@ def test_dispatch_switches_to_grouped_mm_on_hopper_plan(monkeypatch):
     assert (f32.impl, f32.origin) == ("triton", "heuristic")
 
 
-def test_hopper_heuristic_impl(monkeypatch):
+def test_hopper_heuristic_impl(monkeypatch, no_shipped_defaults):
     if M._grouped_mm_fn() is None:
         pytest.skip("this torch has no grouped MM")
     monkeypatch.setattr(backend, "gpu_present", lambda: False)
