@@ -100,3 +100,26 @@ def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     return "" if v is None else str(v)
+
+
+def forced_decision(op_name: str, x, impl: str = "triton", **dims):
+    """The dispatch decision with LIGER_RT_IMPL_<OP>=impl (DB config if there is one, else heuristic)."""
+    from liger_rt import dispatch
+    key = f"LIGER_RT_IMPL_{op_name.upper()}"
+    old = os.environ.get(key)
+    os.environ[key] = impl
+    dispatch.reset()
+    try:
+        return dispatch.get_op(op_name).select(x, **dims)
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+        dispatch.reset()
+
+
+def rel_err(a, b) -> float:
+    """||a - b|| / ||b|| in fp32."""
+    a, b = a.detach().float(), b.detach().float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import forced_decision, rel_err  # noqa: E402
 
 # Eager fwd+bwd on this H200 (shared/anchors/h200-anchor.json, bf16 short conv with the input
 # already in (B, 3H, T); fp32 router logits) and the speedups issue 6 asks of ours.
@@ -71,26 +72,10 @@ def route_eager(logits, top_k, expert_bias=None, norm_topk_prob=True, routed_sca
     return w * routed_scaling_factor, idx
 
 
-def _forced(op_name: str, x, **dims):
-    """The decision with LIGER_RT_IMPL_<OP>=triton (DB config if there is one, else heuristic)."""
-    from liger_rt import dispatch
-    key = f"LIGER_RT_IMPL_{op_name.upper()}"
-    old = os.environ.get(key)
-    os.environ[key] = "triton"
-    dispatch.reset()
-    try:
-        return dispatch.get_op(op_name).select(x, **dims)
-    finally:
-        if old is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = old
-        dispatch.reset()
+_forced = forced_decision
 
 
-def _rel(a, b) -> float:
-    a, b = a.detach().float(), b.detach().float()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+_rel = rel_err
 
 
 # -- short conv ----------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import forced_decision, rel_err  # noqa: E402
 
 DEVICE = "cuda"
 STATICS = [(32, 4, 2048, 1792), (64, 4, 2048, 1536)]      # LFM2-8B-A1B, LFM2-24B-A2B experts
@@ -61,26 +62,10 @@ def _dims(T, E, K, H, I) -> dict:
 
 
 def _forced(x, dims):
-    """The decision with LIGER_RT_IMPL_MOE_EXPERTS=triton (DB config if there is one, else heuristic)."""
-    from liger_rt import dispatch
-    from liger_rt.kernels import moe_experts as M
-    key = "LIGER_RT_IMPL_MOE_EXPERTS"
-    old = os.environ.get(key)
-    os.environ[key] = "triton"
-    dispatch.reset()
-    try:
-        return M.OP.select(x, **dims)
-    finally:
-        if old is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = old
-        dispatch.reset()
+    return forced_decision("moe_experts", x, **dims)
 
 
-def _rel(a, b) -> float:
-    a, b = a.detach().float(), b.detach().float()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+_rel = rel_err
 
 
 def _liger_fused():

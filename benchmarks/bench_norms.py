@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import forced_decision, rel_err  # noqa: E402
 
 DEVICE = "cuda"
 RMS_SHAPES = [(16384, 4096), (65536, 2048)]
@@ -67,26 +68,10 @@ def eager_layer_norm(x, w, b, eps=1e-6):
     return F.layer_norm(x, (x.shape[-1],), w, b, eps)
 
 
-def _forced(op_name: str, x, **dims):
-    """The decision with LIGER_RT_IMPL_<OP>=triton (DB config if there is one, else heuristic)."""
-    from liger_rt import dispatch
-    key = f"LIGER_RT_IMPL_{op_name.upper()}"
-    old = os.environ.get(key)
-    os.environ[key] = "triton"
-    dispatch.reset()
-    try:
-        return dispatch.get_op(op_name).select(x, **dims)
-    finally:
-        if old is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = old
-        dispatch.reset()
+_forced = forced_decision
 
 
-def _rel(a, b) -> float:
-    a, b = a.detach().float(), b.detach().float()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+_rel = rel_err
 
 
 def _liger(name: str):
