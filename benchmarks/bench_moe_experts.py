@@ -324,6 +324,8 @@ def main(argv=None) -> int:
                          "print the best")
     ap.add_argument("--experts", type=int, choices=[s[0] for s in STATICS], action="append",
                     help="only this static shape (E32: 8B, E64: 24B); repeatable")
+    ap.add_argument("--tokens", type=int, action="append",
+                    help="only these token counts (repeatable); results go to moe_experts_h200_T<...>.csv")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_moe_experts: no CUDA/ROCm device here; run it on the GPU (the H200): "
@@ -332,7 +334,8 @@ def main(argv=None) -> int:
     import _harness as H_
     from liger_rt import backend
     statics = [s for s in STATICS if not args.experts or s[0] in args.experts]
-    tokens = QUICK_TOKENS if args.quick else TOKENS
+    tokens = args.tokens or (QUICK_TOKENS if args.quick else TOKENS)
+    csv_name = f"moe_experts_h200_T{'_'.join(map(str, args.tokens))}.csv" if args.tokens else "moe_experts_h200.csv"
     arch = backend.detect()
     print(f"bench_moe_experts on {torch.cuda.get_device_name()} ({arch.name}; {H_.versions()})")
     t0 = time.time()
@@ -361,7 +364,7 @@ def main(argv=None) -> int:
         print(f"wrote {path} (ship as liger_rt/tuning_db/defaults/{arch.name}.jsonl lines, or `liger-tune import`)")
     for m in misses:
         print(f"TARGET MISSED: {m}")
-    print(f"\nwrote {H_.write_csv('moe_experts_h200.csv', rows)} ({time.time() - t0:.0f} s)")
+    print(f"\nwrote {H_.write_csv(csv_name, rows)} ({time.time() - t0:.0f} s)")
     return 0
 
 
