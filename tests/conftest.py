@@ -50,3 +50,11 @@ def no_shipped_defaults(monkeypatch):
     dispatch.reset()
     yield
     dispatch.reset()
+
+
+@pytest.fixture
+def fallback(monkeypatch):
+    """Every op on its torch reference (LIGER_RT_DISABLE=1)."""
+    monkeypatch.setenv("LIGER_RT_DISABLE", "1")
+    from liger_rt import dispatch
+    dispatch.reset()

@@ -8,6 +8,7 @@ from liger_rt import autotune, backend, dispatch
 from liger_rt.kernels import layer_norm as ln
 from liger_rt.kernels._common import assert_close
 from liger_rt.tools.presets import get_preset
+from norm_checks import assert_candidate_spaces_modest_and_arch_aware
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 CPU = backend.profile("cpu")
@@ -133,15 +134,7 @@ def test_every_candidate_config(hidden):
 
 
 def test_candidate_spaces_are_modest_and_arch_aware():
-    for arch_name in ("hopper", "mi325x", "mi300x", "blackwell", "ampere"):
-        arch = backend.profile(arch_name)
-        for hidden in (128, 1152, 2048, 4096, 8192, 32768):
-            dims = {"rows": 16384, "hidden": hidden}
-            cands = ln.OP.candidates(ln.OP.impl("triton"), arch, dims, torch.bfloat16)
-            assert 1 <= len(cands) <= 12
-            for c in cands + [ln._heuristic(arch, dims, torch.bfloat16)]:
-                assert c["num_warps"] <= arch.max_num_warps and c["bwd_num_warps"] <= arch.max_num_warps
-                assert ln._smem(c, dims, torch.bfloat16) <= arch.smem_bytes
+    assert_candidate_spaces_modest_and_arch_aware(ln)
 
 
 def test_sweep_times_torch_and_validates_every_cpu_candidate():

@@ -22,10 +22,6 @@ pytestmark = [pytest.mark.filterwarnings("ignore:.*causal_conv1d.*"),
               pytest.mark.skipif(bool(_MISSING), reason=f"kernel module(s) {', '.join(_MISSING)} not in this checkout")]
 
 
-@pytest.fixture
-def fallback(monkeypatch):
-    monkeypatch.setenv("LIGER_RT_DISABLE", "1")
-    dispatch.reset()
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,6 @@ import torch
 from click.testing import CliRunner
 
 import liger_rt
-from liger_rt import dispatch
 from liger_rt.layers import norms
 from liger_rt.tools import parity as P
 from liger_rt.tools.models import build_model
@@ -19,10 +18,6 @@ pytestmark = [pytest.mark.filterwarnings("ignore:.*causal_conv1d.*"),
               pytest.mark.skipif(bool(_MISSING), reason=f"kernel module(s) {', '.join(_MISSING)} not in this checkout")]
 
 
-@pytest.fixture
-def fallback(monkeypatch):
-    monkeypatch.setenv("LIGER_RT_DISABLE", "1")
-    dispatch.reset()
 
 
 def _noisy(monkeypatch, scale=1e-2):

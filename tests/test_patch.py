@@ -31,11 +31,6 @@ def needs(*ops):
 NORM_MLP = needs("rms_norm", "swiglu")
 
 
-@pytest.fixture
-def fallback(monkeypatch):
-    """Every op on its torch reference."""
-    monkeypatch.setenv("LIGER_RT_DISABLE", "1")
-    dispatch.reset()
 
 
 @pytest.fixture(autouse=True)
