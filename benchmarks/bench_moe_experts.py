@@ -113,7 +113,9 @@ def arms(E, K, H, I, case, dims, liger_fn):
     return out
 
 
-def bench(H_, statics, tokens, tags, with_memory: bool):
+def bench(H_, statics, tokens, tags, with_memory: bool, on_point=None):
+    """Every arm at every point; on_point(rows) after each point (the CSV is kept current, so a
+    run cut short by a time limit keeps what it measured)."""
     from liger_rt.kernels import moe_experts as M
     liger_fn = _liger_fused()
     rows = []
@@ -130,7 +132,10 @@ def bench(H_, statics, tokens, tags, with_memory: bool):
                     def fb(fn=fn, leaves=leaves):   # allow_unused: a peer may not differentiate w
                         torch.autograd.grad(fn(), leaves, case["dy"], allow_unused=True)
                     try:
+                        t_first = time.perf_counter()
                         err = _rel(fn(), ref)
+                        torch.cuda.synchronize()
+                        t_first = time.perf_counter() - t_first
                         fwd = H_.bench_ms(fn)
                         fwdbwd = H_.bench_ms(fb)
                         peak = H_.peak_extra_gb(fb) if with_memory else None
@@ -139,6 +144,7 @@ def bench(H_, statics, tokens, tags, with_memory: bool):
                         err = fwd = fwdbwd = peak = None
                         error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
                         print(f"  {name} E{E} T{T} {tag}: {error}")
+                        t_first = None
                     row = {"op": "moe_experts", "impl": name, "dtype": "bf16", "experts": E, "top_k": K, "hidden": H,
                            "intermediate": I, "tokens": T, "routing": tag,
                            "rows_per_expert": T * K / E, "max_rows_expert": int(counts.max()),
@@ -152,7 +158,11 @@ def bench(H_, statics, tokens, tags, with_memory: bool):
                     anchor = ANCHOR_FWDBWD.get((E, T), {})
                     row["anchor_grouped_mm_fwdbwd"] = anchor.get("grouped_mm")
                     row["anchor_liger_fwdbwd"] = anchor.get("liger")
+                    row["first_call_s"] = t_first   # compile (and a peer's autotune) included
                     rows.append(row)
+                    print(f"  E{E} T{T} {tag} {name}: fwd+bwd {fwdbwd} ms (first call {t_first} s)", flush=True)
+                if on_point is not None:
+                    on_point(rows)
                 del case, ref
                 torch.cuda.empty_cache()
     return rows
@@ -316,6 +326,29 @@ def tune(H_, statics, tokens):
     return out
 
 
+def _load_rows(path: Path) -> list[dict]:
+    """Rows of an earlier run's CSV with numbers as numbers (empty cells as None)."""
+    import csv
+    if not path.exists():
+        return []
+    out = []
+    for r in csv.DictReader(path.open()):
+        row = {}
+        for k, v in r.items():
+            if v == "":
+                row[k] = None
+                continue
+            try:
+                row[k] = int(v)
+            except ValueError:
+                try:
+                    row[k] = float(v)
+                except ValueError:
+                    row[k] = v
+        out.append(row)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="T {512, 4096}, uniform routing only, no memory pass")
@@ -324,8 +357,8 @@ def main(argv=None) -> int:
                          "print the best")
     ap.add_argument("--experts", type=int, choices=[s[0] for s in STATICS], action="append",
                     help="only this static shape (E32: 8B, E64: 24B); repeatable")
-    ap.add_argument("--tokens", type=int, action="append",
-                    help="only these token counts (repeatable); results go to moe_experts_h200_T<...>.csv")
+    ap.add_argument("--tokens", type=int, action="append", help="only these token counts (repeatable)")
+    ap.add_argument("--routing", choices=TAGS, action="append", help="only this routing (repeatable)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_moe_experts: no CUDA/ROCm device here; run it on the GPU (the H200): "
@@ -335,7 +368,12 @@ def main(argv=None) -> int:
     from liger_rt import backend
     statics = [s for s in STATICS if not args.experts or s[0] in args.experts]
     tokens = args.tokens or (QUICK_TOKENS if args.quick else TOKENS)
-    csv_name = f"moe_experts_h200_T{'_'.join(map(str, args.tokens))}.csv" if args.tokens else "moe_experts_h200.csv"
+    tags = args.routing or (TAGS[:1] if args.quick else TAGS)
+    csv_name = "moe_experts_h200.csv"
+    # a run over part of the grid replaces those points in the CSV and keeps the others
+    kept = [] if not (args.experts or args.tokens or args.routing) else [
+        r for r in _load_rows(H_.RESULTS / csv_name)
+        if not (r["experts"] in [s[0] for s in statics] and r["tokens"] in tokens and r["routing"] in tags)]
     arch = backend.detect()
     print(f"bench_moe_experts on {torch.cuda.get_device_name()} ({arch.name}; {H_.versions()})")
     t0 = time.time()
@@ -343,7 +381,8 @@ def main(argv=None) -> int:
         rows = tune(H_, statics, tokens)
         print(f"\nwrote {H_.write_csv('moe_experts_tune_h200.csv', rows)} ({time.time() - t0:.0f} s)")
         return 0
-    rows = bench(H_, statics, tokens, TAGS[:1] if args.quick else TAGS, with_memory=not args.quick)
+    rows = kept + bench(H_, statics, tokens, tags, with_memory=not args.quick,
+                        on_point=lambda new: H_.write_csv(csv_name, kept + new))
     cols = ["impl", "experts", "tokens", "routing", "fwd_ms", "fwd_TFLOPs", "fwdbwd_ms", "fwdbwd_TFLOPs",
             "fwdbwd_frac_ceiling", "peak_gb", "relerr_vs_fp32"]
     H_.print_table(rows, cols)

@@ -31,11 +31,14 @@ for s in "$@"; do
     lfm2)     stage lfm2 200 python3 benchmarks/bench_lfm2_ops.py $Q ${LFM2_ARGS:-} ;;
     lfm2tune) stage lfm2tune 200 python3 benchmarks/bench_lfm2_ops.py --tune --quick --no-compile ;;
     losses)   stage losses 240 python3 benchmarks/bench_losses.py $Q ${LOSSES_ARGS:-} ;;
-    moe)      stage moe 300 python3 benchmarks/bench_moe_experts.py $Q ;;
+    moe)      stage moe ${MOE_S:-300} python3 benchmarks/bench_moe_experts.py $Q ${MOE_ARGS:-} ;;
+    host)     stage host 120 python3 benchmarks/host_overhead.py ;;
+    kernels)  stage kernels ${KERNELS_S:-300} python3 -m liger_rt.tools.cli bench kernels ${KERNELS_ARGS:---quick} ;;
     sweep)    stage sweep ${SWEEP_S:-420} python3 -m liger_rt.tools.cli sweep --arch hopper ${SWEEP_ARGS:---quick}
               stage export 60 python3 -m liger_rt.tools.cli export benchmarks/results/hopper.jsonl --arch hopper
               stage explain 60 python3 -m liger_rt.tools.cli explain rms_norm --shape rows=16384,hidden=4096 --dtype bf16 ;;
     profile)  stage profile 90 python3 benchmarks/profile_norms.py ;;
+    profmoe)  stage profmoe 120 python3 benchmarks/profile_moe.py ;;
     parity)   stage parity 300 python3 -m liger_rt.tools.cli parity --model qwen3 --preset qwen3-4b --dtype bf16 --device cuda ;;
     model)    stage model ${MODEL_S:-540} python3 benchmarks/bench_model.py ${MODEL_ARGS:-} ;;
     *) echo "unknown stage $s" | tee -a "$LOG" ;;
