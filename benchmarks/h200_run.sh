@@ -26,7 +26,7 @@ python3 -c "import torch, triton, transformers; print('torch', torch.__version__
 for s in "$@"; do
   case $s in
     gputests) stage gputests ${GPUTEST_S:-300} python3 -m pytest -m gpu ${GPUTESTS:-tests/gpu} -q -p no:cacheprovider -rfE ;;
-    norms)    stage norms 240 python3 benchmarks/bench_norms.py $Q ;;
+    norms)    stage norms ${NORMS_S:-240} python3 benchmarks/bench_norms.py $Q ${NORMS_ARGS:-} ;;
     normtune) stage normtune 240 python3 benchmarks/bench_norms.py --tune --quick ;;
     lfm2)     stage lfm2 200 python3 benchmarks/bench_lfm2_ops.py $Q ${LFM2_ARGS:-} ;;
     lfm2tune) stage lfm2tune 200 python3 benchmarks/bench_lfm2_ops.py --tune --quick --no-compile ;;
@@ -37,8 +37,20 @@ for s in "$@"; do
     sweep)    stage sweep ${SWEEP_S:-420} python3 -m liger_rt.tools.cli sweep --arch hopper ${SWEEP_ARGS:---quick}
               stage export 60 python3 -m liger_rt.tools.cli export benchmarks/results/hopper.jsonl --arch hopper
               stage explain 60 python3 -m liger_rt.tools.cli explain rms_norm --shape rows=16384,hidden=4096 --dtype bf16 ;;
+    normsweep)  # the norms at the issue's shapes and the model presets' (CUDA-graph timing), then export
+              T="python3 -m liger_rt.tools.cli sweep --arch hopper --quick"
+              stage sweep_rms ${SWEEP_S:-110} $T --op rms_norm --shape rows=4096,hidden=2048 --shape rows=8192,hidden=2048 \
+                --shape rows=65536,hidden=2048 --shape rows=4096,hidden=4096 --shape rows=16384,hidden=4096 \
+                --shape rows=65536,hidden=128 --shape rows=131072,hidden=128
+              stage sweep_swiglu ${SWEEP_S:-110} $T --op swiglu --shape rows=4096,cols=8192 --shape rows=16384,cols=8192 \
+                --shape rows=4096,cols=12288 --shape rows=8192,cols=12288 --shape rows=8192,cols=6144
+              stage sweep_ln ${SWEEP_S:-110} $T --op layer_norm --shape rows=4096,hidden=1152 --shape rows=23328,hidden=1152 \
+                --shape rows=4096,hidden=2048 --shape rows=65536,hidden=2048 --shape rows=4096,hidden=4096 \
+                --shape rows=16384,hidden=4096
+              stage export 60 python3 -m liger_rt.tools.cli export benchmarks/results/hopper.jsonl --arch hopper ;;
     profile)  stage profile 90 python3 benchmarks/profile_norms.py ;;
     profmoe)  stage profmoe 120 python3 benchmarks/profile_moe.py ;;
+    profmodel) stage profmodel 200 python3 benchmarks/profile_model.py ${PROFMODEL_ARGS:-} ;;
     parity)   stage parity 300 python3 -m liger_rt.tools.cli parity --model qwen3 --preset qwen3-4b --dtype bf16 --device cuda ;;
     model)    stage model ${MODEL_S:-540} python3 benchmarks/bench_model.py ${MODEL_ARGS:-} ;;
     *) echo "unknown stage $s" | tee -a "$LOG" ;;

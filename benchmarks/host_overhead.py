@@ -32,30 +32,8 @@ def host_us(fn, calls: int = 2000) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def graph_us(fn, reps: int = 20) -> float:
-    """Device time per fn() from a CUDA graph of `reps` unrolled calls, captured on a side stream."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    t = []
-    for _ in range(10):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        t.append(a.elapsed_time(b) * 1e3 / reps)
-    t.sort()
-    return t[len(t) // 2]
+def graph_us(fn) -> float:
+    return H.graph_ms(fn) * 1e3
 
 
 class _Identity(torch.autograd.Function):

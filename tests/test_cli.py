@@ -67,10 +67,11 @@ def test_sweep_then_explain_in_another_process_gets_db(tmp_path):
     pytest.importorskip("liger_rt.kernels.rms_norm")
     db = str(tmp_path / "cli.db")
     env = {"LIGER_RT_TUNING_DB": db}
-    res = _run("sweep", "--arch", "cpu", "--op", "rms_norm", "--shape", "rows=8,hidden=64", "--dtype", "fp32",
-               "--quick", "--json", env_extra=env)
+    res = _run("sweep", "--arch", "cpu", "--op", "rms_norm", "--shape", "rows=8,hidden=64", "--shape",
+               "rows=3,hidden=32", "--dtype", "fp32", "--quick", "--json", env_extra=env)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout)
+    assert [r["dims"] for r in out["results"]] == [{"rows": 8, "hidden": 64}, {"rows": 3, "hidden": 32}]
     assert out["results"][0]["impl"] in ("triton", "torch") and out["results"][0]["ms"] > 0
     res = _run("explain", "rms_norm", "--shape", "rows=8,hidden=64", "--dtype", "fp32", "--arch", "cpu", "--json",
                env_extra=env)

@@ -150,16 +150,17 @@ def doctor_report() -> dict:
 
 # -- sweep ----------------------------------------------------------------------------------------
 
-def build_plan(arch, ops: list[str], preset_name: str | None, shape: dict | None, quick: bool, dtypes: list[str]):
-    """[(op, dims, dtype, tag)] for a sweep."""
+def build_plan(arch, ops: list[str], preset_name: str | None, shapes: list[dict] | None, quick: bool,
+               dtypes: list[str]):
+    """[(op, dims, dtype, tag)] for a sweep; `shapes` (for one op) replace the op's plan."""
     from liger_rt import dispatch
     from liger_rt.tools.presets import get_preset
     preset = get_preset(preset_name) if preset_name else None
     plan = []
     for name in ops:
         op = dispatch.get_op(name)
-        if shape is not None:
-            dim_list = [op.check_dims(shape)]
+        if shapes:
+            dim_list = [op.check_dims(shape) for shape in shapes]
         else:
             dim_list = [op.check_dims(d) for d in op.plan(preset, arch, quick)]
         for dims in dim_list:
@@ -173,19 +174,20 @@ def build_plan(arch, ops: list[str], preset_name: str | None, shape: dict | None
 @click.option("--arch", "arch_name", required=True, help="Arch to tune for (must be this machine's, unless --dry-run).")
 @click.option("--op", "ops", multiple=True, help="Op to sweep (repeatable); default: every op.")
 @click.option("--model", "preset", default=None, help="Model preset whose shapes to sweep (e.g. qwen3-1.7b, lfm2-8b-a1b).")
-@click.option("--shape", default=None, help="One shape instead of the plan, k=v[,k=v...] (needs exactly one --op).")
+@click.option("--shape", "shapes", multiple=True,
+              help="A shape instead of the plan, k=v[,k=v...] (repeatable; needs exactly one --op).")
 @click.option("--dtype", "dtypes", multiple=True, default=("bf16",), show_default=True, help="fp32, bf16 or fp16 (repeatable).")
 @click.option("--quick", is_flag=True, help="A short plan: fewer shapes, shorter timing.")
 @click.option("--dry-run", is_flag=True, help="Print the plan for any arch and measure nothing.")
 @click.option("--db", "db_path", default=None, help="DB to write (default: LIGER_RT_TUNING_DB or the user cache).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def sweep(arch_name, ops, preset, shape, dtypes, quick, dry_run, db_path, as_json):
+def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_json):
     """Measure implementations and configs for the plan and persist the winners."""
     from liger_rt import autotune, backend, dispatch
     from liger_rt.kernels._common import parse_dtype
     arch_name = _check_arch(arch_name)
     ops = _check_ops(ops) if ops else list(dispatch.OP_MODULES)
-    if shape is not None and len(ops) != 1:
+    if shapes and len(ops) != 1:
         raise click.UsageError("--shape needs exactly one --op")
     if arch_name == "cpu":
         _cpu_interpreter()
@@ -201,7 +203,7 @@ def sweep(arch_name, ops, preset, shape, dtypes, quick, dry_run, db_path, as_jso
     if not dry_run:
         target = dispatch.Target(arch=real, device_type=target.device_type, interpret=target.interpret)
     try:
-        plan = build_plan(target.arch, ops, preset, _parse_shape(shape) if shape else None, quick, list(dtypes))
+        plan = build_plan(target.arch, ops, preset, [_parse_shape(s) for s in shapes], quick, list(dtypes))
     except ValueError as exc:
         raise click.UsageError(str(exc))
     if dry_run:
