@@ -1,0 +1,432 @@
+"""RoPE: Hugging Face's ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` (Llama/Qwen3).
+
+Shapes (unsqueeze_dim=1, HF's layout): q (B, Hq, S, D), k (B, Hk, S, D), usually the views
+``proj(x).view(B, S, H, D).transpose(1, 2)``; cos, sin (B, S, D) or (1, S, D) (broadcast over
+batch).  Outputs q_embed, k_embed have q's and k's shapes in promote(x.dtype, cos.dtype,
+sin.dtype), eager's dtype.  unsqueeze_dim=2 takes the (B, S, H, D) layout.
+
+    q_embed, k_embed = liger_rt.ops.rope(q, k, cos, sin)     # q (4, 16, 2048, 128) bf16, cos (1, 2048, 128)
+
+With x1 = x[..., :D/2], x2 = x[..., D/2:] and c1, c2 / s1, s2 the halves of cos / sin (the halves
+are not assumed equal): y1 = x1*c1 - x2*s1, y2 = x2*c2 + x1*s2.  The backward is the transposed
+rotation, dx1 = dy1*c1 + dy2*s2, dx2 = dy2*c2 - dy1*s1, recomputed from cos and sin (the only
+saved tensors).  cos and sin get no gradient; when either requires one, the torch formula runs.
+
+Numerics: every load is cast to fp32 and each output is rounded once (eager bf16 rounds q*cos,
+rotate_half(q)*sin and their sum), so ours sits closer to the fp32 truth than eager's bf16 path.
+
+Kernel: one program per POS consecutive (batch, seq) positions; per position it loads the four
+cos/sin half-rows once and rotates every q head and every k head in (BLOCK_H, D/2) tiles per half,
+writing fresh outputs (q and k may be saved by autograd elsewhere: never in place).  Inputs are
+read through their strides (the transposed HF views need no copy); outputs are laid out
+(B, S, H, D) in memory, like HF's q and k, so a program's writes are one contiguous run.  The
+backward is the same kernel with BACKWARD set.  Minimum traffic per token, fwd and bwd alike:
+read and write (Hq + Hk) * D values each, plus 2D of cos/sin.
+Under torch.compile the launchers run inside custom ops (liger_rt::rope_fwd/bwd) dispatched at
+run time.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import DTYPES, interpreter_on, next_pow2, triton_available
+
+# A position's (BLOCK_H, D/2) half-tiles live in registers.  BLOCK_H * next_pow2(D/2) is capped at
+# MAX_TILE fp32 (32 heads at D 256: 16 values per thread at 8 warps, twice for the two halves);
+# an estimate, not measured on a GPU yet.  Larger heads loop over head tiles.
+MAX_HEAD_DIM = 256
+MAX_TILE = 4096
+
+
+# -- reference ------------------------------------------------------------------------------------
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    d2 = x.shape[-1] // 2
+    return torch.cat((-x[..., d2:], x[..., :d2]), dim=-1)
+
+
+def _rope_torch(q, k, cos, sin, unsqueeze_dim: int = 1):
+    """What the Hugging Face attention runs, in the input dtypes (the dispatcher's `torch`)."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _out_dtype(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
+
+
+def rope_ref(q, k, cos, sin, unsqueeze_dim: int = 1):
+    """fp32 compute of the HF formula, each output cast once to eager's dtype."""
+    qe, ke = _rope_torch(q.float(), k.float(), cos.float(), sin.float(), unsqueeze_dim)
+    return qe.to(_out_dtype(q, cos, sin)), ke.to(_out_dtype(k, cos, sin))
+
+
+def _rope_bwd_torch(dy: torch.Tensor, cos, sin, unsqueeze_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """The transposed rotation in closed form (autograd is off inside custom ops)."""
+    d2 = dy.shape[-1] // 2
+    c, s, g = cos.unsqueeze(unsqueeze_dim).float(), sin.unsqueeze(unsqueeze_dim).float(), dy.float()
+    dx1 = g[..., :d2] * c[..., :d2] + g[..., d2:] * s[..., d2:]
+    dx2 = g[..., d2:] * c[..., d2:] - g[..., :d2] * s[..., :d2]
+    return torch.cat((dx1, dx2), dim=-1).to(dtype)
+
+
+# -- Triton kernels -------------------------------------------------------------------------------
+
+@triton.jit
+def _to(x, dtype: tl.constexpr, RNE_BF16: tl.constexpr):
+    """fp32 -> dtype.  The interpreter truncates fp32 -> bf16 (triton/runtime/interpreter.py,
+    _convert_float without a rounding mode) where the GPU rounds to nearest even; RNE_BF16 (set
+    only under the interpreter) rounds explicitly so CPU results match the GPU's bit for bit."""
+    if RNE_BF16 and dtype == tl.bfloat16:
+        b = x.to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        return b.to(tl.float32, bitcast=True).to(dtype)
+    else:
+        return x.to(dtype)
+
+
+@triton.jit
+def _rotate_heads(X, Y, off_x, off_y, stride_xh, stride_yh, c1, c2, s1, s2, m_d, H, D2,
+                  BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BACKWARD: tl.constexpr, RNE_BF16: tl.constexpr):
+    """All H heads of one position, (BLOCK_H, BLOCK_D) tiles per half; unit head-dim stride."""
+    o_d = tl.arange(0, BLOCK_D)
+    for h0 in tl.range(0, H, BLOCK_H):
+        o_h = h0 + tl.arange(0, BLOCK_H)
+        mask = (o_h < H)[:, None] & m_d[None, :]
+        p_x = X + off_x + o_h.to(tl.int64)[:, None] * stride_xh + o_d[None, :]
+        x1 = tl.load(p_x, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(p_x + D2, mask=mask, other=0.0).to(tl.float32)
+        if BACKWARD:   # the transposed rotation
+            y1 = x1 * c1[None, :] + x2 * s2[None, :]
+            y2 = x2 * c2[None, :] - x1 * s1[None, :]
+        else:
+            y1 = x1 * c1[None, :] - x2 * s1[None, :]
+            y2 = x2 * c2[None, :] + x1 * s2[None, :]
+        p_y = Y + off_y + o_h.to(tl.int64)[:, None] * stride_yh + o_d[None, :]
+        tl.store(p_y, _to(y1, Y.dtype.element_ty, RNE_BF16), mask=mask)
+        tl.store(p_y + D2, _to(y2, Y.dtype.element_ty, RNE_BF16), mask=mask)
+
+
+@triton.jit(do_not_specialize=["T", "S"])
+def _rope_kernel(Q, K, COS, SIN, QO, KO,
+                 stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+                 stride_qob, stride_qos, stride_qoh, stride_kob, stride_kos, stride_koh,
+                 stride_cb, stride_cs, stride_sb, stride_ss, T, S, HQ, HK, D2,
+                 BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr, POS: tl.constexpr,
+                 BACKWARD: tl.constexpr, RNE_BF16: tl.constexpr):
+    """Program p rotates positions p*POS .. p*POS + POS - 1 of the flattened (B*S) tokens; every
+    tensor is addressed as (B, S, H, D) through its strides (stride_cb = 0 broadcasts cos/sin)."""
+    o_d = tl.arange(0, BLOCK_D)
+    for i in tl.static_range(POS):
+        t = tl.program_id(0).to(tl.int64) * POS + i
+        b = t // S
+        s = t - b * S
+        m_d = o_d < tl.where(t < T, D2, 0)   # a tail position (t >= T) loads and stores nothing
+        p_c = COS + b * stride_cb + s * stride_cs + o_d
+        p_s = SIN + b * stride_sb + s * stride_ss + o_d
+        c1 = tl.load(p_c, mask=m_d, other=0.0).to(tl.float32)
+        c2 = tl.load(p_c + D2, mask=m_d, other=0.0).to(tl.float32)
+        s1 = tl.load(p_s, mask=m_d, other=0.0).to(tl.float32)
+        s2 = tl.load(p_s + D2, mask=m_d, other=0.0).to(tl.float32)
+        _rotate_heads(Q, QO, b * stride_qb + s * stride_qs, b * stride_qob + s * stride_qos, stride_qh, stride_qoh,
+                      c1, c2, s1, s2, m_d, HQ, D2, BLOCK_HQ, BLOCK_D, BACKWARD, RNE_BF16)
+        _rotate_heads(K, KO, b * stride_kb + s * stride_ks, b * stride_kob + s * stride_kos, stride_kh, stride_koh,
+                      c1, c2, s1, s2, m_d, HK, D2, BLOCK_HK, BLOCK_D, BACKWARD, RNE_BF16)
+
+
+# -- launchers --------------------------------------------------------------------------------------
+
+def _check_head_dim(d: int) -> None:
+    if d % 2:
+        raise ValueError(f"rope: head_dim must be even (rotate_half pairs element i with i + D/2), got {d}")
+    if d > MAX_HEAD_DIM:
+        raise ValueError(f"rope triton kernel supports head_dim <= {MAX_HEAD_DIM}, got {d}; use liger_rt.ops.rope "
+                         f"(dispatch picks torch there) or LIGER_RT_IMPL_ROPE=torch")
+
+
+def _bshd(x: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
+    """x as a (B, S, H, D) view with unit head-dim stride (a copy only when that stride is not 1)."""
+    v = x.transpose(1, 2) if unsqueeze_dim == 1 else x
+    return v if v.stride(-1) == 1 else v.contiguous()
+
+
+def _new_out(x: torch.Tensor, dtype: torch.dtype, unsqueeze_dim: int) -> torch.Tensor:
+    """A fresh tensor of x's shape laid out (B, S, H, D) in memory (HF's q/k layout)."""
+    if unsqueeze_dim == 1:
+        b, h, s, d = x.shape
+        return torch.empty((b, s, h, d), dtype=dtype, device=x.device).transpose(1, 2)
+    return torch.empty(x.shape, dtype=dtype, device=x.device)
+
+
+def _cs(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """cos/sin (B or 1, S, D) -> (tensor with unit last stride, batch stride (0: broadcast), seq stride)."""
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    return t, (t.stride(0) if t.shape[0] > 1 else 0), t.stride(1)
+
+
+def _launch(xq, xk, cos, sin, unsqueeze_dim: int, q_dtype, k_dtype, backward: bool, config):
+    if _kernel_layout(xq, xk, cos, sin, unsqueeze_dim) != unsqueeze_dim:
+        raise ValueError(f"rope kernel: q {tuple(xq.shape)}, k {tuple(xk.shape)}, cos {tuple(cos.shape)}, "
+                         f"sin {tuple(sin.shape)} with unsqueeze_dim {unsqueeze_dim}: takes (B, H, S, D) q/k with "
+                         f"unsqueeze_dim 1 or (B, S, H, D) with 2, and (B or 1, S, D) cos/sin on one device; "
+                         f"liger_rt.ops.rope runs other shapes through torch")
+    qv, kv = _bshd(xq, unsqueeze_dim), _bshd(xk, unsqueeze_dim)
+    b, s, hq, d = qv.shape
+    hk = kv.shape[2]
+    _check_head_dim(d)
+    qo, ko = _new_out(xq, q_dtype, unsqueeze_dim), _new_out(xk, k_dtype, unsqueeze_dim)
+    t = b * s
+    if t == 0 or d == 0:
+        return qo, ko
+    qov, kov = _bshd(qo, unsqueeze_dim), _bshd(ko, unsqueeze_dim)
+    c, scb, scs = _cs(cos)
+    sn, ssb, sss = _cs(sin)
+    pos = int(config.get("POS", 1))
+    block_d = next_pow2(d // 2)
+    cap = int(config.get("BLOCK_H", 16))
+    _rope_kernel[(triton.cdiv(t, pos),)](
+        qv, kv, c, sn, qov, kov, qv.stride(0), qv.stride(1), qv.stride(2), kv.stride(0), kv.stride(1), kv.stride(2),
+        qov.stride(0), qov.stride(1), qov.stride(2), kov.stride(0), kov.stride(1), kov.stride(2),
+        scb, scs, ssb, sss, t, s, hq, hk, d // 2,
+        BLOCK_HQ=min(next_pow2(hq), cap), BLOCK_HK=min(next_pow2(hk), cap), BLOCK_D=block_d, POS=pos,
+        BACKWARD=backward, RNE_BF16=interpreter_on(), num_warps=int(config.get("num_warps", 4)))
+    return qo, ko
+
+
+def rope_fwd(q, k, cos, sin, unsqueeze_dim: int, config) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (B, Hq, S, D), k (B, Hk, S, D) (unsqueeze_dim 1) or (B, S, H, D) (2), cos/sin (B|1, S, D)
+    -> (q_embed, k_embed), fresh tensors laid out (B, S, H, D) in memory."""
+    return _launch(q, k, cos, sin, unsqueeze_dim, _out_dtype(q, cos, sin), _out_dtype(k, cos, sin), False, config)
+
+
+def rope_bwd(dq_embed, dk_embed, cos, sin, unsqueeze_dim: int, q_dtype, k_dtype, config):
+    """Upstream gradients (q's and k's shapes, any strides) -> (dq in q_dtype, dk in k_dtype)."""
+    return _launch(dq_embed, dk_embed, cos, sin, unsqueeze_dim, q_dtype, k_dtype, True, config)
+
+
+# -- autograd.Function ------------------------------------------------------------------------------
+
+class RoPEFunction(torch.autograd.Function):
+    """apply(q, k, cos, sin, unsqueeze_dim (1 or 2), config) -> (q_embed, k_embed); saves cos, sin."""
+
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, unsqueeze_dim, config):
+        qe, ke = rope_fwd(q, k, cos, sin, unsqueeze_dim, config)
+        ctx.save_for_backward(cos, sin)
+        ctx.unsqueeze_dim, ctx.config, ctx.dtypes = unsqueeze_dim, config, (q.dtype, k.dtype)
+        return qe, ke
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dqe, dke):
+        cos, sin = ctx.saved_tensors
+        dq, dk = rope_bwd(dqe, dke, cos, sin, ctx.unsqueeze_dim, *ctx.dtypes, ctx.config)
+        return dq, dk, None, None, None, None
+
+
+# -- the torch.compile path: opaque custom ops --------------------------------------------------------
+# Under torch.compile the kernels run inside custom ops, dispatched at run time exactly like eager
+# calls (so dynamic shapes and env overrides behave the same), and dynamo never traces a launcher.
+# Eager calls keep the autograd.Function above: it costs less per call than the op dispatcher.
+# Every result of these ops (torch path included) has the (B, S, H, D) memory layout the fake
+# implementations promise.
+
+def _dims(q: torch.Tensor, k: torch.Tensor, unsqueeze_dim: int) -> dict:
+    h, s = (1, 2) if unsqueeze_dim == 1 else (2, 1)
+    return {"heads_q": q.shape[h], "heads_k": k.shape[h], "head_dim": q.shape[-1], "tokens": q.shape[0] * q.shape[s]}
+
+
+def _like_out(x: torch.Tensor, value: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
+    return _new_out(x, value.dtype, unsqueeze_dim).copy_(value)
+
+
+@torch.library.custom_op("liger_rt::rope_fwd", mutates_args=())
+def _rope_fwd_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 unsqueeze_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    d = OP.select(q, **_dims(q, k, unsqueeze_dim))
+    if d.impl == "torch":
+        qe, ke = _rope_torch(q, k, cos, sin, unsqueeze_dim)
+        return _like_out(q, qe, unsqueeze_dim), _like_out(k, ke, unsqueeze_dim)
+    return rope_fwd(q, k, cos, sin, unsqueeze_dim, d.config)
+
+
+@_rope_fwd_op.register_fake
+def _(q, k, cos, sin, unsqueeze_dim):
+    return (_new_out(q, _out_dtype(q, cos, sin), unsqueeze_dim), _new_out(k, _out_dtype(k, cos, sin), unsqueeze_dim))
+
+
+@torch.library.custom_op("liger_rt::rope_bwd", mutates_args=())
+def _rope_bwd_op(dqe: torch.Tensor, dke: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int,
+                 q_dtype: torch.dtype, k_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    d = OP.select(dqe, **_dims(dqe, dke, unsqueeze_dim))
+    if d.impl == "torch":
+        return (_like_out(dqe, _rope_bwd_torch(dqe, cos, sin, unsqueeze_dim, q_dtype), unsqueeze_dim),
+                _like_out(dke, _rope_bwd_torch(dke, cos, sin, unsqueeze_dim, k_dtype), unsqueeze_dim))
+    return rope_bwd(dqe, dke, cos, sin, unsqueeze_dim, q_dtype, k_dtype, d.config)
+
+
+@_rope_bwd_op.register_fake
+def _(dqe, dke, cos, sin, unsqueeze_dim, q_dtype, k_dtype):
+    return _new_out(dqe, q_dtype, unsqueeze_dim), _new_out(dke, k_dtype, unsqueeze_dim)
+
+
+def _rope_setup(ctx, inputs, output):
+    q, k, cos, sin, unsqueeze_dim = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.unsqueeze_dim, ctx.dtypes, ctx.shapes = unsqueeze_dim, (q.dtype, k.dtype), (q.shape, k.shape)
+
+
+def _rope_backward(ctx, dqe, dke):
+    cos, sin = ctx.saved_tensors
+    qe_dtype = torch.promote_types(torch.promote_types(ctx.dtypes[0], cos.dtype), sin.dtype)
+    ke_dtype = torch.promote_types(torch.promote_types(ctx.dtypes[1], cos.dtype), sin.dtype)
+    if dqe is None:   # an output the loss never used
+        dqe = cos.new_zeros(ctx.shapes[0], dtype=qe_dtype)
+    if dke is None:
+        dke = cos.new_zeros(ctx.shapes[1], dtype=ke_dtype)
+    dq, dk = _rope_bwd_op(dqe, dke, cos, sin, ctx.unsqueeze_dim, *ctx.dtypes)
+    return dq, dk, None, None, None
+
+
+_rope_fwd_op.register_autograd(_rope_backward, setup_context=_rope_setup)
+
+
+# -- functional --------------------------------------------------------------------------------------
+
+def _kernel_layout(q, k, cos, sin, unsqueeze_dim: int) -> int | None:
+    """1 or 2 (the normalised unsqueeze_dim) when the kernel can take these shapes, else None."""
+    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.shape != cos.shape:
+        return None
+    ud = unsqueeze_dim + 4 if unsqueeze_dim < 0 else unsqueeze_dim   # cos.unsqueeze(-3) is unsqueeze(1)
+    if ud not in (1, 2):
+        return None
+    sd = 2 if ud == 1 else 1
+    b, s, d = q.shape[0], q.shape[sd], q.shape[-1]
+    if (k.shape[0], k.shape[sd], k.shape[-1]) != (b, s, d) or tuple(cos.shape[1:]) != (s, d) or cos.shape[0] not in (1, b):
+        return None
+    if not (q.device == k.device == cos.device == sin.device):
+        return None
+    return ud
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids=None,
+         unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """apply_rotary_pos_emb: q (B, Hq, S, D), k (B, Hk, S, D), cos/sin (B|1, S, D) -> (q_embed,
+    k_embed).  position_ids is accepted and ignored, as HF does.  Dispatched per call."""
+    if q.shape[-1] % 2 or k.shape[-1] % 2:
+        raise ValueError(f"rope: head_dim must be even (rotate_half pairs element i with i + D/2); "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    ud = _kernel_layout(q, k, cos, sin, unsqueeze_dim)
+    if (ud is None or any(t.dtype not in DTYPES.values() for t in (q, k, cos, sin))
+            or q.numel() == 0 or k.numel() == 0 or cos.requires_grad or sin.requires_grad):
+        return _rope_torch(q, k, cos, sin, unsqueeze_dim)   # autograd gives cos/sin their gradients
+    dims = _dims(q, k, ud)
+    if torch.compiler.is_compiling():
+        return _rope_fwd_op(q, k, cos, sin, ud)
+    d = OP.select(q, **dims)
+    if d.impl == "torch":
+        return _rope_torch(q, k, cos, sin, ud)
+    return RoPEFunction.apply(q, k, cos, sin, ud, d.config)
+
+
+# -- registration -------------------------------------------------------------------------------------
+
+from ..dispatch import Impl, Op, register  # noqa: E402
+
+
+def _make_case(dims, dtype, device):
+    """HF's tensors: q, k transposed views of (B, S, H, D) projections, cos/sin (1, S, D) with
+    unequal halves (random, not a real frequency table), upstream gradients in the output layout."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    hq, hk, d, t = dims["heads_q"], dims["heads_k"], dims["head_dim"], dims["tokens"]
+    b = 2 if t % 2 == 0 and t >= 4 else 1
+    s = t // b
+    q = torch.randn(b, s, hq, d, generator=g).to(device, dtype).transpose(1, 2).requires_grad_()
+    k = torch.randn(b, s, hk, d, generator=g).to(device, dtype).transpose(1, 2).requires_grad_()
+    angle = 4.0 * torch.rand(1, s, d, generator=g)
+    cos, sin = angle.cos().to(device, dtype), angle.sin().to(device, dtype)
+    dq = torch.randn(b, hq, s, d, generator=g).to(device, dtype)
+    dk = torch.randn(b, hk, s, d, generator=g).to(device, dtype)
+    return {"q": q, "k": k, "cos": cos, "sin": sin, "dq": dq, "dk": dk}
+
+
+def _run_torch(case, config):
+    qe, ke = _rope_torch(case["q"], case["k"], case["cos"], case["sin"])
+    return [qe, ke, *torch.autograd.grad((qe, ke), (case["q"], case["k"]), (case["dq"], case["dk"]))]
+
+
+def _run_triton(case, config):
+    qe, ke = RoPEFunction.apply(case["q"], case["k"], case["cos"], case["sin"], 1, config)
+    return [qe, ke, *torch.autograd.grad((qe, ke), (case["q"], case["k"]), (case["dq"], case["dk"]))]
+
+
+def _warps(elems: int, per_thread: int, arch) -> int:
+    return int(min(max(elems // (arch.warp_size * per_thread), 1), arch.max_num_warps))
+
+
+def _config(arch, dims, pos: int, per_thread: int, split: int = 1) -> dict:
+    """POS positions per program; BLOCK_H heads per tile (all of the larger head count, divided by
+    `split`, within MAX_TILE); warps so one half-tile gives `per_thread` values to each thread."""
+    block_d = next_pow2(max(1, dims["head_dim"] // 2))
+    heads = next_pow2(max(dims["heads_q"], dims["heads_k"]))
+    block_h = max(1, min(heads // split, MAX_TILE // block_d))
+    return {"POS": pos, "BLOCK_H": block_h, "num_warps": _warps(block_h * block_d, per_thread, arch)}
+
+
+def _heuristic(arch, dims, dtype):
+    """One position per program, all heads in one tile, 8 values per thread per half-tile (one
+    16-byte bf16 vector per load): 4 warps at Qwen3-1.7B's 16 q heads x D 128 (its 8-head k tile
+    gets 4 values per thread); 8192 tokens are 8192 programs, several waves on 132 SMs.
+    An estimate, not measured on a GPU yet: `liger-tune sweep` decides among _configs."""
+    return _config(arch, dims, 1, 8)
+
+
+def _configs(arch, dims, dtype):
+    if arch.name == "cpu":  # the interpreter ignores warps: cover the code paths (head-tile loop, POS tails)
+        return [_heuristic(arch, dims, dtype), {"POS": 3, "BLOCK_H": 1, "num_warps": 1},
+                {"POS": 2, "BLOCK_H": 2, "num_warps": 2}]
+    shapes = [(1, 8, 1), (1, 4, 1), (1, 16, 1), (2, 8, 1), (2, 4, 1), (2, 16, 1), (4, 8, 1), (4, 16, 1),
+              (1, 8, 2), (2, 8, 2), (1, 4, 2)]
+    out, seen = [], set()
+    for pos, per_thread, split in shapes:
+        c = _config(arch, dims, pos, per_thread, split)
+        key = tuple(sorted(c.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
+def _supports(dims, dtype):
+    if dims["head_dim"] % 2:
+        return f"odd head_dim {dims['head_dim']} (rotate_half needs pairs)"
+    if dims["head_dim"] > MAX_HEAD_DIM:
+        return f"head_dim {dims['head_dim']} > {MAX_HEAD_DIM} (a position's half-rows in registers)"
+    return None
+
+
+def _plan(preset, arch, quick):
+    if arch.name == "cpu":
+        if preset is not None and preset.tiny:
+            heads = [(preset.heads, preset.kv_heads, preset.head_dim)]
+        else:
+            heads = [(4, 2, 16)]
+        tokens = (8,) if quick else (8, 32)
+    elif preset is not None:
+        heads = [(preset.heads, preset.kv_heads, preset.head_dim)]
+        tokens = preset.quick_tokens if quick else preset.tokens
+    else:   # Qwen3-1.7B (16 q / 8 kv heads) and Llama/Qwen3-4B-style 32 / 8, D 128
+        heads = [(16, 8, 128), (32, 8, 128)]
+        tokens = (8192,) if quick else (4096, 8192)
+    return [{"heads_q": hq, "heads_k": hk, "head_dim": d, "tokens": t} for hq, hk, d in heads for t in tokens]
+
+
+OP = register(Op(
+    name="rope", static=("heads_q", "heads_k", "head_dim"), dynamic=("tokens",),
+    impls=[Impl("triton", run=_run_triton, available=triton_available, configs=_configs,
+                heuristic=_heuristic, supports=_supports),
+           Impl("torch", run=_run_torch)],
+    make_case=_make_case, plan=_plan))

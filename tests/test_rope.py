@@ -1,0 +1,326 @@
+"""rope through the Triton interpreter: tiny shapes, fp32 references, every candidate config."""
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import liger_rt.ops
+from liger_rt import backend, dispatch
+from liger_rt.kernels import rope as rp
+from liger_rt.kernels._common import assert_close
+from liger_rt.tools.cli import main
+from liger_rt.tools.presets import get_preset
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+CPU = backend.profile("cpu")
+
+
+def _inputs(b, s, hq, hk, d, dtype, seed=0, cos_batch=1, layout="bhsd"):
+    """HF's tensors: q, k transposed views of (B, S, H, D) projections (layout "bhsd"), or the
+    (B, S, H, D) tensors themselves ("bshd", unsqueeze_dim=2); cos, sin (cos_batch, S, D) from
+    independent random angles (the two halves differ); upstream gradients contiguous in q's
+    logical shape, which is not the outputs' memory layout."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, s, hq, d, generator=g).to(dtype)
+    k = torch.randn(b, s, hk, d, generator=g).to(dtype)
+    if layout == "bhsd":
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    angle = 0.3 + 4.0 * torch.rand(cos_batch, s, d, generator=g)
+    cos, sin = angle.cos().to(dtype), (1.7 * angle).sin().to(dtype)
+    dq = torch.randn(q.shape, generator=g).to(dtype)
+    dk = torch.randn(k.shape, generator=g).to(dtype)
+    return q, k, cos, sin, dq, dk
+
+
+def _fwd_bwd(fn, q, k, cos, sin, dq, dk):
+    q, k = q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_()   # clone keeps strides
+    qe, ke = fn(q, k, cos, sin)
+    return [qe, ke, *torch.autograd.grad((qe, ke), (q, k), (dq, dk))]
+
+
+def _fp32_ref(q, k, cos, sin, dq, dk, unsqueeze_dim=1):
+    """Exact fp32 math on the same (rounded) input values."""
+    return _fwd_bwd(lambda a, b, c, s: rp.rope_ref(a, b, c, s, unsqueeze_dim=unsqueeze_dim),
+                    q.float(), k.float(), cos.float(), sin.float(), dq.float(), dk.float())
+
+
+def _triton(config, unsqueeze_dim=1):
+    return lambda q, k, c, s: rp.RoPEFunction.apply(q, k, c, s, unsqueeze_dim, config)
+
+
+NAMES = ("q_embed", "k_embed", "dq", "dk")
+
+
+def _check(outs, refs, dtype, what=""):
+    for o, r, name in zip(outs, refs, NAMES):
+        assert o.shape == r.shape, f"{what} {name}"
+        assert_close(o, r, dtype, name=f"{what} {name}")
+
+
+def _dims(hq, hk, d, tokens):
+    return {"heads_q": hq, "heads_k": hk, "head_dim": d, "tokens": tokens}
+
+
+def _heuristic(hq, hk, d):
+    return rp._heuristic(CPU, _dims(hq, hk, d, 1), torch.float32)
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Counts RoPEFunction.apply calls (the eager kernel path)."""
+    calls = []
+    real = rp.RoPEFunction.apply
+    monkeypatch.setattr(rp.RoPEFunction, "apply", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matches_reference(dtype):
+    """GQA (6 q heads, 3 kv heads: neither a power of two), D 20 (half 10: masked tiles), odd seq,
+    full-batch cos, transposed q/k views."""
+    q, k, cos, sin, dq, dk = _inputs(2, 7, 6, 3, 20, dtype, cos_batch=2)
+    assert not q.is_contiguous() and q.stride(-1) == 1
+    outs = _fwd_bwd(_triton(_heuristic(6, 3, 20)), q, k, cos, sin, dq, dk)
+    assert [o.dtype for o in outs] == [dtype] * 4
+    _check(outs, _fp32_ref(q, k, cos, sin, dq, dk), dtype, f"{dtype}")
+    # fp32 compute rounded once: the same numbers as the fp32 reference cast to dtype (interpreter:
+    # the same fp32 products and sums; RNE_BF16 rounds like the GPU)
+    qe, ke = rp.rope_ref(q, k, cos, sin)
+    assert torch.equal(outs[0], qe) and torch.equal(outs[1], ke)
+    # outputs are fresh, laid out (B, S, H, D) in memory like HF's q/k
+    assert outs[0].transpose(1, 2).is_contiguous() and outs[0].data_ptr() != q.data_ptr()
+
+
+def test_hand_computed():
+    """The rotation and its transpose written out, independent of rope_ref and autograd."""
+    q, k, cos, sin, dq, dk = _inputs(1, 5, 2, 1, 8, torch.float32, seed=1)
+    qe, ke, gq, gk = _fwd_bwd(_triton(_heuristic(2, 1, 8)), q, k, cos, sin, dq, dk)
+    c, s = cos[:, None], sin[:, None]
+    c1, c2, s1, s2 = c[..., :4], c[..., 4:], s[..., :4], s[..., 4:]
+    for x, y, dy, dx in ((q, qe, dq, gq), (k, ke, dk, gk)):
+        x1, x2, dy1, dy2 = x[..., :4], x[..., 4:], dy[..., :4], dy[..., 4:]
+        assert_close(y, torch.cat((x1 * c1 - x2 * s1, x2 * c2 + x1 * s2), -1), torch.float32)
+        assert_close(dx, torch.cat((dy1 * c1 + dy2 * s2, dy2 * c2 - dy1 * s1), -1), torch.float32)
+
+
+def test_cos_halves_unequal():
+    """Each half of cos/sin is read where it belongs: a kernel that reused the first half fails."""
+    q, k, cos, sin, dq, dk = _inputs(1, 4, 2, 2, 16, torch.float32, seed=2)
+    assert (cos[..., :8] != cos[..., 8:]).all() and (sin[..., :8] != sin[..., 8:]).all()
+    outs = _fwd_bwd(liger_rt.ops.rope, q, k, cos, sin, dq, dk)
+    _check(outs, _fp32_ref(q, k, cos, sin, dq, dk), torch.float32)
+    tied = lambda t: torch.cat((t[..., :8], t[..., :8]), -1)   # noqa: E731
+    wrong = _fp32_ref(q, k, tied(cos), tied(sin), dq, dk)
+    assert all((o - w).abs().max() > 0.1 for o, w in zip(outs, wrong))
+
+
+@pytest.mark.parametrize("cos_batch", [1, 3])
+@pytest.mark.parametrize("seq", [1, 7])
+def test_cos_batch_and_seq_lengths(cos_batch, seq):
+    q, k, cos, sin, dq, dk = _inputs(3, seq, 4, 2, 16, torch.float32, seed=3, cos_batch=cos_batch)
+    outs = _fwd_bwd(liger_rt.ops.rope, q, k, cos, sin, dq, dk)
+    _check(outs, _fp32_ref(q, k, cos, sin, dq, dk), torch.float32, f"cos batch {cos_batch}, seq {seq}")
+    if cos_batch == 3:   # a per-batch table is not read as batch 0's
+        wrong = _fp32_ref(q, k, cos[:1], sin[:1], dq, dk)
+        assert (outs[0] - wrong[0]).abs().max() > 0.1
+
+
+def test_fp32_inputs_bf16_tables_promote_and_strided_views():
+    q, k, _, _, dq, dk = _inputs(2, 5, 4, 2, 16, torch.float32, seed=4)
+    _, _, cos, sin, _, _ = _inputs(2, 5, 4, 2, 16, torch.bfloat16, seed=5)
+    outs = _fwd_bwd(liger_rt.ops.rope, q, k, cos, sin, dq, dk)
+    assert [o.dtype for o in outs] == [torch.float32] * 4      # eager: promote(fp32, bf16)
+    _check(outs, _fp32_ref(q, k, cos, sin, dq, dk), torch.float32, "mixed")
+    # head-dim stride 2 (copied), q/k slices of one fused projection, cos/sin and dy strided
+    g = torch.Generator().manual_seed(6)
+    qkv = torch.randn(2, 5, 4 + 2 + 2, 2 * 16, generator=g)[..., ::2]    # (B, S, Hq + 2 Hk, D), stride_d 2
+    qs, ks = qkv[:, :, :4].transpose(1, 2), qkv[:, :, 4:6].transpose(1, 2)
+    cos_w = torch.randn(1, 5, 32, generator=g)[..., 16:]                  # row stride 32
+    sin_w = torch.randn(1, 5, 16, 2, generator=g)[..., 0]                 # stride_d 2 (copied)
+    dq_t = torch.randn(2, 4, 16, 5, generator=g).transpose(-1, -2)        # stride_d 5 (copied)
+    outs = _fwd_bwd(liger_rt.ops.rope, qs, ks, cos_w, sin_w, dq_t, dk)
+    _check(outs, _fp32_ref(qs, ks, cos_w, sin_w, dq_t, dk), torch.float32, "strided")
+
+
+def test_unused_k_embed_gives_zero_dk(kernel_calls):
+    q, k, cos, sin, dq, _ = _inputs(1, 3, 2, 2, 8, torch.float32, seed=7)
+    q, k = q.clone().requires_grad_(), k.clone().requires_grad_()
+    qe, _ = liger_rt.ops.rope(q, k, cos, sin)
+    gq, gk = torch.autograd.grad(qe, (q, k), dq)
+    assert kernel_calls == [1] and torch.equal(gk, torch.zeros_like(k))
+    assert_close(gq, _fp32_ref(q, k, cos, sin, dq, torch.zeros_like(k))[2], torch.float32)
+
+
+@pytest.mark.parametrize("unsqueeze_dim", [2, -2])
+def test_unsqueeze_dim_2_layout(unsqueeze_dim, kernel_calls):
+    """(B, S, H, D) tensors, cos.unsqueeze(2): the kernel runs through the same strides."""
+    q, k, cos, sin, dq, dk = _inputs(2, 5, 4, 2, 16, torch.bfloat16, seed=8, layout="bshd")
+    outs = _fwd_bwd(lambda a, b, c, s: liger_rt.ops.rope(a, b, c, s, unsqueeze_dim=unsqueeze_dim), q, k, cos, sin,
+                    dq, dk)
+    assert kernel_calls == [1] and outs[0].shape == (2, 5, 4, 16)
+    _check(outs, _fp32_ref(q, k, cos, sin, dq, dk, unsqueeze_dim=2), torch.bfloat16, "unsqueeze_dim=2")
+    assert torch.equal(outs[0], rp.rope_ref(q, k, cos, sin, unsqueeze_dim=2)[0])
+
+
+def test_position_ids_ignored_and_torch_broadcasts():
+    q, k, cos, sin, dq, dk = _inputs(2, 4, 2, 2, 8, torch.float32, seed=9)
+    a = liger_rt.ops.rope(q, k, cos, sin, position_ids=torch.arange(4)[None])
+    b = liger_rt.ops.rope(q, k, cos, sin)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    # shapes the kernel does not take (a 4-D cos already unsqueezed by the caller) run HF's formula
+    qe, ke = liger_rt.ops.rope(q, k, cos[:, None], sin[:, None], unsqueeze_dim=0)
+    ref = rp._rope_torch(q, k, cos[:, None], sin[:, None], unsqueeze_dim=0)
+    assert torch.equal(qe, ref[0]) and torch.equal(ke, ref[1])
+
+
+def test_cos_requiring_grad_falls_back_to_autograd(kernel_calls):
+    q, k, cos, sin, dq, dk = _inputs(2, 5, 4, 2, 16, torch.float32, seed=10)
+    leaves = [t.clone().requires_grad_() for t in (q, k, cos, sin)]
+    qe, ke = liger_rt.ops.rope(*leaves)
+    grads = torch.autograd.grad((qe, ke), leaves, (dq, dk))
+    assert kernel_calls == []
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k, cos, sin)]
+    rq, rk = rp.rope_ref(*ref_leaves)
+    refs = torch.autograd.grad((rq, rk), ref_leaves, (dq, dk))
+    for name, o, r in zip(("dq", "dk", "dcos", "dsin"), grads, refs):
+        assert_close(o, r, torch.float32, reduce_len=2 * 6, name=name)   # dcos sums over batch and heads
+    assert grads[2].abs().max() > 0.1
+
+
+def _all_candidates(dims):
+    out = []
+    for arch in ("hopper", "mi325x", "cpu"):
+        for cfg in rp.OP.candidates(rp.OP.impl("triton"), backend.profile(arch), dims, torch.bfloat16):
+            if cfg not in out:
+                out.append(cfg)
+    return out
+
+
+def test_every_candidate_config():
+    """Each config any arch can pick computes right (it runs on a tiny shape in the interpreter)."""
+    q, k, cos, sin, dq, dk = _inputs(1, 3, 3, 2, 12, torch.float32, seed=11)
+    refs = _fp32_ref(q, k, cos, sin, dq, dk)
+    cands = _all_candidates(_dims(3, 2, 12, 3))
+    assert any(c["POS"] > 1 for c in cands) and any(c["BLOCK_H"] < 4 for c in cands)
+    for cfg in cands:
+        _check(_fwd_bwd(_triton(cfg), q, k, cos, sin, dq, dk), refs, torch.float32, str(cfg))
+
+
+def test_candidate_spaces_are_modest_and_arch_aware():
+    for arch_name in ("hopper", "mi325x", "mi300x", "blackwell", "ampere", "cpu"):
+        arch = backend.profile(arch_name)
+        for hq, hk, d in ((16, 8, 128), (32, 8, 128), (32, 4, 128), (32, 8, 64), (64, 8, 256), (8, 8, 80)):
+            dims = _dims(hq, hk, d, 8192)
+            cands = rp.OP.candidates(rp.OP.impl("triton"), arch, dims, torch.bfloat16)
+            assert 1 <= len(cands) <= 12
+            for c in cands + [rp._heuristic(arch, dims, torch.bfloat16)]:
+                assert c["num_warps"] <= arch.max_num_warps
+                assert c["BLOCK_H"] * rp.next_pow2(d // 2) <= rp.MAX_TILE
+
+
+def test_head_dim_limits():
+    q, k, cos, sin, _, _ = _inputs(1, 3, 2, 2, 7, torch.float32)
+    with pytest.raises(ValueError, match="head_dim must be even"):
+        liger_rt.ops.rope(q, k, cos, sin)
+    with pytest.raises(ValueError, match="head_dim must be even"):
+        rp.rope_fwd(q, k, cos, sin, 1, {})
+    with pytest.raises(ValueError, match="takes \\(B, H, S, D\\)"):   # the launcher checks shapes too
+        rp.rope_fwd(q, k[:, :, :2], cos, sin, 1, {})
+    assert dispatch.select("rope", dtype="bf16", arch="cpu", **_dims(2, 2, 7, 3)).impl == "torch"
+    # larger than the kernel's registers: dispatch says torch, the launcher refuses
+    d = dispatch.select("rope", dtype="bf16", arch="cpu", **_dims(2, 2, 512, 3))
+    assert d.impl == "torch"
+    q, k, cos, sin, _, _ = _inputs(1, 2, 2, 1, 512, torch.float32)
+    with pytest.raises(ValueError, match="head_dim <= 256"):
+        rp.rope_fwd(q, k, cos, sin, 1, {})
+    qe, _ = liger_rt.ops.rope(q, k, cos, sin)
+    assert_close(qe, rp.rope_ref(q, k, cos, sin)[0], torch.float32)
+
+
+def test_dispatch_heuristic_then_env(monkeypatch, kernel_calls):
+    q, k, cos, sin, _, _ = _inputs(2, 3, 4, 2, 16, torch.bfloat16, seed=12)
+    qe, ke = liger_rt.ops.rope(q, k, cos, sin)
+    d = rp.OP.select(q, **_dims(4, 2, 16, 6))
+    assert (d.impl, d.origin) == ("triton", "heuristic") and kernel_calls == [1]
+    monkeypatch.setenv("LIGER_RT_IMPL_ROPE", "torch")
+    dispatch.reset()
+    qe2, ke2 = liger_rt.ops.rope(q, k, cos, sin)
+    assert rp.OP.select(q, **_dims(4, 2, 16, 6)).origin == "env" and kernel_calls == [1]
+    ref = rp._rope_torch(q, k, cos, sin)
+    assert torch.equal(qe2, ref[0]) and torch.equal(ke2, ref[1])
+    assert_close(qe, qe2, torch.bfloat16)
+
+
+def test_fallback_and_interpreter_off_use_torch(fallback, monkeypatch, kernel_calls):
+    q, k, cos, sin, _, _ = _inputs(2, 3, 4, 2, 16, torch.float32, seed=13)
+    ref = rp._rope_torch(q, k, cos, sin)
+    qe, ke = liger_rt.ops.rope(q, k, cos, sin)
+    assert rp.OP.select(q, **_dims(4, 2, 16, 6)).reason == "LIGER_RT_DISABLE=1"
+    assert torch.equal(qe, ref[0]) and torch.equal(ke, ref[1]) and kernel_calls == []
+    monkeypatch.delenv("LIGER_RT_DISABLE")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)   # CPU tensors without the interpreter
+    dispatch.reset()
+    qe, ke = liger_rt.ops.rope(q, k, cos, sin)
+    d = rp.OP.select(q, **_dims(4, 2, 16, 6))
+    assert d.impl == "torch" and d.origin == "heuristic" and kernel_calls == []
+    assert torch.equal(qe, ref[0]) and torch.equal(ke, ref[1])
+
+
+def test_other_dtypes_and_empty_use_torch():
+    q, k, cos, sin, _, _ = _inputs(1, 3, 2, 2, 8, torch.float64, seed=14)
+    qe, ke = liger_rt.ops.rope(q, k, cos, sin)
+    assert qe.dtype == torch.float64 and torch.equal(qe, rp._rope_torch(q, k, cos, sin)[0])
+    q, k, cos, sin, _, _ = _inputs(1, 0, 2, 2, 8, torch.float32)
+    assert liger_rt.ops.rope(q, k, cos, sin)[0].shape == (1, 2, 0, 8)
+
+
+def test_cpu_sweep_through_the_cli():
+    """`liger-tune sweep --arch cpu --op rope --quick`: every cpu candidate validates against torch
+    and the winner lands in the DB, where dispatch finds it."""
+    res = CliRunner().invoke(main, ["sweep", "--arch", "cpu", "--op", "rope", "--quick", "--json"])
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.stdout)["results"]
+    assert row["dims"] == _dims(4, 2, 16, 8) and row["failed"] == 0 and row["ms"] > 0, row
+    dispatch.reset()
+    d = dispatch.select("rope", dtype="bf16", arch="cpu", **_dims(4, 2, 16, 8))
+    assert d.origin == "db" and d.impl == row["impl"]
+
+
+def test_plan():
+    assert rp._plan(None, CPU, quick=True) == [_dims(4, 2, 16, 8)]
+    assert all(d["tokens"] <= 32 for d in rp._plan(None, CPU, quick=False))
+    assert rp._plan(get_preset("qwen3-4b-tiny"), CPU, quick=True) == [_dims(4, 2, 20, 8)]
+    hopper = backend.profile("hopper")
+    assert rp._plan(None, hopper, quick=True) == [_dims(16, 8, 128, 8192), _dims(32, 8, 128, 8192)]
+    full = rp._plan(None, hopper, quick=False)
+    assert _dims(16, 8, 128, 4096) in full and _dims(16, 8, 128, 8192) in full
+    assert rp._plan(get_preset("qwen3-1.7b"), hopper, quick=True) == [_dims(16, 8, 128, 4096)]
+    assert rp._plan(get_preset("llama-3.2-1b"), hopper, quick=False)[0]["head_dim"] == 64
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_torch_compile_fullgraph_dynamic(monkeypatch, impl):
+    """Under torch.compile the kernels run as custom ops, dispatched at run time (env respected)."""
+    if impl == "torch":
+        monkeypatch.setenv("LIGER_RT_IMPL_ROPE", "torch")
+        dispatch.reset()
+    calls = []
+    real = rp.rope_fwd
+    monkeypatch.setattr(rp, "rope_fwd", lambda *a: calls.append(1) or real(*a))
+    torch._dynamo.reset()
+
+    def attn_inputs(q, k, cos, sin):
+        qe, ke = liger_rt.ops.rope(q, k, cos, sin)
+        return qe * 2.0, ke - 1.0
+
+    def ref(q, k, cos, sin):
+        qe, ke = rp.rope_ref(q, k, cos, sin)
+        return qe * 2.0, ke - 1.0
+
+    f = torch.compile(attn_inputs, backend="aot_eager", fullgraph=True, dynamic=True)
+    for seq in (3, 5):   # a second shape: the dynamic graph is reused, dispatch still per call
+        q, k, cos, sin, dq, dk = _inputs(2, seq, 4, 2, 8, torch.float32, seed=seq)
+        _check(_fwd_bwd(f, q, k, cos, sin, dq, dk), _fwd_bwd(ref, q, k, cos, sin, dq, dk), torch.float32,
+               f"compiled {impl} seq={seq}")
+    assert (len(calls) == 2) == (impl == "triton")
