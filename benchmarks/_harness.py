@@ -41,34 +41,14 @@ def bench_ms(fn, *, warmup: int = 25, rep: int = 100) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
-def graph_ms(fn, *, reps: int = 20, replays: int = 10) -> float:
-    """Device milliseconds per fn(): median over `replays` replays of a CUDA graph of `reps`
-    unrolled calls, captured on a side stream after three warm calls there.  No host launch cost
-    and no L2 flush between calls (do_bench has both): the kernels' own time."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / reps)
-    del g
-    torch.cuda.empty_cache()
-    times.sort()
-    return times[len(times) // 2]
+def graph_ms(fn) -> float:
+    """Device milliseconds per fn() from a CUDA-graph replay (liger_rt.autotune.graph_ms: no host
+    launch cost, no L2 flush between calls)."""
+    from liger_rt.autotune import graph_ms as _graph_ms
+    try:
+        return _graph_ms(fn)
+    finally:
+        torch.cuda.empty_cache()
 
 
 def peak_extra_gb(fn) -> float:
