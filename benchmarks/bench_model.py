@@ -14,6 +14,8 @@ Targets (shared/anchors/h200-anchor*.json baselines, one H200):
   qwen3-1.7b         baseline 29.2k tok/s 51.3 GB, Liger-Kernel 34.6k 31.1 GB -> >= 38k tok/s, <= 31 GB
   lfm2-1.2b          baseline 50.5k tok/s 29.8 GB                               -> >= 63k tok/s, <= 22 GB
   lfm2-8b-a1b (8L)   baseline 67.8k tok/s 30.6 GB (grouped_mm experts)          -> >= 78k tok/s, <= 26 GB
+`qwen3rope` repeats qwen3-1.7b with rope=True (liger_rt.ops.rope in place of HF's
+apply_rotary_pos_emb: the opt-in Liger-Kernel's patch always makes), without a Liger-Kernel arm.
 The qwen3 run ties the embeddings (tie_word_embeddings=True), as Qwen3-1.7B and the anchor do.
 Expected wall time on an H200: 'all' about 3-4 min (--quick about 2 min), most of it model builds.
 """
@@ -43,12 +45,19 @@ TARGETS = {
                   liger_kernel_peak_GB=31.10, target_tok_per_s=38000.0, target_peak_GB=31.0),
     "lfm2": dict(model_type="lfm2", preset="lfm2-1.2b",
                  anchor_tok_per_s=50461.0, anchor_peak_GB=29.84, target_tok_per_s=63000.0, target_peak_GB=22.0),
+    # qwen3 again with rope=True (liger_rt.ops.rope swapped in for HF's apply_rotary_pos_emb), the
+    # opt-in Liger-Kernel's own patch always makes; its Liger-Kernel arm is the qwen3 run's
+    "qwen3rope": dict(model_type="qwen3", preset="qwen3-1.7b", config={"tie_word_embeddings": True},
+                      flags={"rope": True}, liger_kernel=False,
+                      anchor_tok_per_s=29192.0, anchor_peak_GB=51.34, liger_kernel_tok_per_s=34579.0,
+                      liger_kernel_peak_GB=31.10, target_tok_per_s=38000.0, target_peak_GB=31.0),
     # Lfm2Moe defaults cut to 8 layers with attention at 2 and 5 (h200-anchor2.json notes)
     "lfm2moe": dict(model_type="lfm2_moe", preset="lfm2-8b-a1b", layers=8, attention_layers=(2, 5),
                     experts_implementation="grouped_mm",
                     anchor_tok_per_s=67832.0, anchor_peak_GB=30.55, target_tok_per_s=78000.0, target_peak_GB=26.0),
 }
-RUN_KEYS = ("model_type", "preset", "layers", "attention_layers", "experts_implementation", "config")
+RUN_KEYS = ("model_type", "preset", "layers", "attention_layers", "experts_implementation", "config", "flags",
+            "liger_kernel")
 
 
 def main() -> None:
@@ -83,11 +92,12 @@ def main() -> None:
     rows, verdicts, failed = [], [], []
     for name in names:
         t = TARGETS[name]
-        kw = {k: t[k] for k in RUN_KEYS if k in t and k != "model_type"}
+        kw = {k: t[k] for k in RUN_KEYS if k in t and k not in ("model_type", "liger_kernel")}
         t1 = time.time()
         try:
             got = run_model_bench(t["model_type"], batch=args.batch, seq=args.seq, steps=steps, warmup=warmup,
-                                  dtype="bf16", liger_kernel=not args.no_liger_kernel, device="cuda",
+                                  dtype="bf16", liger_kernel=t.get("liger_kernel", True) and not args.no_liger_kernel,
+                                  device="cuda",
                                   ceilings=ceilings, echo=lambda s: print(s, flush=True), **kw)
         except Exception:  # one model failing must not hide the others' numbers
             traceback.print_exc()
@@ -139,7 +149,8 @@ def smoke(args) -> None:
     for name in (list(TARGETS) if args.which == "all" else [args.which]):
         t = TARGETS[name]
         rows += run_model_bench(t["model_type"], TINY_FOR_MODEL[t["model_type"]], batch=2, seq=32, steps=2, warmup=1,
-                                dtype="fp32", liger_kernel=not args.no_liger_kernel, device="auto",
+                                dtype="fp32", liger_kernel=t.get("liger_kernel", True) and not args.no_liger_kernel,
+                                device="auto", flags=t.get("flags"),
                                 config=t.get("config"), experts_implementation=t.get("experts_implementation"),
                                 echo=lambda s: print(s, flush=True))
     print(format_model_summary(rows))

@@ -20,6 +20,7 @@ stage() {  # name, seconds, command...
   echo "=== $name ($(date +%T), limit ${secs}s): $*" | tee -a "$LOG"
   timeout "$secs" "$@" 2>&1 | tee -a "$LOG"
   echo "=== $name rc=${PIPESTATUS[0]}" | tee -a "$LOG"
+  tar czf "$OUTDIR/results.tgz" benchmarks/results 2>/dev/null   # after every stage: a cut-off run keeps its results
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv 2>&1 | tee -a "$LOG"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$LOG"
@@ -37,7 +38,7 @@ for s in "$@"; do
     sweep)    stage sweep ${SWEEP_S:-420} python3 -m liger_rt.tools.cli sweep --arch hopper ${SWEEP_ARGS:---quick}
               stage export 60 python3 -m liger_rt.tools.cli export benchmarks/results/hopper.jsonl --arch hopper
               stage explain 60 python3 -m liger_rt.tools.cli explain rms_norm --shape rows=16384,hidden=4096 --dtype bf16 ;;
-    normsweep)  # the norms at the issue's shapes and the model presets' (CUDA-graph timing), then export
+    normsweep)  # the norms (and rope) at the issue's shapes and the model presets' (CUDA-graph timing), then export
               T="python3 -m liger_rt.tools.cli sweep --arch hopper --quick"
               stage sweep_rms ${SWEEP_S:-110} $T --op rms_norm --shape rows=4096,hidden=2048 --shape rows=8192,hidden=2048 \
                 --shape rows=65536,hidden=2048 --shape rows=4096,hidden=4096 --shape rows=16384,hidden=4096 \
@@ -47,6 +48,7 @@ for s in "$@"; do
               stage sweep_ln ${SWEEP_S:-110} $T --op layer_norm --shape rows=4096,hidden=1152 --shape rows=23328,hidden=1152 \
                 --shape rows=4096,hidden=2048 --shape rows=65536,hidden=2048 --shape rows=4096,hidden=4096 \
                 --shape rows=16384,hidden=4096
+              stage sweep_rope ${SWEEP_S:-110} $T --op rope
               stage export 60 python3 -m liger_rt.tools.cli export benchmarks/results/hopper.jsonl --arch hopper ;;
     profile)  stage profile 90 python3 benchmarks/profile_norms.py ;;
     profmoe)  stage profmoe 120 python3 benchmarks/profile_moe.py ;;

@@ -80,9 +80,7 @@ def measure(fn: Callable[[], object], device_type: str, *, quick: bool = False) 
         import triton.testing
         warmup, rep = (10, 30) if quick else (25, 100)
         try:
-            fn()  # warm: compile and allocate outside the capture
-            torch.cuda.synchronize()
-            return graph_ms(fn, rep_ms=rep)
+            return graph_ms(fn, rep_ms=rep)   # warms (compiles) on its own side stream first
         except Exception as exc:
             torch.cuda.synchronize()
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
@@ -124,7 +122,10 @@ def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag
     names = impls or op.available_impls(target, dims, dtype)
     if "torch" not in names:
         names = ["torch", *names]
-    reference = op.impl("torch").run(case, {})
+    # detached: a live output would keep this run's autograd graph, whose AccumulateGrad nodes
+    # belong to the default stream, and every CUDA-graph capture on a side stream would then fail
+    # (seen on the H200: "AccumulateGrad node's stream does not match", then a broken capture)
+    reference = [r.detach() for r in op.impl("torch").run(case, {})]
     _sync(device)
     reduce_len = op.reduce_len(dims)
     static_key, dname = op.static_key(dims), dtype_name(dtype)
@@ -144,6 +145,7 @@ def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag
                        if (msg := validation_report(o, r, dtype, reduce_len))]
                 if len(outs) != len(reference):
                     bad.append(f"{len(outs)} outputs, reference has {len(reference)}")
+                outs = None   # no graph of a default-stream run alive during the capture (see above)
                 if bad:
                     rec["error"] = "wrong result: " + "; ".join(bad)[:500]
                 else:

@@ -13,6 +13,7 @@ _FUNCTIONS = {
     "moe_experts": "moe_experts",
     "cross_entropy": "cross_entropy",
     "fused_linear_cross_entropy": "fused_linear_cross_entropy",
+    "rope": "rope",
 }
 __all__ = list(_FUNCTIONS)
 

@@ -328,11 +328,11 @@ def test_unknown_flag_lists_valid_flags():
         liger_rt.patch("qwen3", short_conv=True)        # a flag of another family
     with pytest.raises(TypeError, match="booleans"):
         liger_rt.patch(model, rms_norm="yes")
-    with pytest.raises(NotImplementedError, match="RoPE"):
-        liger_rt.patch(model, rope=True)
     liger_rt.patch(model, rope=False)
     liger_rt.unpatch(model)
     assert liger_rt.patch.describe(model) is None
+    with pytest.raises(NotImplementedError, match="RoPE stays with the host.*rope=True works for qwen3, llama"):
+        liger_rt.patch(build_model("lfm2-tiny"), rope=True)       # a family without a rope row
 
 
 def test_unknown_model_type_lists_supported():
@@ -484,3 +484,67 @@ def test_patched_context_manager_at_class_level(fallback):
         assert mod.Qwen3MLP.forward is liger_rt.layers.mlp.swiglu_forward
         assert liger_rt.patch.describe("qwen3")["classes"] == ["Qwen3MLP"]
     assert mod.Qwen3MLP.forward is original and liger_rt.patch.describe("qwen3") is None
+
+
+# -- rope: a module-wide swap of apply_rotary_pos_emb -------------------------------------------------------
+
+ROPE = needs("rms_norm", "swiglu", "rope")
+
+
+@ROPE
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "llama-tiny"])
+def test_rope_patch_matches_unpatched_interpreter(preset, monkeypatch):
+    base, new = _pair(preset)
+    mod = importlib.import_module(type(new).__module__)
+    host = mod.apply_rotary_pos_emb
+    ids, mask, labels = _inputs()
+    ob, gb = _fwd_bwd(base, ids, mask, labels)          # before the swap: it is module-wide (base too)
+    calls = Counter(monkeypatch, "rope")
+    liger_rt.patch(new, rope=True)
+    try:
+        assert mod.apply_rotary_pos_emb is liger_rt.layers.rope.apply_rotary_pos_emb
+        assert liger_rt.patch.describe(new)["patched"]["rope"] == 1
+        on, gn = _fwd_bwd(new, ids, mask, labels)
+        assert len(calls.calls) == new.config.num_hidden_layers      # every attention layer went through it
+    finally:
+        liger_rt.unpatch(new)
+    assert mod.apply_rotary_pos_emb is host
+    valid = mask.bool()
+    torch.testing.assert_close(on.logits[valid], ob.logits[valid], atol=2e-5, rtol=2e-5)
+    for name in gb:
+        torch.testing.assert_close(gn[name], gb[name], atol=2e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+@ROPE
+def test_rope_swap_is_held_until_the_last_holder_goes():
+    mod = importlib.import_module(QWEN3)
+    host = mod.apply_rotary_pos_emb
+    a, b = build_model("qwen3-tiny"), build_model("qwen3-tiny")
+    liger_rt.patch(a, rope=True)
+    liger_rt.patch(b, rope=True)
+    liger_rt.patch("qwen3", rope=True)
+    liger_rt.unpatch(a)
+    assert mod.apply_rotary_pos_emb is not host                   # b and the class patch still hold it
+    liger_rt.unpatch("qwen3")
+    assert mod.apply_rotary_pos_emb is not host
+    del b                                                         # a model dropped while patched releases it
+    import gc
+    gc.collect()
+    assert mod.apply_rotary_pos_emb is host
+    liger_rt.patch(a, rope=True)
+    liger_rt.patch(a, rope=False)                                 # re-patching applies the latest flags
+    assert mod.apply_rotary_pos_emb is host
+    liger_rt.unpatch(a)
+
+
+@ROPE
+def test_rope_class_patch_runs_the_kernel_for_new_models(monkeypatch):
+    calls = Counter(monkeypatch, "rope")
+    liger_rt.patch("llama", rope=True, rms_norm=False, swiglu=False)
+    model = build_model("llama-tiny")
+    ids, mask, labels = _inputs()
+    model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    assert len(calls.calls) == model.config.num_hidden_layers
+    liger_rt.unpatch("llama")
+    mod = importlib.import_module(type(model).__module__)
+    assert mod.apply_rotary_pos_emb is not liger_rt.layers.rope.apply_rotary_pos_emb

@@ -218,13 +218,12 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if gate.dtype not in DTYPES.values() or up.dtype not in DTYPES.values() or gate.numel() == 0:
         return _swiglu_torch(gate, up)
     n = gate.shape[-1]
-    g2, u2 = gate.reshape(-1, n), up.reshape(-1, n)
     if torch.compiler.is_compiling():
-        return _swiglu_fwd_op(g2, u2).view(gate.shape)
-    d = OP.select(g2, rows=g2.shape[0], cols=n)
+        return _swiglu_fwd_op(gate.reshape(-1, n), up.reshape(-1, n)).view(gate.shape)
+    d = OP.select(gate, rows=gate.numel() // n, cols=n)
     if d.impl == "torch":
         return _swiglu_torch(gate, up)
-    return SwiGLUFunction.apply(g2, u2, d.config).view(gate.shape)
+    return SwiGLUFunction.apply(gate, up, d.config)   # flattens inside: no view nodes in the graph
 
 
 # -- registration -------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ import dataclasses
 import importlib
 import types
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -78,9 +79,10 @@ def _flags(spec: specs.ModelSpec, given: dict[str, Any]) -> dict[str, bool]:
         if not (isinstance(v, bool) or (isinstance(v, int) and v in (0, 1))):
             raise TypeError(f"flag {k}={v!r}: flags are booleans (True/False)")
         out[k] = bool(v)
-    if out["rope"]:
-        raise NotImplementedError("rope=True is not supported: liger_rt leaves RoPE (and attention) to the host "
-                                  "model, whose rotary layout it cannot see; omit rope or pass rope=False")
+    if out["rope"] and not any(row.flag == "rope" for _, _, row in specs.function_rows(spec)):
+        with_rope = [m for m in specs.ALLOWLIST if any(r.flag == "rope" for _, _, r in specs.function_rows(specs.SPECS[m]))]
+        raise NotImplementedError(f"rope=True is not supported for {spec.model_type}: its RoPE stays with the host "
+                                  f"model; omit rope or pass rope=False (rope=True works for {', '.join(with_rope)})")
     return out
 
 
@@ -121,6 +123,7 @@ class _Plan:
     given: dict[str, bool]
     layers: list[tuple[type, specs.Layer, Any]]       # (class, row, forward function)
     causal_lm: list[type]
+    functions: list[tuple[Any, str, Any]] = dataclasses.field(default_factory=list)   # (module, name, ours)
 
 
 def _refuse(flag: str, reason: str, explicit: set[str], model_type: str, exc=ImportError) -> None:
@@ -179,9 +182,22 @@ def _plan(model_type: str, given: dict[str, Any], *, for_class: bool) -> _Plan:
         if flags[flag] and (reason := _op_missing(op)) is not None:
             _refuse(flag, reason, explicit, model_type)
             flags[flag] = False
+    functions = []
+    for module_name, fn_name, row in specs.function_rows(spec):
+        if not flags[row.flag]:
+            continue
+        mod = _modeling_module(module_name, model_type)
+        reason = None if callable(getattr(mod, fn_name, None)) else (
+            f"transformers {transformers.__version__} has no {module_name}.{fn_name}")
+        reason = reason or _op_missing(row.op)
+        if reason is not None:
+            _refuse(row.flag, reason, explicit, model_type)
+            flags[row.flag] = False
+            continue
+        functions.append((mod, fn_name, _load(row.forward)))
     mod = _modeling_module(spec.module, model_type)
     causal_lm = [c for c in (getattr(mod, n, None) for n in spec.causal_lm) if isinstance(c, type)]
-    return _Plan(model_type, flags, {k: bool(v) for k, v in given.items()}, layers, causal_lm)
+    return _Plan(model_type, flags, {k: bool(v) for k, v in given.items()}, layers, causal_lm, functions)
 
 
 def _key(cls: type) -> tuple[str, str]:
@@ -202,6 +218,8 @@ class InstanceRecord:
     skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     saved: list[tuple[Any, str, bool, Any]] = dataclasses.field(default_factory=list)    # (obj, attr, had own, old)
     config_saved: list[tuple[Any, str, Any]] = dataclasses.field(default_factory=list)
+    function_keys: list = dataclasses.field(default_factory=list)       # module-wide swaps this patch holds
+    finalizer: Any = None                                               # releases them if the model dies patched
 
     def describe(self) -> dict:
         return {"model_type": self.model_type, "level": "instance", "flags": dict(self.flags),
@@ -279,6 +297,11 @@ def _patch_instance(model, given: dict[str, Any]):
                 record.counts[row.flag] = record.counts.get(row.flag, 0) + 1
         if key in lm_classes:
             _patch_loss_instance(record, module, plan.flags)
+    for mod, fn_name, fn in plan.functions:       # module-wide: held by this instance patch
+        _class_set(mod, fn_name, fn, _instance_holder(root), record.function_keys)
+        record.counts["rope"] = record.counts.get("rope", 0) + 1
+    if record.function_keys:
+        record.finalizer = weakref.finalize(root, _release, list(record.function_keys), _instance_holder(root))
     for config in configs.values():
         from ..layers.moe import EXPERTS_IMPLEMENTATION
         record.config_saved.append((config, "_experts_implementation", getattr(config, "_experts_implementation", None)))
@@ -306,6 +329,8 @@ def _unpatch_instance(root) -> None:
     record: InstanceRecord | None = root.__dict__.pop(_RECORD_KEY, None)
     if record is None:
         return
+    if record.finalizer is not None:
+        record.finalizer()        # releases the module-wide swaps (once)
     for config, attr, old in reversed(record.config_saved):
         setattr(config, attr, old)
     for obj, attr, had, old in reversed(record.saved):
@@ -361,18 +386,30 @@ def _patch_class(model_type: str, given: dict[str, Any]) -> None:
         if plan.flags["cross_entropy"]:
             _class_set(cls, "_loss_function", staticmethod(loss.causal_lm_loss), model_type, keys)
             counts[cls.__name__] = counts.get(cls.__name__, 0) + 1
+    for mod, fn_name, fn in plan.functions:
+        _class_set(mod, fn_name, fn, model_type, keys)
+        counts[fn_name] = counts.get(fn_name, 0) + 1
     _CLASS_RECORDS[model_type] = {"flags": plan.flags, "given": plan.given, "keys": keys, "counts": counts}
+
+
+def _instance_holder(root) -> str:
+    return f"instance:{id(root)}"
 
 
 def _unpatch_class(model_type: str) -> None:
     record = _CLASS_RECORDS.pop(model_type, None)
     if record is None:
         return
-    for key in reversed(record["keys"]):
+    _release(record["keys"], model_type)
+
+
+def _release(keys: list, holder: str) -> None:
+    """Drop `holder` from each swap; the original comes back when its last holder is gone."""
+    for key in reversed(keys):
         rec = _CLASS_PATCHES.get(key)
         if rec is None:
             continue
-        rec.holders.discard(model_type)
+        rec.holders.discard(holder)
         if rec.holders:
             continue
         cls, attr = key

@@ -8,7 +8,8 @@ Spec format
               layers={"<ClassName>": LAYER, ...},      # module class -> liger_rt forward
               causal_lm=("<LM-head class>", ...),       # whose forward/loss the loss flags replace
               defaults={"<flag>", ...},                 # flags on when the caller does not say
-              includes=("<other model_type>",))         # borrow another family's layers
+              includes=("<other model_type>",),         # borrow another family's layers
+              functions={"<function name>": LAYER})     # module-level functions of the modeling module
 
 - Class names resolve through the family's modeling module,
   ``transformers.models.<model_type>.modeling_<model_type>``, *at patch time* (importlib, then
@@ -27,9 +28,13 @@ Spec format
                   registered function;
     ``class_level`` False: instance patching only (patching ``torch.nn.LayerNorm`` itself would
                   change every LayerNorm in the process).
-- Every family also takes ``rope`` (False only: RoPE stays with the host), ``cross_entropy``,
-  ``fused_linear_cross_entropy`` and ``keep_logits``, all off by default.  Attention is never
-  touched.
+- ``functions`` rows swap a function of the modeling module itself (``apply_rotary_pos_emb``, which
+  the attention forward looks up as a module global) for ``forward``; the swap is module-wide (every
+  model of that family in the process uses it) and reference-counted, undone by the last unpatch.
+- Every family also takes ``rope``, ``cross_entropy``, ``fused_linear_cross_entropy`` and
+  ``keep_logits``, all off by default.  ``rope=True`` (families with a rope function row) swaps
+  HF's ``apply_rotary_pos_emb`` for ``liger_rt.ops.rope``, same signature and results; the host
+  keeps computing cos/sin (its rotary layout and scaling), and attention is never touched.
 
 Adding a family is adding one ``ModelSpec`` here, a tiny preset in tools/presets.py and a parity
 test; ``supported_models()`` is the list of families validated that way.
@@ -58,6 +63,7 @@ class ModelSpec:
     causal_lm: tuple[str, ...] = ()
     defaults: frozenset = frozenset()
     includes: tuple[str, ...] = ()
+    functions: Mapping[str, Layer] = dataclasses.field(default_factory=dict)
     module: str = ""          # default: transformers.models.<model_type>.modeling_<model_type>
 
     def __post_init__(self):
@@ -80,16 +86,20 @@ SHORT_CONV = Layer("short_conv", _L + "short_conv:short_conv_forward", op="short
 CONV_POSITIONS = Layer("short_conv", _L + "short_conv:decoder_layer_forward")            # position_ids -> conv
 MOE_ROUTER = Layer("moe_router", _L + "moe:router_forward", op="moe_router", applies=_L + "moe:router_compatible")
 MOE_EXPERTS = Layer("moe_experts", _L + "moe:experts_forward", op="moe_experts", experts=True)
+ROPE = Layer("rope", _L + "rope:apply_rotary_pos_emb", op="rope")
 VISION_LAYER_NORM = Layer("layer_norm", _L + "norms:layer_norm_forward", op="layer_norm", within="vision_tower",
                           class_level=False)
 
 SPECS: dict[str, ModelSpec] = {s.model_type: s for s in [
     ModelSpec("qwen3", {"Qwen3RMSNorm": RMS_NORM, "Qwen3MLP": SWIGLU},
-              causal_lm=("Qwen3ForCausalLM",), defaults={"rms_norm", "swiglu"}),
+              causal_lm=("Qwen3ForCausalLM",), defaults={"rms_norm", "swiglu"},
+              functions={"apply_rotary_pos_emb": ROPE}),
     ModelSpec("llama", {"LlamaRMSNorm": RMS_NORM, "LlamaMLP": SWIGLU},
-              causal_lm=("LlamaForCausalLM",), defaults={"rms_norm", "swiglu"}),
+              causal_lm=("LlamaForCausalLM",), defaults={"rms_norm", "swiglu"},
+              functions={"apply_rotary_pos_emb": ROPE}),
     ModelSpec("qwen3_moe", {"Qwen3MoeRMSNorm": RMS_NORM, "Qwen3MoeMLP": SWIGLU, "Qwen3MoeExperts": MOE_EXPERTS},
-              causal_lm=("Qwen3MoeForCausalLM",), defaults={"rms_norm", "swiglu", "moe_experts"}),
+              causal_lm=("Qwen3MoeForCausalLM",), defaults={"rms_norm", "swiglu", "moe_experts"},
+              functions={"apply_rotary_pos_emb": ROPE}),
     ModelSpec("lfm2", {"Lfm2RMSNorm": RMS_NORM, "Lfm2MLP": SWIGLU_W132, "Lfm2ShortConv": SHORT_CONV,
                        "Lfm2DecoderLayer": CONV_POSITIONS},
               causal_lm=("Lfm2ForCausalLM",), defaults={"rms_norm", "swiglu", "short_conv"}),
@@ -117,6 +127,15 @@ def rows(spec: ModelSpec) -> list[tuple[str, str, Layer]]:
     for key, layer in spec.layers.items():
         module, _, name = key.rpartition(":")
         out.append((module or spec.module, name, layer))
+    return out
+
+
+def function_rows(spec: ModelSpec) -> list[tuple[str, str, Layer]]:
+    """(module name, function name, Layer) for every function row of a spec and its includes."""
+    out = []
+    for other in spec.includes:
+        out += function_rows(SPECS[other])
+    out += [(spec.module, name, layer) for name, layer in spec.functions.items()]
     return out
 
 
