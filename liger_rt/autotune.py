@@ -73,14 +73,16 @@ def measure(fn: Callable[[], object], device_type: str, *, quick: bool = False) 
 
     Device time is what an op costs inside a training step whose host runs ahead of the GPU, and
     the only fair ranking of configs of a launch-bound op: on the H200 here an RMSNorm fwd+bwd at
-    4096 x 4096 takes ~60 us of kernels and ~300 us of host time, so wall-clock timing ranks
+    4096 x 4096 takes ~50 us of kernels and ~300 us of host time, so wall-clock timing ranks
     configs by noise.
     """
     if device_type == "cuda":
         import triton.testing
         warmup, rep = (10, 30) if quick else (25, 100)
+        fn()  # compile and allocate outside the capture: a candidate that cannot run fails here
+        torch.cuda.synchronize()
         try:
-            return graph_ms(fn, rep_ms=rep)   # warms (compiles) on its own side stream first
+            return graph_ms(fn, rep_ms=rep)
         except Exception as exc:
             torch.cuda.synchronize()
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"

@@ -548,3 +548,17 @@ def test_rope_class_patch_runs_the_kernel_for_new_models(monkeypatch):
     liger_rt.unpatch("llama")
     mod = importlib.import_module(type(model).__module__)
     assert mod.apply_rotary_pos_emb is not liger_rt.layers.rope.apply_rotary_pos_emb
+
+
+@ROPE
+def test_deepcopy_of_a_rope_patched_model_holds_the_swap_itself():
+    mod = importlib.import_module(QWEN3)
+    host = mod.apply_rotary_pos_emb
+    model = build_model("qwen3-tiny")
+    liger_rt.patch(model, rope=True)
+    clone = copy.deepcopy(model)
+    assert liger_rt.patch.describe(clone)["patched"]["rope"] == 1
+    liger_rt.unpatch(model)
+    assert mod.apply_rotary_pos_emb is liger_rt.layers.rope.apply_rotary_pos_emb    # the clone holds it
+    liger_rt.unpatch(clone)
+    assert mod.apply_rotary_pos_emb is host

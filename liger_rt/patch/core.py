@@ -25,6 +25,7 @@ replaced through ``original(module)`` (cached decoding, unusual calls).
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import importlib
 import types
@@ -220,6 +221,29 @@ class InstanceRecord:
     config_saved: list[tuple[Any, str, Any]] = dataclasses.field(default_factory=list)
     function_keys: list = dataclasses.field(default_factory=list)       # module-wide swaps this patch holds
     finalizer: Any = None                                               # releases them if the model dies patched
+    root_id: int = 0
+
+    def hold_functions(self, root, swaps) -> None:
+        """Hold module-wide swaps [(module, name, function)] for `root` until unpatch or its death."""
+        self.root_id = id(root)
+        for mod, fn_name, fn in swaps:
+            _class_set(mod, fn_name, fn, _instance_holder(root), self.function_keys)
+        if self.function_keys:
+            self.finalizer = weakref.finalize(root, _release, list(self.function_keys), _instance_holder(root))
+
+    def __deepcopy__(self, memo):
+        # a deep copy of a patched model is patched to itself: it holds the same module-wide swaps
+        # (modules and finalizers are not copyable; the copied root is in memo by now)
+        new = InstanceRecord.__new__(InstanceRecord)
+        for f in dataclasses.fields(self):
+            if f.name not in ("function_keys", "finalizer", "root_id"):
+                setattr(new, f.name, copy.deepcopy(getattr(self, f.name), memo))
+        new.function_keys, new.finalizer, new.root_id = [], None, 0
+        new_root = memo.get(self.root_id)
+        if new_root is not None and self.function_keys:
+            new.hold_functions(new_root, [(m, a, _CLASS_PATCHES[(m, a)].value) for m, a in self.function_keys
+                                          if (m, a) in _CLASS_PATCHES])
+        return new
 
     def describe(self) -> dict:
         return {"model_type": self.model_type, "level": "instance", "flags": dict(self.flags),
@@ -297,11 +321,9 @@ def _patch_instance(model, given: dict[str, Any]):
                 record.counts[row.flag] = record.counts.get(row.flag, 0) + 1
         if key in lm_classes:
             _patch_loss_instance(record, module, plan.flags)
-    for mod, fn_name, fn in plan.functions:       # module-wide: held by this instance patch
-        _class_set(mod, fn_name, fn, _instance_holder(root), record.function_keys)
-        record.counts["rope"] = record.counts.get("rope", 0) + 1
-    if record.function_keys:
-        record.finalizer = weakref.finalize(root, _release, list(record.function_keys), _instance_holder(root))
+    record.hold_functions(root, plan.functions)   # module-wide: held by this instance patch
+    if plan.functions:
+        record.counts["rope"] = len(plan.functions)
     for config in configs.values():
         from ..layers.moe import EXPERTS_IMPLEMENTATION
         record.config_saved.append((config, "_experts_implementation", getattr(config, "_experts_implementation", None)))
