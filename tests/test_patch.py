@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import liger_rt
-from liger_rt import dispatch
+from liger_rt import _swaps, dispatch
 from liger_rt.patch import core, specs
 from liger_rt.tools.models import build_model
 
@@ -38,7 +38,7 @@ def _no_class_patches():
     yield
     for model_type in list(core._CLASS_RECORDS):
         core.unpatch(model_type)
-    assert not core._CLASS_PATCHES
+    assert not _swaps.LEDGER
 
 
 def _inputs(vocab=160, seed=0):

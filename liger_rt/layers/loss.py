@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
+from .._swaps import original
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +146,6 @@ def _fused_plan(self, orig, args, kwargs, return_logits):
 def causal_lm_forward(self, *args, return_logits: bool | None = None, **kwargs):
     """A *ForCausalLM forward whose loss runs through fused linear cross-entropy when labels are
     given and logits are not needed (see the module docstring for when logits stay)."""
-    from ..patch.core import original
     orig = original(self)
     plan = _fused_plan(self, orig, args, kwargs, return_logits)
     if plan is None:

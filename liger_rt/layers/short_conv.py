@@ -30,6 +30,7 @@ import sys
 import torch
 
 from .. import ops
+from .._swaps import original
 
 # the decoder layer passes position_ids to its conv under this key (popped before any HF call)
 POSITIONS_KWARG = "_liger_rt_position_ids"
@@ -163,11 +164,6 @@ def conv_compatible(module) -> str | None:
     return None
 
 
-def _original(self):
-    from ..patch.core import original
-    return original(self)
-
-
 def short_conv_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """Lfm2ShortConv.forward through liger_rt.ops.short_conv; hidden_states (batch, seq, hidden)."""
     positions = kwargs.pop(POSITIONS_KWARG, None)
@@ -176,7 +172,7 @@ def short_conv_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> to
     if cache is not None:
         write_state = _fresh_prefill(self, cache, kwargs, hidden_states.shape[1])
     if args or (cache is not None and write_state is None) or getattr(self.conv, "_hf_hook", None) is not None:
-        return _original(self)(hidden_states, *args, **kwargs)
+        return original(self)(hidden_states, *args, **kwargs)
 
     attention_mask = kwargs.get("attention_mask")
     if attention_mask is not None:
@@ -201,5 +197,4 @@ def decoder_layer_forward(self, *args, **kwargs):
     positions = kwargs.get("position_ids")
     if positions is not None and getattr(self, "conv", None) is not None and not getattr(self, "is_attention_layer", False):
         kwargs[POSITIONS_KWARG] = positions
-    from ..patch.core import original
     return original(self)(*args, **kwargs)

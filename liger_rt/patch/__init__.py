@@ -21,8 +21,9 @@ from __future__ import annotations
 import sys
 import types
 
+from .._swaps import original
 from . import core
-from .core import PatchWarning, describe, original, patched, supported_models, unpatch
+from .core import PatchWarning, describe, patched, supported_models, unpatch
 
 __all__ = ["patch", "unpatch", "patched", "supported_models", "describe", "PatchWarning"]
 

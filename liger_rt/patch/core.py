@@ -19,8 +19,11 @@ were there (``Cls.forward is original``); families sharing classes (lfm2_vl incl
 them jointly and the originals return when the last holder unpatches.
 
 Both are idempotent: patching again first undoes the previous patch of that target, then applies
-the new flags, so the final state is the latest call's.  Layer forwards reach the host forward they
-replaced through ``original(module)`` (cached decoding, unusual calls).
+the new flags, so the final state is the latest call's.
+
+What each patch replaced is written in the swap ledger, liger_rt/_swaps.py, which the layer
+forwards read too (``original_function(module)``: the host forward they replaced, for cached
+decoding and unusual calls); so liger_rt.layers never imports liger_rt.patch.
 """
 from __future__ import annotations
 
@@ -35,10 +38,10 @@ from typing import Any
 
 import torch
 
+from .. import _swaps
+from .._swaps import MISSING as _MISSING, ORIG_KEY as _ORIG_KEY, original  # noqa: F401
 from . import specs
 
-_MISSING = object()
-_ORIG_KEY = "_liger_rt_orig_forward"      # module.__dict__ entry: the instance forward a patch replaced
 _RECORD_KEY = "_liger_rt_patch"           # root module attribute: the InstanceRecord
 
 
@@ -227,9 +230,9 @@ class InstanceRecord:
         """Hold module-wide swaps [(module, name, function)] for `root` until unpatch or its death."""
         self.root_id = id(root)
         for mod, fn_name, fn in swaps:
-            _class_set(mod, fn_name, fn, _instance_holder(root), self.function_keys)
+            _swaps.hold(mod, fn_name, fn, _instance_holder(root), self.function_keys)
         if self.function_keys:
-            self.finalizer = weakref.finalize(root, _release, list(self.function_keys), _instance_holder(root))
+            self.finalizer = weakref.finalize(root, _swaps.release, list(self.function_keys), _instance_holder(root))
 
     def __deepcopy__(self, memo):
         # a deep copy of a patched model is patched to itself: it holds the same module-wide swaps
@@ -241,8 +244,8 @@ class InstanceRecord:
         new.function_keys, new.finalizer, new.root_id = [], None, 0
         new_root = memo.get(self.root_id)
         if new_root is not None and self.function_keys:
-            new.hold_functions(new_root, [(m, a, _CLASS_PATCHES[(m, a)].value) for m, a in self.function_keys
-                                          if (m, a) in _CLASS_PATCHES])
+            new.hold_functions(new_root, [(m, a, _swaps.LEDGER[(m, a)].value) for m, a in self.function_keys
+                                          if (m, a) in _swaps.LEDGER])
         return new
 
     def describe(self) -> dict:
@@ -284,7 +287,8 @@ def _bind(record: InstanceRecord, module: torch.nn.Module, fn) -> None:
     # accelerate hooks live in the instance forward and call _old_forward: replace that instead
     attr = "_old_forward" if getattr(module, "_hf_hook", None) is not None and "_old_forward" in module.__dict__ \
         else "forward"
-    module.__dict__[_ORIG_KEY] = module.__dict__.get(attr, _MISSING)
+    if attr in module.__dict__:
+        module.__dict__[_ORIG_KEY] = module.__dict__[attr]
     _set(record, module, attr, types.MethodType(fn, module))
 
 
@@ -365,26 +369,7 @@ def _unpatch_instance(root) -> None:
 
 # -- class-level patching -------------------------------------------------------------------------------
 
-@dataclasses.dataclass
-class _ClassPatch:
-    original: Any                   # what the class's own __dict__ held, or _MISSING
-    value: Any
-    holders: set
-
-
-_CLASS_PATCHES: dict[tuple[type, str], _ClassPatch] = {}
 _CLASS_RECORDS: dict[str, dict] = {}
-
-
-def _class_set(cls: type, attr: str, value, holder: str, keys: list) -> None:
-    key = (cls, attr)
-    rec = _CLASS_PATCHES.get(key)
-    if rec is None:
-        rec = _CLASS_PATCHES[key] = _ClassPatch(cls.__dict__.get(attr, _MISSING), value, set())
-    rec.holders.add(holder)
-    rec.value = value
-    setattr(cls, attr, value)
-    keys.append(key)
 
 
 def _patch_class(model_type: str, given: dict[str, Any]) -> None:
@@ -396,20 +381,20 @@ def _patch_class(model_type: str, given: dict[str, Any]) -> None:
     counts: dict[str, int] = {}
     for cls, row, fn in plan.layers:
         if row.experts:
-            rec = _CLASS_PATCHES.get((cls, "forward"))
+            rec = _swaps.LEDGER.get((cls, "forward"))
             fn = rec.value if rec is not None else moe.experts_forward_for(cls)
-        _class_set(cls, "forward", fn, model_type, keys)
+        _swaps.hold(cls, "forward", fn, model_type, keys)
         counts[cls.__name__] = counts.get(cls.__name__, 0) + 1
     for cls in plan.causal_lm:
         if plan.flags["fused_linear_cross_entropy"]:
-            _class_set(cls, "forward", loss.causal_lm_forward, model_type, keys)
-            _class_set(cls, "_liger_rt_loss", loss.LossOptions(True, plan.flags["keep_logits"]), model_type, keys)
+            _swaps.hold(cls, "forward", loss.causal_lm_forward, model_type, keys)
+            _swaps.hold(cls, "_liger_rt_loss", loss.LossOptions(True, plan.flags["keep_logits"]), model_type, keys)
             counts[cls.__name__] = counts.get(cls.__name__, 0) + 1
         if plan.flags["cross_entropy"]:
-            _class_set(cls, "_loss_function", staticmethod(loss.causal_lm_loss), model_type, keys)
+            _swaps.hold(cls, "_loss_function", staticmethod(loss.causal_lm_loss), model_type, keys)
             counts[cls.__name__] = counts.get(cls.__name__, 0) + 1
     for mod, fn_name, fn in plan.functions:
-        _class_set(mod, fn_name, fn, model_type, keys)
+        _swaps.hold(mod, fn_name, fn, model_type, keys)
         counts[fn_name] = counts.get(fn_name, 0) + 1
     _CLASS_RECORDS[model_type] = {"flags": plan.flags, "given": plan.given, "keys": keys, "counts": counts}
 
@@ -422,46 +407,7 @@ def _unpatch_class(model_type: str) -> None:
     record = _CLASS_RECORDS.pop(model_type, None)
     if record is None:
         return
-    _release(record["keys"], model_type)
-
-
-def _release(keys: list, holder: str) -> None:
-    """Drop `holder` from each swap; the original comes back when its last holder is gone."""
-    for key in reversed(keys):
-        rec = _CLASS_PATCHES.get(key)
-        if rec is None:
-            continue
-        rec.holders.discard(holder)
-        if rec.holders:
-            continue
-        cls, attr = key
-        if rec.original is _MISSING:
-            if attr in cls.__dict__:
-                delattr(cls, attr)
-        else:
-            setattr(cls, attr, rec.original)
-        del _CLASS_PATCHES[key]
-
-
-# -- what a layer forward falls back to -------------------------------------------------------------
-
-def original(module, attr: str = "forward"):
-    """The forward a patch replaced, bound to `module`: the instance's own earlier forward if it had
-    one, else the class's pre-patch forward (walking the MRO past class-level patches)."""
-    if attr == "forward":
-        old = module.__dict__.get(_ORIG_KEY, _MISSING)
-        if old is not _MISSING:
-            return old
-    cls = type(module)
-    for klass in cls.__mro__:
-        if attr not in klass.__dict__:
-            continue
-        rec = _CLASS_PATCHES.get((klass, attr))
-        if rec is None:
-            return klass.__dict__[attr].__get__(module, cls)
-        if rec.original is not _MISSING:
-            return rec.original.__get__(module, cls)
-    raise AttributeError(f"{cls.__name__} has no original {attr}")
+    _swaps.release(record["keys"], model_type)
 
 
 # -- public entry points ------------------------------------------------------------------------------

@@ -1,0 +1,183 @@
+"""The swap ledger: what ``liger_rt.patch`` replaced, and how a layer forward reaches it.
+
+liger_rt.patch writes here; liger_rt.layers reads here (a layer forward falls back to the host
+forward it replaced).  This module imports nothing from liger_rt, so neither side imports the
+other through it.
+
+Two kinds of swap:
+- on an object shared by the process (a class's ``forward``, a modeling module's
+  ``apply_rotary_pos_emb``): ``hold(owner, attr, value, holder, keys)`` puts ``value`` there and
+  records what the owner's own ``__dict__`` held; each swap is reference-counted by holders
+  (a model type for a class patch, ``instance:<id>`` for an instance patch), and ``release`` puts
+  the very original object back when the last holder lets go;
+- on one module instance: ``bind(module, fn, attr)`` sets ``module.<attr> = BoundForward(fn,
+  module)`` and keeps the instance forward it replaced (if the instance had one) under ORIG_KEY.
+
+``original(module)`` / ``original_function(module)`` answer "what ran before the patch" for both.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+from typing import Any
+
+ORIG_KEY = "_liger_rt_orig_forward"      # module.__dict__ entry: the instance forward a patch replaced
+
+
+class _Missing:
+    """'the owner had no attribute of its own' (pickles as this very object)."""
+
+    def __repr__(self):
+        return "MISSING"
+
+    def __reduce__(self):
+        return "MISSING"
+
+
+MISSING = _Missing()
+
+
+@dataclasses.dataclass
+class Swap:
+    original: Any                   # what the owner's own __dict__ held, or MISSING
+    value: Any                      # what liger_rt put there
+    holders: set
+
+
+# (owner, attribute) -> Swap; owner is a class or a module object
+LEDGER: dict[tuple[Any, str], Swap] = {}
+
+
+def hold(owner, attr: str, value, holder: str, keys: list) -> None:
+    """Set ``owner.<attr> = value`` on behalf of ``holder``; the key is appended to ``keys``."""
+    key = (owner, attr)
+    swap = LEDGER.get(key)
+    if swap is None:
+        swap = LEDGER[key] = Swap(owner.__dict__.get(attr, MISSING), value, set())
+    swap.holders.add(holder)
+    swap.value = value
+    setattr(owner, attr, value)
+    keys.append(key)
+
+
+def release(keys: list, holder: str) -> None:
+    """Drop ``holder`` from each swap; the original comes back when its last holder is gone."""
+    for key in reversed(keys):
+        swap = LEDGER.get(key)
+        if swap is None:
+            continue
+        swap.holders.discard(holder)
+        if swap.holders:
+            continue
+        owner, attr = key
+        if swap.original is MISSING:
+            if attr in owner.__dict__:
+                delattr(owner, attr)
+        else:
+            setattr(owner, attr, swap.original)
+        del LEDGER[key]
+
+
+# -- instance forwards -------------------------------------------------------------------------------
+
+class BoundForward:
+    """``fn`` bound to ``module``, as ``types.MethodType(fn, module)`` would be, except that it
+    pickles and copies (a bound method pickles as ``getattr(module, fn.__name__)``, which cannot
+    find a patched forward again) and that ``inspect.signature`` gives the forward it replaced,
+    plus ``fn``'s keyword-only extras: callers that introspect the forward (HF Trainer's
+    ``remove_unused_columns``, ``_supports_logits_to_keep``) see the host's parameters."""
+
+    def __init__(self, fn, module):
+        self.__func__ = fn
+        self.__self__ = module
+
+    def __call__(self, *args, **kwargs):
+        return self.__func__(self.__self__, *args, **kwargs)
+
+    def __reduce__(self):
+        return BoundForward, (self.__func__, self.__self__)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        host = inspect.signature(original(self.__self__))
+        return merged_signature(host, inspect.signature(self.__func__), bound=True)
+
+    def __repr__(self):
+        return f"<liger_rt forward {self.__func__.__qualname__} of {type(self.__self__).__name__}>"
+
+
+def merged_signature(host: inspect.Signature, ours: inspect.Signature, bound: bool = False) -> inspect.Signature:
+    """``host``'s signature plus the keyword-only parameters (with defaults) of ``ours`` that it
+    lacks, placed before its ``**kwargs``; ``bound``: ``ours`` still has ``self`` to drop."""
+    params = list(host.parameters.values())
+    names = {p.name for p in params}
+    ours_params = list(ours.parameters.values())[1 if bound else 0:]
+    extras = [p for p in ours_params if p.kind is p.KEYWORD_ONLY and p.name not in names
+              and p.default is not p.empty]
+    if not extras:
+        return host
+    at = next((i for i, p in enumerate(params) if p.kind is p.VAR_KEYWORD), len(params))
+    return host.replace(parameters=params[:at] + extras + params[at:])
+
+
+def with_signature(fn, sig: inspect.Signature):
+    """A copy of function ``fn`` (same code, globals and closure) whose ``inspect.signature`` is
+    ``sig``; ``_liger_rt_function`` names ``fn``.  For class attributes, which are never pickled."""
+    new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__dict__.update(fn.__dict__)
+    new.__qualname__, new.__module__, new.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
+    new.__signature__ = sig
+    new._liger_rt_function = fn
+    return new
+
+
+def bind(module, fn, attr: str = "forward"):
+    """Set ``module.<attr>`` to ``BoundForward(fn, module)``; returns what the instance itself
+    held before (MISSING: nothing, the class's forward ran)."""
+    old = module.__dict__.get(attr, MISSING)
+    if old is MISSING:
+        module.__dict__.pop(ORIG_KEY, None)
+    else:
+        module.__dict__[ORIG_KEY] = old
+    setattr(module, attr, BoundForward(fn, module))
+    return old
+
+
+# -- what a layer forward falls back to -------------------------------------------------------------
+
+def original_function(module, attr: str = "forward"):
+    """The ``attr`` a patch replaced on ``module``, as a function to call as ``fn(module, ...)``:
+    the instance's own earlier forward if it had one, else the class's pre-patch function
+    (walking the MRO past class-level swaps).
+
+    Layer forwards call this rather than a bound method: a bound method that torch.compile has to
+    rebuild after a graph break is rebuilt as ``module.forward``, which is the patched forward
+    again (infinite recursion)."""
+    if attr == "forward":
+        own = module.__dict__.get(ORIG_KEY)
+        if own is not None:
+            func = getattr(own, "__func__", None)
+            if func is not None and getattr(own, "__self__", None) is module:
+                return func
+            return lambda _module, *args, **kwargs: own(*args, **kwargs)
+    cls = type(module)
+    for klass in cls.__mro__:
+        if attr not in klass.__dict__:
+            continue
+        swap = LEDGER.get((klass, attr))
+        if swap is None:
+            return klass.__dict__[attr]
+        if swap.original is not MISSING:
+            return swap.original
+    raise AttributeError(f"{cls.__name__} has no original {attr}")
+
+
+def original(module, attr: str = "forward"):
+    """The forward a patch replaced, bound to ``module`` (see ``original_function``)."""
+    if attr == "forward":
+        own = module.__dict__.get(ORIG_KEY)
+        if own is not None:
+            return own
+    return original_function(module, attr).__get__(module, type(module))
