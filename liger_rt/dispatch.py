@@ -17,20 +17,20 @@ Every decision carries its origin and a reason, which `liger-tune explain` and
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib
-import inspect
 import json
 import logging
 import math
+import sys
 import threading
 import types
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 
 from . import backend, env
 from .kernels._common import dtype_name, interpreter_on
+from .opspec import Case, Config, ConfigError, Impl, NoConfig, Op, bucket, config_dict, knob  # noqa: F401
 
 log = logging.getLogger("liger_rt.dispatch")
 
@@ -61,7 +61,7 @@ class Target:
 class Decision:
     op: str
     impl: str
-    config: Mapping[str, Any]
+    config: Any               # the op's Config (a frozen dataclass)
     origin: str               # one of ORIGINS
     reason: str
     arch: str
@@ -69,158 +69,23 @@ class Decision:
     dims: Mapping[str, int]
 
     def to_dict(self) -> dict:
-        return {"op": self.op, "impl": self.impl, "config": dict(self.config), "origin": self.origin,
+        return {"op": self.op, "impl": self.impl, "config": config_dict(self.config), "origin": self.origin,
                 "reason": self.reason, "arch": self.arch, "dtype": self.dtype, "dims": dict(self.dims)}
 
 
-def _always(target: Target) -> bool:
-    return True
-
-
-def _no_configs(arch, dims, dtype) -> list[dict]:
-    return [{}]
-
-
-def _empty_config(arch, dims, dtype) -> dict:
-    return {}
-
-
-@dataclasses.dataclass
-class Impl:
-    """One implementation of an op.
-
-    run(case, config) -> list of tensors (forward output and gradients) for tuning and validation.
-    configs(arch, dims, dtype) -> candidate configs (pruned by the arch afterwards).
-    heuristic(arch, dims, dtype) -> the default config when nothing was measured.
-    pinned(arch, dims, dtype) -> fixed, known-safe config for LIGER_FUSED_MOE_AUTOTUNE=0.
-    supports(dims, dtype) -> None, or why this implementation cannot take the shape.
-    smem(config, dims, dtype) -> shared memory bytes one program needs (for pruning).
-    """
-    name: str
-    run: Callable[[Any, Mapping], list]
-    available: Callable[[Target], bool] = _always
-    configs: Callable[[backend.Arch, dict, torch.dtype], list[dict]] = _no_configs
-    heuristic: Callable[[backend.Arch, dict, torch.dtype], dict] = _empty_config
-    pinned: Callable[[backend.Arch, dict, torch.dtype], dict] | None = None
-    supports: Callable[[dict, torch.dtype], str | None] | None = None
-    smem: Callable[[Mapping, dict, torch.dtype], int] | None = None
-
-
-def bucket(value: int) -> int:
-    """Dynamic dims are bucketed to the next power of two (1, 2, 4, ...)."""
-    value = int(value)
-    return 1 if value <= 1 else 1 << (value - 1).bit_length()
-
-
-@dataclasses.dataclass
-class Op:
-    """An op's registration: its dims, implementations and how to build a tuning case.
-
-    static dims key tuning exactly (hidden, vocab, experts...); dynamic dims (rows, tokens,
-    seq) are bucketed.  make_case(dims, dtype, device) builds fresh random inputs; plan(preset,
-    arch, quick) lists the dims a sweep measures; reduce_len(dims) sizes the validation tolerance.
-    crossover_axis(dims) is the quantity that decides between competing implementations.
-    """
-
-    def new_case(self, dims: dict, dtype: torch.dtype, device: str, tag: str = ""):
-        if self.tags != ("",):
-            return self.make_case(dims, dtype, device, tag=tag or self.tags[0])
-        return self.make_case(dims, dtype, device)
-    name: str
-    static: tuple[str, ...]
-    dynamic: tuple[str, ...]
-    impls: list[Impl]
-    make_case: Callable[[dict, torch.dtype, str], Any]
-    plan: Callable[[Any, backend.Arch, bool], list[dict]]
-    reduce_len: Callable[[dict], int] = lambda dims: 1
-    heuristic_impl: Callable[[Target, dict, torch.dtype, list[str]], str] | None = None
-    crossover_axis: Callable[[dict], float] | None = None
-    crossover_axis_name: str = ""
-    pinned_by_fused_moe_env: bool = False
-    schema_version: int = 1
-    variant: str = "fwdbwd"
-    module: str = ""
-    tags: tuple[str, ...] = ("",)   # input variants a sweep measures (e.g. uniform/skewed routing);
-                                    # when set, make_case takes tag= as a fourth argument
-    dtypes: tuple[str, ...] = ("fp32", "bf16", "fp16")
-
-    def __post_init__(self) -> None:
-        self._by_name = {i.name: i for i in self.impls}
-        self._memo: dict = {}
-        self._hash: str | None = None
-        if "torch" not in self._by_name:
-            raise ValueError(f"op {self.name} must register a 'torch' reference implementation")
-
-    # -- identity -------------------------------------------------------------------------
-    @property
-    def impl_names(self) -> tuple[str, ...]:
-        return tuple(self._by_name)
-
-    def impl(self, name: str) -> Impl:
-        try:
-            return self._by_name[name]
-        except KeyError:
-            raise ValueError(f"{self.name} has no implementation {name!r}; valid: {', '.join(self._by_name)}") from None
-
-    @property
-    def source_hash(self) -> str:
-        """Hash of the op's kernel file: DB rows measured on other code are stale."""
-        if self._hash is None:
-            mod = importlib.import_module(self.module) if self.module else None
-            src = inspect.getsource(mod) if mod else self.name
-            self._hash = hashlib.sha256(src.encode()).hexdigest()[:16]
-        return self._hash
-
-    def check_dims(self, dims: Mapping[str, int]) -> dict:
-        names = self.static + self.dynamic
-        missing = [d for d in names if d not in dims]
-        extra = [d for d in dims if d not in names]
-        if missing or extra:
-            raise ValueError(f"{self.name} takes dims {','.join(names)}; missing {missing or 'none'}, "
-                             f"unknown {extra or 'none'}")
-        return {d: int(dims[d]) for d in names}
-
-    def static_key(self, dims: Mapping[str, int]) -> str:
-        return json.dumps({d: int(dims[d]) for d in self.static}, sort_keys=True, separators=(",", ":"))
-
-    def bucket_key(self, dims: Mapping[str, int]) -> str:
-        return json.dumps({d: bucket(dims[d]) for d in self.dynamic}, sort_keys=True, separators=(",", ":"))
-
-    # -- configs ----------------------------------------------------------------------------
-    def candidates(self, impl: Impl, arch: backend.Arch, dims: dict, dtype: torch.dtype) -> list[dict]:
-        return prune_configs(impl.configs(arch, dims, dtype), arch, impl, dims, dtype)
-
-    def available_impls(self, target: Target, dims: dict, dtype: torch.dtype) -> list[str]:
-        out = []
-        for impl in self.impls:
-            if not impl.available(target):
-                continue
-            if impl.supports is not None and impl.supports(dims, dtype) is not None:
-                continue
-            out.append(impl.name)
-        return out
-
-    # -- the hot path -------------------------------------------------------------------------
-    def select(self, x: torch.Tensor, **dims: int) -> Decision:
-        """Decide for a call on tensor `x` (its device and dtype) with these dims."""
-        key = (x.device.type, x.dtype, *dims.values())
-        hit = self._memo.get(key)
-        if hit is not None:
-            return hit
-        return self._select_slow(key, x, dims)
-
-    @torch.compiler.disable  # a decision is made eagerly (locks, SQL), then memoised for compiled graphs
-    def _select_slow(self, key, x: torch.Tensor, dims: dict) -> Decision:
-        with _LOCK:
-            device_type = "cpu" if x.device.type == "cpu" else "cuda"
-            target = current_target(device_type, x.device)
-            decision = decide(self, target, x.dtype, dims)
-            if len(self._memo) > 4096:
-                self._memo.clear()
-            self._memo[key] = decision
-        if env.log_decisions():
-            log.warning("liger_rt decision: %s", _describe(decision))
-        return decision
+@torch.compiler.disable  # LEGACY kernel files call select under compile; spec'd ops decide at trace time
+def _decide_memo(op: Op, x: torch.Tensor, dims: dict, key) -> Decision:
+    """A memo miss: decide (locks, SQL), remember, log when asked."""
+    with _LOCK:
+        device_type = "cpu" if x.device.type == "cpu" else "cuda"
+        target = current_target(device_type, x.device)
+        decision = decide(op, target, x.dtype, dims)
+        if len(op._memo) > 4096:
+            op._memo.clear()
+        op._memo[key] = decision
+    if env.log_decisions():
+        log.warning("liger_rt decision: %s", _describe(decision))
+    return decision
 
 
 _LOCK = threading.RLock()
@@ -230,8 +95,10 @@ _REGISTRY: dict[str, Op] = {}
 def register(op: Op) -> Op:
     """Register an op (called at the bottom of each kernel file)."""
     if not op.module:
-        frame = inspect.stack()[1]
-        op.module = frame.frame.f_globals.get("__name__", "")
+        op.module = sys._getframe(1).f_globals.get("__name__", "")
+    op._decide = _decide_memo
+    if op.schema:
+        op._custom_ops()      # registered now: dynamo cannot trace a registration
     _REGISTRY[op.name] = op
     return op
 
@@ -308,8 +175,8 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
     if not avail:  # torch always runs, even for shapes the kernels cannot take
         avail = ["torch"]
 
-    def made(impl: str, config: Mapping, origin: str, reason: str) -> Decision:
-        return Decision(op.name, impl, types.MappingProxyType(dict(config)), origin, reason, arch.name, dname,
+    def made(impl: str, config, origin: str, reason: str) -> Decision:
+        return Decision(op.name, impl, op.parse_config(config, impl), origin, reason, arch.name, dname,
                         types.MappingProxyType(dict(dims)))
 
     # 2. explicit overrides
@@ -322,13 +189,12 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
                 f"LIGER_RT_IMPL_{op.name.upper()}={forced} but {forced} cannot run here "
                 f"(arch {arch.name}, device {target.device_type}, dims {dims}); available: {', '.join(avail)}")
         row = _db_row(op, target, dname, dims, impls=[forced], nearest=True)
-        config = row["config"] if row else op.impl(forced).heuristic(arch, dims, dtype)
+        config = row["config"] if row else op.default_config(forced, arch, dims, dtype)
         return made(forced, config, "env", f"LIGER_RT_IMPL_{op.name.upper()}={forced}")
     if op.pinned_by_fused_moe_env and not env.fused_moe_autotune():
         impl = _crossover_or_heuristic_impl(op, target, dname, dtype, dims, avail)
-        pin = op.impl(impl).pinned or op.impl(impl).heuristic
         kind = "HIP-safe pinned" if arch.is_hip else "pinned"
-        return made(impl, pin(arch, dims, dtype), "pinned", f"LIGER_FUSED_MOE_AUTOTUNE=0: {kind} config")
+        return made(impl, op.default_config(impl, arch, dims, dtype, pinned=True), "pinned", f"LIGER_FUSED_MOE_AUTOTUNE=0: {kind} config")
 
     # 3. tuning DB, exact bucket
     row = _db_row(op, target, dname, dims, impls=avail, nearest=False)
@@ -340,7 +206,7 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
     if cross is not None:
         impl, reason = cross
         row = _db_row(op, target, dname, dims, impls=[impl], nearest=True)
-        config = row["config"] if row else op.impl(impl).heuristic(arch, dims, dtype)
+        config = row["config"] if row else op.default_config(impl, arch, dims, dtype)
         return made(impl, config, "crossover", reason + ("; config from DB" if row else "; heuristic config"))
     row = _db_row(op, target, dname, dims, impls=avail, nearest=True)
     if row is not None:
@@ -354,7 +220,7 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
             return made(result["impl"], result["config"], "online",
                         f"tuned now: {result['median_ms']:.4g} ms (torch {result.get('baseline_ms') or float('nan'):.4g} ms)")
     impl = _heuristic_impl(op, target, dtype, dims, avail)
-    return made(impl, op.impl(impl).heuristic(arch, dims, dtype), "heuristic",
+    return made(impl, op.default_config(impl, arch, dims, dtype), "heuristic",
                 f"no DB entry for {arch.name}/{dname}/{op.static_key(dims)}; {arch.name} heuristic")
 
 
@@ -434,7 +300,7 @@ def derive_crossover(points: list[tuple[float, dict[str, float]]], margin: float
 
 def _describe(d: Decision) -> str:
     dims = ",".join(f"{k}={v}" for k, v in d.dims.items())
-    return f"{d.op}[{d.arch},{d.dtype},{dims}] -> {d.impl} {dict(d.config)} ({d.origin}: {d.reason})"
+    return f"{d.op}[{d.arch},{d.dtype},{dims}] -> {d.impl} {config_dict(d.config)} ({d.origin}: {d.reason})"
 
 
 def prune_configs(configs: list[dict], arch: backend.Arch, impl: Impl | None = None,

@@ -12,7 +12,7 @@ def assert_candidate_spaces_modest_and_arch_aware(mod) -> None:
         arch = backend.profile(arch_name)
         for hidden in (128, 1152, 2048, 4096, 8192, 32768):
             dims = {"rows": 16384, "hidden": hidden}
-            cands = mod.OP.candidates(mod.OP.impl("triton"), arch, dims, torch.bfloat16)
+            cands = mod.OP.candidates_for(mod.OP.impl("triton"), arch, dims, torch.bfloat16)
             assert 1 <= len(cands) <= 12
             for c in cands + [mod._heuristic(arch, dims, torch.bfloat16)]:
                 assert c["num_warps"] <= arch.max_num_warps and c["bwd_num_warps"] <= arch.max_num_warps

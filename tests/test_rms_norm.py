@@ -30,7 +30,7 @@ def _fwd_bwd(fn, x, w, dy, **kw):
 
 
 def _triton(config):
-    return lambda x, w, eps=1e-6, offset=0.0: rn.RMSNormFunction.apply(x, w, eps, offset, config)
+    return lambda x, w, eps=1e-6, offset=0.0: rn.OP.call_impl("triton", config, x, w, eps, offset)
 
 
 def _check(outs, refs, dtype, rows, what=""):
@@ -120,7 +120,7 @@ def test_non_contiguous():
 def _all_candidates(hidden):
     out = []
     for arch in ("hopper", "mi325x", "cpu"):
-        for cfg in rn.OP.candidates(rn.OP.impl("triton"), backend.profile(arch), {"rows": 64, "hidden": hidden},
+        for cfg in rn.OP.candidates_for(rn.OP.impl("triton"), backend.profile(arch), {"rows": 64, "hidden": hidden},
                                     torch.bfloat16):
             if cfg not in out:
                 out.append(cfg)
@@ -152,8 +152,8 @@ def test_sweep_validates_every_cpu_candidate():
 
 def test_dispatch_heuristic_then_env(monkeypatch):
     calls = []
-    real = rn.RMSNormFunction.apply
-    monkeypatch.setattr(rn.RMSNormFunction, "apply", lambda *a: calls.append(1) or real(*a))
+    real = rn.rms_norm_fwd
+    monkeypatch.setattr(rn, "rms_norm_fwd", lambda *a: calls.append(1) or real(*a))
     x, w, _ = _inputs((2, 3, 48), torch.bfloat16, seed=8)
     y = liger_rt.ops.rms_norm(x, w)
     d = rn.OP.select(x.reshape(-1, 48), rows=6, hidden=48)
@@ -199,7 +199,7 @@ def test_plan():
 
 @pytest.mark.parametrize("impl", ["triton", "torch"])
 def test_torch_compile_fullgraph_dynamic(monkeypatch, impl):
-    """Under torch.compile the kernels run as custom ops, dispatched at run time (env respected)."""
+    """Under torch.compile the kernels run as custom ops, decided at trace time (env respected)."""
     if impl == "torch":
         monkeypatch.setenv("LIGER_RT_IMPL_RMS_NORM", "torch")
         dispatch.reset()
@@ -209,7 +209,7 @@ def test_torch_compile_fullgraph_dynamic(monkeypatch, impl):
     torch._dynamo.reset()
     f = torch.compile(lambda x, w: liger_rt.ops.rms_norm(x, w, 1e-6, 1.0) * 2.0, backend="aot_eager",
                       fullgraph=True, dynamic=True)
-    for rows in (3, 5):   # a second shape: the dynamic graph is reused, dispatch still per call
+    for rows in (3, 5):   # a second shape in another bucket: recompiled with its own decision
         x, w, dy = _inputs((2, rows, 40), torch.float32, seed=rows, w_mean=0.0)
         outs = _fwd_bwd(f, x, w, dy)
         refs = _fwd_bwd(lambda a, b: rn.rms_norm_ref(a, b, 1e-6, 1.0) * 2.0, x, w, dy)

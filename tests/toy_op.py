@@ -1,14 +1,31 @@
-"""A tiny op for testing the runtime core independently of the real kernels.
+"""A new op in one short file: the worked example of docs/adding_an_op.md.
 
-y = x * scale (+1 when the config says WRONG, so validation has something to reject).
+y = x * scale (+1 when the config says WRONG, so validation has something to reject).  Declaring
+the spec at the bottom is all it takes: dispatch, the tuning DB and its row validation, sweeps,
+`explain` and the torch.compile custom ops come from the runtime (registering the module in
+`dispatch.OP_MODULES` is the one registry line a real op adds; tests register it by import).
 """
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
 
-from liger_rt.dispatch import Impl, Op, register
+from liger_rt.dispatch import register
 from liger_rt.kernels._common import triton_available
+from liger_rt.opspec import WARPS, Case, Config, Impl, Op, knob, pow2
 
+CALLS = {"triton": 0, "torch": 0, "fail": 0}
+
+
+# -- reference ------------------------------------------------------------------------------------
+
+def toy_ref(x, scale=2.0):
+    CALLS["torch"] += 1
+    return (x.float() * scale).to(x.dtype)
+
+
+# -- Triton kernel and launchers ---------------------------------------------------------------------
 
 @triton.jit
 def _toy_kernel(x_ptr, y_ptr, n, scale, BLOCK: tl.constexpr, WRONG: tl.constexpr):
@@ -21,50 +38,55 @@ def _toy_kernel(x_ptr, y_ptr, n, scale, BLOCK: tl.constexpr, WRONG: tl.constexpr
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-CALLS = {"triton": 0, "torch": 0, "fail": 0}
-
-
-def toy_ref(x, scale=2.0):
-    return (x.float() * scale).to(x.dtype)
-
-
 def toy_triton(x, config, scale=2.0):
+    if config.FAIL:
+        CALLS["fail"] += 1
+        raise RuntimeError("out of resources: shared memory (simulated)")
+    CALLS["triton"] += 1
     x = x.contiguous()
     y = torch.empty_like(x)
-    n = x.numel()
-    block = config.get("BLOCK", 64)
-    _toy_kernel[(triton.cdiv(n, block),)](x, y, n, scale, BLOCK=block, WRONG=config.get("WRONG", 0))
+    _toy_kernel[(triton.cdiv(x.numel(), config.BLOCK),)](x, y, x.numel(), scale, BLOCK=config.BLOCK,
+                                                        WRONG=config.WRONG, num_warps=config.num_warps)
     return y
 
 
+def _forward(config, x, scale):
+    return (toy_triton(x, config, scale),), ()
+
+
+def _backward(config, args, saved, needs, dy):
+    return dy * args[1], None
+
+
+# -- the spec -----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ToyConfig(Config):
+    BLOCK: int = knob(64, pow2(16, 1024))
+    num_warps: int = knob(4, WARPS)
+    num_stages: int = knob(1, (1, 2, 3, 4))
+    WRONG: int = knob(0, (0, 1))        # test hooks: a config that computes wrong / fails to launch
+    FAIL: int = knob(0, (0, 1))
+
+
 def toy(x):
-    d = OP.select(x, rows=x.shape[0], cols=x.shape[1])
-    if d.impl == "torch":
-        CALLS["torch"] += 1
-        return toy_ref(x)
-    CALLS["triton"] += 1
-    return toy_triton(x, d.config)
+    return OP(x, 2.0)
+
+
+def _dims(x, scale):
+    if x.dim() != 2:
+        raise ValueError(f"toy takes x (rows, cols), got shape {tuple(x.shape)}")
+    return {"rows": x.shape[0], "cols": x.shape[1]}
+
+
+def _configs(arch, dims, dtype):
+    return [ToyConfig(BLOCK=32), ToyConfig(BLOCK=64), ToyConfig(BLOCK=64, WRONG=1), ToyConfig(BLOCK=128, FAIL=1),
+            ToyConfig(num_warps=32), ToyConfig(num_stages=4)]
 
 
 def _make_case(dims, dtype, device):
     g = torch.Generator().manual_seed(1)
-    return {"x": torch.randn(dims["rows"], dims["cols"], generator=g).to(device, dtype)}
-
-
-def _run_triton(case, config):
-    if config.get("FAIL"):
-        CALLS["fail"] += 1
-        raise RuntimeError("out of resources: shared memory (simulated)")
-    return [toy_triton(case["x"], config)]
-
-
-def _run_torch(case, config):
-    return [toy_ref(case["x"])]
-
-
-def _configs(arch, dims, dtype):
-    return [{"BLOCK": 32}, {"BLOCK": 64}, {"BLOCK": 64, "WRONG": 1}, {"BLOCK": 128, "FAIL": 1},
-            {"BLOCK": 64, "num_warps": 32}, {"BLOCK": 64, "num_stages": 4}]
+    return Case(args=(torch.randn(dims["rows"], dims["cols"], generator=g).to(device, dtype), 2.0), grads=(None,))
 
 
 def _plan(preset, arch, quick):
@@ -72,8 +94,9 @@ def _plan(preset, arch, quick):
 
 
 OP = register(Op(
-    name="toy", static=("cols",), dynamic=("rows",),
-    impls=[Impl("triton", run=_run_triton, available=triton_available, configs=_configs,
-                heuristic=lambda arch, dims, dtype: {"BLOCK": 64}),
-           Impl("torch", run=_run_torch)],
+    name="toy", static=("cols",), dynamic=("rows",), dims=_dims,
+    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available),
+           Impl("torch", fn=toy_ref)],
+    config=ToyConfig, candidates=_configs, heuristic=lambda arch, dims, dtype: ToyConfig(),
+    schema="Tensor x, float scale", fake=lambda config, x, scale: ((x.new_empty(x.shape),), ()),
     make_case=_make_case, plan=_plan, crossover_axis=lambda d: d["rows"], crossover_axis_name="rows"))

@@ -1,10 +1,15 @@
-"""Shared helpers for the kernel files: dtype names, the tolerance table, Triton availability."""
+"""Shared helpers for the kernel files: dtype names, the tolerance table, Triton availability,
+and the small Triton/launch helpers every kernel file uses (rounding, row views, warps)."""
 from __future__ import annotations
 
 import math
 import os
 
 import torch
+import triton
+import triton.language as tl
+
+from .. import backend
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
@@ -111,3 +116,34 @@ def validation_report(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, 
     if rel_rmse <= REL_RMSE[dtype] and worst <= 8.0:
         return None
     return f"{msg}; relative RMSE {rel_rmse:.3g} (bound {REL_RMSE[dtype]:.0e}), worst element {worst:.1f}x its tolerance"
+
+
+# -- helpers shared by the kernel files -------------------------------------------------------------
+
+@triton.jit
+def to_dtype(x, dtype: tl.constexpr, RNE_BF16: tl.constexpr):
+    """fp32 -> dtype.  The interpreter truncates fp32 -> bf16 (triton/runtime/interpreter.py,
+    _convert_float without a rounding mode) where the GPU rounds to nearest even; RNE_BF16 (set
+    only under the interpreter) rounds explicitly so CPU results match the GPU's bit for bit."""
+    if RNE_BF16 and dtype == tl.bfloat16:
+        b = x.to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        return b.to(tl.float32, bitcast=True).to(dtype)
+    else:
+        return x.to(dtype)
+
+
+def as_rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """(..., n) -> (rows, n) with unit column stride; a view whenever rows are uniformly strided."""
+    t2 = t.reshape(-1, n)
+    if n > 1 and t2.stride(-1) != 1:
+        t2 = t2.contiguous()
+    return t2
+
+
+def warps_for(elems: int, per_thread: int, arch) -> int:
+    """Warps that give each thread `per_thread` of a tile's `elems` values, within the arch's ceiling."""
+    return int(min(max(elems // (arch.warp_size * per_thread), 1), arch.max_num_warps))
+
+
+sm_count = backend.sm_count   # SMs/CUs of a launch's device (2 under the interpreter): one source

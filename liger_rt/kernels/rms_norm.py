@@ -19,18 +19,20 @@ Kernels
   kernel sums the (G, N) partials (32 contiguous columns per program) and casts to the weight
   dtype.  No atomics.  Minimum traffic: fwd reads x, writes y (2MN); bwd reads dy and x,
   writes dx (3MN).
-- under torch.compile the same launchers run inside custom ops (liger_rt::rms_norm_fwd/bwd),
-  dispatched at run time, so graphs stay whole (fullgraph, dynamic shapes).
+- the op spec at the bottom gives dispatch, tuning, the autograd wiring and the torch.compile
+  custom ops (liger_rt::rms_norm_fwd/bwd) to the runtime.
 """
 from __future__ import annotations
 
-import functools
+import dataclasses
 
 import torch
 import triton
 import triton.language as tl
 
-from ._common import DTYPES, interpreter_on, next_pow2, triton_available
+from ..dispatch import register
+from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
+from ._common import as_rows, interpreter_on, next_pow2, sm_count, to_dtype, triton_available, warps_for
 
 # One row lives in registers: BLOCK_N 32768 over 1024 threads is 32 fp32 values per thread and
 # tensor, the most the backward (dy, x, dW accumulator) holds without spilling.
@@ -50,19 +52,6 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offse
 
 # -- Triton kernels -------------------------------------------------------------------------------
 
-@triton.jit
-def _to(x, dtype: tl.constexpr, RNE_BF16: tl.constexpr):
-    """fp32 -> dtype.  The interpreter truncates fp32 -> bf16 (triton/runtime/interpreter.py,
-    _convert_float without a rounding mode) where the GPU rounds to nearest even; RNE_BF16 (set
-    only under the interpreter) rounds explicitly so CPU results match the GPU's bit for bit."""
-    if RNE_BF16 and dtype == tl.bfloat16:
-        b = x.to(tl.uint32, bitcast=True)
-        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-        return b.to(tl.float32, bitcast=True).to(dtype)
-    else:
-        return x.to(dtype)
-
-
 @triton.jit(do_not_specialize=["M"])
 def _rms_norm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps, offset,
                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, RNE_BF16: tl.constexpr):
@@ -73,9 +62,9 @@ def _rms_norm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps, offset,
         x = tl.load(X + row * stride_x + o_n, mask=m_n, other=0.0).to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
         tl.store(RSTD + row, rstd)
-        xn = _to(x * rstd, X.dtype.element_ty, RNE_BF16).to(tl.float32)
+        xn = to_dtype(x * rstd, X.dtype.element_ty, RNE_BF16).to(tl.float32)
         w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32) + offset
-        tl.store(Y + row * stride_y + o_n, _to(xn * w, Y.dtype.element_ty, RNE_BF16), mask=m_n)
+        tl.store(Y + row * stride_y + o_n, to_dtype(xn * w, Y.dtype.element_ty, RNE_BF16), mask=m_n)
     else:
         o_m = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         m_m = o_m < M
@@ -83,10 +72,10 @@ def _rms_norm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps, offset,
         o_m64 = o_m.to(tl.int64)
         x = tl.load(X + o_m64[:, None] * stride_x + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
-        xn = _to(x * rstd[:, None], X.dtype.element_ty, RNE_BF16).to(tl.float32)
+        xn = to_dtype(x * rstd[:, None], X.dtype.element_ty, RNE_BF16).to(tl.float32)
         w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32) + offset
         y = xn * w[None, :]
-        tl.store(Y + o_m64[:, None] * stride_y + o_n[None, :], _to(y, Y.dtype.element_ty, RNE_BF16), mask=mask)
+        tl.store(Y + o_m64[:, None] * stride_y + o_n[None, :], to_dtype(y, Y.dtype.element_ty, RNE_BF16), mask=mask)
         tl.store(RSTD + o_m, rstd, mask=m_m)
 
 
@@ -120,12 +109,12 @@ def _rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW_PART, stride_dy, stride_x, strid
         rstd = tl.load(RSTD + r64)
         xhat = x * rstd
         # dW sees the normalised x as the forward multiplied it: rounded to the input dtype
-        acc += dy * _to(xhat, X.dtype.element_ty, RNE_BF16).to(tl.float32)
+        acc += dy * to_dtype(xhat, X.dtype.element_ty, RNE_BF16).to(tl.float32)
         w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32) + offset   # L1-resident
         g = dy * w
         c = tl.sum(g * xhat, axis=0) / N
         dx = (g - xhat * c) * rstd
-        tl.store(DX + r64 * stride_dx + o_n, _to(dx, DX.dtype.element_ty, RNE_BF16), mask=m_n)
+        tl.store(DX + r64 * stride_dx + o_n, to_dtype(dx, DX.dtype.element_ty, RNE_BF16), mask=m_n)
     tl.store(DW_PART + pid.to(tl.int64) * N + o_n, acc, mask=m_n)
 
 
@@ -140,30 +129,10 @@ def _rms_norm_dw_kernel(PART, DW, G, N, BLOCK_G: tl.constexpr, BLOCK_R: tl.const
         o_g = g0 + tl.arange(0, BLOCK_G)
         mask = (o_g < G)[:, None] & m_n[None, :]
         acc += tl.load(PART + o_g[:, None] * N + o_n[None, :], mask=mask, other=0.0)
-    tl.store(DW + o_n, _to(tl.sum(acc, axis=0), DW.dtype.element_ty, RNE_BF16), mask=m_n)
+    tl.store(DW + o_n, to_dtype(tl.sum(acc, axis=0), DW.dtype.element_ty, RNE_BF16), mask=m_n)
 
 
 # -- launchers --------------------------------------------------------------------------------------
-
-@functools.lru_cache(maxsize=16)
-def _cuda_sm_count(index: int) -> int:
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
-
-
-def _sm_count(device: torch.device) -> int:
-    """SMs/CUs of the device; 2 under the interpreter (its programs run one after another)."""
-    if device.type == "cpu":
-        return 2
-    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
-def _as_rows(t: torch.Tensor, n: int) -> torch.Tensor:
-    """(..., n) -> (rows, n) with unit column stride; a view whenever rows are uniformly strided."""
-    t2 = t.reshape(-1, n)
-    if n > 1 and t2.stride(-1) != 1:
-        t2 = t2.contiguous()
-    return t2
-
 
 def _check_hidden(n: int) -> None:
     if n > MAX_HIDDEN:
@@ -173,7 +142,7 @@ def _check_hidden(n: int) -> None:
 
 def _bwd_grid(m: int, device: torch.device, config) -> int:
     """Persistent backward programs: sm_count * bwd_progs_per_sm, never more than the rows."""
-    return max(1, min(m, _sm_count(device) * int(config.get("bwd_progs_per_sm", 4))))
+    return max(1, min(m, sm_count(device) * config.bwd_progs_per_sm))
 
 
 def _dw_tile(n: int, device: torch.device) -> tuple[int, int]:
@@ -191,15 +160,14 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: floa
     _check_hidden(n)
     if weight.shape != (n,):
         raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} != ({n},)")
-    x2 = _as_rows(x, n)
+    x2 = as_rows(x, n)
     m = x2.shape[0]
     y = torch.empty((m, n), dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
     rstd = torch.empty(m, dtype=torch.float32, device=x.device)
     if m > 0:
-        rows = int(config.get("ROWS", 1))
-        _rms_norm_fwd_kernel[(triton.cdiv(m, rows),)](
+        _rms_norm_fwd_kernel[(triton.cdiv(m, config.ROWS),)](
             x2, weight, y, rstd, x2.stride(0), y.stride(0), m, n, float(eps), float(offset),
-            BLOCK_N=next_pow2(n), ROWS=rows, RNE_BF16=interpreter_on(), num_warps=int(config.get("num_warps", 4)))
+            BLOCK_N=next_pow2(n), ROWS=config.ROWS, RNE_BF16=interpreter_on(), num_warps=config.num_warps)
     return y.view(*x.shape[:-1], n), rstd
 
 
@@ -208,7 +176,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: 
     """dy, x (..., N), rstd (rows,) -> (dx (..., N) in x.dtype, dW (N,) in weight.dtype)."""
     n = x.shape[-1]
     _check_hidden(n)
-    x2, dy2 = _as_rows(x, n), _as_rows(dy, n)
+    x2, dy2 = as_rows(x, n), as_rows(dy, n)
     m = x2.shape[0]
     dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
@@ -217,8 +185,8 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: 
     part = torch.empty((grid, n), dtype=torch.float32, device=x.device)
     _rms_norm_bwd_kernel[(grid,)](
         dy2, x2, weight, rstd, dx, part, dy2.stride(0), x2.stride(0), dx.stride(0), m, n, float(offset),
-        BLOCK_N=next_pow2(n), PREFETCH=bool(config.get("bwd_prefetch", 0)), RNE_BF16=interpreter_on(),
-        num_warps=int(config.get("bwd_num_warps", 4)))
+        BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch), RNE_BF16=interpreter_on(),
+        num_warps=config.bwd_num_warps)
     dw = torch.empty(n, dtype=weight.dtype, device=weight.device)
     block_r, block_g = _dw_tile(n, x.device)
     _rms_norm_dw_kernel[(triton.cdiv(n, block_r),)](part, dw, grid, n, BLOCK_G=block_g, BLOCK_R=block_r,
@@ -226,105 +194,48 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: 
     return dx.view(x.shape), dw
 
 
-# -- autograd.Function ------------------------------------------------------------------------------
+# -- the op: what the runtime needs besides the math ---------------------------------------------------
 
-class RMSNormFunction(torch.autograd.Function):
-    """apply(x, weight, eps, offset, config); x (rows, hidden) or any leading shape."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps, offset, config):
-        x2 = _as_rows(x, x.shape[-1])
-        y, rstd = rms_norm_fwd(x2, weight, eps, offset, config)
-        ctx.save_for_backward(x2, weight, rstd)
-        ctx.offset, ctx.config, ctx.x_shape = offset, config, x.shape
-        return y.view(*x.shape[:-1], x.shape[-1])
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dy):
-        x2, weight, rstd = ctx.saved_tensors
-        dx, dw = rms_norm_bwd(dy, x2, weight, rstd, ctx.offset, ctx.config)
-        return dx.view(ctx.x_shape), dw, None, None, None
+@dataclasses.dataclass(frozen=True)
+class RMSNormConfig(Config):
+    ROWS: int = knob(1, pow2(1, 256))                 # rows per forward program (packed small rows)
+    num_warps: int = knob(4, WARPS)                   # forward
+    bwd_num_warps: int = knob(4, WARPS)
+    bwd_progs_per_sm: int = knob(2, (1, 2, 3, 4, 6, 8, 12, 16))   # persistent backward programs
+    bwd_prefetch: int = knob(1, (0, 1))               # next row's loads in flight (register double buffer)
 
 
-# -- the torch.compile path: opaque custom ops --------------------------------------------------------
-# Under torch.compile the kernels run inside custom ops, dispatched at run time exactly like eager
-# calls (so dynamic shapes and env overrides behave the same), and dynamo never traces a launcher.
-# Eager calls keep the autograd.Function above: it costs less per call than the op dispatcher.
-
-@torch.library.custom_op("liger_rt::rms_norm_fwd", mutates_args=())
-def _rms_norm_fwd_op(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (rows, hidden) -> (y, rstd)."""
-    d = OP.select(x, rows=x.shape[0], hidden=x.shape[1])
-    if d.impl == "torch":
-        rstd = torch.rsqrt(x.float().pow(2).mean(-1) + eps)
-        return rms_norm_ref(x, weight, eps, offset), rstd
-    return rms_norm_fwd(x, weight, eps, offset, d.config)
-
-
-@_rms_norm_fwd_op.register_fake
-def _(x, weight, eps, offset):
-    return (x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype)),
-            x.new_empty((x.shape[0],), dtype=torch.float32))
-
-
-@torch.library.custom_op("liger_rt::rms_norm_bwd", mutates_args=())
-def _rms_norm_bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, eps: float,
-                     offset: float) -> tuple[torch.Tensor, torch.Tensor]:
-    d = OP.select(x, rows=x.shape[0], hidden=x.shape[1])
-    if d.impl == "torch":   # autograd is off inside an op: the reference's gradients in closed form
-        xhat = x.float() * rstd[:, None]
-        dw = (dy.float() * xhat.to(x.dtype).float()).sum(0).to(weight.dtype)
-        g = dy.float() * (weight.float() + offset)
-        dx = (g - xhat * (g * xhat).mean(-1, keepdim=True)) * rstd[:, None]
-        return dx.to(x.dtype), dw
-    return rms_norm_bwd(dy, x, weight, rstd, offset, d.config)
-
-
-@_rms_norm_bwd_op.register_fake
-def _(dy, x, weight, rstd, eps, offset):
-    return x.new_empty(x.shape), weight.new_empty(weight.shape)
-
-
-def _rms_norm_setup(ctx, inputs, output):
-    x, weight, eps, offset = inputs
-    ctx.save_for_backward(x, weight, output[1])
-    ctx.eps, ctx.offset = eps, offset
-
-
-def _rms_norm_backward(ctx, dy, _drstd):
-    x, weight, rstd = ctx.saved_tensors
-    dx, dw = _rms_norm_bwd_op(dy, x, weight, rstd, ctx.eps, ctx.offset)
-    return dx, dw, None, None
-
-
-_rms_norm_fwd_op.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup)
-
-
-# -- functional --------------------------------------------------------------------------------------
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0) -> torch.Tensor:
-    """RMSNorm over the last dim; x (..., hidden), weight (hidden,).  Dispatched per call."""
+def _dims(x, weight, eps, offset) -> dict:
+    if x.dim() < 1:
+        raise ValueError("rms_norm: x must have at least one dim (..., hidden)")
     n = x.shape[-1]
     if weight.dim() != 1 or weight.shape[0] != n:
         raise ValueError(f"rms_norm: weight must have shape ({n},) for x of shape {tuple(x.shape)}, "
                          f"got {tuple(weight.shape)}")
-    if x.dtype not in DTYPES.values() or x.numel() == 0:
-        return rms_norm_ref(x, weight, eps, offset)
-    if torch.compiler.is_compiling():
-        y, _ = _rms_norm_fwd_op(x.reshape(-1, n), weight, float(eps), float(offset))
-        return y.view(*x.shape[:-1], n)
-    d = OP.select(x, rows=x.numel() // n, hidden=n)
-    if d.impl == "torch":
-        return rms_norm_ref(x, weight, eps, offset)
-    # x as given: the Function flattens inside (no view nodes in the autograd graph: each costs
-    # host time in the backward, which bounds a norm's wall clock on the H200)
-    return RMSNormFunction.apply(x, weight, eps, offset, d.config)
+    return {"rows": x.numel() // n if n else 0, "hidden": n}
 
 
-# -- registration -------------------------------------------------------------------------------------
+def _forward(config, x, weight, eps, offset):
+    # x as given: flattened here, not before the Function (view nodes in the autograd graph each
+    # cost host time in the backward, which bounds a norm's wall clock on the H200)
+    y, rstd = rms_norm_fwd(as_rows(x, x.shape[-1]), weight, eps, offset, config)
+    return (y.view(x.shape),), (rstd,)
 
-from ..dispatch import Impl, Op, register  # noqa: E402
+
+def _backward(config, args, saved, needs, dy):
+    x, weight, eps, offset = args
+    dx, dw = rms_norm_bwd(dy, as_rows(x, x.shape[-1]), weight, saved[0], offset, config)
+    return dx.view(x.shape), dw, None, None
+
+
+def _fake(config, x, weight, eps, offset):
+    return ((x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype)),),
+            (x.new_empty((x.numel() // x.shape[-1],), dtype=torch.float32),))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0) -> torch.Tensor:
+    """RMSNorm over the last dim; x (..., hidden), weight (hidden,).  Dispatched per call."""
+    return OP(x, weight, float(eps), float(offset))
 
 
 def _make_case(dims, dtype, device):
@@ -333,30 +244,16 @@ def _make_case(dims, dtype, device):
     x = torch.randn(m, n, generator=g).to(device, dtype).requires_grad_()
     w = (1.0 + 0.5 * torch.randn(n, generator=g)).to(device, dtype).requires_grad_()
     dy = torch.randn(m, n, generator=g).to(device, dtype)
-    return {"x": x, "w": w, "dy": dy}
-
-
-def _run_torch(case, config):
-    y = rms_norm_ref(case["x"], case["w"])
-    return [y, *torch.autograd.grad(y, (case["x"], case["w"]), case["dy"])]
-
-
-def _run_triton(case, config):
-    y = RMSNormFunction.apply(case["x"], case["w"], 1e-6, 0.0, config)
-    return [y, *torch.autograd.grad(y, (case["x"], case["w"]), case["dy"])]
-
-
-def _warps(elems: int, per_thread: int, arch) -> int:
-    return int(min(max(elems // (arch.warp_size * per_thread), 1), arch.max_num_warps))
+    return Case(args=(x, w, 1e-6, 0.0), grads=(dy,))
 
 
 def _fwd(arch, block_n: int, tile: int, per_thread: int) -> dict:
     rows = max(1, tile // block_n)
-    return {"num_warps": _warps(rows * block_n, per_thread, arch), "ROWS": rows}
+    return {"num_warps": warps_for(rows * block_n, per_thread, arch), "ROWS": rows}
 
 
 def _bwd(arch, block_n: int, per_thread: int, progs: int, prefetch: int) -> dict:
-    return {"bwd_num_warps": max(min(4, arch.max_num_warps), _warps(block_n, per_thread, arch)),
+    return {"bwd_num_warps": max(min(4, arch.max_num_warps), warps_for(block_n, per_thread, arch)),
             "bwd_progs_per_sm": progs, "bwd_prefetch": prefetch}
 
 
@@ -370,16 +267,16 @@ def _heuristic(arch, dims, dtype):
     partials (2 * sm_count rows, 4 MB at 4096) summed by a column-parallel kernel.
     Not measured on a GPU yet: `liger-tune sweep` decides among _configs."""
     e = next_pow2(dims["hidden"])
-    return {**_fwd(arch, e, 2048, 8 if e <= 2048 else 16), **_bwd(arch, e, 8, 2, 1)}
+    return RMSNormConfig(**_fwd(arch, e, 2048, 8 if e <= 2048 else 16), **_bwd(arch, e, 8, 2, 1))
 
 
 def _configs(arch, dims, dtype):
     e = next_pow2(dims["hidden"])
     base = _heuristic(arch, dims, dtype)
-    fwd_h = {k: base[k] for k in ("num_warps", "ROWS")}
+    fwd_h = {"num_warps": base.num_warps, "ROWS": base.ROWS}
     if arch.name == "cpu":  # the interpreter ignores warps: cover the code paths, not the space
-        return [base, {**fwd_h, **_bwd(arch, e, 16, 1, 0)},
-                {**_fwd(arch, e, 8192, 16), **_bwd(arch, e, 8, 3, 0)}]
+        return [base, RMSNormConfig(**fwd_h, **_bwd(arch, e, 16, 1, 0)),
+                RMSNormConfig(**_fwd(arch, e, 8192, 16), **_bwd(arch, e, 8, 3, 0))]
     bwd = [_bwd(arch, e, 8, 2, 1),      # the heuristic
            _bwd(arch, e, 8, 4, 1),
            _bwd(arch, e, 8, 4, 0),      # occupancy instead of prefetch
@@ -392,14 +289,8 @@ def _configs(arch, dims, dtype):
     fwd_alt = [_fwd(arch, e, min(e, 2048), 8) if e > 2048 else _fwd(arch, e, 2048, 16),  # 16 warps/row at 4096
                _fwd(arch, e, min(e, 2048), 32),                                           # 4 warps/row at 4096
                _fwd(arch, e, 8192, 16)]                                                   # packed rows
-    out = [{**fwd_h, **b} for b in bwd] + [{**f, **bwd[0]} for f in fwd_alt]
-    seen, uniq = set(), []
-    for c in out:
-        key = tuple(sorted(c.items()))
-        if key not in seen:
-            seen.add(key)
-            uniq.append(c)
-    return uniq[:12]
+    out = [RMSNormConfig(**fwd_h, **b) for b in bwd] + [RMSNormConfig(**f, **bwd[0]) for f in fwd_alt]
+    return list(dict.fromkeys(out))[:12]
 
 
 def _smem(config, dims, dtype) -> int:
@@ -426,9 +317,10 @@ def _plan(preset, arch, quick):
 
 
 OP = register(Op(
-    name="rms_norm", static=("hidden",), dynamic=("rows",),
-    impls=[Impl("triton", run=_run_triton, available=triton_available, configs=_configs,
-                heuristic=_heuristic, supports=_supports, smem=_smem),
-           Impl("torch", run=_run_torch)],
+    name="rms_norm", static=("hidden",), dynamic=("rows",), dims=_dims,
+    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports),
+           Impl("torch", fn=rms_norm_ref)],
+    config=RMSNormConfig, candidates=_configs, heuristic=_heuristic, smem=_smem,
+    schema="Tensor x, Tensor weight, float eps, float offset", fake=_fake,
     make_case=_make_case, plan=_plan, reduce_len=lambda d: d["rows"],
     schema_version=2))   # 2: grid-strided backward; bwd_ROWS and bwd_stages are gone

@@ -1,0 +1,582 @@
+"""The op spec: what a kernel file declares, and the plumbing the runtime builds from it.
+
+A kernel file keeps its math (reference, Triton kernels, launchers) and ends with one ``Op(...)``
+that says everything else: its dims, a frozen :class:`Config` dataclass whose fields declare the
+values they may take, the candidate/heuristic/pinned configs, the implementations and their
+availability, how to build a tuning case and a sweep plan.  From that the runtime builds
+
+- the functional's prologue (``OP(*args)``: input checks -> dims -> decision -> run),
+- the autograd wiring of a Triton implementation (:class:`KernelFunction` in eager mode, and a
+  ``torch.library`` custom-op pair with fake implementations under ``torch.compile``, where the
+  decision is taken at trace time and baked into the graph; a new bucket recompiles),
+- DB-row validation (:meth:`Config.parse`), the sweep's candidate list, ``explain``,
+- the freshness hash: the Triton kernels and the launch code that maps a config to a launch,
+  without docstrings or comments.
+
+A Triton implementation is a pair of launchers:
+``forward(config, *args) -> (outputs, saved)`` and
+``backward(config, args, saved, needs, *grad_outputs) -> one gradient (or None) per arg``, where
+``args`` are the call's arguments (tensors and scalars), ``saved`` the extra tensors the forward
+kept, ``needs`` which args want a gradient.  A native implementation (``fn``: the torch
+reference, grouped MM) is differentiated by autograd itself.  See docs/adding_an_op.md.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import hashlib
+import inspect
+import json
+import textwrap
+import types
+import typing
+from typing import Any, Callable, Mapping
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class ConfigError(ValueError):
+    """A config (from a DB row, a file or code) that the op does not declare."""
+
+
+# -- configs ---------------------------------------------------------------------------------------
+
+def knob(default, choices):
+    """A config field and the values it may take (what candidates and DB rows must stay within)."""
+    return dataclasses.field(default=default, metadata={"choices": tuple(choices)})
+
+
+def pow2(lo: int, hi: int) -> tuple[int, ...]:
+    """Powers of two from lo to hi inclusive."""
+    return tuple(1 << k for k in range(lo.bit_length() - 1, hi.bit_length()))
+
+
+WARPS = pow2(1, 32)
+STAGES = (1, 2, 3, 4, 5, 6)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Base of every op's launch config: frozen, typed, each field declared with :func:`knob`
+    (or a nested Config).  Construction validates, so a config outside the declared space can
+    neither be generated nor read back from a DB row."""
+
+    def __post_init__(self) -> None:
+        for f, typ in _fields(type(self)):
+            value = getattr(self, f.name)
+            if isinstance(typ, type) and issubclass(typ, Config):
+                if not isinstance(value, typ):
+                    raise ConfigError(f"{type(self).__name__}.{f.name} must be a {typ.__name__}, got {value!r}")
+                continue
+            if type(value) is not typ and not (typ is float and type(value) is int):
+                raise ConfigError(f"{type(self).__name__}.{f.name} must be {typ.__name__}, got {value!r}")
+            choices = f.metadata.get("choices")
+            if choices is not None and value not in choices:
+                raise ConfigError(f"{type(self).__name__}.{f.name}={value!r} is not one of "
+                                  f"{', '.join(map(str, choices))}")
+
+    @classmethod
+    def parse(cls, data: Mapping | str) -> "Config":
+        """The config a DB row or an export holds; every field must be present and declared."""
+        if isinstance(data, str):
+            try:
+                data = json.loads(data)
+            except ValueError as exc:
+                raise ConfigError(f"{cls.__name__}: config is not JSON ({exc})") from None
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{cls.__name__}: config must be a JSON object, got {type(data).__name__}")
+        fields = dict((f.name, typ) for f, typ in _fields(cls))
+        unknown = sorted(set(data) - set(fields))
+        missing = sorted(set(fields) - set(data))
+        if unknown or missing:
+            raise ConfigError(f"{cls.__name__}: fields are {', '.join(fields) or 'none'}; "
+                              f"unknown {unknown or 'none'}, missing {missing or 'none'}")
+        kw = {k: (typ.parse(data[k]) if isinstance(typ, type) and issubclass(typ, Config) else data[k])
+              for k, typ in fields.items()}
+        return cls(**kw)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def keys(self):                 # dict(config) gives the JSON form's top level
+        return [f.name for f in dataclasses.fields(self)]
+
+    def __getitem__(self, name: str):
+        return getattr(self, name)
+
+    def replace(self, **changes) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+    def limits(self) -> tuple[int, int]:
+        """(most warps, most stages) of any launch this config makes: what an arch prunes on."""
+        warps, stages = 1, 1
+        for f, typ in _fields(type(self)):
+            v = getattr(self, f.name)
+            if isinstance(v, Config):
+                w, s = v.limits()
+                warps, stages = max(warps, w), max(stages, s)
+            elif f.name.endswith("num_warps"):
+                warps = max(warps, v)
+            elif f.name.endswith("num_stages"):
+                stages = max(stages, v)
+        return warps, stages
+
+
+@dataclasses.dataclass(frozen=True)
+class NoConfig(Config):
+    """Implementations without launch knobs (torch, grouped MM)."""
+
+
+@functools.lru_cache(maxsize=None)
+def _fields(cls: type) -> tuple:
+    hints = typing.get_type_hints(cls)
+    return tuple((f, hints[f.name]) for f in dataclasses.fields(cls))
+
+
+def config_dict(config) -> dict:
+    """A config (dataclass or mapping) as a JSON-able dict."""
+    return config.to_dict() if isinstance(config, Config) else dict(config)
+
+
+# -- implementations and tuning cases -----------------------------------------------------------------
+
+def _always(target) -> bool:
+    return True
+
+
+@dataclasses.dataclass
+class Impl:
+    """One implementation of an op: either native (``fn(*args)``, differentiated by autograd) or a
+    Triton pair (``forward``/``backward``, see the module docstring) that takes the op's config.
+
+    available(target) -> bool: can it run on this device/arch at all.
+    supports(dims, dtype) -> None, or why it cannot take this shape.
+    """
+    name: str
+    fn: Callable | None = None
+    forward: Callable | None = None
+    backward: Callable | None = None
+    available: Callable = _always
+    supports: Callable | None = None
+    # LEGACY (until every kernel file declares a spec): per-impl dict configs and a run(case, config)
+    run: Callable | None = None
+    configs: Callable | None = None
+    heuristic: Callable | None = None
+    pinned: Callable | None = None
+    smem: Callable | None = None
+
+    @property
+    def tuned(self) -> bool:
+        return self.forward is not None or self.configs is not None
+
+
+@dataclasses.dataclass
+class Case:
+    """A tuning case: the call's arguments and one upstream gradient per output (None: not used)."""
+    args: tuple
+    grads: tuple
+
+
+# -- the op spec -----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(eq=False)
+class Op:
+    """An op's declaration.
+
+    dims(*args) checks a call's arguments and returns its dims (static ones key tuning exactly,
+    dynamic ones are bucketed to powers of two).  config/candidates/heuristic/pinned describe the
+    tuned implementation's launch space; smem(config, dims, dtype) its shared memory per program.
+    make_case(dims, dtype, device[, tag]) -> Case with fresh random inputs; plan(preset, arch, quick)
+    lists the dims a sweep measures; reduce_len(dims) sizes the validation tolerance;
+    crossover_axis(dims) is the quantity that decides between competing implementations.
+    schema: the args of the custom op ("Tensor x, Tensor weight, float eps"); fake(config, *args)
+    -> (outputs, saved) as empty tensors; outputs: how many tensors the op returns.
+    """
+    name: str
+    static: tuple[str, ...]
+    dynamic: tuple[str, ...]
+    impls: list[Impl]
+    make_case: Callable
+    plan: Callable
+    dims: Callable[..., dict] | None = None
+    config: type = NoConfig
+    candidates: Callable | None = None
+    heuristic: Callable | None = None
+    pinned: Callable | None = None
+    smem: Callable | None = None
+    schema: str = ""
+    fake: Callable | None = None
+    outputs: int = 1
+    reduce_len: Callable[[dict], int] = lambda dims: 1
+    heuristic_impl: Callable | None = None
+    crossover_axis: Callable[[dict], float] | None = None
+    crossover_axis_name: str = ""
+    pinned_by_fused_moe_env: bool = False
+    schema_version: int = 1
+    variant: str = "fwdbwd"
+    tags: tuple[str, ...] = ("",)       # input variants a sweep measures (make_case takes tag=)
+    dtypes: tuple[str, ...] = ("fp32", "bf16", "fp16")
+    module: str = ""
+
+    def __post_init__(self) -> None:
+        self._by_name = {i.name: i for i in self.impls}
+        self._memo: dict = {}
+        self._hash: str | None = None
+        self._custom = None
+        self._decide = None           # set by dispatch.register
+        self._dtypes = tuple(DTYPES[d] for d in self.dtypes)
+        if "torch" not in self._by_name:
+            raise ValueError(f"op {self.name} must register a 'torch' reference implementation")
+        if self.candidates is None:     # LEGACY callers: candidates(impl, arch, dims, dtype)
+            self.candidates = self.candidates_for
+        for impl in self.impls:
+            if impl.run is None:
+                impl.run = functools.partial(self.run_case, impl)
+
+    # -- identity ----------------------------------------------------------------------------------
+    @property
+    def impl_names(self) -> tuple[str, ...]:
+        return tuple(self._by_name)
+
+    def impl(self, name: str) -> Impl:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise ValueError(f"{self.name} has no implementation {name!r}; valid: {', '.join(self._by_name)}") from None
+
+    @property
+    def reference(self) -> Callable:
+        return self._by_name["torch"].fn
+
+    @property
+    def source_hash(self) -> str:
+        """Hash of what changes behaviour: the Triton kernels and the launch code reachable from the
+        tuned implementations' forward/backward (docstrings and comments do not count)."""
+        if self._hash is None:
+            roots = [f for i in self.impls for f in (i.forward, i.backward) if f is not None]
+            text = "\n".join(_normalised_source(f) for f in _reachable(roots)) or self.name
+            self._hash = hashlib.sha256(f"{self.schema_version}\n{text}".encode()).hexdigest()[:16]
+        return self._hash
+
+    def check_dims(self, dims: Mapping[str, int]) -> dict:
+        names = self.static + self.dynamic
+        missing = [d for d in names if d not in dims]
+        extra = [d for d in dims if d not in names]
+        if missing or extra:
+            raise ValueError(f"{self.name} takes dims {','.join(names)}; missing {missing or 'none'}, "
+                             f"unknown {extra or 'none'}")
+        return {d: int(dims[d]) for d in names}
+
+    def static_key(self, dims: Mapping[str, int]) -> str:
+        return json.dumps({d: int(dims[d]) for d in self.static}, sort_keys=True, separators=(",", ":"))
+
+    def bucket_key(self, dims: Mapping[str, int]) -> str:
+        return json.dumps({d: bucket(dims[d]) for d in self.dynamic}, sort_keys=True, separators=(",", ":"))
+
+    # -- configs -------------------------------------------------------------------------------------
+    def parse_config(self, data, impl: str = "triton") -> Config:
+        """A stored config for `impl`, validated against the declared fields (ConfigError if not)."""
+        the_impl = self._by_name.get(impl, Impl(impl))
+        if the_impl.configs is not None:       # LEGACY dict configs
+            if isinstance(data, str):
+                data = json.loads(data)
+            if not isinstance(data, Mapping):
+                raise ConfigError(f"{self.name}: config must be a JSON object")
+            return types.MappingProxyType(dict(data))
+        cls = self.config if the_impl.tuned else NoConfig
+        return data if isinstance(data, cls) else cls.parse(data)
+
+    def candidates_for(self, impl: Impl, arch, dims: dict, dtype: torch.dtype) -> list[Config]:
+        """The configs a sweep measures for `impl` on `arch`, pruned to what the arch can run."""
+        if impl.configs is not None:            # LEGACY
+            from .dispatch import prune_configs
+            return prune_configs(impl.configs(arch, dims, dtype), arch, impl, dims, dtype)
+        if not impl.tuned:
+            return [NoConfig()]
+        out, seen = [], set()
+        for cfg in self.candidates(arch, dims, dtype):
+            warps, stages = cfg.limits()
+            if warps > arch.max_num_warps or stages > arch.max_num_stages:
+                continue
+            if self.smem is not None and self.smem(cfg, dims, dtype) > arch.smem_bytes:
+                continue
+            if cfg not in seen:
+                seen.add(cfg)
+                out.append(cfg)
+        return out
+
+    def default_config(self, impl: str, arch, dims: dict, dtype: torch.dtype, *, pinned: bool = False) -> Config:
+        legacy = self.impl(impl)
+        if legacy.configs is not None or (legacy.heuristic is not None and not legacy.tuned):   # LEGACY
+            pin = (legacy.pinned if pinned else None) or legacy.heuristic
+            return types.MappingProxyType(dict(pin(arch, dims, dtype)))
+        if not legacy.tuned:
+            return NoConfig()
+        if pinned and self.pinned is not None:
+            return self.pinned(arch, dims, dtype)
+        return self.heuristic(arch, dims, dtype)
+
+    def available_impls(self, target, dims: dict, dtype: torch.dtype) -> list[str]:
+        return [i.name for i in self.impls
+                if i.available(target) and (i.supports is None or i.supports(dims, dtype) is None)]
+
+    # -- the hot path ----------------------------------------------------------------------------------
+    def select(self, x: torch.Tensor, **dims: int):
+        """Decide for a call on tensor `x` (its device and dtype) with these dims (memoised)."""
+        key = (x.device.type, x.dtype, *dims.values())
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        return self._decide(self, x, dims, key)
+
+    def __call__(self, *args):
+        """The functional's body: check the inputs, decide, run the chosen implementation."""
+        dims = self.dims(*args)
+        x = args[0]
+        if x.dtype not in self._dtypes:
+            if not x.dtype.is_floating_point:
+                raise TypeError(f"{self.name}: unsupported dtype {x.dtype}; accepted: "
+                                f"{', '.join(map(str, self._dtypes))} (other float dtypes run the reference)")
+            return self.reference(*args)
+        if x.numel() == 0:
+            return self.reference(*args)
+        if torch.compiler.is_compiling():
+            return self._traced_call(dims, args)
+        d = self.select(x, **dims)
+        impl = self._by_name[d.impl]
+        if impl.fn is not None:
+            return impl.fn(*args)
+        return KernelFunction.apply(impl, d.config, *args)
+
+    def call_impl(self, impl: str, config, *args):
+        """Run one implementation with a given config, bypassing the decision (tests, benchmarks)."""
+        the_impl = self.impl(impl)
+        if the_impl.fn is not None:
+            return the_impl.fn(*args)
+        return KernelFunction.apply(the_impl, self.parse_config(config, impl), *args)
+
+    def run_case(self, impl: Impl, case: Case, config) -> list[torch.Tensor]:
+        """Outputs and input gradients of one implementation on a tuning case (autotune, tests)."""
+        outs = self.call_impl(impl.name, config, *case.args)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        inputs = [a for a in case.args if isinstance(a, torch.Tensor) and a.requires_grad]
+        pairs = [(o, g) for o, g in zip(outs, case.grads) if g is not None]
+        grads = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs],
+                                    allow_unused=True, materialize_grads=True) if inputs and pairs else ()
+        return [*outs, *grads]
+
+    def new_case(self, dims: dict, dtype: torch.dtype, device: str, tag: str = "") -> Case:
+        if self.tags != ("",):
+            return self.make_case(dims, dtype, device, tag=tag or self.tags[0])
+        return self.make_case(dims, dtype, device)
+
+    # -- torch.compile ----------------------------------------------------------------------------------
+    def _traced_call(self, dims: dict, args: tuple):
+        # dims are pinned down by comparisons only, so under dynamic shapes dynamo guards on the
+        # bucket of a dynamic dim (a new bucket recompiles) and on the exact value of a static one,
+        # and the decision below sees plain ints it can treat as constants
+        key = tuple(_traced_bucket(dims[d]) if d in self.dynamic else _traced_exact(dims[d])
+                    for d in self.static + self.dynamic)
+        impl_name, config_json = _decide_constant(self.name, args[0].device.type, args[0].dtype, *key)
+        impl = self._by_name[impl_name]
+        if impl.fn is not None:
+            return impl.fn(*args)
+        fwd = self._custom_ops()
+        out = fwd(*args, config_json)
+        return out[0] if self.outputs == 1 else tuple(out[:self.outputs])
+
+    def _custom_ops(self):
+        if self._custom is None:
+            self._custom = _build_custom_ops(self)
+        return self._custom
+
+
+def bucket(value: int) -> int:
+    """Dynamic dims are bucketed to the next power of two (1, 2, 4, ...)."""
+    value = int(value)
+    return 1 if value <= 1 else 1 << (value - 1).bit_length()
+
+
+def _traced_bucket(value) -> int:
+    b = 1
+    while b < value:
+        b *= 2
+    return b
+
+
+def _traced_exact(value) -> int:
+    """A (possibly symbolic) positive int as a plain int, by bisection between powers of two."""
+    lo, hi = 0, _traced_bucket(value)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if value <= mid else (mid, hi)
+    return hi
+
+
+@torch.compiler.assume_constant_result
+def _decide_constant(op_name: str, device_type: str, dtype: torch.dtype, *key: int) -> tuple[str, str]:
+    from .dispatch import get_op
+    op = get_op(op_name)
+    dims = dict(zip(op.static + op.dynamic, key))
+    d = op.select(_probe(device_type, dtype), **dims)
+    return d.impl, json.dumps({"impl": d.impl, "config": config_dict(d.config)}, sort_keys=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(device_type: str, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(0, dtype=dtype, device=device_type)
+
+
+# -- autograd ---------------------------------------------------------------------------------------------
+
+class KernelFunction(torch.autograd.Function):
+    """Eager autograd for any Triton pair: apply(impl, config, *args)."""
+
+    @staticmethod
+    def forward(ctx, impl, config, *args):
+        outs, saved = impl.forward(config, *args)
+        ctx.save_for_backward(*(a if isinstance(a, torch.Tensor) else None for a in args), *saved)
+        ctx.impl, ctx.config, ctx.n = impl, config, len(args)
+        ctx.scalars = tuple(None if isinstance(a, torch.Tensor) else a for a in args)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        saved = ctx.saved_tensors
+        args = tuple(c if t is None else t for t, c in zip(saved[:ctx.n], ctx.scalars))
+        dargs = ctx.impl.backward(ctx.config, args, saved[ctx.n:], ctx.needs_input_grad[2:], *grads)
+        return (None, None, *dargs)
+
+
+def _schema_args(schema: str) -> list[tuple[str, str]]:
+    return [tuple(a.strip().rsplit(" ", 1)) for a in schema.split(",") if a.strip()]
+
+
+def _build_custom_ops(op: Op):
+    """liger_rt::<op>_fwd(args..., str config) -> Tensor[] (outputs then saved) and
+    liger_rt::<op>_bwd, with fakes and the autograd formula joining them."""
+    spec = _schema_args(op.schema)
+    is_tensor = [t.startswith("Tensor") for t, _ in spec]
+    scalars = [(t, n) for t, n in spec if not t.startswith("Tensor")]
+    n_args = len(spec)
+
+    def parse(config_json: str):
+        return _parse_decision(op.name, config_json)
+
+    def fwd(*a):
+        *args, config_json = a
+        impl, cfg = parse(config_json)
+        outs, saved = impl.forward(cfg, *args)
+        return [*(o.clone() if any(o is t for t in args) else o for o in outs), *saved]
+
+    def fwd_fake(*a):
+        *args, config_json = a
+        outs, saved = op.fake(parse(config_json)[1], *args)
+        return [*outs, *saved]
+
+    fwd_op = torch.library.custom_op(f"liger_rt::{op.name}_fwd", fwd, mutates_args=(),
+                                     schema=f"({op.schema}, str config) -> Tensor[]")
+    fwd_op.register_fake(fwd_fake)
+
+    bwd_schema = ", ".join(["Tensor?[] tensors", "Tensor[] saved", "Tensor?[] grads",
+                            *(f"{t} {n}" for t, n in scalars), "bool[] needs", "str config"])
+
+    def rebuild(tensors, scalar_values):
+        it_t, it_s = iter(tensors), iter(scalar_values)
+        return tuple(next(it_t) if flag else next(it_s) for flag in is_tensor)
+
+    def bwd(tensors, saved, grads, *rest):
+        *scalar_values, needs, config_json = rest
+        impl, cfg = parse(config_json)
+        args = rebuild(tensors, scalar_values)
+        dargs = [g for g, flag in zip(impl.backward(cfg, args, tuple(saved), tuple(needs), *grads), is_tensor) if flag]
+        like = next(t for t in tensors if t is not None)
+        return [g.to(t.dtype) if g is not None and need and t is not None else like.new_empty(0)
+                for g, t, need in zip(dargs, tensors, needs)]
+
+    def bwd_fake(tensors, saved, grads, *rest):
+        needs = rest[-2]
+        like = next(t for t in tensors if t is not None)
+        return [t.new_empty(t.shape) if need and t is not None else like.new_empty(0)
+                for t, need in zip(tensors, needs)]
+
+    bwd_op = torch.library.custom_op(f"liger_rt::{op.name}_bwd", bwd, mutates_args=(),
+                                     schema=f"({bwd_schema}) -> Tensor[]")
+    bwd_op.register_fake(bwd_fake)
+
+    def setup_context(ctx, inputs, output):
+        *args, config_json = inputs
+        tensors = [a for a, flag in zip(args, is_tensor) if flag]
+        ctx.save_for_backward(*tensors, *output[op.outputs:])
+        ctx.n_tensors = len(tensors)
+        ctx.scalars = [a for a, flag in zip(args, is_tensor) if not flag]
+        ctx.config_json = config_json
+
+    def backward(ctx, grads):
+        saved = ctx.saved_tensors
+        tensors, extra = list(saved[:ctx.n_tensors]), list(saved[ctx.n_tensors:])
+        needs = [bool(n) for n, flag in zip(ctx.needs_input_grad[:n_args], is_tensor) if flag]
+        out = bwd_op(tensors, extra, list(grads[:op.outputs]), *ctx.scalars, needs, ctx.config_json)
+        it = iter(out)
+        dargs = []
+        for flag in is_tensor:
+            g = next(it) if flag else None
+            dargs.append(g if g is not None and g.numel() else None)
+        return (*dargs, None)
+
+    fwd_op.register_autograd(backward, setup_context=setup_context)
+    return fwd_op
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_decision(op_name: str, config_json: str):
+    from .dispatch import get_op
+    op = get_op(op_name)
+    data = json.loads(config_json)
+    return op.impl(data["impl"]), op.parse_config(data["config"], data["impl"])
+
+
+# -- freshness -----------------------------------------------------------------------------------------
+
+def _reachable(roots: list) -> list:
+    """Functions and Triton kernels reachable from `roots` through module globals, inside liger_rt."""
+    seen, order, todo = set(), [], list(roots)
+    while todo:
+        fn = todo.pop()
+        inner = getattr(fn, "fn", fn)            # triton JITFunction -> the Python function
+        if not isinstance(inner, types.FunctionType) or id(inner) in seen:
+            continue
+        if not inner.__module__.startswith("liger_rt"):
+            continue
+        seen.add(id(inner))
+        order.append(inner)
+        names = set(_code_names(inner.__code__))
+        for name in sorted(names):
+            obj = inner.__globals__.get(name)
+            if obj is not None and (isinstance(obj, types.FunctionType) or hasattr(obj, "fn")):
+                todo.append(obj)
+    return sorted(order, key=lambda f: (f.__module__, f.__qualname__))
+
+
+def _code_names(code) -> list[str]:
+    out = list(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out += _code_names(c)
+    return out
+
+
+def _normalised_source(fn) -> str:
+    """The function's code as the AST sees it: no comments, no docstrings, no formatting."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(getattr(body[0], "value", None), ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return f"{fn.__module__}.{fn.__qualname__}\n{ast.unparse(tree)}"
