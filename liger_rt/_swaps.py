@@ -147,22 +147,8 @@ def bind(module, fn, attr: str = "forward"):
 
 # -- what a layer forward falls back to -------------------------------------------------------------
 
-def original_function(module, attr: str = "forward"):
-    """The ``attr`` a patch replaced on ``module``, as a function to call as ``fn(module, ...)``:
-    the instance's own earlier forward if it had one, else the class's pre-patch function
-    (walking the MRO past class-level swaps).
-
-    Layer forwards call this rather than a bound method: a bound method that torch.compile has to
-    rebuild after a graph break is rebuilt as ``module.forward``, which is the patched forward
-    again (infinite recursion)."""
-    if attr == "forward":
-        own = module.__dict__.get(ORIG_KEY)
-        if own is not None:
-            func = getattr(own, "__func__", None)
-            if func is not None and getattr(own, "__self__", None) is module:
-                return func
-            return lambda _module, *args, **kwargs: own(*args, **kwargs)
-    cls = type(module)
+def class_original(cls: type, attr: str = "forward"):
+    """``cls.<attr>`` as it was before any class-level swap (walking the MRO past swaps)."""
     for klass in cls.__mro__:
         if attr not in klass.__dict__:
             continue
@@ -174,10 +160,27 @@ def original_function(module, attr: str = "forward"):
     raise AttributeError(f"{cls.__name__} has no original {attr}")
 
 
+def original_function(module, attr: str = "forward"):
+    """The ``attr`` a patch replaced on ``module``, as a function to call as ``fn(module, ...)``:
+    the instance's own earlier forward if it had one, else the class's pre-patch function.
+
+    Layer forwards call this rather than a bound method: a bound method that torch.compile has to
+    rebuild after a graph break is rebuilt as ``module.forward``, which is the patched forward
+    again (infinite recursion)."""
+    if attr == "forward":
+        own = module.__dict__.get(ORIG_KEY)
+        if own is not None:
+            func = getattr(own, "__func__", None)
+            if func is not None and getattr(own, "__self__", None) is module:
+                return func
+            return lambda _module, *args, **kwargs: own(*args, **kwargs)
+    return class_original(type(module), attr)
+
+
 def original(module, attr: str = "forward"):
     """The forward a patch replaced, bound to ``module`` (see ``original_function``)."""
     if attr == "forward":
         own = module.__dict__.get(ORIG_KEY)
         if own is not None:
             return own
-    return original_function(module, attr).__get__(module, type(module))
+    return class_original(type(module), attr).__get__(module, type(module))

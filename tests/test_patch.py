@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import importlib
 import importlib.util
-import types
+import inspect
 import warnings
 
 import pytest
@@ -89,6 +89,11 @@ class Counter:
         return self.fn(*args, **kwargs)
 
 
+def _ours(forward):
+    """The liger_rt function a class-level patch installed (as a copy with the host's signature)."""
+    return getattr(forward, "_liger_rt_function", None)
+
+
 def _modules(model, class_name):
     return [m for m in model.modules() if type(m).__name__ == class_name]
 
@@ -147,7 +152,7 @@ def test_every_targeted_module_goes_through_liger(monkeypatch, fallback):
     assert len(norms.calls) == len(norm_weights)                        # once each: no double wrapping
     assert len(swiglu.calls) == len(_modules(model, "Qwen3MLP"))
     for m in _modules(model, "Qwen3RMSNorm") + _modules(model, "Qwen3MLP"):
-        assert isinstance(m.__dict__["forward"], types.MethodType) and m.__dict__["forward"].__self__ is m
+        assert isinstance(m.__dict__["forward"], _swaps.BoundForward) and m.__dict__["forward"].__self__ is m
 
     liger_rt.unpatch(model)
     norms.calls.clear(), swiglu.calls.clear()
@@ -285,8 +290,8 @@ def test_class_level_patch_and_exact_unpatch(monkeypatch, fallback):
     built_before = build_model("qwen3-tiny")
     norms = Counter(monkeypatch, "rms_norm")
     assert liger_rt.patch("qwen3") is None
-    assert captured.forward is liger_rt.layers.norms.rms_norm_forward
-    assert mod.Qwen3MLP.forward is liger_rt.layers.mlp.swiglu_forward
+    assert _ours(captured.forward) is liger_rt.layers.norms.rms_norm_forward
+    assert _ours(mod.Qwen3MLP.forward) is liger_rt.layers.mlp.swiglu_forward
     assert mod.Qwen3ForCausalLM.forward is originals[mod.Qwen3ForCausalLM]           # loss kernels off
     assert liger_rt.patch.describe("qwen3")["classes"] == ["Qwen3MLP", "Qwen3RMSNorm"]
     built_after = build_model("qwen3-tiny")
@@ -313,7 +318,7 @@ def test_instance_patch_on_top_of_class_patch_falls_back_to_the_true_original(fa
     liger_rt.patch(model)
     assert core.original(model.model.norm).__func__ is original
     liger_rt.unpatch(model)
-    assert mod.Qwen3RMSNorm.forward is liger_rt.layers.norms.rms_norm_forward
+    assert _ours(mod.Qwen3RMSNorm.forward) is liger_rt.layers.norms.rms_norm_forward
     liger_rt.unpatch("qwen3")
     assert mod.Qwen3RMSNorm.forward is original
 
@@ -431,6 +436,87 @@ def test_logits_stay_when_the_caller_needs_them(monkeypatch, fallback):
     assert "forward" not in new.__dict__ and "_liger_rt_loss" not in new.__dict__
 
 
+
+# -- signatures: callers that introspect the forward ---------------------------------------------------
+
+def _host_signatures(model):
+    return {name: inspect.signature(m.forward) for name, m in model.named_modules()}
+
+
+def _check_signatures(model, before, extras=("return_logits",)):
+    """Every forward's signature is what it was, plus (only on a loss forward) keyword-only extras."""
+    changed = 0
+    for name, module in model.named_modules():
+        sig = inspect.signature(module.forward)
+        if sig != before[name]:
+            added = [p for p in sig.parameters.values() if p.name not in before[name].parameters]
+            assert [p.name for p in added] == list(extras), name
+            assert all(p.kind is p.KEYWORD_ONLY and p.default is None for p in added), name
+            kept = [p for p in sig.parameters.values() if p.name in before[name].parameters]
+            assert sig.replace(parameters=kept) == before[name], name
+            changed += 1
+    return changed
+
+
+@needs("fused_linear_cross_entropy")
+@pytest.mark.parametrize("level", ["instance", "class"])
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "lfm2-tiny"])
+def test_patched_forwards_keep_the_host_signature(preset, level, fallback):
+    before = _host_signatures(build_model(preset))
+    model_type = build_model(preset).config.model_type
+    if level == "class":
+        liger_rt.patch(model_type, fused_linear_cross_entropy=True)
+        model = build_model(preset)
+    else:
+        model = build_model(preset)
+        liger_rt.patch(model, fused_linear_cross_entropy=True)
+    assert _check_signatures(model, before) == 1                  # the LM head's forward, + return_logits
+    assert model._supports_logits_to_keep()
+    assert list(inspect.signature(model.forward).parameters)[0] == "input_ids"
+    info = liger_rt.patch.describe(model)
+    assert info["level"] == level and info["patched"]["fused_linear_cross_entropy"] == 1
+    assert info["patched"]["rms_norm"] == sum(type(m).__name__.endswith("RMSNorm") for m in model.modules())
+
+
+@needs("fused_linear_cross_entropy")
+@pytest.mark.parametrize("level", ["instance", "class"])
+def test_fused_loss_binds_positional_arguments_like_the_host(level, fallback):
+    base, new = _pair("qwen3-tiny")
+    if level == "class":
+        liger_rt.patch("qwen3", fused_linear_cross_entropy=True)
+    else:
+        liger_rt.patch(new, fused_linear_cross_entropy=True)
+    ids, mask, labels = _inputs()
+    want = base(ids, mask, labels=labels)
+    got = new(ids, mask, labels=labels)
+    assert got.logits is None
+    torch.testing.assert_close(got.loss, want.loss)
+    with pytest.raises(TypeError):                                # as the host: input_ids given twice
+        new(ids, input_ids=ids, labels=labels)
+
+
+@needs("fused_linear_cross_entropy")
+def test_fused_loss_forward_never_inspects(monkeypatch, fallback):
+    model = build_model("qwen3-tiny")
+    liger_rt.patch(model, fused_linear_cross_entropy=True)
+    ids, mask, labels = _inputs()
+
+    def no_inspect(*args, **kwargs):
+        raise AssertionError("inspect.signature called in the forward")
+    monkeypatch.setattr(inspect, "signature", no_inspect)
+    assert model(input_ids=ids, attention_mask=mask, labels=labels).logits is None
+
+
+def test_describe_a_model_built_under_a_class_patch(fallback):
+    liger_rt.patch("llama")
+    model = build_model("llama-tiny")
+    info = liger_rt.patch.describe(model)
+    assert info["level"] == "class" and info["model_type"] == "llama"
+    assert info["patched"] == {"rms_norm": 5, "swiglu": 2}
+    liger_rt.unpatch("llama")
+    assert liger_rt.patch.describe(model) is None
+    assert liger_rt.patch.describe(build_model("qwen3-tiny")) is None
+
 def test_fused_linear_cross_entropy_interpreter():
     pytest.importorskip("liger_rt.kernels.fused_linear_cross_entropy")
     base, new = _pair("qwen3-tiny")
@@ -481,7 +567,7 @@ def test_patched_context_manager_at_class_level(fallback):
     mod = importlib.import_module(QWEN3)
     original = mod.Qwen3MLP.__dict__["forward"]
     with liger_rt.patched("qwen3", rms_norm=False):
-        assert mod.Qwen3MLP.forward is liger_rt.layers.mlp.swiglu_forward
+        assert _ours(mod.Qwen3MLP.forward) is liger_rt.layers.mlp.swiglu_forward
         assert liger_rt.patch.describe("qwen3")["classes"] == ["Qwen3MLP"]
     assert mod.Qwen3MLP.forward is original and liger_rt.patch.describe("qwen3") is None
 

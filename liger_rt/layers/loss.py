@@ -26,7 +26,6 @@ the model's ``loss_function``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import sys
 import types
@@ -36,14 +35,21 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
-from .._swaps import original
+from .._swaps import original_function
 
 
 @dataclasses.dataclass(frozen=True)
 class LossOptions:
-    """What the patch asked of the causal-LM forward (stored as ``_liger_rt_loss`` on the model or class)."""
+    """What the patch asked of the causal-LM forward, and what it read of the host forward at patch
+    time (stored as ``_liger_rt_loss`` on the model or class; built by ``loss_options``)."""
     fused_linear_cross_entropy: bool = False
     keep_logits: bool = False
+    parameters: tuple[str, ...] = ()        # the host forward's named parameters (no self), positional first
+    positional: int = 0                     # how many of them a call may pass by position
+    var_keyword: bool = True                # it takes **kwargs
+    output_class: type | None = None        # the ModelOutput class it returns
+    output_fields: tuple[str, ...] = ()
+    load_balancing_loss: typing.Callable | None = None    # its modeling module's MoE aux loss, if any
 
 
 def _shifted_targets(labels, shift_labels, ignore_index: int) -> torch.Tensor:
@@ -84,16 +90,10 @@ def fused_causal_lm_loss(hidden: torch.Tensor, lm_head: torch.nn.Linear, labels,
 
 # -- the forward ------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
-def _signature(fn) -> inspect.Signature:
-    return inspect.signature(fn)
-
-
-@functools.lru_cache(maxsize=None)
-def _output_class(fn, module_name: str):
+def _output_class(sig: inspect.Signature, module_name: str):
     """The ModelOutput class the host forward returns (its return annotation), or None."""
     from transformers.utils import ModelOutput
-    ann = _signature(fn).return_annotation
+    ann = sig.return_annotation
     if isinstance(ann, str):
         ann = getattr(sys.modules.get(module_name), ann.split("|")[-1].strip(), None)
     candidates = typing.get_args(ann) if isinstance(ann, types.UnionType) or typing.get_origin(ann) else (ann,)
@@ -103,33 +103,57 @@ def _output_class(fn, module_name: str):
     return None
 
 
+def loss_options(sig: inspect.Signature, module_name: str, *, keep_logits: bool = False,
+                 has_self: bool = False) -> LossOptions:
+    """LossOptions for a host forward of signature ``sig`` (``has_self``: its first parameter is
+    self) defined in ``module_name``: everything ``causal_lm_forward`` needs to know about the host,
+    read once at patch time so the forward itself never inspects."""
+    params = list(sig.parameters.values())[1 if has_self else 0:]
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    keyword = [p.name for p in params if p.kind is p.KEYWORD_ONLY]
+    out_cls = _output_class(sig, module_name)
+    return LossOptions(True, keep_logits, tuple(positional + keyword), len(positional),
+                       any(p.kind is p.VAR_KEYWORD for p in params), out_cls,
+                       tuple(f.name for f in dataclasses.fields(out_cls)) if out_cls is not None else (),
+                       getattr(sys.modules.get(module_name), "load_balancing_loss_func", None))
+
+
 def _default_loss(model) -> bool:
     from transformers.loss.loss_utils import LOSS_MAPPING
     fn = model.loss_function
     return fn is LOSS_MAPPING.get("ForCausalLM") or fn is causal_lm_loss
 
 
-def _fused_plan(self, orig, args, kwargs, return_logits):
-    """(bound arguments, var-kwargs) when the fused path can run for this call, else None."""
-    opts = getattr(self, "_liger_rt_loss", None)
+def _split(opts: LossOptions, args: tuple, kwargs: dict):
+    """(named arguments, **kwargs extras) of a call as the host forward binds them; None when the
+    call would not bind (the host forward then runs, and raises its own error)."""
+    if len(args) > opts.positional:
+        return None
+    arguments = dict(zip(opts.parameters, args))
+    extra = {}
+    for name, value in kwargs.items():
+        if name in arguments:
+            return None
+        if name in opts.parameters:
+            arguments[name] = value
+        elif opts.var_keyword:
+            extra[name] = value
+        else:
+            return None
+    return arguments, extra
+
+
+def _fused_plan(self, opts, args, kwargs, return_logits):
+    """(named arguments, var-kwargs) when the fused path can run for this call, else None."""
     if opts is None or not opts.fused_linear_cross_entropy:
         return None
     want_logits = return_logits if return_logits is not None else (opts.keep_logits or not self.training)
     if want_logits:
         return None
-    func = getattr(orig, "__func__", None)
-    method = func is not None and getattr(orig, "__self__", None) is self
-    try:
-        # signatures are cached per function, never per bound method (that would keep models alive)
-        sig = _signature(func) if method else inspect.signature(orig)
-        bound = sig.bind(self, *args, **kwargs) if method else sig.bind(*args, **kwargs)
-    except (TypeError, ValueError):
+    split = _split(opts, args, kwargs)
+    if split is None:
         return None
-    arguments = dict(bound.arguments)
-    if method:
-        arguments.pop(next(iter(sig.parameters)))
-    var_kw = next((n for n, p in sig.parameters.items() if p.kind is p.VAR_KEYWORD), None)
-    extra = dict(arguments.pop(var_kw, {}) or {}) if var_kw else {}
+    arguments, extra = split
     if arguments.get("labels") is None and extra.get("shift_labels") is None:
         return None
     keep = arguments.get("logits_to_keep", 0)
@@ -145,11 +169,12 @@ def _fused_plan(self, orig, args, kwargs, return_logits):
 
 def causal_lm_forward(self, *args, return_logits: bool | None = None, **kwargs):
     """A *ForCausalLM forward whose loss runs through fused linear cross-entropy when labels are
-    given and logits are not needed (see the module docstring for when logits stay)."""
-    orig = original(self)
-    plan = _fused_plan(self, orig, args, kwargs, return_logits)
+    given and logits are not needed (see the module docstring for when logits stay).  Patched on,
+    its signature is the host forward's plus ``return_logits``."""
+    opts = getattr(self, "_liger_rt_loss", None)
+    plan = _fused_plan(self, opts, args, kwargs, return_logits)
     if plan is None:
-        return orig(*args, **kwargs)
+        return original_function(self)(self, *args, **kwargs)
     arguments, extra = plan
     return_dict = extra.pop("return_dict", None)
     if return_dict is None:
@@ -160,14 +185,13 @@ def causal_lm_forward(self, *args, return_logits: bool | None = None, **kwargs):
     hidden = outputs[0]
     loss = fused_causal_lm_loss(hidden, self.lm_head, labels, **extra)
 
-    out_cls = _output_class(getattr(orig, "__func__", orig), type(self).__module__)
-    fields = {f.name for f in dataclasses.fields(out_cls)} if out_cls is not None else set()
+    out_cls, fields = opts.output_class, set(opts.output_fields)
     values = {}
     if "aux_loss" in fields and arguments.get("output_router_logits"):
-        lb = getattr(sys.modules.get(type(self).__module__), "load_balancing_loss_func", None)
         router_logits = getattr(outputs, "router_logits", None)
-        if lb is not None and router_logits is not None:
-            aux = lb(router_logits, self.num_experts, self.num_experts_per_tok, arguments.get("attention_mask"))
+        if opts.load_balancing_loss is not None and router_logits is not None:
+            aux = opts.load_balancing_loss(router_logits, self.num_experts, self.num_experts_per_tok,
+                                           arguments.get("attention_mask"))
             loss = loss + self.router_aux_loss_coef * aux.to(loss.device)
             values["aux_loss"] = aux
     if out_cls is None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 import types
 
-from .._swaps import original
+from .._swaps import original  # noqa: F401  (liger_rt.patch.original)
 from . import core
 from .core import PatchWarning, describe, patched, supported_models, unpatch
 

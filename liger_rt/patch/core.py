@@ -1,9 +1,9 @@
 """The patch mechanism behind ``liger_rt.patch`` / ``unpatch`` / ``patched``; specs.py holds the tables.
 
 Instance patching (``patch(model, **layers)``): every module of the loaded model whose class is a
-row of the family's spec gets ``module.forward = types.MethodType(layer_forward, module)``; the
-instance attribute it replaced (usually none: the class forward) is remembered and ``unpatch``
-deletes or restores it.  Parameters, buffers, ``state_dict()`` and ``print(model)`` are untouched.
+row of the family's spec gets ``module.forward = BoundForward(layer_forward, module)`` (a bound
+method that pickles, and whose signature is the host forward's); the instance attribute it
+replaced (usually none: the class forward) is remembered and ``unpatch`` deletes or restores it.  Parameters, buffers, ``state_dict()`` and ``print(model)`` are untouched.
 Experts switch through transformers' experts interface (``config._experts_implementation``,
 restored on unpatch).  A PEFT wrapper is unwrapped (``get_base_model()`` or
 ``base_model.model``); LoRA-wrapped projections keep working because the layer forwards call
@@ -11,7 +11,8 @@ the projection modules.  Modules with accelerate hooks get ``_old_forward`` repl
 the hooks still move weights.
 
 Class-level patching (``patch("qwen3", **layers)``): the classes are resolved through the modeling
-module now (importlib + getattr), and their ``forward`` replaced on the class.  Exact semantics:
+module now (importlib + getattr), and their ``forward`` replaced on the class (by a copy of the
+layer forward carrying the host forward's signature).  Exact semantics:
 every instance of those classes runs the liger_rt forward from then on — models built afterwards
 and, unavoidably, models already built — except modules with an instance-level forward of their
 own (an instance patch, accelerate hooks).  ``unpatch("qwen3")`` puts back the very objects that
@@ -31,7 +32,7 @@ import contextlib
 import copy
 import dataclasses
 import importlib
-import types
+import inspect
 import warnings
 import weakref
 from typing import Any
@@ -39,7 +40,7 @@ from typing import Any
 import torch
 
 from .. import _swaps
-from .._swaps import MISSING as _MISSING, ORIG_KEY as _ORIG_KEY, original  # noqa: F401
+from .._swaps import ORIG_KEY as _ORIG_KEY, original
 from . import specs
 
 _RECORD_KEY = "_liger_rt_patch"           # root module attribute: the InstanceRecord
@@ -279,7 +280,7 @@ def _model_type(root) -> str:
 
 def _set(record: InstanceRecord, obj, attr: str, value) -> None:
     had = attr in obj.__dict__
-    record.saved.append((obj, attr, had, obj.__dict__.get(attr, _MISSING)))
+    record.saved.append((obj, attr, had, obj.__dict__.get(attr) if had else None))
     setattr(obj, attr, value)
 
 
@@ -287,9 +288,9 @@ def _bind(record: InstanceRecord, module: torch.nn.Module, fn) -> None:
     # accelerate hooks live in the instance forward and call _old_forward: replace that instead
     attr = "_old_forward" if getattr(module, "_hf_hook", None) is not None and "_old_forward" in module.__dict__ \
         else "forward"
-    if attr in module.__dict__:
-        module.__dict__[_ORIG_KEY] = module.__dict__[attr]
-    _set(record, module, attr, types.MethodType(fn, module))
+    had = attr in module.__dict__
+    old = _swaps.bind(module, fn, attr)
+    record.saved.append((module, attr, had, old if had else None))
 
 
 def _patch_instance(model, given: dict[str, Any]):
@@ -339,8 +340,11 @@ def _patch_instance(model, given: dict[str, Any]):
 def _patch_loss_instance(record: InstanceRecord, module, flags: dict[str, bool]) -> None:
     from ..layers import loss
     if flags["fused_linear_cross_entropy"]:
+        # read the host forward's parameters and output class now, not in the (traced) forward
+        opts = loss.loss_options(inspect.signature(original(module)), type(module).__module__,
+                                 keep_logits=flags["keep_logits"])
         _bind(record, module, loss.causal_lm_forward)
-        _set(record, module, "_liger_rt_loss", loss.LossOptions(True, flags["keep_logits"]))
+        _set(record, module, "_liger_rt_loss", opts)
         record.counts["fused_linear_cross_entropy"] = record.counts.get("fused_linear_cross_entropy", 0) + 1
     if flags["cross_entropy"]:
         from transformers.loss.loss_utils import LOSS_MAPPING
@@ -372,6 +376,13 @@ def _unpatch_instance(root) -> None:
 _CLASS_RECORDS: dict[str, dict] = {}
 
 
+def _class_forward(cls: type, fn):
+    """``fn`` as ``cls.forward``: a copy whose signature is the host forward's (plus fn's keyword-only
+    extras), so introspecting callers (HF Trainer, generate) see the parameters they expect."""
+    host = inspect.signature(_swaps.class_original(cls))
+    return _swaps.with_signature(fn, _swaps.merged_signature(host, inspect.signature(fn)))
+
+
 def _patch_class(model_type: str, given: dict[str, Any]) -> None:
     plan = _plan(model_type, given, for_class=True)
     if model_type in _CLASS_RECORDS:
@@ -379,16 +390,23 @@ def _patch_class(model_type: str, given: dict[str, Any]) -> None:
     from ..layers import loss, moe
     keys: list = []
     counts: dict[str, int] = {}
+    classes: dict[type, str] = {}           # class -> the flag whose liger_rt op it runs
     for cls, row, fn in plan.layers:
         if row.experts:
             rec = _swaps.LEDGER.get((cls, "forward"))
-            fn = rec.value if rec is not None else moe.experts_forward_for(cls)
-        _swaps.hold(cls, "forward", fn, model_type, keys)
+            value = rec.value if rec is not None else _class_forward(cls, moe.experts_forward_for(cls))
+        else:
+            value = _class_forward(cls, fn)
+        _swaps.hold(cls, "forward", value, model_type, keys)
         counts[cls.__name__] = counts.get(cls.__name__, 0) + 1
+        if row.op is not None:
+            classes[cls] = row.flag
     for cls in plan.causal_lm:
         if plan.flags["fused_linear_cross_entropy"]:
-            _swaps.hold(cls, "forward", loss.causal_lm_forward, model_type, keys)
-            _swaps.hold(cls, "_liger_rt_loss", loss.LossOptions(True, plan.flags["keep_logits"]), model_type, keys)
+            opts = loss.loss_options(inspect.signature(_swaps.class_original(cls)), cls.__module__,
+                                     keep_logits=plan.flags["keep_logits"], has_self=True)
+            _swaps.hold(cls, "forward", _class_forward(cls, loss.causal_lm_forward), model_type, keys)
+            _swaps.hold(cls, "_liger_rt_loss", opts, model_type, keys)
             counts[cls.__name__] = counts.get(cls.__name__, 0) + 1
         if plan.flags["cross_entropy"]:
             _swaps.hold(cls, "_loss_function", staticmethod(loss.causal_lm_loss), model_type, keys)
@@ -396,7 +414,9 @@ def _patch_class(model_type: str, given: dict[str, Any]) -> None:
     for mod, fn_name, fn in plan.functions:
         _swaps.hold(mod, fn_name, fn, model_type, keys)
         counts[fn_name] = counts.get(fn_name, 0) + 1
-    _CLASS_RECORDS[model_type] = {"flags": plan.flags, "given": plan.given, "keys": keys, "counts": counts}
+    _CLASS_RECORDS[model_type] = {"flags": plan.flags, "given": plan.given, "keys": keys, "counts": counts,
+                                  "classes": classes, "causal_lm": list(plan.causal_lm),
+                                  "functions": len(plan.functions)}
 
 
 def _instance_holder(root) -> str:
@@ -443,14 +463,45 @@ def unpatch(target):
 
 
 def describe(target) -> dict | None:
-    """What is patched: model type, level, flags in force, modules patched per flag (None if nothing)."""
+    """What is patched: model type, level, flags in force, modules patched per flag (None if nothing).
+
+    A model with no instance patch of its own that was built from (or runs) class-patched classes
+    is described at level "class", with the modules of this model that run a liger_rt forward."""
     if isinstance(target, str):
         rec = _CLASS_RECORDS.get(target)
         if rec is None:
             return None
         return {"model_type": target, "level": "class", "flags": dict(rec["flags"]), "classes": sorted(rec["counts"])}
-    rec = unwrap(target).__dict__.get(_RECORD_KEY)
-    return None if rec is None else rec.describe()
+    root = unwrap(target)
+    rec = root.__dict__.get(_RECORD_KEY)
+    if rec is not None:
+        return rec.describe()
+    return _describe_class_patched(root)
+
+
+def _describe_class_patched(root) -> dict | None:
+    model_type = getattr(getattr(root, "config", None), "model_type", None)
+    order = sorted(_CLASS_RECORDS, key=lambda t: t != model_type)       # its own family first
+    for family in order:
+        rec = _CLASS_RECORDS[family]
+        patched: dict[str, int] = {}
+        modules: dict[str, int] = {}
+        for module in root.modules():
+            cls = type(module)
+            flag = rec["classes"].get(cls)
+            if flag is not None and "forward" not in module.__dict__:
+                patched[flag] = patched.get(flag, 0) + 1
+                modules[cls.__name__] = modules.get(cls.__name__, 0) + 1
+            if cls in rec["causal_lm"]:
+                for loss_flag in ("fused_linear_cross_entropy", "cross_entropy"):
+                    if rec["flags"][loss_flag]:
+                        patched[loss_flag] = patched.get(loss_flag, 0) + 1
+        if rec["functions"] and patched:
+            patched["rope"] = rec["functions"]
+        if patched:
+            return {"model_type": family, "level": "class", "flags": dict(rec["flags"]), "patched": patched,
+                    "modules": modules, "skipped": []}
+    return None
 
 
 def _given(target) -> dict | None:
