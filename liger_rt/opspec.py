@@ -543,14 +543,16 @@ def _parse_decision(op_name: str, config_json: str):
 # -- freshness -----------------------------------------------------------------------------------------
 
 def _reachable(roots: list) -> list:
-    """Functions and Triton kernels reachable from `roots` through module globals, inside liger_rt."""
+    """Functions and Triton kernels reachable from `roots` through module globals, in the roots'
+    modules and in liger_rt (library code of torch or triton does not count)."""
+    home = {getattr(r, "__module__", "") for r in roots}
     seen, order, todo = set(), [], list(roots)
     while todo:
         fn = todo.pop()
         inner = getattr(fn, "fn", fn)            # triton JITFunction -> the Python function
         if not isinstance(inner, types.FunctionType) or id(inner) in seen:
             continue
-        if not inner.__module__.startswith("liger_rt"):
+        if not (inner.__module__ in home or inner.__module__.startswith("liger_rt.")):
             continue
         seen.add(id(inner))
         order.append(inner)
