@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What we run on the H200 (the device tool here): stages by name, each under its own time limit.
-#   bash benchmarks/h200_run.sh gputests norms lfm2 losses moe sweep parity model
+#   bash benchmarks/h200_run.sh gputests norms lfm2 losses moe host sweep parity model
+# A stage's extra arguments come from NORMS_ARGS, LFM2_ARGS, ... (e.g. MOE_ARGS="--where experts=32").
 # Results: benchmarks/results/*.csv in the tree, everything packed into $OUT/results.tgz, and the
 # whole log in $OUT/log.txt. The GPU image lacks sqlite-utils: the wheels in .whl/ are installed
 # offline first (shared/tools/device-wheels.sh fetches them, liger-kernel 0.8.5 included).
@@ -14,7 +15,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 export LIGER_RT_TUNING_DB=${LIGER_RT_TUNING_DB:-$PWD/benchmarks/results/hopper_sweep.db}
-Q=${QUICK:-}
+Q=${QUICK:-}    # QUICK=--quick: the quick cases of every bench stage
+B="python3 -m liger_rt.tools.cli bench"   # the harness: liger_rt/tools/bench/ (CSVs in benchmarks/results)
 stage() {  # name, seconds, command...
   local name=$1 secs=$2; shift 2
   echo "=== $name ($(date +%T), limit ${secs}s): $*" | tee -a "$LOG"
@@ -27,14 +29,13 @@ python3 -c "import torch, triton, transformers; print('torch', torch.__version__
 for s in "$@"; do
   case $s in
     gputests) stage gputests ${GPUTEST_S:-300} python3 -m pytest -m gpu ${GPUTESTS:-tests/gpu} -q -p no:cacheprovider -rfE ;;
-    norms)    stage norms ${NORMS_S:-240} python3 benchmarks/bench_norms.py $Q ${NORMS_ARGS:-} ;;
-    normtune) stage normtune 240 python3 benchmarks/bench_norms.py --tune --quick ;;
-    lfm2)     stage lfm2 200 python3 benchmarks/bench_lfm2_ops.py $Q ${LFM2_ARGS:-} ;;
-    lfm2tune) stage lfm2tune 200 python3 benchmarks/bench_lfm2_ops.py --tune --quick --no-compile ;;
-    losses)   stage losses 240 python3 benchmarks/bench_losses.py $Q ${LOSSES_ARGS:-} ;;
-    moe)      stage moe ${MOE_S:-300} python3 benchmarks/bench_moe_experts.py $Q ${MOE_ARGS:-} ;;
-    host)     stage host 120 python3 benchmarks/host_overhead.py ;;
-    kernels)  stage kernels ${KERNELS_S:-300} python3 -m liger_rt.tools.cli bench kernels ${KERNELS_ARGS:---quick} ;;
+    norms)    stage norms ${NORMS_S:-240} $B kernels --op norms $Q ${NORMS_ARGS:-} ;;
+    lfm2)     stage lfm2 200 $B kernels --op lfm2_ops $Q ${LFM2_ARGS:-} ;;
+    losses)   stage losses 240 $B kernels --op losses $Q ${LOSSES_ARGS:-} ;;
+    moe)      stage moe ${MOE_S:-300} $B kernels --op moe_experts $Q ${MOE_ARGS:-} ;;
+    host)     stage host 120 $B host ;;
+    dispatch) stage dispatch 60 $B dispatch ;;
+    kernels)  stage kernels ${KERNELS_S:-300} $B kernels ${KERNELS_ARGS:---quick} ;;
     sweep)    stage sweep ${SWEEP_S:-420} python3 -m liger_rt.tools.cli sweep --arch hopper ${SWEEP_ARGS:---quick}
               stage export 60 python3 -m liger_rt.tools.cli export benchmarks/results/hopper.jsonl --arch hopper
               stage explain 60 python3 -m liger_rt.tools.cli explain rms_norm --shape rows=16384,hidden=4096 --dtype bf16 ;;
@@ -54,7 +55,8 @@ for s in "$@"; do
     profmoe)  stage profmoe 120 python3 benchmarks/profile_moe.py ;;
     profmodel) stage profmodel 200 python3 benchmarks/profile_model.py ${PROFMODEL_ARGS:-} ;;
     parity)   stage parity 300 python3 -m liger_rt.tools.cli parity --model qwen3 --preset qwen3-4b --dtype bf16 --device cuda ;;
-    model)    stage model ${MODEL_S:-540} python3 benchmarks/bench_model.py ${MODEL_ARGS:-} ;;
+    model)    stage model ${MODEL_S:-540} $B model --target ${MODEL_TARGET:-all} $Q ${MODEL_ARGS:-} ;;
+    regs)     stage regs 120 python3 benchmarks/profile_regs.py ;;
     *) echo "unknown stage $s" | tee -a "$LOG" ;;
   esac
 done

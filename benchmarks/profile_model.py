@@ -12,7 +12,7 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from liger_rt.tools import bench as B
+from liger_rt.tools.bench import model as B
 
 
 def main() -> None:
@@ -27,20 +27,20 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("profile_model needs a GPU")
-    preset = B._bench_preset(args.model, args.preset, None, None)
+    preset = B.bench_preset(args.model, args.preset, None, None)
     flags = {"fused_linear_cross_entropy": True, **B.parse_flags(args.flags)}
     for arm in args.arms.split(","):
-        model = B._build(preset, torch.bfloat16, "cuda", 0, {})
+        model = B.build(preset, torch.bfloat16, "cuda", 0, {})
         model.train()
         undo = None
         if arm == "liger_rt":
             import liger_rt
             liger_rt.patch(model, **flags)
         elif arm == "liger_kernel":
-            lk = B._LigerKernelPatch()
+            lk = B.LigerKernelPatch()
             lk.apply(model)
             undo = lk.undo
-        ids = B._random_ids(model, args.batch, args.seq, 0, "cuda")
+        ids = B.random_ids(model, args.batch, args.seq, 0, "cuda")
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
         def step():

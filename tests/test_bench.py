@@ -1,22 +1,24 @@
-"""`liger-tune bench`: the model step on tiny presets on CPU, kernel-bench plumbing, clear errors."""
+"""`liger-tune bench`: the harness (CSV, versions, merge, case loop), the model step on tiny presets
+on CPU, the CLI's wiring and its one-line errors without a GPU."""
 from __future__ import annotations
 
 import csv
 import json
 import sys
 import types
+from importlib import metadata
 
 import pytest
 import torch
 from click.testing import CliRunner
 
-from liger_rt.tools import bench as B
-from liger_rt.tools.bench import bench
+from liger_rt.tools.bench import bench, harness as H, model as M, norms
 
 RUN_COLS = {"kind", "model_type", "preset", "arm", "run_index", "order", "batch", "seq", "steps", "warmup", "dtype",
             "device", "median_step_ms", "tok_per_s", "peak_alloc_GB", "loss_first", "loss_last", "losses",
-            "max_loss_diff", "model_TFLOPs", "params_M", "flags", "torch", "gpu"}
+            "max_loss_diff", "model_TFLOPs", "params_M", "flags", "torch", "gpu", "liger_kernel", "triton"}
 SUMMARY_COLS = {"speedup", "mem_ratio", "loss_curves_overlap", "runs", "tok_per_s_spread"}
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +50,19 @@ def _torch_references(monkeypatch):
 
 
 def _no_liger_kernel(monkeypatch):
-    monkeypatch.setattr(B._LigerKernelPatch, "supported", staticmethod(lambda mt: (False, "not installed here")))
+    monkeypatch.setattr(M.LigerKernelPatch, "supported", staticmethod(lambda mt: (False, "not installed here")))
+
+
+def _fake_metadata(monkeypatch, **installed):
+    real = metadata.version
+
+    def version(dist):
+        if dist in installed:
+            if installed[dist] is None:
+                raise metadata.PackageNotFoundError(dist)
+            return installed[dist]
+        return real(dist)
+    monkeypatch.setattr(metadata, "version", version)
 
 
 # -- bench model ----------------------------------------------------------------------------------
@@ -105,7 +119,7 @@ def test_run_model_bench_api_and_liger_kernel_arm_is_isolated(monkeypatch):
     for name, mod in [("liger_kernel", pkg), ("liger_kernel.transformers", tr),
                       ("liger_kernel.transformers.monkey_patch", mp)]:
         monkeypatch.setitem(sys.modules, name, mod)
-    rows = B.run_model_bench("qwen3", "qwen3-tiny", batch=2, seq=8, steps=1, warmup=1, dtype="fp32",
+    rows = M.run_model_bench("qwen3", "qwen3-tiny", batch=2, seq=8, steps=1, warmup=1, dtype="fp32",
                              device="cpu", echo=None)
     runs = [r for r in rows if r["kind"] == "run"]
     assert [r["arm"] for r in runs] == ["baseline", "liger_rt", "liger_kernel", "liger_kernel", "liger_rt", "baseline"]
@@ -120,21 +134,21 @@ def test_run_model_bench_api_and_liger_kernel_arm_is_isolated(monkeypatch):
 def test_liger_kernel_arm_failure_is_reported_not_fatal(monkeypatch):
     _needs_patchers()
     _torch_references(monkeypatch)
-    monkeypatch.setattr(B._LigerKernelPatch, "supported", staticmethod(lambda mt: (True, "")))
+    monkeypatch.setattr(M.LigerKernelPatch, "supported", staticmethod(lambda mt: (True, "")))
 
     def boom(self, model):
         raise RuntimeError("peer kernel exploded")
-    monkeypatch.setattr(B._LigerKernelPatch, "apply", boom)
-    rows = B.run_model_bench("qwen3", "tiny", batch=1, seq=8, steps=1, warmup=0, dtype="fp32", device="cpu",
+    monkeypatch.setattr(M.LigerKernelPatch, "apply", boom)
+    rows = M.run_model_bench("qwen3", "tiny", batch=1, seq=8, steps=1, warmup=0, dtype="fp32", device="cpu",
                              echo=None)
     assert [r["arm"] for r in rows if r["kind"] == "run"] == ["baseline", "liger_rt", "liger_rt", "baseline"]
     assert "peer kernel exploded" in rows[0]["liger_kernel_note"]
 
 
 def test_layers_override_cuts_attention_layers():
-    p = B._bench_preset("lfm2_moe", "lfm2-8b-a1b", 8, None)
+    p = M.bench_preset("lfm2_moe", "lfm2-8b-a1b", 8, None)
     assert p.layers == 8 and p.attention_layers == (2, 6) and p.name == "lfm2-8b-a1b-8L"
-    p = B._bench_preset("lfm2_moe", "lfm2-8b-a1b", 8, (2, 5))
+    p = M.bench_preset("lfm2_moe", "lfm2-8b-a1b", 8, (2, 5))
     assert p.attention_layers == (2, 5) and p.dense_layers == 2
 
 
@@ -163,140 +177,171 @@ def test_bench_model_cuda_requested_without_gpu():
     assert res.exit_code != 0 and "no CUDA/ROCm GPU is available" in res.output
 
 
-def test_bench_model_plot_without_matplotlib_is_clear(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)             # import fails as if not installed
-    res = CliRunner().invoke(bench, ["model", "--model", "qwen3", "--device", "cpu", "--plot", str(tmp_path / "p.png")])
-    assert res.exit_code != 0 and "pip install matplotlib" in res.output
+def test_bench_model_target_arguments():
+    res = CliRunner().invoke(bench, ["model", "--model", "qwen3", "--target", "qwen3"])
+    assert res.exit_code != 0 and "give --model TYPE or --target NAME" in res.output
+    res = CliRunner().invoke(bench, ["model", "--target", "gpt"])
+    assert res.exit_code != 0 and "unknown target 'gpt'; valid: qwen3, lfm2, qwen3rope, lfm2moe, all" in res.output
 
 
-def test_plot_model_rows(tmp_path):
-    pytest.importorskip("matplotlib")
-    common = dict(model_type="qwen3", preset="qwen3-tiny", warmup=1)
-    runs = [dict(common, kind="run", arm=a, run_index=i, losses=[5.0, 4.9, 4.8], peak_alloc_GB=None)
-            for i, a in enumerate(["baseline", "liger_rt", "liger_rt", "baseline"])]
-    summ = [dict(common, kind="summary", arm=a, tok_per_s=t, peak_alloc_GB=None, max_loss_diff=0.0)
-            for a, t in [("baseline", 100.0), ("liger_rt", 130.0)]]
-    path = B.plot_model_rows(runs + summ, tmp_path / "p.png")
-    assert path.stat().st_size > 1000
-
-
-# -- bench kernels --------------------------------------------------------------------------------
-
-def test_bench_kernels_without_gpu_exits_nonzero():
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present")
-    res = CliRunner().invoke(bench, ["kernels", "--quick"])
-    assert res.exit_code != 0
-    assert "needs a CUDA/ROCm GPU" in res.output and "Traceback" not in res.output
-    assert isinstance(res.exception, SystemExit)
-
-
-def test_normalize_kernel_rows_against_measured_ceilings():
-    """Wide rows (bench_lfm2_ops.py layout) and long rows (bench_losses.py layout) -> one long table."""
-    conv = dict(op="short_conv", dtype="bfloat16", batch="8", seq="4096", hidden="2048", kernel="3",
-                peak_gb="0.2", anchor_eager_fwdbwd="3.278", target_speedup="4.0", torch="2.11", gpu="NVIDIA H200")
-    rows = [
-        {**conv, "impl": "eager", "fwd_ms": "0.1", "fwd_GBps": "2000", "fwdbwd_ms": "0.5", "fwdbwd_GBps": "1000",
-         "fwd_frac_ceiling": "0.47", "relerr_vs_eager": "0", "config": "", "speedup_vs_eager": "1.0"},
-        {**conv, "impl": "liger_rt", "fwd_ms": "0.05", "fwd_GBps": "4000", "fwdbwd_ms": "0.25",
-         "fwdbwd_GBps": "2000", "fwd_frac_ceiling": "0.94", "relerr_vs_eager": "0.001",
-         "config": "triton {'BLOCK_T': 64} (heuristic)", "speedup_vs_eager": "2.0"},
-        {"kind": "flce", "shape": "BT8192_H2048_V65536", "impl": "eager", "dtype": "bf16", "ms": "20",
-         "peak_extra_GB": "3.0", "TFLOPs": "300", "frac_ceiling": "0.4", "target_ms": "10.4", "target_GB": "0.5"},
-        {"kind": "flce", "shape": "BT8192_H2048_V65536", "impl": "liger_rt", "dtype": "bf16", "ms": "10",
-         "peak_extra_GB": "0.4", "TFLOPs": "600", "frac_ceiling": "0.8", "target_ms": "10.4", "target_GB": "0.5",
-         "meets_target": "True", "origin": "heuristic"},
-        {"kind": "flce", "shape": "BT8192_H2048_V65536", "impl": "liger_kernel", "dtype": "bf16",
-         "error": "ImportError: no liger"},
-        {"shape": "BT8192_H2048_V65536", "chunk": "1024", "ms": "11", "TFLOPs": "550"},   # a tuning table row
-    ]
-    ceil = {"copy_GBps": 4000.0, "bf16_matmul_TFLOPs": 750.0}
-    out = B.normalize_kernel_rows(rows, "mixed", ceil)
-    assert [(r["op"], r["impl"], r["pass"]) for r in out] == [
-        ("short_conv", "eager", "fwd"), ("short_conv", "eager", "fwdbwd"),
-        ("short_conv", "liger_rt", "fwd"), ("short_conv", "liger_rt", "fwdbwd"),
-        ("fused_linear_cross_entropy", "eager", ""), ("fused_linear_cross_entropy", "liger_rt", ""),
-        ("fused_linear_cross_entropy", "liger_kernel", "")]
-    ours = out[2]
-    assert ours["case"] == "dtype=bfloat16,batch=8,seq=4096,hidden=2048,kernel=3" == out[0]["case"]
-    assert ours["ceiling"] == "copy" and ours["frac_ceiling"] == pytest.approx(1.0)     # 4000 / 4000 measured
-    assert ours["vs_baseline"] == pytest.approx(2.0) and ours["peak_GB"] == 0.2 and "BLOCK_T" in ours["config"]
-    flce = out[5]
-    assert flce["case"] == "shape=BT8192_H2048_V65536,dtype=bf16"
-    assert flce["ceiling"] == "matmul" and flce["frac_ceiling"] == pytest.approx(0.8)
-    assert flce["vs_baseline"] == pytest.approx(2.0) and flce["peak_GB"] == 0.4 and flce["ms"] == 10.0
-    assert out[6]["error"].startswith("ImportError") and out[6]["ms"] is None
-
-
-def test_normalize_moe_rows_compare_with_hf_grouped_mm():
-    """bench_moe_experts.py layout: per-case routing statistics stay out of the label."""
-    point = dict(op="moe_experts", dtype="bf16", experts="32", top_k="4", hidden="2048", intermediate="1792",
-                 tokens="512", routing="uniform", rows_per_expert="64.0")
-    rows = [{**point, "impl": "hf_grouped_mm", "max_rows_expert": "80", "empty_experts": "0", "fwd_ms": "1.0",
-             "fwd_TFLOPs": "100", "fwdbwd_ms": "3.0", "fwdbwd_TFLOPs": "100", "peak_gb": "", "error": ""},
-            {**point, "impl": "triton", "max_rows_expert": "80", "empty_experts": "0", "fwd_ms": "0.5",
-             "fwd_TFLOPs": "200", "fwdbwd_ms": "2.0", "fwdbwd_TFLOPs": "150", "peak_gb": "", "error": "",
-             "config": "{'BLOCK_M': 64}"},
-            {**point, "impl": "liger_kernel", "fwd_ms": "", "fwdbwd_ms": "", "error": "RuntimeError: shape"}]
-    out = B.normalize_kernel_rows(rows, "moe_experts", {"copy_GBps": 4000.0, "bf16_matmul_TFLOPs": 750.0})
-    assert out[0]["case"] == "dtype=bf16,experts=32,top_k=4,hidden=2048,intermediate=1792,tokens=512,routing=uniform"
-    tri = {r["pass"]: r for r in out if r["impl"] == "triton"}
-    assert tri["fwdbwd"]["vs_baseline"] == pytest.approx(1.5) and tri["fwdbwd"]["frac_ceiling"] == pytest.approx(0.2)
-    assert tri["fwd"]["case"] == out[0]["case"] and tri["fwd"]["peak_GB"] is None
-    assert out[-1]["impl"] == "liger_kernel" and out[-1]["error"] == "RuntimeError: shape"
-
-
-def test_kernel_scripts_resolution_and_run(tmp_path, monkeypatch):
-    bdir = tmp_path / "benchmarks"
-    bdir.mkdir()
-    (bdir / "_harness.py").write_text("")
-    (bdir / "bench_model.py").write_text("raise SystemExit('the model bench is not a kernel bench')")
-    (bdir / "bench_norms.py").write_text(
-        "import os, sys  # ap.add_argument('--op', action='append')\n"
-        "quick = '--quick' in sys.argv\n"
-        "print('timing rms_norm', 'quick' if quick else 'full', sys.argv[2:])\n"
-        "open(os.path.join(os.environ['OUT'], 'norms.csv'), 'w').write(\n"
-        "    'op,impl,rows,fwd_ms,fwd_GBps\\nrms_norm,eager,4096,0.2,1000\\nlayer_norm,eager,4096,0.2,900\\n')\n")
-    assert B.find_benchmarks_dir(str(bdir)) == bdir
-    scripts = B.available_scripts(bdir)
-    assert list(scripts) == ["norms"]
-    assert B.resolve_scripts([], scripts) == (["norms"], {"norms": set()})
-    assert B.resolve_scripts(["rms_norm"], scripts) == (["norms"], {"norms": {"rms_norm"}})
-    with pytest.raises(ValueError, match=r"no benchmark script for op 'moe_experts' .*bench_moe_experts.py"):
-        B.resolve_scripts(["moe_experts"], scripts)
-    with pytest.raises(ValueError, match=r"unknown op 'rmsnorm2'; valid --op values: norms, "):
-        B.resolve_scripts(["rmsnorm2"], scripts)
-    lines = []
-    monkeypatch.delenv("OUT", raising=False)
-    rc, csvs, _ = B.run_kernel_script(scripts["norms"], quick=True, ops={"rms_norm"}, echo=lines.append)
-    assert rc == 0 and [p.name for p in csvs] == ["norms.csv"]
-    assert "[norms] timing rms_norm quick ['--op', 'rms_norm']" in lines
-    rows = B.normalize_kernel_rows(B.read_csv_rows(csvs[0]), "norms", None)
-    kept = [r for r in rows if B._op_matches(r["op"], {"rms_norm"})]
-    assert [r["op"] for r in kept] == ["rms_norm"]
+@NO_GPU
+def test_bench_model_target_without_gpu_is_one_line():
+    res = CliRunner().invoke(bench, ["model", "--target", "all"])
+    assert res.exit_code == 1 and "needs a CUDA/ROCm GPU" in res.output and "Traceback" not in res.output
 
 
 def test_parse_helpers():
-    assert B.parse_flags("rms_norm=1, swiglu=off,rope") == {"rms_norm": True, "swiglu": False, "rope": True}
-    assert B.parse_config("tie_word_embeddings=true,rope_theta=1e6,name=x") == {
+    assert M.parse_flags("rms_norm=1, swiglu=off,rope") == {"rms_norm": True, "swiglu": False, "rope": True}
+    assert M.parse_config("tie_word_embeddings=true,rope_theta=1e6,name=x") == {
         "tie_word_embeddings": True, "rope_theta": 1e6, "name": "x"}
     with pytest.raises(ValueError):
-        B.parse_config("oops")
+        M.parse_config("oops")
+
+
+# -- CSV and versions ------------------------------------------------------------------------------
+
+def test_versions_read_peers_from_package_metadata(monkeypatch):
+    _fake_metadata(monkeypatch, **{"liger-kernel": "0.8.5", "transformers": None})
+    v = H.versions()
+    assert v["liger_kernel"] == "0.8.5" and v["transformers"] == "not installed"
+    assert v["torch"] == metadata.version("torch") and v["gpu"] and v["date"]
+    assert "?" not in v.values()
+
+
+def test_write_csv_records_versions_and_merges_partial_runs(tmp_path, monkeypatch):
+    _fake_metadata(monkeypatch, **{"liger-kernel": "0.8.5"})
+    path = tmp_path / "norms_cpu.csv"
+    first = [{"op": "rms_norm", "case": "rows=8", "impl": "eager", "ms": 1.0, "config": {"a": 1}, "err": None},
+             {"op": "rms_norm", "case": "rows=16", "impl": "eager", "ms": 2.0}]
+    H.write_csv(first, path)
+    rows = _read(path)
+    assert [r["liger_kernel"] for r in rows] == ["0.8.5", "0.8.5"] and rows[0]["config"] == '{"a":1}'
+    assert rows[0]["err"] == "n/a" and rows[1]["err"] == ""
+    H.write_csv([{"op": "rms_norm", "case": "rows=16", "impl": "eager", "ms": 3.0, "new_col": 7}], path,
+                merge_on=("op", "case"))
+    rows = _read(path)
+    assert [(r["case"], r["ms"], r["new_col"]) for r in rows] == [("rows=8", "1.0", ""), ("rows=16", "3.0", "7")]
+    H.write_csv([{"op": "rms_norm", "case": "rows=32", "ms": 4.0}], path)        # not narrowed: the run replaces it
+    assert [r["case"] for r in _read(path)] == ["rows=32"]
+
+
+# -- kernel cases ----------------------------------------------------------------------------------
+
+def test_select_specs():
+    plan = H.select_specs([], [], quick=True)
+    assert list(plan) == ["norms", "lfm2_ops", "losses", "moe_experts"] and all(s["quick"] for v in plan.values() for s in v)
+    assert [s["op"] for s in H.select_specs(["rms_norm"], [], False)["norms"]] == ["rms_norm", "rms_norm"]
+    moe = H.select_specs(["moe_experts"], ["experts=32", "tokens=512,4096"], False)["moe_experts"]
+    assert sorted((s["tokens"], s["routing"]) for s in moe) == [(512, "skewed"), (512, "uniform"), (4096, "skewed"),
+                                                                (4096, "uniform")]
+    with pytest.raises(ValueError, match=r"unknown benchmark 'rmsnorm'; valid: norms, lfm2_ops, losses, moe_experts, rms_norm"):
+        H.select_specs(["rmsnorm"], [], False)
+    with pytest.raises(ValueError, match=r"--where colour: no such field .*fields: .*hidden"):
+        H.select_specs(["norms"], ["colour=red"], False)
+    with pytest.raises(ValueError, match="no case matches"):
+        H.select_specs(["norms"], ["rows=3"], False)
+
+
+def test_measure_case_times_every_arm_against_an_fp32_reference():
+    """rms_norm through the interpreter (fp32): the forced arm runs under LIGER_RT_IMPL_RMS_NORM=triton,
+    every arm's error is taken against LlamaRMSNorm.forward in fp32, a missing peer is no arm."""
+    spec = dict(op="rms_norm", rows=4, hidden=32, target={"fwd": {"ms": 1e9}, "fwdbwd": {"GBps": 1e9}})
+    case = norms.build(spec, "fp32", "cpu", echo=lambda s: None)
+    case.peers["broken"] = H.Arm(lambda x, w: x.view(3, -1), "a peer that cannot take the shape")
+    rows = H.measure_case(case, dtype="fp32", device="cpu", quick=True, compile_=False, ceilings=None,
+                          echo=lambda s: None)
+    by = {(r["impl"], r["pass"]): r for r in rows}
+    assert set(by) == {(a, p) for a in ("eager", "broken", "triton", "liger_rt") for p in ("fwd", "fwdbwd")}
+    assert by["broken", "fwd"]["error"].startswith("RuntimeError") and "ms" not in by["broken", "fwd"]
+    assert by["triton", "fwd"]["config"].startswith("triton ") and by["triton", "fwd"]["config"].endswith("(env)")
+    for impl in ("triton", "liger_rt"):
+        r = by[impl, "fwdbwd"]
+        assert r["ms"] > 0 and r["err_out"] < 1e-5 and r["err_grad"] < 1e-5 and r["GBps"] > 0
+        assert r["ms_method"] == "perf_counter median" and r["dev_ms"] is None and r["case"] == "rows=4,hidden=32,dtype=fp32"
+    assert by["eager", "fwd"]["vs_eager"] == 1.0 and by["eager", "fwd"]["err_out"] == 0.0
+    assert by["liger_rt", "fwd"]["meets_target"] is True and by["liger_rt", "fwdbwd"]["meets_target"] is False
+    lines = H.verdicts(rows)
+    assert any(line.startswith("TARGET MISSED: rms_norm rows=4,hidden=32,dtype=fp32 fwdbwd") for line in lines)
+    from liger_rt import env
+    assert env.impl_override("rms_norm") is None                      # the override is gone after the arm
+
+
+def test_run_kernels_writes_one_csv_per_family_and_merges_narrowed_runs(tmp_path, monkeypatch):
+    _torch_references(monkeypatch)
+    _fake_metadata(monkeypatch, **{"liger-kernel": None})
+    monkeypatch.setattr(norms, "SPECS", [dict(op="rms_norm", rows=4, hidden=16, quick=True),
+                                         dict(op="swiglu", rows=4, cols=16, quick=True)])
+    rows = H.run_kernels(["norms"], quick=True, dtype="fp32", device="cpu", out_dir=tmp_path, echo=lambda s: None)
+    path = tmp_path / "norms_cpu_quick.csv"
+    csv_rows = _read(path)
+    assert len(csv_rows) == len(rows) and {r["op"] for r in csv_rows} == {"rms_norm", "swiglu"}
+    assert all(r["liger_kernel"] == "not installed" and r["quick"] == "True" for r in csv_rows)
+    ok = [r for r in csv_rows if r["impl"] == "liger_rt"]
+    assert ok and all(r["ms_method"] == "perf_counter median" and float(r["ms"]) > 0 for r in ok)
+    assert all(r["error"].startswith("RuntimeError: LIGER_RT_IMPL_") for r in csv_rows if r["impl"] == "triton")
+    first_swiglu = [r["ms"] for r in csv_rows if r["op"] == "swiglu"]
+    H.run_kernels(["rms_norm"], quick=True, dtype="fp32", device="cpu", out_dir=tmp_path, echo=lambda s: None)
+    again = _read(path)
+    assert [r["ms"] for r in again if r["op"] == "swiglu"] == first_swiglu    # kept from the first run
+    assert [r["op"] for r in again][-1] == "rms_norm" and len(again) == len(csv_rows)
+
+
+# -- the CLI ---------------------------------------------------------------------------------------
+
+@NO_GPU
+@pytest.mark.parametrize("args", [["kernels", "--quick"], ["ceilings"], ["host"]])
+def test_gpu_verbs_without_gpu_are_one_clear_line(args):
+    res = CliRunner().invoke(bench, args)
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit)
+    assert "needs a CUDA/ROCm GPU" in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--op", "rmsnorm"], "unknown benchmark 'rmsnorm'; valid: norms,"),
+    (["--where", "tokens"], "expected field=value"),
+    (["--op", "norms", "--where", "tokens=512"], "--where tokens: no such field"),
+])
+def test_bench_kernels_bad_arguments_before_the_gpu_check(args, needle):
+    res = CliRunner().invoke(bench, ["kernels", *args])
+    assert res.exit_code == 2 and needle in res.output and "Traceback" not in res.output
+
+
+def test_family_main_is_the_cli(capsys):
+    """benchmarks/bench_norms.py is `from liger_rt.tools.bench import norms; norms.main()`."""
+    with pytest.raises(SystemExit) as exc:
+        norms.main(["--where", "colour=red"])
+    assert exc.value.code == 2 and "--where colour: no such field" in capsys.readouterr().err
+
+
+def test_bench_dispatch_on_cpu(tmp_path):
+    res = CliRunner().invoke(bench, ["dispatch", "--calls", "200", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    rows = _read(tmp_path / "dispatch_overhead.csv")
+    assert [r["what"] for r in rows] == ["select (memo hit)", "floor: x.device.type + dict.get"]
+    assert all(float(r["us_per_call"]) > 0 and r["liger_rt"] for r in rows)
 
 
 # -- on the GPU (pytest -m gpu) -------------------------------------------------------------------
 
 @pytest.mark.gpu
 def test_measure_ceilings_gpu():
-    c = B.measure_ceilings("cuda", quick=True)
+    c = H.measure_ceilings(quick=True)
     assert c["copy_GBps"] > 100 and c["bf16_matmul_TFLOPs"] > 10
+
+
+@pytest.mark.gpu
+def test_run_kernels_gpu_device_time(tmp_path):
+    rows = H.run_kernels(["rms_norm"], where=["rows=16384"], quick=True, out_dir=tmp_path, echo=lambda s: None)
+    ours = [r for r in rows if r["impl"] == "liger_rt"]
+    assert ours and all(r["dev_ms_method"] == "cuda_graph" and r["dev_ms"] > 0 and r["frac_ceiling"] for r in ours)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("model_type", ["qwen3", "lfm2_moe"])
 def test_bench_model_cuda_tiny(model_type):
     _needs_patchers()
-    rows = B.run_model_bench(model_type, "tiny", batch=2, seq=64, steps=2, warmup=1, dtype="bf16", device="cuda",
+    rows = M.run_model_bench(model_type, "tiny", batch=2, seq=64, steps=2, warmup=1, dtype="bf16", device="cuda",
                              echo=None)
     runs = [r for r in rows if r["kind"] == "run"]
     assert runs[0]["arm"] == runs[-1]["arm"] == "baseline" and len(runs) in (4, 6)

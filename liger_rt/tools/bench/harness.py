@@ -1,0 +1,446 @@
+"""What every benchmark shares: versions, CSV rows, ceilings, timers and the kernel-case loop.
+
+A kernel family module (norms, lfm2_ops, losses, moe_experts) lists its cases as specs (plain
+dicts: op, the op's dims, `quick`, `target`) and builds one `Case` per spec: the inputs, the
+eager baseline, the peers and our functional.  `run_kernels` times every arm of every case:
+
+- `liger_rt`: the `liger_rt.ops` functional, whatever dispatch picks (DB, crossover, heuristic);
+- one arm per forced implementation (`triton`, MoE `grouped_mm`): the same functional under
+  LIGER_RT_IMPL_<OP>=<impl> (the DB config for that implementation, else its heuristic);
+- `eager` (the Hugging Face / PyTorch code path), `compile` (torch.compile of it) and the peers
+  (Liger-Kernel when importable).  Each arm gets its own copy of the inputs (a peer may write
+  its backward into them).
+
+fwd+bwd takes the gradients of every floating input with torch.autograd.grad (no .grad
+accumulation).  Timing, recorded in each row (`ms_method`, `dev_ms_method`): `ms` is the median
+of triton.testing.do_bench (wall time between events: host launch cost included, L2 flushed
+before each call), `dev_ms` the device time of a CUDA-graph replay (liger_rt.autotune.graph_ms:
+the kernels alone); on CPU `ms` is liger_rt.autotune.measure's perf_counter median.  Effective
+GB/s or TFLOP/s count the bytes or FLOPs an op cannot avoid, against this device's copy and
+bf16 matmul ceilings measured in the same run.  Errors are relative L2 norms against the eager
+path (or the family's reference) run in fp32.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import datetime
+import gc
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+FAMILIES = {"norms": ("rms_norm", "swiglu", "layer_norm"), "lfm2_ops": ("short_conv", "moe_router"),
+            "losses": ("cross_entropy", "fused_linear_cross_entropy"), "moe_experts": ("moe_experts",)}
+SPEC_KEYS = ("op", "dtype", "routing", "quick", "target")    # spec fields that are not the op's dims
+LOWER_IS_BETTER = ("ms", "dev_ms", "peak_GB")
+CASE_FORCED = ("triton", "grouped_mm")                      # our implementations forced by env (not peers)
+
+
+# -- versions, CSV, tables ------------------------------------------------------------------------
+
+def versions() -> dict:
+    """Device, date and the installed version of torch and of every peer (package metadata)."""
+    from importlib import metadata
+    cuda = torch.version.cuda or (f"hip {torch.version.hip}" if torch.version.hip else "")
+    out = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "cuda": cuda,
+           "date": datetime.date.today().isoformat()}
+    for col, dist in (("torch", "torch"), ("triton", "triton"), ("transformers", "transformers"),
+                      ("liger_kernel", "liger-kernel"), ("liger_rt", "liger-rt")):
+        try:
+            out[col] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[col] = "not installed"
+    return out
+
+
+def device_tag() -> str:
+    """Short device name for CSV names: h200, h100, mi300x, ... (cpu without a GPU)."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    m = re.search(r"\b([A-Z]+\d+[A-Z]?)\b", torch.cuda.get_device_name())
+    return m.group(1).lower() if m else "gpu"
+
+
+def _cell(v):
+    if isinstance(v, (list, dict)):
+        return json.dumps(v, separators=(",", ":"))
+    return "n/a" if v is None else v
+
+
+def read_csv(path: str | Path) -> list[dict]:
+    with Path(path).open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def write_csv(rows: list[dict], path: str | Path, merge_on: tuple[str, ...] | None = None) -> Path:
+    """Rows plus the version columns to a CSV (lists/dicts as JSON, None as n/a).  `merge_on`:
+    keep the existing file's rows whose values in those columns no new row has (a partial run
+    replaces its own cases only).  A copy goes to $OUT when that is set (the device tool)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    info = versions()
+    rows = [{**r, **{k: v for k, v in info.items() if k not in r}} for r in rows]
+    if merge_on and path.exists():
+        new = {tuple(str(_cell(r.get(k))) for k in merge_on) for r in rows}
+        rows = [r for r in read_csv(path) if tuple(r.get(k, "") for k in merge_on) not in new] + rows
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=keys, restval="")
+        w.writeheader()
+        w.writerows({k: _cell(v) for k, v in r.items()} for r in rows)
+    out = os.environ.get("OUT")
+    if out and Path(out).is_dir() and (Path(out) / path.name).resolve() != path.resolve():
+        shutil.copyfile(path, Path(out) / path.name)
+    return path
+
+
+def fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "n/a" if v is None else str(_cell(v))
+
+
+def format_table(rows: list[dict], cols: list[str], headers: dict | None = None) -> str:
+    if not rows:
+        return "(no rows)"
+    names = [(headers or {}).get(c, c) for c in cols]
+    cells = [[fmt(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(n), *(len(row[i]) for row in cells)) for i, n in enumerate(names)]
+    lines = [names, ["-" * w for w in widths], *cells]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+
+
+def no_gpu_message(what: str) -> str:
+    return (f"{what} needs a CUDA/ROCm GPU and this machine has none (torch {torch.__version__}); run it on "
+            f"the GPU machine. On CPU, `liger-tune bench model --model qwen3 --preset tiny --device cpu` "
+            f"checks the model step plumbing and `liger-tune bench dispatch` times a dispatch decision.")
+
+
+# -- measuring -------------------------------------------------------------------------------------
+
+def measure_ceilings(*, quick: bool = False) -> dict:
+    """This GPU's copy bandwidth (GB/s: a 2 GiB bf16 copy, bytes read + written) and bf16 matmul
+    throughput (TFLOP/s: 8192^3), medians of triton.testing.do_bench (H200: ~4250 GB/s, ~720-790)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(no_gpu_message("measuring the ceilings"))
+    from triton.testing import do_bench
+    rep = 50 if quick else 100
+    n = 1 << 30
+    while 4 * n > torch.cuda.mem_get_info()[0] * 0.8 and n > (1 << 24):
+        n //= 2
+    a = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    b = torch.empty_like(a)
+    copy = 4 * n / (do_bench(lambda: b.copy_(a), warmup=25, rep=rep, return_mode="median") * 1e-3) / 1e9
+    del a, b
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    mm = 2 * 8192 ** 3 / (do_bench(lambda: x @ x, warmup=25, rep=rep, return_mode="median") * 1e-3) / 1e12
+    del x
+    torch.cuda.empty_cache()
+    return {"copy_GBps": copy, "bf16_matmul_TFLOPs": mm, "device": torch.cuda.get_device_name()}
+
+
+def time_fn(fn: Callable, device: str, quick: bool = False) -> tuple[float, float | None, str]:
+    """(wall ms, device ms or None, how the device time was taken or why there is none)."""
+    from liger_rt import autotune
+    if device != "cuda":
+        return autotune.measure(fn, device, quick=quick), None, "n/a on cpu"
+    from triton.testing import do_bench
+    wall = float(do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100, return_mode="median"))
+    try:
+        return wall, autotune.graph_ms(fn), "cuda_graph"
+    except Exception as exc:        # an arm that cannot be captured keeps its wall time
+        return wall, None, f"capture failed: {type(exc).__name__}"
+    finally:
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def peak_extra_gb(fn: Callable) -> float | None:
+    """Peak memory fn() allocates beyond what is live before it (GB); None off CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 1e9
+
+
+def rel_err(a, b) -> float:
+    """||a - b|| / ||b|| in fp32."""
+    a, b = a.detach().float(), b.detach().float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+@contextlib.contextmanager
+def impl_env(op: str, impl: str | None):
+    """Run under LIGER_RT_IMPL_<OP>=impl (None: the environment as it is), decisions re-made."""
+    from liger_rt import dispatch
+    key = f"LIGER_RT_IMPL_{op.upper()}"
+    old = os.environ.get(key)
+    if impl:
+        os.environ[key] = impl
+    dispatch.reset()
+    try:
+        yield
+    finally:
+        if impl:
+            os.environ.pop(key, None) if old is None else os.environ.__setitem__(key, old)
+        dispatch.reset()
+
+
+_WARNED: set[str] = set()
+
+
+def peer(module: str, attr: str, echo: Callable = print):
+    """module.attr of an optional peer (Liger-Kernel), or None, saying why once."""
+    try:
+        import importlib
+        return getattr(importlib.import_module(module), attr)
+    except Exception as exc:
+        if module not in _WARNED:
+            _WARNED.add(module)
+            echo(f"  ({module}.{attr} not available: {type(exc).__name__}: {exc}; that arm is skipped)")
+        return None
+
+
+# -- kernel cases ----------------------------------------------------------------------------------
+
+@dataclass
+class Arm:
+    fn: Callable                    # fn(*inputs) -> tensor, or a tuple whose first tensor is differentiated
+    desc: str | Callable[[], str] = ""
+
+
+@dataclass
+class Case:
+    spec: dict
+    inputs: tuple                   # floating inputs with requires_grad are differentiated
+    ours: Callable                  # the liger_rt.ops functional, fn(*inputs)
+    eager: Arm                      # the PyTorch / Hugging Face path: baseline and (in fp32) reference
+    work: tuple[float, float]       # bytes or FLOPs of (fwd, fwd+bwd)
+    unit: str = "GBps"              # or "TFLOPs"
+    dy: torch.Tensor | None = None  # None: a scalar output (losses)
+    peers: dict[str, Arm] = field(default_factory=dict)
+    ref: Callable | None = None     # fp32 reference when the eager path cannot run in fp32
+    passes: tuple[str, ...] = ("fwd", "fwdbwd")
+    forced: tuple[str, ...] = ("triton",)
+    compile: bool = True
+    extra: dict = field(default_factory=dict)     # row fields that are not part of the case label
+
+    @property
+    def op(self) -> str:
+        return self.spec["op"]
+
+    @property
+    def dims(self) -> dict:
+        return {k: v for k, v in self.spec.items() if k not in SPEC_KEYS}
+
+    def labels(self, dtype: str) -> dict:
+        extra = {k: self.spec[k] for k in ("routing",) if k in self.spec}
+        return {**self.dims, **extra, "dtype": self.spec.get("dtype", dtype)}
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _floating(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point()
+
+
+def _copy(t):
+    return t.detach().clone().requires_grad_(t.requires_grad) if _floating(t) else t
+
+
+def _grads(fn, ins, dy):
+    out = _first(fn(*ins))
+    leaves = [t for t in ins if isinstance(t, torch.Tensor) and t.requires_grad]
+    return out, torch.autograd.grad(out, leaves, dy, allow_unused=True)
+
+
+def _arms(case: Case, dtype: str, compile_: bool) -> dict[str, tuple[Arm, str | None]]:
+    """name -> (arm, LIGER_RT_IMPL value it runs under: None = no override)."""
+    from liger_rt import dispatch
+    arms = {"eager": (case.eager, None)}
+    if compile_ and case.compile:
+        arms["compile"] = (Arm(torch.compile(case.eager.fn, dynamic=False), f"torch.compile({case.eager.desc})"), None)
+    arms.update({k: (a, None) for k, a in case.peers.items()})
+    for impl in (*case.forced, None):
+        def desc(impl=impl) -> str:
+            d = dispatch.select(case.op, dtype=case.spec.get("dtype", dtype), **case.dims)
+            return f"{d.impl} {json.dumps(dict(d.config), sort_keys=True)} ({d.origin})"
+        arms[impl or "liger_rt"] = (Arm(case.ours, desc), impl)
+    return arms
+
+
+def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: bool,
+                 ceilings: dict | None, echo: Callable = print) -> list[dict]:
+    """One row per (arm, pass) of one case; an arm that fails gets rows with `error`, never stops the run."""
+    label = case.labels(dtype)
+    key = ",".join(f"{k}={v}" for k, v in label.items())
+    ceiling = (ceilings or {}).get("copy_GBps" if case.unit == "GBps" else "bf16_matmul_TFLOPs")
+    scale = 1e9 if case.unit == "GBps" else 1e12
+    ins32 = tuple(t.detach().float().requires_grad_(t.requires_grad) if _floating(t) else t for t in case.inputs)
+    ref_out, ref_grads = _grads(case.ref or case.eager.fn, ins32, None if case.dy is None else case.dy.float())
+    rows = []
+    for name, (arm, impl) in _arms(case, dtype, compile_).items():
+        base = {"op": case.op, "case": key, **label, "impl": name, **case.extra}
+        ins, dy = tuple(_copy(t) for t in case.inputs), None if case.dy is None else case.dy.clone()
+        try:
+            with impl_env(case.op, impl):
+                desc = arm.desc() if callable(arm.desc) else arm.desc
+                out, grads = _grads(arm.fn, ins, dy)
+                errs = [rel_err(g, r) for g, r in zip(grads, ref_grads) if g is not None and r is not None]
+                common = {**base, "config": desc, "err_out": rel_err(out, ref_out), "err_grad": max(errs, default=None)}
+                del out, grads
+                fns = {"fwd": lambda: arm.fn(*ins), "fwdbwd": lambda: _grads(arm.fn, ins, dy)}
+                new = []
+                for p in case.passes:
+                    ms, dev, how = time_fn(fns[p], device, quick)
+                    work = case.work[1 if p == "fwdbwd" else 0]
+                    rate, dev_rate = work / (ms * 1e-3) / scale, dev and work / (dev * 1e-3) / scale
+                    new.append({**common, "pass": p, "ms": ms, "dev_ms": dev, case.unit: rate,
+                                f"dev_{case.unit}": dev_rate, "frac_ceiling": ceiling and rate / ceiling,
+                                "dev_frac_ceiling": ceiling and dev_rate and dev_rate / ceiling,
+                                "peak_GB": peak_extra_gb(fns["fwdbwd"]) if p == "fwdbwd" else None,
+                                "ms_method": "do_bench median" if device == "cuda" else "perf_counter median",
+                                "dev_ms_method": how, "error": ""})
+                rows += new
+        except Exception as exc:        # a peer or config that cannot take this case: recorded, not fatal
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            echo(f"  {case.op} {key} {name}: {why}")
+            rows += [{**base, "pass": p, "error": why} for p in case.passes]
+        del ins, dy
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    _relative(rows, case.spec.get("target") or {})
+    return rows
+
+
+def _relative(rows: list[dict], target: dict) -> None:
+    """vs_eager per pass (eager ms / ms, both timers) and the target verdict of the liger_rt rows."""
+    for p in {r["pass"] for r in rows}:
+        eager = next((r for r in rows if r["impl"] == "eager" and r["pass"] == p and r.get("ms")), {})
+        for r in [r for r in rows if r["pass"] == p]:
+            if r.get("ms"):
+                r["vs_eager"] = eager.get("ms") and eager["ms"] / r["ms"]
+                r["dev_vs_eager"] = eager.get("dev_ms") and r.get("dev_ms") and eager["dev_ms"] / r["dev_ms"]
+            if r["impl"] == "liger_rt" and target.get(p):
+                r["target"] = target[p]
+                r["meets_target"] = bool(r.get("ms")) and all(
+                    r.get(m) is not None and (r[m] <= v if m in LOWER_IS_BETTER else r[m] >= v)
+                    for m, v in target[p].items())
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    """Per case and pass (wall time): the dispatched arm against the best peer (eager, compile,
+    Liger-Kernel, ...) and the fastest arm; TARGET MISSED where the liger_rt row misses its target."""
+    lines = []
+    for key in dict.fromkeys((r["op"], r["case"], r["pass"]) for r in rows):
+        by = {r["impl"]: r for r in rows if (r["op"], r["case"], r["pass"]) == key and r.get("ms")}
+        ours, name = by.get("liger_rt"), " ".join(key)
+        if not ours:
+            lines.append(f"{name}: liger_rt did not run")
+            continue
+        fastest = min(by.values(), key=lambda r: r["ms"])
+        peers = [r for n, r in by.items() if not n.startswith("liger_rt") and n not in CASE_FORCED]
+        line = f"{name}: liger_rt {ours['ms']:.4g} ms ({ours['config']})"
+        if peers:
+            best = min(peers, key=lambda r: r["ms"])
+            line += f", {best['ms'] / ours['ms']:.2f}x the best peer ({best['impl']})"
+        lines.append(line + f", {ours['ms'] / fastest['ms']:.3f}x the fastest arm ({fastest['impl']})")
+        if ours.get("meets_target") is False:
+            got = ", ".join(f"{m} {fmt(ours.get(m))} (target {v})" for m, v in ours["target"].items())
+            lines.append(f"TARGET MISSED: {name} liger_rt: {got}")
+    return lines
+
+
+# -- the kernels run -------------------------------------------------------------------------------
+
+def select_specs(names: list[str], where: list[str], quick: bool) -> dict[str, list[dict]]:
+    """family -> the specs to run: `names` are families or ops (none: all), `where` k=v[,v...]
+    filters on spec fields (AND across keys, OR within one), `quick` keeps the quick specs."""
+    import importlib
+    ops = [o for f in FAMILIES.values() for o in f]
+    bad = [n for n in names if n not in FAMILIES and n not in ops]
+    if bad:
+        raise ValueError(f"unknown benchmark {bad[0]!r}; valid: {', '.join(dict.fromkeys([*FAMILIES, *ops]))}")
+    conds: dict[str, set[str]] = {}
+    for text in where:
+        k, eq, v = text.partition("=")
+        if not eq or not k.strip() or not v.strip():
+            raise ValueError(f"--where {text!r}: expected field=value[,value...], e.g. tokens=512,4096")
+        conds.setdefault(k.strip(), set()).update(x.strip() for x in v.split(","))
+    out, fields = {}, set()
+    for fam, fam_ops in FAMILIES.items():
+        want = {o for o in fam_ops if not names or fam in names or o in names}
+        specs = [s for s in importlib.import_module(f"liger_rt.tools.bench.{fam}").SPECS
+                 if s["op"] in want and (s.get("quick") or not quick)]
+        fields |= {k for s in specs for k in s if k not in ("quick", "target")}
+        specs = [s for s in specs if all(str(s.get(k)) in v for k, v in conds.items())]
+        if specs:
+            out[fam] = specs
+    unknown = sorted(set(conds) - fields)
+    if unknown:
+        raise ValueError(f"--where {unknown[0]}: no such field in the selected cases; fields: {', '.join(sorted(fields))}")
+    if not out:
+        raise ValueError("no case matches the --op/--where selection")
+    return out
+
+
+def run_kernels(names: list[str] = (), *, where: list[str] = (), quick: bool = False, compile_: bool = True,
+                dtype: str = "bf16", device: str = "cuda", out_dir: str | Path = "benchmarks/results",
+                ceilings: dict | None = None, echo: Callable = print) -> list[dict]:
+    """Every selected case of every family; one CSV per family, <family>_<device>[_quick].csv in
+    out_dir, rewritten after each case (a run cut short keeps what it measured).  A run narrowed
+    by names or `where` replaces its own cases in an existing CSV and keeps the others."""
+    import importlib
+    plan = select_specs(list(names), list(where), quick)
+    if device == "cuda" and ceilings is None:
+        ceilings = measure_ceilings(quick=quick)
+        echo(f"ceilings on {ceilings['device']}: copy {ceilings['copy_GBps']:.0f} GB/s, "
+             f"bf16 matmul {ceilings['bf16_matmul_TFLOPs']:.0f} TFLOP/s")
+    echo(f"versions: {versions()}")
+    merge = ("op", "case") if names or where else None
+    every = []
+    for fam, specs in plan.items():
+        mod = importlib.import_module(f"liger_rt.tools.bench.{fam}")
+        path = Path(out_dir) / f"{fam}_{device_tag()}{'_quick' if quick else ''}.csv"
+        rows = []
+        for spec in specs:
+            echo(f"[{fam}] {spec['op']} {', '.join(f'{k}={v}' for k, v in spec.items() if k not in ('op', 'quick', 'target'))}")
+            case = mod.build(spec, spec.get("dtype", dtype), device, echo)
+            rows += measure_case(case, dtype=dtype, device=device, quick=quick, compile_=compile_ and not quick,
+                                 ceilings=ceilings, echo=echo)
+            del case
+            for r in rows:
+                r.update(quick=quick, copy_ceiling_GBps=(ceilings or {}).get("copy_GBps"),
+                         matmul_ceiling_TFLOPs=(ceilings or {}).get("bf16_matmul_TFLOPs"))
+            write_csv(rows, path, merge)
+        unit = [u for u in ("GBps", "TFLOPs") if any(u in r for r in rows)]
+        echo(format_table(rows, ["op", "case", "impl", "pass", "ms", "dev_ms", *unit, *[f"dev_{u}" for u in unit],
+                                 "dev_frac_ceiling", "vs_eager", "err_out", "err_grad", "peak_GB"],
+                          {"dev_frac_ceiling": "dev_frac", "err_out": "err_y", "err_grad": "err_dx"}))
+        echo("\n".join(verdicts(rows)))
+        echo(f"wrote {path}")
+        every += rows
+    return every
+
+
+def script(args: list[str], argv: list[str] | None = None) -> None:
+    """What the thin benchmarks/*.py scripts run: `liger-tune bench ARGS` plus their own arguments."""
+    import sys
+
+    from . import bench
+    bench.main([*args, *(sys.argv[1:] if argv is None else argv)], prog_name="liger-tune bench")

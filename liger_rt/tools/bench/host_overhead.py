@@ -1,0 +1,118 @@
+"""Host cost of a call, layer by layer of the path (GPU), and of a dispatch decision (any machine).
+
+`host`: microseconds of Python per call at 256 x 4096 (the kernels take a few microseconds, so
+the GPU never holds the host back; the mean over many calls between two synchronisations), then
+at 16384 x 4096 the device time (CUDA-graph replay) beside do_bench's wall time, which measures
+the host whenever host time exceeds device time.  `dispatch`: a decision that hits the memo, on
+CPU (one tuple build and one dict lookup: no SQL, no env parsing; the target is < 5 us).
+"""
+from __future__ import annotations
+
+import platform
+import time
+from typing import Callable
+
+import torch
+
+from .harness import peer, script, time_fn
+
+
+def _per_call_us(fn: Callable, calls: int, sync: bool) -> float:
+    for _ in range(min(calls, 1000)):
+        fn()
+    if sync:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    if sync:
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+class _Identity(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def _caller_thread(fn):
+    with torch.autograd.set_multithreading_enabled(False):
+        return fn()
+
+
+def _probes(m: int, echo) -> dict[str, Callable]:
+    import triton
+    import triton.language as tl
+
+    from liger_rt import dispatch, ops
+
+    @triton.jit
+    def _copy(src, dst, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy, xd, buf = torch.randn_like(x), x.detach(), torch.empty(4096, device="cuda")
+    op = dispatch.get_op("rms_norm")
+    out = {"torch.empty (m, n)": lambda: torch.empty((m, 4096), device="cuda", dtype=torch.bfloat16),
+           "dispatch select (memo hit)": lambda: op.select(xd, rows=m, hidden=4096),
+           "triton launch (a 4096-element copy kernel)": lambda: _copy[(1,)](buf, buf, 4096, BLOCK=4096),
+           "ops.rms_norm fwd": lambda: ops.rms_norm(x, w),
+           "ops.rms_norm fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(ops.rms_norm(x, w), (x, w), dy),
+           "ops.rms_norm fwd + y.backward(dy)": lambda: ops.rms_norm(x, w).backward(dy),
+           "ops.rms_norm fwd+bwd, engine on the caller's thread": lambda: _caller_thread(
+               lambda: torch.autograd.grad(ops.rms_norm(x, w), (x, w), dy)),
+           "eager x*2 fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(x * 2, (x,), dy),
+           "identity Function fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(_Identity.apply(x), (x,), dy),
+           "identity Function fwd+bwd, engine on the caller's thread": lambda: _caller_thread(
+               lambda: torch.autograd.grad(_Identity.apply(x), (x,), dy))}
+    lk = peer("liger_kernel.ops.rms_norm", "LigerRMSNormFunction", echo)
+    if lk is not None:
+        xl = x.detach().clone().requires_grad_()
+        out["Liger-Kernel fwd"] = lambda: lk.apply(xl, w, 1e-6)
+        out["Liger-Kernel fwd+bwd (autograd.grad)"] = lambda: torch.autograd.grad(lk.apply(xl, w, 1e-6), (xl, w), dy.clone())
+    return out
+
+
+def host(echo: Callable = print) -> list[dict]:
+    """Rows (what, us, shape, method) of the host probes and the device/wall times at 16384 x 4096."""
+    rows = []
+    for name, fn in _probes(256, echo).items():
+        try:
+            rows.append({"what": name, "us": _per_call_us(fn, 2000, sync=True), "shape": "256x4096",
+                         "method": "host: perf_counter mean of 2000 calls"})
+        except Exception as exc:
+            echo(f"  {name}: {type(exc).__name__}: {exc}")
+    full = _probes(16384, echo)
+    for name in ("ops.rms_norm fwd", "ops.rms_norm fwd+bwd (autograd.grad)"):
+        wall, dev, how = time_fn(full[name], "cuda")
+        rows += [{"what": name, "us": wall * 1e3, "shape": "16384x4096", "method": "do_bench median (wall)"},
+                 {"what": name, "us": dev and dev * 1e3, "shape": "16384x4096", "method": f"device: {how}"}]
+    for r in rows:
+        echo(f"{r['what']:58s} {r['shape']:>10s} {r['us'] or float('nan'):9.1f} us  {r['method']}")
+    return rows
+
+
+def dispatch_overhead(calls: int = 200_000, echo: Callable = print) -> list[dict]:
+    """Per-call microseconds of a memo-hit decision beside the floor (a tuple key and dict.get)."""
+    from liger_rt import dispatch
+    op, x = dispatch.get_op("rms_norm"), torch.empty(8, 4096, dtype=torch.bfloat16)
+    op.select(x, rows=8, hidden=4096)                       # the miss: decided once
+    memo = {("cpu", torch.bfloat16, 8, 4096): 1}
+    rows = []
+    for label, fn in (("select (memo hit)", lambda: op.select(x, rows=8, hidden=4096)),
+                      ("floor: x.device.type + dict.get", lambda: memo.get((x.device.type, x.dtype, 8, 4096)))):
+        us = _per_call_us(fn, calls, sync=False)
+        rows.append({"what": label, "us_per_call": round(us, 3), "calls": calls, "python": platform.python_version(),
+                     "cpu": platform.processor() or platform.machine(), "method": "perf_counter mean"})
+        echo(f"{label:40s} {us:.3f} us/call")
+    return rows
+
+
+def main(argv=None) -> None:
+    script(["host"], argv)
