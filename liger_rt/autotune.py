@@ -2,11 +2,15 @@
 
 For one (op, dims, dtype) on one target: every available implementation and every candidate
 config the arch admits is run once and validated against the torch reference (a config that
-computes wrong can never win), then timed (device time of a CUDA-graph replay on a GPU, else
-`triton.testing.do_bench`; a few wall-clock runs under the interpreter).  A candidate that fails to compile, runs out of
-shared memory or registers, or hits a CUDA OOM is recorded and skipped, never fatal.  The
-fastest implementation/config per bucket is upserted with the torch time as its baseline, and
-every raw measurement is kept for crossovers.
+computes wrong can never win), then timed by one method per case, recorded in every row:
+"cuda-graph" (device time of a CUDA-graph replay) on a GPU, "do_bench" (wall time between events,
+host launch cost included) where a capture fails, in which case the whole case is re-timed that way
+so that no two methods are ever compared, and "cpu-wall" (a few wall-clock runs) under the
+interpreter.  Host cost per call (wall time of back-to-back eager calls) is stored beside it.  A
+candidate that fails to compile, runs out of shared memory or registers, or hits a CUDA OOM is
+recorded and skipped, never fatal.  The fastest implementation/config per bucket is upserted with
+the torch time as its baseline and the fingerprint it was measured on, and every raw measurement
+is kept; a sweep derives its crossovers from its own measurements.
 
 In a torch.distributed job only rank 0 tunes; the decision is broadcast so every rank uses the
 same config.  This needs every rank to reach the same miss at the same time (the usual case of
@@ -19,12 +23,20 @@ import json
 import statistics
 import time
 import warnings
+from collections import defaultdict
 from typing import Callable
 
 import torch
 
 from . import backend
 from .kernels._common import dtype_name, validation_report
+from .tuning_db.crossover import derive_crossover
+from .tuning_db.rows import config_dict
+from .tuning_db.store import fingerprint
+
+
+class ArchMismatchError(RuntimeError):
+    """A sweep was asked to measure for an arch that is not the hardware present."""
 
 
 def graph_ms(fn: Callable[[], object], *, rep_ms: float = 30.0, replays: int = 10) -> float:
@@ -66,10 +78,12 @@ def graph_ms(fn: Callable[[], object], *, rep_ms: float = 30.0, replays: int = 1
 _GRAPH_FAILURES: set[str] = set()
 
 
-def measure(fn: Callable[[], object], device_type: str, *, quick: bool = False) -> float:
-    """Milliseconds per fn(): `graph_ms` (device time) where the candidate can be captured in a
-    CUDA graph, else the median of `triton.testing.do_bench` (wall time between events, so host
-    launch cost is included) with one warning per kind of failure saying why.
+def time_fn(fn: Callable[[], object], device_type: str, *, quick: bool = False,
+            method: str | None = None) -> tuple[float, str]:
+    """(milliseconds per fn(), method).  On a GPU: `graph_ms` ("cuda-graph", device time) where
+    the candidate can be captured, else (or with method="do_bench") the median of
+    `triton.testing.do_bench` ("do_bench": wall time between events, host launch cost included),
+    with one warning per kind of capture failure.  On CPU: the median wall time ("cpu-wall").
 
     Device time is what an op costs inside a training step whose host runs ahead of the GPU, and
     the only fair ranking of configs of a launch-bound op: on the H200 here an RMSNorm fwd+bwd at
@@ -82,15 +96,17 @@ def measure(fn: Callable[[], object], device_type: str, *, quick: bool = False) 
         fn()  # compile and allocate outside the capture: a candidate that cannot run fails here
         torch.cuda.synchronize()
         try:
-            return graph_ms(fn, rep_ms=rep)
-        except Exception as exc:
-            torch.cuda.synchronize()
-            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-            if why not in _GRAPH_FAILURES:
-                _GRAPH_FAILURES.add(why)
-                warnings.warn(f"liger_rt: CUDA-graph timing failed ({why}); timing with do_bench (host "
-                              f"launch cost included)", RuntimeWarning)
-            return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+            if method != "do_bench":
+                try:
+                    return graph_ms(fn, rep_ms=rep), "cuda-graph"
+                except Exception as exc:
+                    torch.cuda.synchronize()
+                    why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                    if why not in _GRAPH_FAILURES:
+                        _GRAPH_FAILURES.add(why)
+                        warnings.warn(f"liger_rt: CUDA-graph timing failed ({why}); timing this case with "
+                                      "do_bench (host launch cost included), recorded as such", RuntimeWarning)
+            return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")), "do_bench"
         finally:
             # the graph's private memory pool (every unrolled call's outputs) goes back only once the
             # graph is collected: without this an H200 sweep ran out of its 141 GB at the eighth op
@@ -101,7 +117,27 @@ def measure(fn: Callable[[], object], device_type: str, *, quick: bool = False) 
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return statistics.median(times), "cpu-wall"
+
+
+def measure(fn: Callable[[], object], device_type: str, *, quick: bool = False) -> float:
+    """Milliseconds per fn() by `time_fn` (the method is dropped: the bench harness's timer)."""
+    return time_fn(fn, device_type, quick=quick)[0]
+
+
+def host_ms(fn: Callable[[], object], device_type: str, *, calls: int = 10, repeats: int = 3) -> float:
+    """Host cost per call: the median over `repeats` of the wall time of `calls` eager calls with
+    one synchronisation at the end, divided by `calls` (launch-bound when near the device time)."""
+    fn()
+    _sync(device_type)
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        _sync(device_type)
+        out.append((time.perf_counter() - t0) * 1e3 / calls)
+    return statistics.median(out)
 
 
 def _sync(device_type: str) -> None:
@@ -113,9 +149,28 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
+def candidates(op, impl, arch, dims: dict, dtype: torch.dtype) -> list:
+    """The configs a sweep measures for `impl` (the op spec's, or a legacy op's per-impl list)."""
+    if hasattr(op, "candidates_for"):
+        return op.candidates_for(impl, arch, dims, dtype)
+    return op.candidates(impl, arch, dims, dtype)
+
+
+def unavailable(op, target, dims: dict, dtype: torch.dtype) -> dict[str, str]:
+    """Implementations this target cannot measure for the shape, and why."""
+    out = {}
+    for impl in op.impls:
+        if not impl.available(target):
+            out[impl.name] = f"not available on {target.arch.name} ({target.device_type})"
+        elif impl.supports is not None and (why := impl.supports(dims, dtype)) is not None:
+            out[impl.name] = why
+    return out
+
+
 def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag: str = "",
          impls: list[str] | None = None, case=None) -> dict:
-    """Measure every candidate; return the winner and the raw measurements (not persisted)."""
+    """Measure every candidate of every available implementation; return the winner, the best
+    row per implementation and the raw measurements (nothing persisted)."""
     dims = op.check_dims(dims)
     arch = target.arch
     device = "cuda" if target.device_type == "cuda" else "cpu"
@@ -132,14 +187,13 @@ def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag
     reduce_len = op.reduce_len(dims)
     static_key, dname = op.static_key(dims), dtype_name(dtype)
     axis = float(op.crossover_axis(dims)) if op.crossover_axis else None
-    measurements, best = [], {}
+    measurements, runs = [], []
     for name in names:
         impl = op.impl(name)
-        for cfg in op.candidates(impl, arch, dims, dtype):
-            rec = dict(op=op.name, variant=op.variant, arch=arch.name, device_name=arch.device_name,
-                       dtype=dname, static_key=static_key, dims=json.dumps(dims, sort_keys=True), axis=axis,
-                       tag=tag, impl=name, config=cfg, median_ms=None, ok=0, error="",
-                       source_hash=op.source_hash)
+        for cfg in candidates(op, impl, arch, dims, dtype):
+            rec = dict(op=op.name, variant=op.variant, arch=arch.name, dtype=dname, static_key=static_key,
+                       dims=json.dumps(dims, sort_keys=True), axis=axis, tag=tag, impl=name,
+                       config=config_dict(cfg), median_ms=None, ok=0, error="", method="")
             try:
                 outs = impl.run(case, cfg)
                 _sync(device)
@@ -151,8 +205,10 @@ def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag
                 if bad:
                     rec["error"] = "wrong result: " + "; ".join(bad)[:500]
                 else:
-                    rec["median_ms"] = measure(lambda: impl.run(case, cfg), device, quick=quick)
+                    run = (lambda impl=impl, cfg=cfg: impl.run(case, cfg))
+                    rec["median_ms"], rec["method"] = time_fn(run, device, quick=quick)
                     rec["ok"] = 1
+                    runs.append((rec, run, cfg))
             except Exception as exc:  # compile errors, OutOfResources, CUDA OOM: skip the candidate
                 rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
                 if _is_oom(exc) and device == "cuda":
@@ -160,33 +216,119 @@ def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag
             finally:
                 outs = None
             measurements.append(rec)
-            if rec["ok"] and (name not in best or rec["median_ms"] < best[name]["median_ms"]):
-                best[name] = rec
-    del case, reference
+    methods = {rec["method"] for rec, _, _ in runs}
+    if len(methods) > 1:     # a capture failed for some candidate: one method for the whole case
+        for rec, run, _ in runs:
+            if rec["method"] != "do_bench":
+                try:
+                    rec["median_ms"], rec["method"] = time_fn(run, device, quick=quick, method="do_bench")
+                except Exception as exc:
+                    rec.update(ok=0, median_ms=None, error=f"{type(exc).__name__} when re-timed"[:500])
+    best, config_objs = {}, {}
+    for rec, run, cfg in runs:
+        if rec["ok"] and (rec["impl"] not in best or rec["median_ms"] < best[rec["impl"]]["median_ms"]):
+            best[rec["impl"]], config_objs[rec["impl"]] = rec, (cfg, run)
+    for name, rec in best.items():        # host cost per call of each implementation's best config
+        if device == "cuda":
+            try:
+                rec["host_ms"] = host_ms(config_objs[name][1], device)
+            except Exception:
+                rec["host_ms"] = None
+        else:
+            rec["host_ms"] = rec["median_ms"]   # on CPU the wall time is the host time
+    method = next(iter(methods), "cpu-wall" if device == "cpu" else "cuda-graph")
+    for rec in measurements:
+        rec["method"] = rec["method"] or method
+    del case, reference, runs
     if device == "cuda":
         torch.cuda.empty_cache()
     baseline = best["torch"]["median_ms"] if "torch" in best else None
     winner = min(best.values(), key=lambda r: r["median_ms"]) if best else None
-    return {"op": op.name, "dims": dims, "dtype": dname, "arch": arch.name, "winner": winner,
-            "best": best, "baseline_ms": baseline, "measurements": measurements}
+    return {"op": op.name, "dims": dims, "dtype": dname, "arch": arch.name, "tag": tag, "winner": winner,
+            "best": best, "configs": {k: v[0] for k, v in config_objs.items()}, "baseline_ms": baseline,
+            "measurements": measurements, "unavailable": unavailable(op, target, dims, dtype),
+            "fingerprint": fingerprint(arch, op.source_hash)}
 
 
 def persist(op, result: dict, store, *, origin: str = "sweep") -> int:
-    """Upsert the best row per implementation and append the raw measurements."""
-    import triton  # noqa: F401  (versions are recorded)
-    from .tuning_db.store import _versions
-    tv, pv = _versions()
-    dims = result["dims"]
-    n = 0
+    """Write the best row per implementation and every raw measurement of one tuning result in
+    one transaction (a killed process leaves the case whole or absent).  Rows are validated."""
+    dims, fp = result["dims"], result["fingerprint"]
+    rows = []
     for name, rec in result["best"].items():
-        store.put_tuning(dict(
-            op=op.name, variant=op.variant, arch=rec["arch"], device_name=rec["device_name"], dtype=rec["dtype"],
-            static_key=rec["static_key"], bucket=op.bucket_key(dims), impl=name, config=rec["config"],
-            median_ms=rec["median_ms"], baseline_ms=result["baseline_ms"], source_hash=op.source_hash,
-            config_schema=op.schema_version, triton_version=tv, torch_version=pv, origin=origin))
-        n += 1
-    store.put_measurements(result["measurements"])
-    return n
+        rows.append(dict(
+            op=op.name, variant=op.variant, arch=rec["arch"], dtype=rec["dtype"], static_key=rec["static_key"],
+            bucket=op.bucket_key(dims), impl=name, config=rec["config"], median_ms=rec["median_ms"],
+            baseline_ms=result["baseline_ms"], host_ms=rec.get("host_ms"), method=rec["method"],
+            config_schema=op.schema_version, origin=origin, **fp))
+    meas = [{**{k: v for k, v in m.items() if k != "host_ms"}, "origin": origin, **fp}
+            for m in result["measurements"]]
+    with store.transaction():
+        for row in rows:
+            store.put_tuning(row)
+        store.put_measurements(meas)
+    return len(rows)
+
+
+def crossovers(results: list[dict], ops: dict, margin: float = 0.05) -> list[dict]:
+    """Crossover rows from tuning results of ops with a crossover axis: per (op, dtype, static
+    dims), the best time of each implementation at each measured axis value (averaged over input
+    variants), from points of one timing method (the most common one), at least two points."""
+    groups = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for res in results:
+        op = ops[res["op"]]
+        if op.crossover_axis is None or len(res["best"]) < 2:
+            continue
+        method = next(iter(res["best"].values()))["method"]
+        key = (res["op"], res["dtype"], op.static_key(res["dims"]), res["arch"], method)
+        axis = float(op.crossover_axis(res["dims"]))
+        for impl, rec in res["best"].items():
+            groups[key][axis][impl].append(rec["median_ms"])
+    by_static = defaultdict(list)
+    for key, points in groups.items():
+        by_static[key[:4]].append((len(points), key[4], points))
+    out = []
+    for (name, dtype, static_key, arch), options in by_static.items():
+        n, method, points = max(options, key=lambda o: o[0])
+        if n < 2:
+            continue
+        op = ops[name]
+        pts = [(axis, {i: sum(v) / len(v) for i, v in impls.items()}) for axis, impls in points.items()]
+        out.append(dict(op=name, variant=op.variant, arch=arch, dtype=dtype, static_key=static_key,
+                        axis_name=op.crossover_axis_name, segments=derive_crossover(pts, margin=margin),
+                        margin=margin, method=method))
+    return out
+
+
+def sweep(plan: list, target, store, *, quick: bool = False, origin: str = "sweep", progress=None) -> dict:
+    """Measure and persist each case of `plan` ([(op, dims, dtype, tag)], op objects), one
+    transaction per case, then the crossovers derived from this sweep's own measurements.
+
+    A case that cannot be measured (e.g. its inputs do not fit in memory) is reported and skipped;
+    a DB that cannot be written (TuningDBError) stops the sweep.  `progress` wraps the plan
+    (e.g. tqdm) and may take set_postfix_str.  Returns {"results", "skipped", "crossovers"}."""
+    from .kernels._common import parse_dtype
+    results, skipped, ops = [], [], {}
+    cases = progress(plan) if progress else plan
+    for op, dims, dt, tag in cases:
+        if hasattr(cases, "set_postfix_str"):
+            cases.set_postfix_str(f"{op.name} {','.join(f'{k}={v}' for k, v in dims.items())} {dt} {tag}".strip())
+        try:
+            result = tune(op, target, parse_dtype(dt), dims, quick=quick, tag=tag)
+        except Exception as exc:
+            if target.device_type == "cuda":
+                torch.cuda.empty_cache()
+            skipped.append({"op": op.name, "dims": dims, "dtype": dt, "tag": tag,
+                            "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"})
+            continue
+        persist(op, result, store, origin=origin)
+        ops[op.name] = op
+        results.append(result)
+    rows = crossovers(results, ops)
+    with store.transaction():
+        for row in rows:
+            store.put_crossover({**row, "origin": origin, **fingerprint(target.arch, ops[row["op"]].source_hash)})
+    return {"results": results, "skipped": skipped, "crossovers": rows}
 
 
 def _dist_world() -> tuple[int, int]:
@@ -205,13 +347,15 @@ def tune_online(op, target, dtype, dims) -> dict | None:
             result = tune(op, target, dtype, dims, quick=True)
             win = result["winner"]
             if win is not None:
-                decision = {"impl": win["impl"], "config": win["config"], "median_ms": win["median_ms"],
-                            "baseline_ms": result["baseline_ms"]}
+                decision = {"impl": win["impl"], "config": result["configs"][win["impl"]],
+                            "median_ms": win["median_ms"], "baseline_ms": result["baseline_ms"]}
                 try:
                     from .tuning_db import open_store, reset
                     store = open_store()
-                    persist(op, result, store, origin="online")
-                    store.close()
+                    try:
+                        persist(op, result, store, origin="online")
+                    finally:
+                        store.close()
                     reset()
                 except Exception as exc:
                     warnings.warn(f"liger_rt: could not persist the tuned {op.name} config ({exc})", RuntimeWarning)
@@ -226,10 +370,11 @@ def tune_online(op, target, dtype, dims) -> dict | None:
 
 
 def check_arch_matches(arch_name: str) -> backend.Arch:
-    """`sweep` measures only on the hardware it writes for."""
-    # the real hardware: LIGER_RT_ARCH (a planning switch) does not count here
-    found = backend._detect_device(torch.cuda.current_device()) if backend.gpu_present() else backend.profile("cpu")
+    """The hardware present, when it is `arch_name` (a sweep measures only on the hardware it
+    writes for; LIGER_RT_ARCH, a planning switch, does not count); else ArchMismatchError."""
+    found = backend.detect_hardware()
     if found.name != arch_name:
-        raise SystemExit(f"refusing to measure for --arch {arch_name}: this machine is {found.name} "
-                         f"({found.device_name}). Use --dry-run to print the plan, or run on {arch_name} hardware.")
+        raise ArchMismatchError(f"refusing to measure for --arch {arch_name}: this machine is {found.name} "
+                                f"({found.device_name}). Use --dry-run to print the plan, or run on {arch_name} "
+                                "hardware.")
     return found

@@ -66,6 +66,8 @@ _GENERIC = {
 }
 
 ARCH_NAMES = tuple(_PROFILES)
+if ARCH_NAMES != env.ARCH_CHOICES:   # env is a leaf: it keeps its own copy of the accepted names
+    raise ImportError(f"liger_rt.env.ARCH_CHOICES {env.ARCH_CHOICES} != backend profiles {ARCH_NAMES}")
 
 
 def profile(name: str, *, forced: bool = False, **overrides) -> Arch:
@@ -128,8 +130,13 @@ def _generic(vendor: str, device_name: str, capability: str, sm_count: int) -> A
 
 
 @functools.lru_cache(maxsize=16)
+def _properties(index: int):
+    return torch.cuda.get_device_properties(index)
+
+
+@functools.lru_cache(maxsize=16)
 def _detect_device(index: int) -> Arch:
-    props = torch.cuda.get_device_properties(index)
+    props = _properties(index)
     name = getattr(props, "name", "unknown")
     sms = int(getattr(props, "multi_processor_count", 0) or 0)
     if getattr(torch.version, "hip", None):
@@ -166,7 +173,46 @@ def detect(device: torch.device | str | int | None = None) -> Arch:
     return _detect_device(index)
 
 
+def detect_hardware() -> Arch:
+    """The Arch of the device actually present (the current CUDA/ROCm device, else cpu), whatever
+    ``LIGER_RT_ARCH`` says: what a measurement runs on."""
+    if not gpu_present():
+        return profile("cpu")
+    return _detect_device(torch.cuda.current_device())
+
+
+# The interpreter runs a grid's programs one after another: the cpu profile's "SM" count only sizes
+# persistent grids there.
+_CPU_SM_COUNT = _PROFILES["cpu"]["sm_count"]
+
+
+def sm_count(device: torch.device | str | int | None = None) -> int:
+    """SMs (NVIDIA) or CUs (AMD) of `device` (default: the current GPU, else cpu): the one source
+    of this count for grid sizing.  Cached per device; a cpu device gives the cpu profile's 2."""
+    if device is None:
+        if not gpu_present():
+            return _CPU_SM_COUNT
+        index = torch.cuda.current_device()
+    elif isinstance(device, int):
+        index = device
+    else:
+        device = torch.device(device)
+        if device.type == "cpu":
+            return _CPU_SM_COUNT
+        index = device.index if device.index is not None else torch.cuda.current_device()
+    return int(getattr(_properties(index), "multi_processor_count", 0) or 0)
+
+
+def runtime_version() -> str:
+    """The GPU runtime this torch was built for: "cuda 12.4", "rocm 6.3", or "" (a CPU build)."""
+    hip = getattr(torch.version, "hip", None)
+    if hip:
+        return f"rocm {hip}"
+    return f"cuda {torch.version.cuda}" if torch.version.cuda else ""
+
+
 def reset() -> None:
     """Forget cached device properties (tests, device changes)."""
+    _properties.cache_clear()
     _detect_device.cache_clear()
     _warned_unknown.clear()

@@ -1,21 +1,44 @@
 """Every LIGER_* environment variable, parsed and validated in one place.
 
-Each function reads ``os.environ`` when called: nothing is read at import time.  The dispatcher
-calls these only when it makes a new decision (a memo miss), so a changed variable applies to
-decisions made afterwards; ``liger_rt.dispatch.reset()`` forgets earlier decisions.
-docs/env.md documents each variable.
+Each function reads ``os.environ`` when called: nothing is read at import time.  Every accessor
+first runs :func:`check`, which validates *all* the variables set (so a bad value raises
+:class:`EnvError` on every path that reads the environment, whichever variable that path needs)
+and warns once about an unknown ``LIGER_RT_*`` name, naming the nearest valid one.  ``check()``
+scans the environment once and does nothing more while the ``LIGER_*`` variables are unchanged.
+
+The dispatcher reads these only when it makes a new decision (a memo miss), so a changed variable
+applies to decisions made afterwards; ``liger_rt.dispatch.reset()`` forgets earlier decisions.
+This module imports nothing from liger_rt (it is a leaf: backend, dispatch and the store import
+it).  docs/env.md documents each variable.
 """
 from __future__ import annotations
 
+import difflib
+import math
 import os
+import sys
+import warnings
 from pathlib import Path
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
+# The accepted values of LIGER_RT_ARCH: the arch profiles of liger_rt.backend (which checks at
+# import that its table has exactly these names).
+ARCH_CHOICES = ("hopper", "blackwell", "ampere", "mi300x", "mi325x", "mi355x", "cpu")
+LOG_CHOICES = ("decisions",)
+MAX_DB_TIMEOUT = 86400.0     # seconds; SQLite's busy timeout is an int of milliseconds
+IMPL_PREFIX = "LIGER_RT_IMPL_"
+
 
 class EnvError(ValueError):
     """A LIGER_* variable holds a value that is not accepted."""
+
+
+# -- parsers of one raw value (no check()) ---------------------------------------------------------
+
+def _raw(name: str) -> str:
+    return os.environ.get(name, "").strip()
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -30,37 +53,40 @@ def _flag(name: str, default: bool) -> bool:
     raise EnvError(f"{name}={raw!r} is not valid; accepted values: 0 or 1 (also true/false, yes/no, on/off)")
 
 
-def tuning_db_path() -> Path:
-    """LIGER_RT_TUNING_DB: the writable tuning DB (default: $XDG_CACHE_HOME/liger_rt/tuning.db)."""
-    raw = os.environ.get("LIGER_RT_TUNING_DB", "").strip()
-    if raw:
+def _path(name: str, raw: str) -> Path:
+    try:
         return Path(raw).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
-    return Path(cache) / "liger_rt" / "tuning.db"
+    except RuntimeError as exc:   # "~nosuchuser/...", or "~" with neither HOME nor a passwd entry
+        raise EnvError(f"{name}={raw!r}: cannot expand '~' ({exc}); accepted values: an absolute path, "
+                       "a relative one, or ~/... where the home directory is known") from None
 
 
-def arch_override() -> str | None:
-    """LIGER_RT_ARCH: force an arch profile by name."""
-    raw = os.environ.get("LIGER_RT_ARCH", "").strip().lower()
+def _tuning_db_path() -> Path:
+    raw = _raw("LIGER_RT_TUNING_DB")
+    if raw:
+        return _path("LIGER_RT_TUNING_DB", raw)
+    cache = _raw("XDG_CACHE_HOME")
+    if cache:
+        return _path("XDG_CACHE_HOME", cache) / "liger_rt" / "tuning.db"
+    try:
+        home = Path.home()
+    except RuntimeError:
+        raise EnvError("the home directory is unknown (HOME unset, no passwd entry); "
+                       "set LIGER_RT_TUNING_DB to the tuning DB path") from None
+    return home / ".cache" / "liger_rt" / "tuning.db"
+
+
+def _arch() -> str | None:
+    raw = _raw("LIGER_RT_ARCH").lower()
     if not raw:
         return None
-    from .backend import ARCH_NAMES
-    if raw not in ARCH_NAMES:
-        raise EnvError(f"LIGER_RT_ARCH={raw!r} is not a known arch; accepted values: {', '.join(ARCH_NAMES)}")
+    if raw not in ARCH_CHOICES:
+        raise EnvError(f"LIGER_RT_ARCH={raw!r} is not a known arch; accepted values: {', '.join(ARCH_CHOICES)}")
     return raw
 
 
-def autotune() -> bool:
-    """LIGER_RT_AUTOTUNE: 1 tunes on a DB miss and persists the winner; default 0."""
-    return _flag("LIGER_RT_AUTOTUNE", False)
-
-
-LOG_CHOICES = ("decisions",)
-
-
-def log_decisions() -> bool:
-    """LIGER_RT_LOG=decisions: log each new dispatch decision once."""
-    raw = os.environ.get("LIGER_RT_LOG", "").strip().lower()
+def _log() -> bool:
+    raw = _raw("LIGER_RT_LOG").lower()
     if not raw or raw in _FALSE:
         return False
     if raw not in LOG_CHOICES:
@@ -68,10 +94,23 @@ def log_decisions() -> bool:
     return True
 
 
-def impl_override(op: str, valid: tuple[str, ...] | None = None) -> str | None:
-    """LIGER_RT_IMPL_<OP>: force an implementation of one op (e.g. LIGER_RT_IMPL_RMS_NORM=torch)."""
-    name = f"LIGER_RT_IMPL_{op.upper()}"
-    raw = os.environ.get(name, "").strip().lower()
+def _timeout() -> float:
+    raw = _raw("LIGER_RT_DB_TIMEOUT")
+    if not raw:
+        return 10.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (0.0 <= value <= MAX_DB_TIMEOUT):   # also refuses nan and inf
+        raise EnvError(f"LIGER_RT_DB_TIMEOUT={raw!r} is not valid; accepted values: a number of seconds "
+                       f"from 0 to {MAX_DB_TIMEOUT:g}")
+    return value
+
+
+def _impl(op: str, valid) -> str | None:
+    name = IMPL_PREFIX + op.upper()
+    raw = _raw(name).lower()
     if not raw:
         return None
     if valid is not None and raw not in valid:
@@ -79,39 +118,143 @@ def impl_override(op: str, valid: tuple[str, ...] | None = None) -> str | None:
     return raw
 
 
+_PARSERS = {
+    "LIGER_RT_TUNING_DB": _tuning_db_path,
+    "LIGER_RT_ARCH": _arch,
+    "LIGER_RT_AUTOTUNE": lambda: _flag("LIGER_RT_AUTOTUNE", False),
+    "LIGER_RT_LOG": _log,
+    "LIGER_RT_DISABLE": lambda: _flag("LIGER_RT_DISABLE", False),
+    "LIGER_FUSED_MOE_AUTOTUNE": lambda: _flag("LIGER_FUSED_MOE_AUTOTUNE", True),
+    "LIGER_RT_DB_TIMEOUT": _timeout,
+}
+
+
+def _ops() -> dict[str, tuple | None]:
+    """Op name -> its implementation names (None while its module is not imported), read from the
+    dispatcher if it is loaded (no import: env stays a leaf)."""
+    dispatch = sys.modules.get("liger_rt.dispatch")
+    out: dict[str, tuple | None] = dict.fromkeys(getattr(dispatch, "OP_MODULES", ()), None)
+    for name, op in getattr(dispatch, "_REGISTRY", {}).items():
+        out[name] = tuple(op.impl_names)
+    return out
+
+
+# -- check ------------------------------------------------------------------------------------------
+
+_checked: tuple | None = None
+_warned: set[str] = set()
+
+
+def check() -> None:
+    """Validate every LIGER_* variable set now (EnvError for the first bad one) and warn once per
+    unknown LIGER_RT_* name.  Cheap when nothing changed: one scan of the environment."""
+    global _checked
+    items = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("LIGER_")))
+    ops = _ops()
+    key = (items, len(ops), sum(v is not None for v in ops.values()))   # ops register lazily
+    if key == _checked:
+        return
+    for name, _ in items:
+        op = name[len(IMPL_PREFIX):].lower()
+        if name in _PARSERS:
+            _PARSERS[name]()
+        elif name.startswith(IMPL_PREFIX) and op in ops:
+            _impl(op, ops[op])
+        elif name.startswith("LIGER_RT_") and (ops or not name.startswith(IMPL_PREFIX)):
+            _warn_unknown(name, ops)
+    _checked = key
+
+
+def known_names(ops=None) -> list[str]:
+    ops = _ops() if ops is None else ops
+    return [*_PARSERS, *(IMPL_PREFIX + o.upper() for o in ops)]
+
+
+def _hint(key: str, ops) -> str:
+    known = known_names(ops)
+    near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f"did you mean {near[0]}?" if near else f"known: {', '.join(known)}"
+
+
+def _warn_unknown(key: str, ops) -> None:
+    if key in _warned:
+        return
+    _warned.add(key)
+    hint = _hint(key, ops)
+    warnings.warn(f"liger_rt: unknown environment variable {key} is ignored; {hint}", RuntimeWarning, stacklevel=3)
+
+
+# -- accessors (each validates the whole environment first) ----------------------------------------
+
+def tuning_db_path() -> Path:
+    """LIGER_RT_TUNING_DB: the writable tuning DB (default: $XDG_CACHE_HOME/liger_rt/tuning.db)."""
+    check()
+    return _tuning_db_path()
+
+
+def arch_override() -> str | None:
+    """LIGER_RT_ARCH: force an arch profile by name."""
+    check()
+    return _arch()
+
+
+def autotune() -> bool:
+    """LIGER_RT_AUTOTUNE: 1 tunes on a DB miss and persists the winner; default 0."""
+    check()
+    return _flag("LIGER_RT_AUTOTUNE", False)
+
+
+def log_decisions() -> bool:
+    """LIGER_RT_LOG=decisions: log each new dispatch decision once."""
+    check()
+    return _log()
+
+
+def impl_override(op: str, valid: tuple[str, ...] | None = None) -> str | None:
+    """LIGER_RT_IMPL_<OP>: force an implementation of one op (e.g. LIGER_RT_IMPL_RMS_NORM=torch)."""
+    check()
+    return _impl(op, valid)
+
+
 def disabled() -> bool:
     """LIGER_RT_DISABLE: 1 makes every op use its torch reference."""
+    check()
     return _flag("LIGER_RT_DISABLE", False)
 
 
 def fused_moe_autotune() -> bool:
     """LIGER_FUSED_MOE_AUTOTUNE: 0 pins MoE kernels to fixed configs (HIP-safe on AMD); default 1."""
+    check()
     return _flag("LIGER_FUSED_MOE_AUTOTUNE", True)
 
 
 def db_timeout() -> float:
     """LIGER_RT_DB_TIMEOUT: seconds to wait for a locked tuning DB before falling back (default 10)."""
-    raw = os.environ.get("LIGER_RT_DB_TIMEOUT", "").strip()
-    if not raw:
-        return 10.0
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise EnvError(f"LIGER_RT_DB_TIMEOUT={raw!r} is not valid; accepted values: a number of seconds >= 0")
-    return value
+    check()
+    return _timeout()
 
 
 def snapshot() -> dict:
-    """Every LIGER_* variable set now (for `liger-tune doctor`), raw, plus what was parsed."""
+    """Every LIGER_* variable set now (for `liger-tune doctor`), raw, plus what was parsed; a bad
+    value shows as "error: ..." instead of raising, and unknown names are listed."""
     raw = {k: v for k, v in sorted(os.environ.items()) if k.startswith("LIGER_")}
     parsed = {}
-    for key, fn in (("tuning_db", lambda: str(tuning_db_path())), ("arch", arch_override),
-                    ("autotune", autotune), ("log_decisions", log_decisions), ("disable", disabled),
-                    ("fused_moe_autotune", fused_moe_autotune), ("db_timeout", db_timeout)):
+    for key, fn in (("tuning_db", lambda: str(_tuning_db_path())), ("arch", _arch),
+                    ("autotune", _PARSERS["LIGER_RT_AUTOTUNE"]), ("log_decisions", _log),
+                    ("disable", _PARSERS["LIGER_RT_DISABLE"]),
+                    ("fused_moe_autotune", _PARSERS["LIGER_FUSED_MOE_AUTOTUNE"]), ("db_timeout", _timeout)):
         try:
             parsed[key] = fn()
         except EnvError as exc:
             parsed[key] = f"error: {exc}"
-    return {"set": raw, "parsed": parsed}
+    ops = _ops()
+    for key in raw:
+        op = key[len(IMPL_PREFIX):].lower()
+        if key.startswith(IMPL_PREFIX) and op in ops:
+            try:
+                parsed[key] = _impl(op, ops[op])
+            except EnvError as exc:
+                parsed[key] = f"error: {exc}"
+    known = set(known_names(ops))
+    unknown = {k: _hint(k, ops) for k in raw if k.startswith("LIGER_RT_") and k not in known}
+    return {"set": raw, "parsed": parsed, "unknown": unknown}

@@ -80,8 +80,8 @@ def test_sweep_then_explain_in_another_process_gets_db(tmp_path):
     assert d["origin"] == "db" and d["impl"] == out["results"][0]["impl"]
     # show lists it; export -> import into an empty DB round-trips
     res = _run("show", "--op", "rms_norm", "--json", env_extra=env)
-    rows = json.loads(res.stdout)["tuning"]
-    assert rows and all(r["fresh"] == "yes" for r in rows)
+    rows = [r for r in json.loads(res.stdout)["tuning"] if r["layer"] == "user"]
+    assert len(rows) == 4 and all(r["fresh"] == "yes" and r["method"] == "cpu-wall" for r in rows)
     exp = tmp_path / "export.jsonl"
     assert _run("export", str(exp), env_extra=env).returncode == 0
     other = {"LIGER_RT_TUNING_DB": str(tmp_path / "other.db")}

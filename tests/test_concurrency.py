@@ -26,13 +26,15 @@ WRITER = textwrap.dedent("""
                            quick=True)
     autotune.persist(op, result, store)
     # ... and a burst of upserts, one key shared by every worker
+    config = toy_op.ToyConfig().to_dict()
     for i in range(40):
-        base = dict(op="toy", variant="fwdbwd", arch="cpu", dtype="fp32", impl="triton", config={"i": i},
-                    source_hash=op.source_hash, config_schema=op.schema_version)
-        store.put_tuning({**base, "static_key": json.dumps({"cols": 1000 + worker}), "bucket": json.dumps({"rows": i}),
+        base = dict(op="toy", variant="fwdbwd", arch="cpu", dtype="fp32", impl="triton", config=config,
+                    source_hash=op.source_hash, config_schema=op.schema_version, method="cpu-wall")
+        store.put_tuning({**base, "static_key": json.dumps({"cols": 1000 + worker}), "bucket": json.dumps({"rows": 1 << i}),
                           "median_ms": 1.0})
-        store.put_tuning({**base, "static_key": "shared", "bucket": "shared", "median_ms": 10.0 - worker - i / 100})
-        store.put_measurements([{**base, "static_key": "m", "dims": "{}", "median_ms": 1.0, "ok": 1}])
+        store.put_tuning({**base, "static_key": '{"cols":7}', "bucket": '{"rows":1}', "median_ms": 10.0 - worker - i / 100})
+        store.put_measurements([{**{k: v for k, v in base.items() if k != "config_schema"}, "static_key": '{"cols":9}', "dims": json.dumps({"cols": 9, "rows": 1000 * worker + i + 1}),
+                                 "median_ms": 1.0, "ok": 1}])
     print("done", worker)
 """)
 
@@ -48,11 +50,11 @@ def test_four_processes_sweeping_one_db_lose_nothing(tmp_path):
     store = open_store(path)
     assert store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     rows = store.all_rows("tuning")
-    assert len([r for r in rows if r["static_key"].startswith('{"cols": 10')]) == 4 * 40
-    shared = [r for r in rows if r["static_key"] == "shared"]
+    assert len([r for r in rows if r["static_key"].startswith('{"cols":10')]) == 4 * 40
+    shared = [r for r in rows if r["static_key"] == '{"cols":7}']
     assert len(shared) == 1 and shared[0]["median_ms"] == pytest.approx(10.0 - 3 - 39 / 100)
     assert len([r for r in rows if r["static_key"].startswith('{"cols":4')]) == 4 * 2   # triton + torch per worker
-    assert len([m for m in store.all_rows("measurements") if m["static_key"] == "m"]) == 4 * 40
+    assert len([m for m in store.all_rows("measurements") if m["static_key"] == '{"cols":9}']) == 4 * 40
 
 
 DIST = textwrap.dedent("""

@@ -3,14 +3,18 @@
 Verbs: doctor, sweep, show, explain, export, import, prune, parity, bench (docs/cli.md).
 Kernel modules are imported only inside verbs: on a machine without a GPU the CLI turns the
 Triton interpreter on (TRITON_INTERPRET=1) before any kernel is defined, since the `cpu` arch
-means "kernels through the interpreter".
+means "kernels through the Triton interpreter".
+
+Every failure is one line on stderr ("liger-tune: error: ...") and a non-zero exit; `--debug`
+(anywhere on the command line) shows the traceback instead.  `--json` output is JSON alone on
+stdout: progress, warnings and notes go to stderr.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
-from collections import defaultdict
+import warnings
 
 import click
 
@@ -25,12 +29,14 @@ def _parse_shape(text: str) -> dict:
     dims = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         if "=" not in part:
-            raise click.BadParameter(f"{part!r}: expected k=v (e.g. rows=4096,hidden=2048)")
+            raise click.BadParameter(f"{part!r}: expected k=v (e.g. rows=4096,hidden=2048)", param_hint="--shape")
         k, v = part.split("=", 1)
         try:
             dims[k.strip()] = int(v)
         except ValueError:
-            raise click.BadParameter(f"{part!r}: {v!r} is not an integer") from None
+            raise click.BadParameter(f"{part!r}: {v!r} is not an integer", param_hint="--shape") from None
+        if dims[k.strip()] < 1:
+            raise click.BadParameter(f"{part!r}: dims are positive integers", param_hint="--shape")
     return dims
 
 
@@ -65,8 +71,20 @@ def _table(rows: list[dict], cols: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _library_errors() -> tuple:
+    """Errors that carry a message for the user (a bad value, an unusable file, a refusal)."""
+    from liger_rt import autotune, env
+    from liger_rt.tuning_db import RowError, TuningDBError
+    return (env.EnvError, TuningDBError, RowError, autotune.ArchMismatchError, ValueError, OSError)
+
+
 class _Group(click.Group):
-    """Lists every verb with its whole one-line summary (click cuts them at 45 characters)."""
+    """Lists every verb with its whole one-line summary (click cuts them at 45 characters), and
+    turns every failure into one line on stderr with a non-zero exit (--debug: the traceback)."""
 
     def format_commands(self, ctx, formatter):
         rows = [(name, cmd.get_short_help_str(limit=200)) for name, cmd in sorted(self.commands.items())]
@@ -74,11 +92,69 @@ class _Group(click.Group):
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
 
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        args = list(sys.argv[1:] if args is None else args)
+        debug = "--debug" in args
+        args = [a for a in args if a != "--debug"]
+        shown = warnings.showwarning
+
+        def one_line_warning(message, category, filename, lineno, file=None, line=None):
+            click.echo(f"warning: {_one_line(message)}", err=True)
+
+        warnings.showwarning = one_line_warning
+        try:
+            code = super().main(args, prog_name=prog_name or "liger-tune", complete_var=complete_var,
+                                standalone_mode=False, **extra)
+        except click.ClickException as exc:
+            click.echo(f"liger-tune: error: {_one_line(exc.format_message())}", err=True)
+            code = exc.exit_code
+        except click.Abort:
+            click.echo("liger-tune: aborted", err=True)
+            code = 1
+        except Exception as exc:
+            if debug:
+                raise
+            known = isinstance(exc, _library_errors())
+            what = _one_line(str(exc)) if known and str(exc) else f"{type(exc).__name__}: {_one_line(exc)}"
+            hint = "" if known else " (an internal error: `liger-tune --debug ...` shows the traceback)"
+            click.echo(f"liger-tune: error: {what}{hint}", err=True)
+            code = 1
+        finally:
+            warnings.showwarning = shown
+        sys.exit(code if isinstance(code, int) else 0)
+
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="liger-rt", prog_name="liger-tune")
-def main():
+@click.option("--debug", is_flag=True, help="Show the traceback of a failure (also accepted after the verb).")
+def main(debug):
     """Fill and inspect the liger_rt tuning database."""
+
+
+def _open_user(db_path: str | None, *, readonly: bool, must_exist: bool = True, create: bool = True):
+    """The user DB (--db, else LIGER_RT_TUNING_DB): read-only for reading verbs (a missing file is
+    None unless must_exist), writable (created if missing) for writing ones."""
+    from pathlib import Path
+
+    from liger_rt import env
+    from liger_rt.tuning_db import Store, TuningDBError
+    path = Path(db_path).expanduser() if db_path else env.tuning_db_path()
+    if readonly and not path.exists():
+        if must_exist:
+            raise TuningDBError(f"no tuning DB at {path}")
+        return None
+    return Store(path, layer="user", readonly=readonly, create=create)
+
+
+def _judge(store, table: str) -> list[tuple[dict, str, str]]:
+    """(row, status, why) for every row of `table`: status ok / stale / bad (rows.py, store.classify)."""
+    from liger_rt import dispatch  # noqa: F401  (the registry rows are judged against)
+    from liger_rt.tuning_db.store import classify
+    out = []
+    for row in store.select(table):
+        status, why = classify(table, row)
+        out.append((row, status, why))
+    return out
 
 
 # -- doctor ---------------------------------------------------------------------------------------
@@ -86,29 +162,54 @@ def main():
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def doctor(as_json):
-    """Arch, device, versions, DB paths and sizes, env in force."""
+    """Arch, device, versions, DB paths, sizes and row health (ok/stale/bad), env in force."""
     _cpu_interpreter()
     info = doctor_report()
     if as_json:
         click.echo(json.dumps(info, indent=1, default=str))
         return
     a = info["arch"]
-    click.echo(f"arch         {a.get('name')} ({a.get('vendor')} {a.get('capability')}, {a.get('device_name')}, "
-               f"{a.get('sm_count')} SM/CU, warp {a.get('warp_size')}, <= {a.get('max_num_warps')} warps, "
-               f"<= {a.get('max_num_stages')} stages, {a.get('smem_bytes')} B smem){' [forced]' if a.get('forced') else ''}")
+    if "error" in a:
+        click.echo(f"arch         error: {a['error']}")
+    else:
+        click.echo(f"arch         {a.get('name')} ({a.get('vendor')} {a.get('capability')}, {a.get('device_name')}, "
+                   f"{a.get('sm_count')} SM/CU, warp {a.get('warp_size')}, <= {a.get('max_num_warps')} warps, "
+                   f"<= {a.get('max_num_stages')} stages, {a.get('smem_bytes')} B smem)"
+                   f"{' [forced]' if a.get('forced') else ''}")
     click.echo(f"device       {info['device']}")
     click.echo("versions     " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
     db = info["db"]
     click.echo(f"user DB      {db['user_path']} ({'exists' if db['user_exists'] else 'not created yet'}, "
-               f"{db['user_bytes']} B, {db['user_rows']} tuning rows)")
+               f"{db['user_bytes']} B, schema {db['user_schema'] or '-'})")
     if db["user_error"]:
-        click.echo(f"  UNUSABLE: {db['user_error']} -> lookups use shipped defaults only")
-    click.echo(f"shipped      {db['shipped_rows']} tuning rows, {db['shipped_crossovers']} crossovers ({db['shipped_files']})")
+        click.echo(f"  UNUSABLE: {db['user_error']} -> lookups use the shipped defaults only; nothing touches the file")
+    for layer in ("user", "shipped"):
+        for table, c in (db[f"{layer}_health"] or {}).items():
+            click.echo(f"  {layer:8} {table:13} {c['ok']} ok, {c['stale']} stale, {c['bad']} bad")
+        for line in db[f"{layer}_bad"]:
+            click.echo(f"    bad: {line}")
+    click.echo(f"shipped      {db['shipped_files']}")
     click.echo(f"interpreter  TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')}")
     click.echo(f"ops          {', '.join(info['ops'])}")
     click.echo("env          " + (", ".join(f"{k}={v}" for k, v in info["env"]["set"].items()) or "(no LIGER_* set)"))
     for k, v in info["env"]["parsed"].items():
         click.echo(f"  {k:18} {v}")
+    for k, hint in info["env"]["unknown"].items():
+        click.echo(f"  UNKNOWN {k} (ignored; {hint})")
+
+
+def _health(store) -> tuple[dict, list[str]]:
+    counts, bad = {}, []
+    for table in ("tuning", "crossover", "measurements"):
+        c = {"ok": 0, "stale": 0, "bad": 0}
+        for row, status, why in _judge(store, table):
+            c[status] += 1
+            if status == "bad" and len(bad) < 5:
+                where = " ".join(str(row.get(k)) for k in ("op", "arch", "dtype", "static_key", "bucket", "impl")
+                                 if row.get(k))
+                bad.append(f"{table} {where}: {why}")
+        counts[table] = c
+    return counts, bad
 
 
 def doctor_report() -> dict:
@@ -117,6 +218,7 @@ def doctor_report() -> dict:
 
     import torch
     from liger_rt import __version__, backend, dispatch, env, tuning_db
+    from liger_rt.tuning_db import Store, TuningDBError
 
     versions = {"liger_rt": __version__, "python": platform.python_version(), "torch": torch.__version__}
     for dist in ("triton", "transformers", "sqlite-utils", "numpy"):
@@ -124,28 +226,45 @@ def doctor_report() -> dict:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             versions[dist] = "missing"
+    versions["runtime"] = backend.runtime_version() or "cpu build"
     try:
         arch = backend.detect().to_dict()
     except Exception as exc:
         arch = {"name": "error", "error": str(exc)}
     device = "cpu"
     if backend.gpu_present():
-        device = f"{torch.cuda.get_device_name()} (cuda {torch.version.cuda}, hip {getattr(torch.version, 'hip', None)})"
-    path = env.tuning_db_path()
-    store = tuning_db.get_store()
-    user_rows = 0
-    if store.user is not None:
+        device = f"{torch.cuda.get_device_name()} ({backend.runtime_version()})"
+    ops = dispatch.available_ops()
+    snap = env.snapshot()
+    db = {"user_path": None, "user_exists": False, "user_bytes": 0, "user_schema": None, "user_error": None,
+          "user_health": None, "user_bad": []}
+    try:
+        path = env._tuning_db_path()
+        db.update(user_path=str(path), user_exists=path.exists(), user_bytes=path.stat().st_size if path.exists() else 0)
+    except env.EnvError as exc:
+        path, db["user_error"] = None, str(exc)
+    if path is not None and path.exists():
         try:
-            user_rows = store.user.db["tuning"].count
-        except Exception as exc:
-            store.user_error = str(exc)
+            timeout = env._timeout()
+        except env.EnvError:
+            timeout = 10.0
+        try:
+            store = Store(path, layer="user", readonly=True, timeout=timeout)
+            try:
+                db["user_schema"] = store.schema
+                db["user_health"], db["user_bad"] = _health(store)
+            finally:
+                store.close()
+        except (TuningDBError, OSError) as exc:
+            db["user_error"] = str(exc)
+        except Exception as exc:     # e.g. locked while reading rows
+            db["user_error"] = f"{type(exc).__name__}: {exc}"
+    shipped = tuning_db.store.shipped_defaults()
+    db["shipped_health"], db["shipped_bad"] = _health(shipped)
     files = [p.name for p in (resources.files("liger_rt.tuning_db") / "defaults").iterdir() if p.name.endswith(".jsonl")]
-    db = {"user_path": str(path), "user_exists": path.exists(), "user_bytes": path.stat().st_size if path.exists() else 0,
-          "user_rows": user_rows, "user_error": store.user_error,
-          "shipped_rows": store.defaults.db["tuning"].count, "shipped_crossovers": store.defaults.db["crossover"].count,
-          "shipped_files": ", ".join(sorted(files)) or "none"}
-    return {"arch": arch, "device": device, "versions": versions, "db": db, "env": env.snapshot(),
-            "interpreter": os.environ.get("TRITON_INTERPRET", ""), "ops": dispatch.available_ops()}
+    db["shipped_files"] = ", ".join(sorted(files)) or "none"
+    return {"arch": arch, "device": device, "versions": versions, "db": db, "env": snap,
+            "interpreter": os.environ.get("TRITON_INTERPRET", ""), "ops": ops}
 
 
 # -- sweep ----------------------------------------------------------------------------------------
@@ -182,8 +301,10 @@ def build_plan(arch, ops: list[str], preset_name: str | None, shapes: list[dict]
 @click.option("--db", "db_path", default=None, help="DB to write (default: LIGER_RT_TUNING_DB or the user cache).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_json):
-    """Measure implementations and configs for the plan and persist the winners."""
-    from liger_rt import autotune, backend, dispatch
+    """Measure every implementation and config for the plan; persist the winners and crossovers."""
+    import dataclasses
+
+    from liger_rt import autotune, dispatch
     from liger_rt.kernels._common import parse_dtype
     arch_name = _check_arch(arch_name)
     ops = _check_ops(ops) if ops else list(dispatch.OP_MODULES)
@@ -196,116 +317,74 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
             parse_dtype(d)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--dtype")
-    if not dry_run:
+    if dry_run:
+        target = dispatch.target_for_arch(arch_name)
+    else:
         real = autotune.check_arch_matches(arch_name)
-    target = dispatch.target_for_arch(arch_name) if dry_run else dispatch.current_target(
-        "cpu" if arch_name == "cpu" else "cuda")
-    if not dry_run:
-        target = dispatch.Target(arch=real, device_type=target.device_type, interpret=target.interpret)
+        target = dataclasses.replace(dispatch.current_target("cpu" if arch_name == "cpu" else "cuda"), arch=real)
     try:
         plan = build_plan(target.arch, ops, preset, [_parse_shape(s) for s in shapes], quick, list(dtypes))
     except ValueError as exc:
         raise click.UsageError(str(exc))
     if dry_run:
-        click.echo(f"plan for {arch_name} ({len(plan)} cases; nothing measured):")
         rows = []
         for name, dims, dt, tag in plan:
             op = dispatch.get_op(name)
             dtype = parse_dtype(dt)
             avail = op.available_impls(target, dims, dtype) or ["torch"]
-            n = sum(len(op.candidates(op.impl(i), target.arch, dims, dtype)) for i in avail)
-            rows.append({"op": name, "dims": dims, "dtype": dt, "tag": tag, "impls": ",".join(avail), "candidates": n})
-        click.echo(json.dumps(rows, indent=1) if as_json else _table(rows, ["op", "dims", "dtype", "tag", "impls", "candidates"]))
+            n = sum(len(autotune.candidates(op, op.impl(i), target.arch, dims, dtype)) for i in avail)
+            skipped = autotune.unavailable(op, target, dims, dtype)
+            rows.append({"op": name, "dims": dims, "dtype": dt, "tag": tag, "impls": ",".join(avail), "candidates": n,
+                         "not_measured": ", ".join(f"{k} ({v})" for k, v in skipped.items())})
+        click.echo(f"plan for {arch_name} ({len(plan)} cases; nothing measured):", err=as_json)
+        click.echo(json.dumps(rows, indent=1) if as_json else
+                   _table(rows, ["op", "dims", "dtype", "tag", "impls", "candidates", "not_measured"]))
         return
-    import torch
     from tqdm import tqdm
 
-    from liger_rt.tuning_db import TuningDBError, open_store
-    try:
-        store = open_store(db_path)
-    except TuningDBError as exc:
-        raise click.ClickException(str(exc))
+    store = _open_user(db_path, readonly=False)
     click.echo(f"sweeping {len(plan)} cases on {target.arch.name} ({target.arch.device_name}) into {store.path}", err=True)
-    results, summary = [], []
-    bar = tqdm(plan, unit="case", file=sys.stderr, dynamic_ncols=True)
-    for name, dims, dt, tag in bar:
-        op = dispatch.get_op(name)
-        bar.set_postfix_str(f"{name} {','.join(f'{k}={v}' for k, v in dims.items())} {dt} {tag}".strip())
-        try:
-            result = autotune.tune(op, target, parse_dtype(dt), dims, quick=quick, tag=tag)
-        except Exception as exc:  # e.g. the case itself does not fit in memory: skip it, keep sweeping
-            if target.device_type == "cuda":
-                torch.cuda.empty_cache()
-            click.echo(f"\nskipped {name} {dims} {dt} {tag}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
-                       err=True)
-            summary.append({"op": name, "dims": dims, "dtype": dt, "tag": tag, "impl": "-", "config": {},
-                            "ms": None, "torch_ms": None, "speedup": None, "failed": "case"})
-            continue
-        autotune.persist(op, result, store)
-        results.append((op, dt, tag, result))
-        win = result["winner"] or {}
-        failed = sum(1 for m in result["measurements"] if not m["ok"])
-        summary.append({"op": name, "dims": dims, "dtype": dt, "tag": tag, "impl": win.get("impl", "-"),
-                        "config": win.get("config", {}), "ms": win.get("median_ms"), "torch_ms": result["baseline_ms"],
-                        "speedup": (result["baseline_ms"] / win["median_ms"]) if win and result["baseline_ms"] else None,
-                        "failed": failed})
-    crossovers = derive_sweep_crossovers(results, store)
-    store.close()
+    try:
+        out = autotune.sweep([(dispatch.get_op(n), d, dt, tag) for n, d, dt, tag in plan], target, store, quick=quick,
+                             progress=lambda p: tqdm(p, unit="case", file=sys.stderr, dynamic_ncols=True))
+    finally:
+        store.close()
+    summary = []
+    for res in out["results"]:
+        win = res["winner"] or {}
+        summary.append({"op": res["op"], "dims": res["dims"], "dtype": res["dtype"], "tag": res["tag"],
+                        "impl": win.get("impl", "-"), "config": win.get("config", {}), "ms": win.get("median_ms"),
+                        "host_ms": win.get("host_ms"), "method": win.get("method"), "torch_ms": res["baseline_ms"],
+                        "speedup": (res["baseline_ms"] / win["median_ms"]) if win and res["baseline_ms"] else None,
+                        "measured": ",".join(res["best"]), "not_measured": res["unavailable"],
+                        "failed": sum(1 for m in res["measurements"] if not m["ok"])})
+    for s in out["skipped"]:
+        click.echo(f"skipped {s['op']} {s['dims']} {s['dtype']} {s['tag']}: {s['error']}", err=True)
     if as_json:
-        click.echo(json.dumps({"results": summary, "crossovers": crossovers}, indent=1, default=str))
+        click.echo(json.dumps({"results": summary, "skipped": out["skipped"], "crossovers": out["crossovers"]},
+                              indent=1, default=str))
         return
-    click.echo(_table(summary, ["op", "dims", "dtype", "tag", "impl", "config", "ms", "torch_ms", "speedup", "failed"]))
-    for c in crossovers:
-        click.echo(f"crossover {c['op']} {c['dtype']} {c['static_key']}: {c['segments']}")
-
-
-def derive_sweep_crossovers(results, store, margin: float = 0.05) -> list[dict]:
-    """One crossover row per (op, dtype, static dims) from this sweep's measurements."""
-    from liger_rt import dispatch
-    groups = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
-    ops = {}
-    for op, dt, tag, result in results:
-        if op.crossover_axis is None:
-            continue
-        ops[op.name] = op
-        key = (op.name, dt, op.static_key(result["dims"]))
-        axis = float(op.crossover_axis(result["dims"]))
-        for impl, rec in result["best"].items():
-            groups[key][axis][impl].append(rec["median_ms"])
-    out = []
-    for (name, dt, static_key), by_axis in groups.items():
-        op = ops[name]
-        points = [(axis, {i: sum(v) / len(v) for i, v in impls.items()}) for axis, impls in by_axis.items()]
-        if len(points) < 1:
-            continue
-        segments = dispatch.derive_crossover(points, margin=margin)
-        row = dict(op=name, variant=op.variant, arch=results[0][3]["arch"], dtype=dt, static_key=static_key,
-                   axis_name=op.crossover_axis_name, segments=segments, margin=margin, origin="sweep",
-                   source_hash=op.source_hash)
-        store.put_crossover(row)
-        out.append(row)
-    return out
+    click.echo(_table(summary, ["op", "dims", "dtype", "tag", "impl", "config", "ms", "host_ms", "method", "torch_ms",
+                                "speedup", "measured", "failed"]))
+    for res in summary:
+        for impl, why in res["not_measured"].items():
+            click.echo(f"not measured: {res['op']} {impl}: {why}")
+    for c in out["crossovers"]:
+        click.echo(f"crossover {c['op']} {c['dtype']} {c['static_key']}: {c['segments']} ({c['method']})")
 
 
 # -- show / explain -------------------------------------------------------------------------------
 
-def _fresh_flag(row: dict) -> str:
-    from liger_rt import dispatch
-    from liger_rt.tuning_db.store import _fresh
-    try:
-        return "yes" if _fresh(row, dispatch.get_op(row["op"])) else "STALE"
-    except Exception:
-        return "?"
-
-
 @main.command()
 @click.option("--op", default=None, help="Only this op.")
 @click.option("--arch", "arch_name", default=None, help="Only this arch.")
+@click.option("--db", "db_path", default=None, help="DB to read (default: LIGER_RT_TUNING_DB or the user cache).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def show(op, arch_name, as_json):
-    """List tuning entries and crossovers (user DB over shipped defaults)."""
+def show(op, arch_name, db_path, as_json):
+    """List tuning entries and crossovers (user DB over shipped defaults), each ok / stale / bad."""
     _cpu_interpreter()
-    from liger_rt import tuning_db
+    from liger_rt import dispatch, tuning_db  # noqa: F401  (the registry rows are judged against)
+    from liger_rt.tuning_db.store import classify
     if op:
         _check_ops([op])
     if arch_name:
@@ -316,30 +395,46 @@ def show(op, arch_name, as_json):
     if arch_name:
         conds.append("arch = ?"); args.append(arch_name)  # noqa: E702
     where = " AND ".join(conds) or None
-    store = tuning_db.get_store()
+    user_error, layers = None, [tuning_db.store.shipped_defaults()]
+    try:
+        user = _open_user(db_path, readonly=True, must_exist=False)
+        if user is not None:
+            layers.insert(0, user)
+    except tuning_db.TuningDBError as exc:
+        user_error = str(exc)
     tuning, cross = [], []
-    for layer in store.layers():
-        for r in layer.all_rows("tuning", where, args):
-            r.pop("rowid", None)
-            r["layer"] = layer.layer
-            r["fresh"] = _fresh_flag(r)
-            r["config"] = json.loads(r["config"] or "{}")
-            tuning.append(r)
-        for r in layer.all_rows("crossover", where, args):
-            r["layer"] = layer.layer
-            r["segments"] = json.loads(r["segments"])
-            cross.append(r)
+    for layer in layers:
+        for table, out in (("tuning", tuning), ("crossover", cross)):
+            for r in layer.select(table, where, args):
+                status, why = classify(table, r)
+                r["layer"], r["status"], r["why"] = layer.layer, status, why
+                r["fresh"] = {"ok": "yes", "stale": "STALE", "bad": "BAD"}[status]
+                for col in ("config", "segments"):
+                    if col in r:
+                        try:
+                            r[col] = json.loads(r[col])
+                        except (TypeError, ValueError):
+                            pass
+                out.append(r)
     if as_json:
-        click.echo(json.dumps({"tuning": tuning, "crossover": cross, "user_error": store.user_error}, indent=1))
+        click.echo(json.dumps({"tuning": tuning, "crossover": cross, "user_error": user_error}, indent=1, default=str))
         return
-    if store.user_error:
-        click.echo(f"warning: user DB unusable ({store.user_error}); showing shipped defaults", err=True)
-    tuning.sort(key=lambda r: (r["op"], r["arch"], r["dtype"], r["static_key"], r["bucket"], r["median_ms"] or 0))
+    if user_error:
+        click.echo(f"warning: user DB unusable ({user_error}); showing shipped defaults", err=True)
+    tuning.sort(key=lambda r: (str(r["op"]), str(r["arch"]), str(r["dtype"]), str(r["static_key"]), str(r["bucket"]),
+                               r["median_ms"] if isinstance(r["median_ms"], (int, float)) else 0))
     click.echo(_table(tuning, ["layer", "op", "arch", "dtype", "static_key", "bucket", "impl", "config", "median_ms",
-                               "baseline_ms", "origin", "fresh"]))
+                               "host_ms", "baseline_ms", "method", "origin", "fresh"]))
     if cross:
         click.echo("\ncrossovers:")
-        click.echo(_table(cross, ["layer", "op", "arch", "dtype", "static_key", "axis_name", "segments", "margin", "origin"]))
+        click.echo(_table(cross, ["layer", "op", "arch", "dtype", "static_key", "axis_name", "segments", "margin",
+                                  "method", "origin", "fresh"]))
+    notes = [r for r in tuning + cross if r["status"] != "ok"]
+    if notes:
+        click.echo("\nnot fresh:")
+        for r in notes:
+            click.echo(f"  {r['fresh']:5} {r['layer']} {r['op']} {r['arch']} {r['dtype']} {r['static_key']} "
+                       f"{r.get('bucket', '')} {r.get('impl', '')}: {r['why']}")
 
 
 @main.command()
@@ -355,18 +450,40 @@ def explain(op, shape, dtype, arch_name, as_json):
     _check_ops([op])
     if arch_name:
         arch_name = _check_arch(arch_name)
+    dims = _parse_shape(shape)
     try:
-        d = dispatch.select(op, dtype=dtype, arch=arch_name, **_parse_shape(shape))
-    except ValueError as exc:
+        d = dispatch.select(op, dtype=dtype, arch=arch_name, **dims)
+    except (ValueError, TypeError) as exc:
         raise click.UsageError(str(exc))
+    note = _crossover_note(dispatch.get_op(op), d)
     if as_json:
-        click.echo(json.dumps(d.to_dict(), indent=1))
+        click.echo(json.dumps({**d.to_dict(), "config": dispatch.config_dict(d.config), "note": note},
+                              indent=1, default=str))
         return
     click.echo(f"{d.op} on {d.arch}, {d.dtype}, {', '.join(f'{k}={v}' for k, v in d.dims.items())}")
     click.echo(f"  impl    {d.impl}")
-    click.echo(f"  config  {json.dumps(dict(d.config))}")
+    click.echo(f"  config  {json.dumps(dispatch.config_dict(d.config))}")
     click.echo(f"  origin  {d.origin}")
     click.echo(f"  why     {d.reason}")
+    if note:
+        click.echo(f"  note    {note}")
+
+
+def _crossover_note(op, d) -> str | None:
+    """When a crossover row exists but its pick cannot run here, say so (the decision fell through)."""
+    if op.crossover_axis is None or d.origin == "crossover":
+        return None
+    from liger_rt import tuning_db
+    from liger_rt.tuning_db.crossover import crossover_pick
+    row = tuning_db.get_store().crossover(op, d.arch, d.dtype, dict(d.dims))
+    if row is None:
+        return None
+    value = float(op.crossover_axis(dict(d.dims)))
+    pick = crossover_pick(row["segments"], value)
+    if pick == d.impl:
+        return None
+    return (f"the {row['layer']} crossover row ({row['origin']}) picks {pick} at "
+            f"{op.crossover_axis_name or 'axis'}={value:.4g}, but {pick} is not available here")
 
 
 # -- export / import / prune ----------------------------------------------------------------------
@@ -374,96 +491,102 @@ def explain(op, shape, dtype, arch_name, as_json):
 @main.command(name="export")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--arch", "arch_name", default=None, help="Only this arch.")
+@click.option("--shipped", is_flag=True, help="Include the shipped defaults (user rows win on the same key).")
 @click.option("--db", "db_path", default=None, help="DB to read (default: LIGER_RT_TUNING_DB or the user cache).")
-def export_cmd(file, arch_name, db_path):
-    """Write the user DB as JSON lines (mergeable text); '-' for stdout."""
-    from liger_rt.tuning_db import TuningDBError, open_store
-    from liger_rt.tuning_db.store import dump_jsonl
+def export_cmd(file, arch_name, shipped, db_path):
+    """Write the user DB (and with --shipped the shipped defaults) as JSON lines; '-' for stdout."""
+    _cpu_interpreter()
+    from liger_rt import dispatch, tuning_db  # noqa: F401  (the registry rows are judged against)
+    from liger_rt.tuning_db.store import classify, dump_jsonl
     if arch_name:
         arch_name = _check_arch(arch_name)
+    user = _open_user(db_path, readonly=True, must_exist=not shipped)
+    layers = ([user] if user is not None else []) + ([tuning_db.store.shipped_defaults()] if shipped else [])
+    bad = []
+
+    def keep(table, row):
+        status, why = classify(table, row)
+        if status == "bad":
+            bad.append(why)
+        return status != "bad"
+
     try:
-        store = open_store(db_path)
-    except TuningDBError as exc:
-        raise click.ClickException(str(exc))
-    lines = list(dump_jsonl(store, arch_name))
+        lines = list(dump_jsonl(layers, arch_name, keep=keep))
+    finally:
+        if user is not None:
+            user.close()
     text = "".join(line + "\n" for line in lines)
+    if bad:
+        click.echo(f"warning: left out {len(bad)} invalid rows (first: {bad[0]}); `liger-tune doctor` lists them",
+                   err=True)
     if file == "-":
         click.echo(text, nl=False)
-    else:
+        return
+    try:
         with open(file, "w") as fh:
             fh.write(text)
-        click.echo(f"wrote {len(lines)} records to {file}", err=True)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {file}: {exc.strerror or exc}") from None
+    click.echo(f"wrote {len(lines) - 1} records to {file}", err=True)
 
 
 @main.command(name="import")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--db", "db_path", default=None, help="DB to write (default: LIGER_RT_TUNING_DB or the user cache).")
 def import_cmd(file, db_path):
-    """Merge an export into the user DB, keeping the faster entry."""
-    from liger_rt.tuning_db import TuningDBError, open_store
+    """Merge an export into the user DB: all records or none, validated; importing twice changes nothing."""
+    _cpu_interpreter()
+    from liger_rt import dispatch  # noqa: F401  (the registry records are validated against)
+    from liger_rt.tuning_db import TuningDBError
     from liger_rt.tuning_db.store import load_jsonl
     try:
-        store = open_store(db_path)
-        text = sys.stdin.read() if file == "-" else open(file).read()
+        text = sys.stdin.read() if file == "-" else open(file, encoding="utf-8").read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.ClickException(f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}") from None
+    store = _open_user(db_path, readonly=False)
+    try:
         counts = load_jsonl(store, text.splitlines())
     except TuningDBError as exc:
-        raise click.ClickException(str(exc))
+        raise click.ClickException(f"{file}: {exc}; nothing imported") from None
+    finally:
+        store.close()
     click.echo(f"merged {counts['tuning']} tuning, {counts['crossover']} crossover, "
                f"{counts['measurements']} measurement records into {store.path}")
 
 
 @main.command()
-@click.option("--stale", is_flag=True, help="Entries measured on other kernel code or config schema.")
-@click.option("--op", default=None, help="Every entry of this op.")
-@click.option("--arch", "arch_name", default=None, help="Every entry of this arch.")
+@click.option("--stale", is_flag=True, help="Entries measured on other kernel code, config schema or (this "
+                                            "machine's arch) another device or software fingerprint.")
+@click.option("--invalid", is_flag=True, help="Entries that fail validation (what lookups skip with a warning).")
+@click.option("--op", default=None, help="Only entries of this op (alone: every entry of it).")
+@click.option("--arch", "arch_name", default=None, help="Only entries of this arch (alone: every entry of it).")
 @click.option("--dry-run", is_flag=True, help="List what would be removed, remove nothing.")
 @click.option("--db", "db_path", default=None, help="DB to prune (default: LIGER_RT_TUNING_DB or the user cache).")
-def prune(stale, op, arch_name, dry_run, db_path):
-    """Remove stale entries (--stale) or every entry of an op/arch from the user DB."""
+def prune(stale, invalid, op, arch_name, dry_run, db_path):
+    """Remove stale (--stale) or invalid (--invalid) entries, or every entry of an op/arch."""
     _cpu_interpreter()
-    from liger_rt import dispatch
-    from liger_rt.tuning_db import TuningDBError, open_store
-    from liger_rt.tuning_db.store import CROSSOVER_PK, TUNING_PK, _fresh
-    if not (stale or op or arch_name):
-        raise click.UsageError("say what to prune: --stale, --op OP and/or --arch ARCH")
+    from liger_rt import dispatch  # noqa: F401  (the registry rows are judged against)
+    if not (stale or invalid or op or arch_name):
+        raise click.UsageError("say what to prune: --stale, --invalid, --op OP and/or --arch ARCH")
     if op:
         _check_ops([op])
     if arch_name:
         arch_name = _check_arch(arch_name)
+    store = _open_user(db_path, readonly=dry_run, create=False)
     try:
-        store = open_store(db_path)
-    except TuningDBError as exc:
-        raise click.ClickException(str(exc))
-
-    def selected(row, check_schema=True):
-        if op and row["op"] != op:
-            return False
-        if arch_name and row["arch"] != arch_name:
-            return False
-        if stale:
-            the_op = dispatch.get_op(row["op"]) if row["op"] in dispatch.OP_MODULES else None
-            if the_op is None:
-                return True
-            if not check_schema:
-                return row.get("source_hash", "") not in ("", the_op.source_hash)
-            return not _fresh(row, the_op)
-        return True
-
-    tuning = [r for r in store.all_rows("tuning") if selected(r)]
-    cross = [r for r in store.all_rows("crossover") if selected(r, check_schema=False)]
-    for r in tuning:
-        click.echo(f"tuning     {r['op']} {r['arch']} {r['dtype']} {r['static_key']} {r['bucket']} {r['impl']} "
-                   f"(hash {r['source_hash'] or '-'}, schema {r['config_schema']})")
-    for r in cross:
-        click.echo(f"crossover  {r['op']} {r['arch']} {r['dtype']} {r['static_key']} (hash {r['source_hash'] or '-'})")
+        out = store.prune(stale=stale, invalid=invalid, op=op, arch=arch_name, dry_run=dry_run)
+    finally:
+        store.close()
+    for table in ("tuning", "crossover"):
+        for r, why in out[table]:
+            click.echo(f"{table:10} {r['op']} {r['arch']} {r['dtype']} {r['static_key']} {r.get('bucket', '')} "
+                       f"{r.get('impl', '')} (kernel {r['source_hash'] or '-'}): {why}")
+    n = len(out["tuning"]) + len(out["crossover"])
     if dry_run:
-        click.echo(f"{len(tuning)} tuning and {len(cross)} crossover entries would be removed (dry run)")
+        click.echo(f"{len(out['tuning'])} tuning and {len(out['crossover'])} crossover entries and "
+                   f"{out['measurements']} raw measurements would be removed (dry run)")
         return
-    n = store.delete("tuning", tuning, TUNING_PK) + store.delete("crossover", cross, CROSSOVER_PK)
-    meas = [r for r in store.all_rows("measurements") if selected(r, check_schema=False)]
-    if meas:
-        store.db.execute(f"DELETE FROM measurements WHERE rowid IN ({','.join(str(r['rowid']) for r in meas)})")
-    click.echo(f"removed {n} entries and {len(meas)} raw measurements from {store.path}")
+    click.echo(f"removed {n} entries and {out['measurements']} raw measurements from {store.path}")
 
 
 def _add_optional_commands() -> None:

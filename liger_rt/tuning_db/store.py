@@ -1,57 +1,52 @@
-"""SQLite tuning store (sqlite-utils) and the layering of user DB over shipped defaults.
+"""SQLite tuning store and the layering of the user DB over the shipped defaults.
 
-Tables
-- ``tuning``: the best config per (op, variant, arch, dtype, static key, bucket, impl), with its
-  median time, the torch baseline time, the kernel source hash and config schema it was measured
-  on, versions, device name, origin (sweep/online/heuristic/published) and creation time.
-  The upsert keeps the faster entry, and always replaces an entry measured on other code.
+Tables (columns in rows.py)
+- ``tuning``: the best config per (op, variant, arch, dtype, static key, bucket, impl): its
+  median time, timing method, host cost per call, the torch baseline, the fingerprint it was
+  measured on (device name, SM/CU count, torch, Triton and CUDA/ROCm versions, kernel hash), the
+  config schema, origin (sweep / bench / online / published) and creation time.  An upsert keeps
+  the faster of two comparable entries (same method and fingerprint) and otherwise the newer one.
 - ``measurements``: every raw candidate measurement (what crossovers are derived from).
 - ``crossover``: per (op, variant, arch, dtype, static key) the segments on the deciding axis.
-- ``meta``: the DB schema version.
+- ``meta``: the DB schema version (2; a schema-1 DB is migrated when opened for writing).
 
-Concurrency: WAL journal, a busy timeout, and single-statement upserts, so several processes
-writing at once lose nothing.
+Opening for reading never writes: no journal-mode change, no schema, nothing into a file that is
+not a liger_rt DB (that file is "unusable", with the reason).  Writers use WAL, a busy timeout and
+one transaction per logical write (a sweep case's rows and measurements together), so several
+processes writing at once lose nothing and a killed writer leaves no half-written case.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import math
+import os
 import sqlite3
 import time
+import urllib.parse
 import warnings
 from importlib import resources
 from pathlib import Path
 from typing import Iterable
 
-import sqlite_utils
-
 from .. import env
+from . import rows as R
+from .rows import (CROSSOVER_COLUMNS, CROSSOVER_PK, DB_SCHEMA, FINGERPRINT, MEASUREMENT_COLUMNS,  # noqa: F401
+                   METHODS, ORIGINS, TUNING_COLUMNS, TUNING_PK, RowError)
 
-DB_SCHEMA = 1
-TUNING_PK = ("op", "variant", "arch", "dtype", "static_key", "bucket", "impl")
-CROSSOVER_PK = ("op", "variant", "arch", "dtype", "static_key")
-TUNING_COLUMNS = {
-    "op": str, "variant": str, "arch": str, "device_name": str, "dtype": str, "static_key": str,
-    "bucket": str, "impl": str, "config": str, "median_ms": float, "baseline_ms": float,
-    "source_hash": str, "config_schema": int, "triton_version": str, "torch_version": str,
-    "origin": str, "created": float,
-}
-MEASUREMENT_COLUMNS = {
-    "op": str, "variant": str, "arch": str, "device_name": str, "dtype": str, "static_key": str,
-    "dims": str, "axis": float, "tag": str, "impl": str, "config": str, "median_ms": float,
-    "ok": int, "error": str, "source_hash": str, "created": float,
-}
-CROSSOVER_COLUMNS = {
-    "op": str, "variant": str, "arch": str, "dtype": str, "static_key": str, "axis_name": str,
-    "segments": str, "margin": float, "origin": str, "source_hash": str, "created": float,
-}
+MEASUREMENT_KEY = ("op", "variant", "arch", "dtype", "static_key", "dims", "tag", "impl", "config", "created")
+_SQL_TYPES = {str: "TEXT", float: "REAL", int: "INTEGER"}
 
 
 class TuningDBError(RuntimeError):
-    """The tuning DB file cannot be used (corrupt, not SQLite, newer schema, locked)."""
+    """The tuning DB file cannot be used (corrupt, not ours, newer schema, locked, read-only) or a
+    record cannot enter it; the message is one line and names the file or the record."""
 
 
+@functools.lru_cache(maxsize=1)
 def _versions() -> tuple[str, str]:
+    """(Triton version, torch version) of this process."""
     import torch
     try:
         import triton
@@ -61,202 +56,491 @@ def _versions() -> tuple[str, str]:
     return tv, torch.__version__
 
 
-class Store:
-    """One SQLite file (or an in-memory DB) with the liger_rt schema."""
+def fingerprint(arch, source_hash: str) -> dict:
+    """What a row measured now for `arch` (an Arch, or an arch name) would record: the device (the
+    real one when it is that arch, else the arch profile's), SM/CU count, versions, kernel hash."""
+    from .. import backend
+    if isinstance(arch, str):
+        hw = backend.detect_hardware()
+        if hw.name == arch:
+            arch = hw
+        elif arch in backend.ARCH_NAMES:
+            arch = backend.profile(arch)
+        else:
+            arch = None
+    tv, pv = _versions()
+    if arch is None:
+        device, sms, runtime = "", 0, ""
+    else:
+        device, sms = arch.device_name, arch.sm_count
+        runtime = "" if arch.vendor == "cpu" else backend.runtime_version()
+    return {"device_name": device, "sm_count": sms, "torch_version": pv, "triton_version": tv,
+            "runtime_version": runtime, "source_hash": source_hash}
 
-    def __init__(self, path: Path | None, *, layer: str, timeout: float | None = None, create: bool = True):
+
+_LABELS = {"device_name": "device", "sm_count": "SMs", "torch_version": "torch", "triton_version": "triton",
+           "runtime_version": "runtime", "source_hash": "kernel"}
+
+
+def stale_reason(row: dict, here: dict) -> str | None:
+    """None when `row` was measured on this fingerprint (published rows count as such), else what
+    differs: "torch 2.11.0 (here 2.13.0), kernel 1234abcd (here 5678ef90)"."""
+    if row.get("origin") == "published" and not row.get("source_hash"):
+        return None
+    diff = [f"{_LABELS[k]} {row.get(k) or '?'} (here {here[k] or '-'})"
+            for k in FINGERPRINT if (row.get(k) or R.DEFAULTS.get(k)) != here[k]]
+    return ", ".join(diff) or None
+
+
+def _sql_columns(columns: dict) -> str:
+    return ", ".join(f"{c} {_SQL_TYPES[t]}" for c, t in columns.items())
+
+
+_CREATE = [
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)",
+    f"CREATE TABLE tuning ({_sql_columns(TUNING_COLUMNS)}, PRIMARY KEY ({', '.join(TUNING_PK)}))",
+    f"CREATE TABLE measurements ({_sql_columns(MEASUREMENT_COLUMNS)})",
+    f"CREATE TABLE crossover ({_sql_columns(CROSSOVER_COLUMNS)}, PRIMARY KEY ({', '.join(CROSSOVER_PK)}))",
+]
+_INDEXES = [
+    "CREATE INDEX IF NOT EXISTS tuning_static ON tuning(op, variant, arch, dtype, static_key)",
+    "CREATE INDEX IF NOT EXISTS meas_static ON measurements(op, arch, dtype, static_key)",
+    f"CREATE UNIQUE INDEX IF NOT EXISTS meas_unique ON measurements({', '.join(MEASUREMENT_KEY)})",
+]
+
+
+def _inspect(conn: sqlite3.Connection, path) -> int | None:
+    """The liger_rt schema version of an open SQLite file, None when it has no tables at all, or
+    TuningDBError saying why the file is not a liger_rt DB."""
+    tables = {}
+    for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+        if not name.startswith("sqlite_"):
+            tables[name] = {r[1] for r in conn.execute(f'PRAGMA table_info("{name}")').fetchall()}
+    if not tables:
+        return None
+    ours = {"meta", *R.COLUMNS}
+    if set(tables) - ours:
+        raise TuningDBError(f"{path} is not a liger_rt DB: an SQLite file of another program (tables "
+                            f"{', '.join(sorted(tables))})")
+    if ours - set(tables):
+        raise TuningDBError(f"{path} is not a liger_rt DB: tables {', '.join(sorted(ours - set(tables)))} missing")
+    if not {"key", "value"} <= tables["meta"]:
+        raise TuningDBError(f"{path} is not a liger_rt DB: table meta has columns {sorted(tables['meta'])}")
+    row = conn.execute("SELECT value FROM meta WHERE key = 'db_schema'").fetchone()
+    if row is None:
+        raise TuningDBError(f"{path} is not a liger_rt DB: meta has no db_schema")
+    try:
+        found = int(str(row[0]).strip())
+    except ValueError:
+        raise TuningDBError(f"{path}: meta db_schema {row[0]!r} is not a schema number") from None
+    if found > DB_SCHEMA:
+        raise TuningDBError(f"{path} has DB schema {found}, newer than this liger_rt ({DB_SCHEMA}); upgrade "
+                            "liger_rt or point LIGER_RT_TUNING_DB elsewhere")
+    if found < 1:
+        raise TuningDBError(f"{path}: meta db_schema {found} is not a liger_rt schema (1 .. {DB_SCHEMA})")
+    need = R.V1_COLUMNS if found == 1 else {t: set(c) for t, c in R.COLUMNS.items()}
+    for table, cols in need.items():
+        if cols - tables[table]:
+            raise TuningDBError(f"{path} is not a usable liger_rt DB: table {table} lacks columns "
+                                f"{', '.join(sorted(cols - tables[table]))}")
+    return found
+
+
+class Store:
+    """One SQLite file (or an in-memory DB) with the liger_rt schema.
+
+    ``readonly=True`` (lookups, doctor, show, export) opens the file read-only and changes nothing
+    in it; otherwise (sweep, import, prune, online tuning) a missing file is created (unless
+    ``create=False``) and a schema-1 DB migrated to schema 2."""
+
+    def __init__(self, path: Path | None, *, layer: str, timeout: float | None = None, create: bool = True,
+                 readonly: bool = False):
         self.path = path
         self.layer = layer
-        timeout = env.db_timeout() if timeout is None else timeout
+        self.readonly = readonly
+        self.timeout = timeout if timeout is not None else 0.0 if path is None else env.db_timeout()
+        self.conn = None
         try:
             if path is None:
-                conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+                self.conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+                self._create()
+                self.schema = DB_SCHEMA
+            elif readonly:
+                self._open_readonly(path)
             else:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                if not create and not path.exists():
-                    raise TuningDBError(f"{path} does not exist")
-                conn = sqlite3.connect(str(path), timeout=timeout, check_same_thread=False,
-                                       isolation_level=None)
-                conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-            self.db = sqlite_utils.Database(conn)
-            if path is not None:
-                mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
-                if mode.lower() != "wal":
-                    conn.execute("PRAGMA journal_mode=WAL")
-            self._ensure_schema()
+                self._open_writable(path, create)
         except sqlite3.DatabaseError as exc:
-            raise TuningDBError(f"tuning DB {path} is unusable: {exc}") from exc
-
-    def _ensure_schema(self) -> None:
-        db = self.db
-        existing = set(db.table_names())
-        if "meta" in existing:
-            row = db.execute("SELECT value FROM meta WHERE key = 'db_schema'").fetchone()
-            found = int(row[0]) if row else 0
-            if found > DB_SCHEMA:
-                raise TuningDBError(f"tuning DB {self.path} has schema {found}, newer than this liger_rt "
-                                    f"({DB_SCHEMA}); upgrade liger_rt or point LIGER_RT_TUNING_DB elsewhere")
-        elif existing - {"tuning", "measurements", "crossover", "meta"}:
-            raise TuningDBError(f"{self.path} is an SQLite file of another program (tables "
-                                f"{sorted(existing)}); point LIGER_RT_TUNING_DB at a liger_rt DB")
-        if {"meta", "tuning", "measurements", "crossover"} <= existing:
-            return
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
-            db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('db_schema', ?)", [str(DB_SCHEMA)])
-            db["tuning"].create(TUNING_COLUMNS, pk=TUNING_PK, if_not_exists=True)
-            db["measurements"].create(MEASUREMENT_COLUMNS, if_not_exists=True)
-            db["crossover"].create(CROSSOVER_COLUMNS, pk=CROSSOVER_PK, if_not_exists=True)
-            db.execute("CREATE INDEX IF NOT EXISTS tuning_static ON tuning(op, variant, arch, dtype, static_key)")
-            db.execute("CREATE INDEX IF NOT EXISTS meas_static ON measurements(op, arch, dtype, static_key)")
-            db.execute("COMMIT")
+            self.close()
+            raise TuningDBError(f"{path} is unusable: {exc}") from None
         except BaseException:
-            db.execute("ROLLBACK")
+            self.close()
             raise
+        self.db = self.conn      # sqlite3.Connection: .execute(sql, args)
+
+    def _connect(self, target: str, **kw) -> sqlite3.Connection:
+        conn = sqlite3.connect(target, timeout=self.timeout, check_same_thread=False, isolation_level=None, **kw)
+        conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+        return conn
+
+    def _open_readonly(self, path: Path) -> None:
+        if not path.exists():
+            raise TuningDBError(f"{path} does not exist")
+        if path.is_dir():
+            raise TuningDBError(f"{path} is a directory, not a tuning DB file")
+        self.conn = self._connect(f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro", uri=True)
+        found = _inspect(self.conn, path)
+        if found is None:
+            raise TuningDBError(f"{path} is not a liger_rt DB: " + ("an empty file" if path.stat().st_size == 0
+                                                                     else "an SQLite file without tables"))
+        self.schema = found
+
+    def _open_writable(self, path: Path, create: bool) -> None:
+        if path.is_dir():
+            raise TuningDBError(f"{path} is a directory, not a tuning DB file")
+        if not path.exists():
+            if not create:
+                raise TuningDBError(f"{path} does not exist")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise TuningDBError(f"cannot create the directory of {path}: {exc.strerror or exc}") from None
+        elif not os.access(path, os.W_OK):
+            raise TuningDBError(f"{path} is read-only (file permissions); choose a writable --db or "
+                                "LIGER_RT_TUNING_DB")
+        if not os.access(path.parent, os.W_OK | os.X_OK):
+            raise TuningDBError(f"the directory {path.parent} is not writable (SQLite needs to create its "
+                                "journal there); choose a writable --db or LIGER_RT_TUNING_DB")
+        self.conn = self._connect(str(path))
+        with self._write_errors("open"):
+            found = _inspect(self.conn, path)
+            if found is None:
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                self._create()
+            elif found < DB_SCHEMA:
+                self._migrate(found)
+            elif self.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                self.conn.execute("PRAGMA journal_mode=WAL")
+        self.schema = DB_SCHEMA
+
+    def _create(self) -> None:
+        with self.transaction():
+            if _inspect(self.conn, self.path) is not None:     # another process created it meanwhile
+                return
+            for sql in _CREATE + _INDEXES:
+                self.conn.execute(sql)
+            self.conn.execute("INSERT INTO meta(key, value) VALUES ('db_schema', ?)", [str(DB_SCHEMA)])
+
+    def _migrate(self, found: int) -> None:
+        """Schema 1 -> 2: the fingerprint, method and host-time columns (old rows: method
+        "unrecorded", so they count as stale until re-measured) and idempotent measurements."""
+        with self.transaction():
+            if _inspect(self.conn, self.path) == DB_SCHEMA:      # migrated by another process meanwhile
+                return
+            for table, columns in R.COLUMNS.items():
+                have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})").fetchall()}
+                for col, typ in columns.items():
+                    if col not in have:
+                        default = R.DEFAULTS.get(col)
+                        clause = ("" if default is None else
+                                  f" DEFAULT '{default}'" if isinstance(default, str) else f" DEFAULT {default}")
+                        self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {col} {_SQL_TYPES[typ]}{clause}")
+            # schema 1 imported duplicates: keep one of each before the unique index
+            self.conn.execute(f"DELETE FROM measurements WHERE rowid NOT IN (SELECT min(rowid) FROM measurements "
+                              f"GROUP BY {', '.join(MEASUREMENT_KEY)})")
+            for sql in _INDEXES:
+                self.conn.execute(sql)
+            self.conn.execute("UPDATE meta SET value = ? WHERE key = 'db_schema'", [str(DB_SCHEMA)])
 
     def close(self) -> None:
-        try:
-            self.db.conn.close()
-        except Exception:
-            pass
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:
+                pass
 
-    # -- writes ---------------------------------------------------------------------------------
+    # -- transactions and errors ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _write_errors(self, what: str):
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            msg = str(exc)
+            if "locked" in msg or "busy" in msg:
+                raise TuningDBError(f"{self.path} is locked by another process (waited {self.timeout:g} s; "
+                                    "LIGER_RT_DB_TIMEOUT sets how long)") from None
+            if "readonly" in msg or "read-only" in msg:
+                raise TuningDBError(f"{self.path} is read-only ({msg}); choose a writable --db or "
+                                    "LIGER_RT_TUNING_DB") from None
+            raise TuningDBError(f"{self.path}: {what} failed: {msg}") from None
+        except sqlite3.DatabaseError as exc:
+            raise TuningDBError(f"{self.path}: {what} failed: {exc}") from None
+
+    @contextlib.contextmanager
+    def transaction(self):
+        """One write transaction (nested uses join the outer one)."""
+        if self.readonly:
+            raise TuningDBError(f"{self.path} was opened read-only")
+        if self.conn.in_transaction:
+            yield
+            return
+        with self._write_errors("write"):
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+            self.conn.execute("COMMIT")
+
+    # -- writes (every row validated: rows.check) -----------------------------------------------------
+    def _here(self, row: dict) -> dict:
+        """A row put without a fingerprint was measured by this process: give it this one."""
+        if all(k in row for k in FINGERPRINT[:-1]):
+            return row
+        op = R.resolve_op(row.get("op", "")) if isinstance(row.get("op"), str) else None
+        here = fingerprint(row.get("arch", ""), row.get("source_hash", op.source_hash if op else ""))
+        return {**{k: v for k, v in here.items() if k != "source_hash"}, **row}
+
     def put_tuning(self, row: dict) -> None:
-        """Insert or keep the faster entry (an entry measured on other code is always replaced)."""
-        row = _complete(row, TUNING_COLUMNS)
-        cols = list(TUNING_COLUMNS)
-        updates = ", ".join(f"{c} = excluded.{c}" for c in cols if c not in TUNING_PK)
-        sql = (f"INSERT INTO tuning ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)}) "
-               f"ON CONFLICT({', '.join(TUNING_PK)}) DO UPDATE SET {updates} "
-               "WHERE excluded.median_ms < tuning.median_ms OR tuning.source_hash != excluded.source_hash "
-               "OR tuning.config_schema != excluded.config_schema")
-        self.db.execute(sql, [row[c] for c in cols])
+        """Insert, or replace an entry that is not comparable (other method or fingerprint or
+        config schema) or slower.  A row without fingerprint fields was measured here."""
+        self.put_rows("tuning", [self._here(row)])
 
     def put_measurements(self, rows: Iterable[dict]) -> None:
-        rows = [_complete(r, MEASUREMENT_COLUMNS) for r in rows]
-        if not rows:
-            return
-        cols = list(MEASUREMENT_COLUMNS)
-        sql = f"INSERT INTO measurements ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})"
-        conn = self.db.conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.executemany(sql, [[r[c] for c in cols] for r in rows])
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+        self.put_rows("measurements", [self._here(r) for r in rows])
 
     def put_crossover(self, row: dict) -> None:
-        row = _complete(row, CROSSOVER_COLUMNS)
-        cols = list(CROSSOVER_COLUMNS)
-        sql = f"INSERT OR REPLACE INTO crossover ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})"
-        self.db.execute(sql, [row[c] for c in cols])
+        self.put_rows("crossover", [self._here(row)])
 
-    # -- reads ----------------------------------------------------------------------------------
-    def tuning_rows(self, op: str, variant: str, arch: str, dtype: str, static_key: str) -> list[dict]:
-        return list(self.db["tuning"].rows_where(
-            "op = ? AND variant = ? AND arch = ? AND dtype = ? AND static_key = ?",
-            [op, variant, arch, dtype, static_key]))
+    def put_rows(self, table: str, rows: list[dict], *, checked: bool = False) -> None:
+        """Validate and write rows of one table in one transaction (RowError for a bad one)."""
+        rows = [r if checked else R.check(table, r) for r in rows]
+        if not rows:
+            return
+        cols = list(R.COLUMNS[table])
+        marks = ", ".join("?" for _ in cols)
+        if table == "tuning":
+            comparable = " AND ".join(f"tuning.{c} IS excluded.{c}" for c in ("method", "config_schema", *FINGERPRINT))
+            sql = (f"INSERT INTO tuning ({', '.join(cols)}) VALUES ({marks}) "
+                   f"ON CONFLICT({', '.join(TUNING_PK)}) DO UPDATE SET "
+                   + ", ".join(f"{c} = excluded.{c}" for c in cols if c not in TUNING_PK)
+                   + f" WHERE NOT ({comparable}) OR excluded.median_ms < tuning.median_ms")
+        elif table == "crossover":
+            sql = f"INSERT OR REPLACE INTO crossover ({', '.join(cols)}) VALUES ({marks})"
+        else:
+            sql = f"INSERT OR IGNORE INTO measurements ({', '.join(cols)}) VALUES ({marks})"
+        with self.transaction():
+            self.conn.executemany(sql, [[r[c] for c in cols] for r in rows])
 
-    def crossover_row(self, op: str, variant: str, arch: str, dtype: str, static_key: str) -> dict | None:
-        rows = list(self.db["crossover"].rows_where(
-            "op = ? AND variant = ? AND arch = ? AND dtype = ? AND static_key = ?",
-            [op, variant, arch, dtype, static_key]))
-        return rows[0] if rows else None
+    # -- reads ------------------------------------------------------------------------------------------
+    def select(self, table: str, where: str | None = None, args: list | None = None, *,
+               rowid: bool = False) -> list[dict]:
+        """Rows of `table` as dicts with every column (schema-1 rows get the schema-2 defaults)."""
+        sql = f"SELECT rowid AS _rowid, * FROM {table}" + (f" WHERE {where}" if where else "")
+        cur = self.conn.execute(sql, args or [])
+        names = [d[0] for d in cur.description]
+        out = []
+        for values in cur.fetchall():
+            raw = dict(zip(names, values))
+            row = R.fill_defaults(table, raw)
+            if rowid:
+                row["rowid"] = raw["_rowid"]
+            out.append(row)
+        return out
 
     def all_rows(self, table: str, where: str | None = None, args: list | None = None) -> list[dict]:
-        return list(self.db[table].rows_where(where, args or [])) if table in self.db.table_names() else []
+        return self.select(table, where, args)
 
-    def delete(self, table: str, rows: list[dict], pk: tuple[str, ...]) -> int:
-        n = 0
-        for r in rows:
-            cond = " AND ".join(f"{c} = ?" for c in pk)
-            n += self.db.execute(f"DELETE FROM {table} WHERE {cond}", [r[c] for c in pk]).rowcount
-        return n
+    def tuning_rows(self, op: str, variant: str, arch: str, dtype: str, static_key: str) -> list[dict]:
+        return self.select("tuning", "op = ? AND variant = ? AND arch = ? AND dtype = ? AND static_key = ?",
+                           [op, variant, arch, dtype, static_key])
+
+    def crossover_row(self, op: str, variant: str, arch: str, dtype: str, static_key: str) -> dict | None:
+        rows = self.select("crossover", "op = ? AND variant = ? AND arch = ? AND dtype = ? AND static_key = ?",
+                           [op, variant, arch, dtype, static_key])
+        return rows[0] if rows else None
+
+    def counts(self) -> dict:
+        return {t: self.conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in R.COLUMNS}
+
+    # -- judging and pruning ---------------------------------------------------------------------------------
+    def classify(self, table: str, row: dict) -> tuple[str, str]:
+        """("ok" | "stale" | "bad", why) for one row, judged against this code and this machine."""
+        return classify(table, row)
+
+    def prune(self, *, stale: bool = False, invalid: bool = False, op: str | None = None,
+              arch: str | None = None, dry_run: bool = False) -> dict:
+        """Remove (or with dry_run only list) rows: of `op` and/or `arch`, and among those the stale
+        (`stale`) and/or invalid (`invalid`) ones; with neither flag every row of op/arch.
+        Returns {"tuning": [(row, why)], "crossover": [...], "measurements": count}."""
+        conds, args = [], []
+        if op:
+            conds.append("op = ?"); args.append(op)  # noqa: E702
+        if arch:
+            conds.append("arch = ?"); args.append(arch)  # noqa: E702
+        where = " AND ".join(conds) or None
+        picked: dict[str, list] = {}
+        for table in R.COLUMNS:
+            chosen = []
+            for row in self.select(table, where, args, rowid=True):
+                if stale or invalid:
+                    status, why = classify(table, row)
+                    if not ((stale and status == "stale") or (invalid and status == "bad")):
+                        continue
+                else:
+                    why = "selected"
+                chosen.append((row, why))
+            picked[table] = chosen
+        if not dry_run:
+            with self.transaction():
+                for table, chosen in picked.items():
+                    self.conn.executemany(f"DELETE FROM {table} WHERE rowid = ?", [[r["rowid"]] for r, _ in chosen])
+        return {"tuning": picked["tuning"], "crossover": picked["crossover"],
+                "measurements": len(picked["measurements"])}
 
 
-def _complete(row: dict, columns: dict) -> dict:
-    out = {}
-    for col, typ in columns.items():
-        v = row.get(col)
-        if v is None:
-            v = {str: "", float: None, int: 0}[typ]
-        if col in ("config", "dims", "segments") and not isinstance(v, str):
-            v = json.dumps(v, sort_keys=True)
-        out[col] = v
-    if "created" in columns and not out.get("created"):
-        out["created"] = time.time()
-    return out
+def classify(table: str, row: dict, op=None) -> tuple[str, str]:
+    """("ok" | "stale" | "bad", why).  Bad: fails validation.  Stale: measured on other kernel code
+    or config schema (any arch), or (rows of this machine's arch, and cpu rows) on another device
+    or software fingerprint."""
+    from .. import backend
+    clean = {k: v for k, v in row.items() if k in R.COLUMNS[table]}
+    try:
+        checked = R.check(table, clean, op=op)
+    except RowError as exc:
+        return "bad", str(exc)
+    op = op or R.resolve_op(checked["op"])
+    if table == "tuning" and checked["config_schema"] != op.schema_version:
+        return "stale", f"config schema {checked['config_schema']} (this code: {op.schema_version})"
+    if table == "tuning" and not R.current_code(op, checked):
+        try:
+            R.parse_config(op, checked["impl"], checked["config"])
+        except RowError as exc:
+            return "stale", f"other kernel code, and {exc}"
+    if checked["arch"] in (backend.detect_hardware().name, "cpu"):
+        why = stale_reason(checked, fingerprint(checked["arch"], op.source_hash))
+    elif checked["source_hash"] not in ("", op.source_hash):
+        why = f"kernel {checked['source_hash']} (here {op.source_hash})"
+    else:
+        why = None
+    return ("stale", why) if why else ("ok", "")
 
 
-def open_store(path: str | Path | None = None, **kw) -> Store:
-    """Open (creating if needed) a writable store: `path` or LIGER_RT_TUNING_DB."""
-    return Store(Path(path) if path else env.tuning_db_path(), layer="user", **kw)
+# -- JSON lines ---------------------------------------------------------------------------------------------
 
-
-def load_jsonl(store: Store, lines: Iterable[str]) -> dict:
-    """Merge JSON lines ({"table": ..., **row}) into a store by its rules; returns counts."""
-    counts = {"tuning": 0, "measurements": 0, "crossover": 0}
-    meas = []
+def _parse_lines(lines: Iterable[str], *, strict: bool):
+    """Yield (line number, table, record) of an export; TuningDBError for a line that is not one."""
     for n, line in enumerate(lines, 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         try:
             rec = json.loads(line)
-            table = rec.pop("table")
-        except (ValueError, KeyError) as exc:
-            raise TuningDBError(f"line {n}: not a liger_rt export record ({exc})") from None
-        if table == "tuning":
-            store.put_tuning(rec)
-        elif table == "crossover":
-            store.put_crossover(rec)
-        elif table == "measurements":
-            meas.append(rec)
+        except ValueError as exc:
+            raise TuningDBError(f"line {n}: not JSON ({exc})") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("table"), str):
+            raise TuningDBError(f"line {n}: not a liger_rt export record (a JSON object with a \"table\" field)")
+        table = rec.pop("table")
+        if table == "meta":
+            schema = rec.get("db_schema")
+            if isinstance(schema, bool) or not isinstance(schema, int) or not 1 <= schema:
+                raise TuningDBError(f"line {n}: db_schema {schema!r} is not a schema number")
+            if schema > DB_SCHEMA:
+                raise TuningDBError(f"line {n}: an export of DB schema {schema}, newer than this liger_rt "
+                                    f"({DB_SCHEMA}); upgrade liger_rt to import it")
+            continue
+        if table not in R.COLUMNS:
+            raise TuningDBError(f"line {n}: unknown table {table!r}; valid: {', '.join(R.COLUMNS)}")
+        yield n, table, rec
+
+
+def load_jsonl(store: Store, lines: Iterable[str], *, strict: bool = True) -> dict:
+    """Merge an export (JSON lines {"table": ..., **row}) into `store`, all or nothing: every line
+    is validated first, and the first bad one raises TuningDBError("line N: why") with nothing
+    written.  Importing the same file twice changes nothing.  Rows of schema 1 (no method or
+    fingerprint) enter with method "unrecorded", so they count as stale.  strict=False (the
+    shipped defaults) stores rows unvalidated: lookups validate them when they are read."""
+    counts = {t: 0 for t in R.COLUMNS}
+    batches: dict[str, list] = {t: [] for t in R.COLUMNS}
+    for n, table, rec in _parse_lines(lines, strict=strict):
+        if strict:
+            try:
+                rec = R.check(table, rec)
+            except RowError as exc:
+                raise TuningDBError(f"line {n}: {table} record {_name(rec)}: {exc}") from None
         else:
-            raise TuningDBError(f"line {n}: unknown table {table!r}")
+            rec = _coerce(table, rec)
+        batches[table].append(rec)
         counts[table] += 1
-    store.put_measurements(meas)
+    with store.transaction():
+        for table, rows in batches.items():
+            store.put_rows(table, rows, checked=True)
     return counts
 
 
-def dump_jsonl(store: Store, arch: str | None = None) -> Iterable[str]:
+def _name(rec: dict) -> str:
+    return " ".join(str(rec.get(k)) for k in ("op", "arch", "dtype", "static_key", "bucket", "impl") if rec.get(k))
+
+
+def _coerce(table: str, rec: dict) -> dict:
+    """A shipped row as stored, unvalidated (JSON values as text; nothing is launched from it
+    before rows.check passes at read time)."""
+    out = R.fill_defaults(table, rec)
+    for col in ("config", "dims", "segments", "static_key", "bucket"):
+        if col in out and not isinstance(out[col], str):
+            out[col] = json.dumps(out[col], sort_keys=col != "segments")
+    if not out.get("created"):
+        out["created"] = time.time()
+    return out
+
+
+def dump_jsonl(store, arch: str | None = None, keep=None) -> Iterable[str]:
+    """An export: a meta line, then every row (of `arch`; for which keep(table, row) holds).
+    `store` is a Store or a list of them (the first holding a key wins: user over shipped)."""
+    stores = store if isinstance(store, (list, tuple)) else [store]
     where, args = ("arch = ?", [arch]) if arch else (None, None)
-    for table in ("tuning", "crossover", "measurements"):
-        for row in store.all_rows(table, where, args):
-            row.pop("rowid", None)
-            yield json.dumps({"table": table, **row}, sort_keys=True)
+    yield json.dumps({"table": "meta", "db_schema": DB_SCHEMA})
+    for table in R.COLUMNS:
+        pk = {"tuning": TUNING_PK, "crossover": CROSSOVER_PK, "measurements": MEASUREMENT_KEY}[table]
+        seen = set()
+        for s in stores:
+            for row in s.select(table, where, args):
+                key = tuple(row[c] for c in pk)
+                if key in seen or (keep is not None and not keep(table, row)):
+                    continue
+                seen.add(key)
+                yield json.dumps({"table": table, **row}, sort_keys=True)
 
 
-def _fresh(row: dict, op) -> bool:
-    """A row counts only if measured on this kernel source and config schema ('' = published)."""
-    if row.get("config_schema", 0) != op.schema_version:
-        return False
-    return row.get("source_hash", "") in ("", op.source_hash)
-
+# -- the layered store ---------------------------------------------------------------------------------------
 
 def _log2_distance(a: dict, b: dict) -> float:
     return sum(abs(math.log2(max(1, a[k])) - math.log2(max(1, b.get(k, 1)))) for k in a)
 
 
 class LayeredStore:
-    """The user DB over the shipped defaults; lookups ask the user layer first."""
+    """The user DB over the shipped defaults.  Lookups prefer rows measured on this fingerprint
+    (user DB first), then same-arch rows of another fingerprint ("stale"); a bad row is skipped with
+    one warning and the lookup goes on to the next row, layer or source."""
 
     def __init__(self, user: Store | None, defaults: Store, user_error: str | None = None):
         self.user = user
         self.defaults = defaults
         self.user_error = user_error
+        self._here: dict = {}
+        self._warned: set = set()
+        self.skipped: dict[str, int] = {}      # layer -> bad rows skipped by lookups
 
     @classmethod
     def open_default(cls) -> "LayeredStore":
+        """The shipped defaults plus LIGER_RT_TUNING_DB read-only when it exists (nothing is
+        created or changed by reading)."""
         defaults = shipped_defaults()
         path = env.tuning_db_path()
         user, error = None, None
         if path.exists():
             try:
-                user = Store(path, layer="user", create=False)
+                user = Store(path, layer="user", readonly=True)
             except (TuningDBError, sqlite3.Error, OSError) as exc:
                 error = str(exc)
                 warnings.warn(f"liger_rt: ignoring the tuning DB ({exc}); using shipped defaults and "
@@ -281,60 +565,136 @@ class LayeredStore:
                 self.user = None
             return None
 
-    def lookup(self, op, arch: str, dtype: str, dims: dict, *, impls: list[str], nearest: bool) -> dict | None:
+    def fingerprint(self, op, arch) -> dict:
+        key = (getattr(arch, "name", arch), op.name, op.source_hash)
+        if key not in self._here:
+            self._here[key] = fingerprint(arch, op.source_hash)
+        return self._here[key]
+
+    def _bad(self, store: Store, table: str, row: dict, why: str) -> None:
+        key = (store.layer, table, *(str(row.get(c)) for c in TUNING_PK), why)
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        self.skipped[store.layer] = self.skipped.get(store.layer, 0) + 1
+        where = " ".join(str(row.get(c)) for c in ("op", "arch", "dtype", "static_key", "bucket", "impl")
+                         if row.get(c) not in (None, ""))
+        warnings.warn(f"liger_rt: skipping a bad {table} row in the {store.layer} DB ({where}): {why}; "
+                      "`liger-tune doctor` counts them, `liger-tune prune --invalid` removes them",
+                      RuntimeWarning, stacklevel=4)
+
+    def _usable(self, store: Store, table: str, op, row: dict):
+        """(checked row, config or None) when the row may be used, else None (a bad one warned)."""
+        try:
+            checked = R.check(table, row, op=op)
+        except RowError as exc:
+            self._bad(store, table, row, str(exc))
+            return None
+        if table == "crossover":
+            return checked, None
+        if checked["config_schema"] != op.schema_version:
+            return None               # other config fields: not applicable (stale, prune --stale)
+        try:
+            return checked, R.parse_config(op, checked["impl"], checked["config"])
+        except RowError:
+            return None               # measured on other code whose configs this code does not take
+
+    def lookup(self, op, arch, dtype: str, dims: dict, *, impls: list[str], nearest: bool) -> dict | None:
+        """The best usable tuning row of the exact (or with `nearest` the nearest) bucket.  Rows of
+        another fingerprint ("stale") count only when no row of these static dims was measured on
+        this one; the user DB before the shipped one; within the bucket one timing method
+        (cuda-graph, do_bench, cpu-wall, unrecorded in that order of preference) and its fastest row."""
+        arch_name = getattr(arch, "name", arch)
         static_key = op.static_key(dims)
-        want = {d: dims[d] for d in op.dynamic}
+        here = self.fingerprint(op, arch)
+        found = []
         for store in self.layers():
-            rows = self._safe(lambda s: s.tuning_rows(op.name, op.variant, arch, dtype, static_key), store) or []
-            rows = [r for r in rows if r["impl"] in impls and _fresh(r, op)]
-            if not rows:
+            rows = self._safe(lambda s: s.tuning_rows(op.name, op.variant, arch_name, dtype, static_key), store) or []
+            for row in rows:
+                if row.get("impl") not in impls:
+                    continue
+                usable = self._usable(store, "tuning", op, row)
+                if usable is not None:
+                    checked, config = usable
+                    found.append((store, checked, config, stale_reason(checked, here)))
+        want = {d: dims[d] for d in op.dynamic}
+        exact = op.bucket_key(dims)
+        # stale rows only where nothing of these static dims was measured here (in any bucket)
+        stale = all(c[3] for c in found)
+        for store in self.layers():
+            cands = [c for c in found if c[0] is store and bool(c[3]) == stale]
+            if nearest and cands:
+                dist = {c[1]["bucket"]: _log2_distance(want, json.loads(c[1]["bucket"])) for c in cands}
+                best_d = min(dist.values())
+                cands = [c for c in cands if dist[c[1]["bucket"]] == best_d]
+            elif not nearest:
+                cands = [c for c in cands if c[1]["bucket"] == exact]
+            if not cands:
                 continue
-            exact = op.bucket_key(dims)
-            if nearest:
-                dist = lambda r: _log2_distance(want, json.loads(r["bucket"]))  # noqa: E731
-                best_d = min(dist(r) for r in rows)
-                rows = [r for r in rows if dist(r) == best_d]
-            else:
-                rows = [r for r in rows if r["bucket"] == exact]
-            if not rows:
-                continue
-            best = min(rows, key=lambda r: r["median_ms"] if r["median_ms"] is not None else math.inf)
-            out = dict(best)
-            out["config"] = json.loads(best["config"] or "{}")
-            out["layer"] = store.layer
-            out["db_origin"] = best.get("origin") or "sweep"
-            torch_rows = [r for r in rows if r["impl"] == "torch" and r["bucket"] == best["bucket"]]
-            if not out.get("baseline_ms") and torch_rows:
-                out["baseline_ms"] = torch_rows[0]["median_ms"]
-            return out
+            method = min((c[1]["method"] for c in cands), key=METHODS.index)
+            cands = [c for c in cands if c[1]["method"] == method]     # never compare methods
+            _, best, config, why = min(cands, key=lambda c: c[1]["median_ms"])
+            return self._result(store, best, config, why,
+                                [c for c in cands if c[1]["bucket"] == best["bucket"]])
         return None
 
-    def crossover(self, op, arch: str, dtype: str, dims: dict) -> dict | None:
+    @staticmethod
+    def _result(store: Store, best: dict, config, why: str | None, cands: list) -> dict:
+        out = dict(best)
+        out["config"] = config
+        out["layer"] = store.layer
+        out["stale"] = why
+        torch_rows = [c[1] for c in cands if c[1]["impl"] == "torch"]
+        if torch_rows:      # the same run's torch time, same method: the honest baseline
+            out["baseline_ms"] = torch_rows[0]["median_ms"]
+        host = f", host {best['host_ms']:.3g} ms/call" if best.get("host_ms") else ""
+        out["db_origin"] = f"{best['origin']}, {best['method']}{host}" + (f", STALE: {why}" if why else "")
+        return out
+
+    def crossover(self, op, arch, dtype: str, dims: dict) -> dict | None:
+        """The crossover row of (op, arch, dtype, static dims): exact fingerprint before stale."""
+        arch_name = getattr(arch, "name", arch)
         static_key = op.static_key(dims)
+        here = self.fingerprint(op, arch)
+        found = []
         for store in self.layers():
-            row = self._safe(lambda s: s.crossover_row(op.name, op.variant, arch, dtype, static_key), store)
-            if row is None:
-                continue
-            if row.get("source_hash", "") not in ("", op.source_hash):
-                continue
-            out = dict(row)
-            out["segments"] = json.loads(row["segments"])
-            out["layer"] = store.layer
-            return out
-        return None
+            row = self._safe(lambda s: s.crossover_row(op.name, op.variant, arch_name, dtype, static_key), store)
+            usable = self._usable(store, "crossover", op, row) if row is not None else None
+            if usable is not None:
+                found.append((store, usable[0], stale_reason(usable[0], here)))
+        found.sort(key=lambda c: bool(c[2]))
+        if not found:
+            return None
+        store, row, why = found[0]
+        out = dict(row)
+        out["segments"] = json.loads(row["segments"])
+        out["layer"] = store.layer
+        out["stale"] = why
+        out["row_origin"] = row["origin"]
+        out["origin"] = f"{row['origin']}, {row['method']}" + (f", STALE: {why}" if why else "")
+        return out
 
 
 _DEFAULTS: Store | None = None
 
 
 def shipped_defaults() -> Store:
-    """The defaults shipped as JSON lines in liger_rt/tuning_db/defaults/, loaded into memory."""
+    """The defaults shipped as JSON lines in liger_rt/tuning_db/defaults/, loaded into memory
+    (validated when read, like any row)."""
     global _DEFAULTS
     if _DEFAULTS is None:
         store = Store(None, layer="shipped")
         folder = resources.files("liger_rt.tuning_db") / "defaults"
         for entry in sorted(folder.iterdir(), key=lambda p: p.name):
             if entry.name.endswith(".jsonl"):
-                load_jsonl(store, entry.read_text().splitlines())
+                try:
+                    load_jsonl(store, entry.read_text().splitlines(), strict=False)
+                except TuningDBError as exc:
+                    warnings.warn(f"liger_rt: shipped defaults {entry.name} skipped ({exc})", RuntimeWarning)
         _DEFAULTS = store
     return _DEFAULTS
+
+
+def open_store(path: str | Path | None = None, **kw) -> Store:
+    """Open (creating if needed) a writable store: `path` or LIGER_RT_TUNING_DB."""
+    return Store(Path(path).expanduser() if path else env.tuning_db_path(), layer="user", **kw)

@@ -1,0 +1,290 @@
+"""What a tuning-DB row may hold: the columns of each table and the validation every row passes
+where it enters (import, sweep, online tuning) and where it is read (lookups, `doctor`).
+
+A row is checked against its op's declaration: known op, arch, dtype and implementation; dims and
+buckets that parse into the op's static and dynamic dims; timings finite and positive; crossover
+segments well formed and naming implementations of that op; a timing method, an origin and a
+fingerprint of the known kinds; and (for rows measured on this code) a config the op accepts.
+A failure is a :class:`RowError` with a one-line reason.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+
+from .. import env
+
+DB_SCHEMA = 2
+
+# How a row's times were taken.  Rows of different methods are never compared.
+METHODS = ("cuda-graph", "do_bench", "cpu-wall", "unrecorded")
+# Which tool made a row.
+ORIGINS = ("sweep", "bench", "online", "published")
+DTYPES = ("fp32", "bf16", "fp16")
+GENERIC_ARCHES = ("generic-nvidia", "generic-amd")
+# What a row was measured on; a row whose fingerprint differs from this process's (same arch) is
+# "stale": used only when nothing measured here exists, and shown as such.
+FINGERPRINT = ("device_name", "sm_count", "torch_version", "triton_version", "runtime_version", "source_hash")
+
+_FP_COLUMNS = {"device_name": str, "sm_count": int, "torch_version": str, "triton_version": str,
+               "runtime_version": str, "source_hash": str}
+TUNING_COLUMNS = {
+    "op": str, "variant": str, "arch": str, "dtype": str, "static_key": str, "bucket": str, "impl": str,
+    "config": str, "median_ms": float, "baseline_ms": float, "host_ms": float, "method": str,
+    "config_schema": int, **_FP_COLUMNS, "origin": str, "created": float,
+}
+MEASUREMENT_COLUMNS = {
+    "op": str, "variant": str, "arch": str, "dtype": str, "static_key": str, "dims": str, "axis": float,
+    "tag": str, "impl": str, "config": str, "median_ms": float, "ok": int, "error": str, "method": str,
+    **_FP_COLUMNS, "origin": str, "created": float,
+}
+CROSSOVER_COLUMNS = {
+    "op": str, "variant": str, "arch": str, "dtype": str, "static_key": str, "axis_name": str,
+    "segments": str, "margin": float, "method": str, **_FP_COLUMNS, "origin": str, "created": float,
+}
+COLUMNS = {"tuning": TUNING_COLUMNS, "measurements": MEASUREMENT_COLUMNS, "crossover": CROSSOVER_COLUMNS}
+TUNING_PK = ("op", "variant", "arch", "dtype", "static_key", "bucket", "impl")
+CROSSOVER_PK = ("op", "variant", "arch", "dtype", "static_key")
+# the columns of schema 1 (what a DB must have to be ours; schema 2 added the rest)
+V1_COLUMNS = {
+    "tuning": {"op", "variant", "arch", "device_name", "dtype", "static_key", "bucket", "impl", "config",
+               "median_ms", "baseline_ms", "source_hash", "config_schema", "triton_version", "torch_version",
+               "origin", "created"},
+    "measurements": {"op", "variant", "arch", "device_name", "dtype", "static_key", "dims", "axis", "tag", "impl",
+                     "config", "median_ms", "ok", "error", "source_hash", "created"},
+    "crossover": {"op", "variant", "arch", "dtype", "static_key", "axis_name", "segments", "margin", "origin",
+                  "source_hash", "created"},
+}
+DEFAULTS = {"method": "unrecorded", "sm_count": 0, "runtime_version": "", "torch_version": "",
+            "triton_version": "", "device_name": "", "source_hash": "", "origin": "sweep", "error": "",
+            "tag": "", "config_schema": 0, "ok": 0, "variant": "fwdbwd"}
+_MAX_TEXT = 4096
+
+
+class RowError(ValueError):
+    """A tuning-DB row that this liger_rt cannot use, with the one-line reason."""
+
+
+def resolve_op(name: str):
+    """The op registered as `name`, or None.  Read from the dispatcher's registry, which exists
+    once the dispatcher is loaded (it imports the store, so the store does not import it: no op can
+    exist before it is)."""
+    dispatch = sys.modules.get("liger_rt.dispatch")
+    if dispatch is None or not isinstance(name, str):
+        return None
+    try:
+        return dispatch.get_op(name)
+    except (ValueError, ImportError):
+        return None
+
+
+def op_names() -> list[str]:
+    dispatch = sys.modules.get("liger_rt.dispatch")
+    return sorted({*getattr(dispatch, "OP_MODULES", ()), *getattr(dispatch, "_REGISTRY", ())})
+
+
+def fill_defaults(table: str, rec: dict) -> dict:
+    """The row with every column of `table` (older rows lack the schema-2 ones)."""
+    out = {}
+    for col, typ in COLUMNS[table].items():
+        v = rec.get(col)
+        out[col] = DEFAULTS.get(col, None) if v is None else v
+    return out
+
+
+def number(rec: dict, col: str, *, positive: bool = False, optional: bool = False, integer: bool = False,
+           low: float | None = None, high: float | None = None):
+    v = rec.get(col)
+    if v is None:
+        if optional:
+            return None
+        raise RowError(f"{col} is missing")
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise RowError(f"{col}={v!r} is not a number")
+    if integer:
+        if isinstance(v, float):
+            if not v.is_integer():
+                raise RowError(f"{col}={v!r} is not an integer")
+            v = int(v)
+        if not (0 <= v < 2 ** 31):
+            raise RowError(f"{col}={v!r} is out of range (0 .. 2^31)")
+        return v
+    v = float(v)
+    if not math.isfinite(v):
+        raise RowError(f"{col}={v!r} is not finite")
+    if positive and v <= 0:
+        raise RowError(f"{col}={v!r} must be > 0")
+    if low is not None and v < low:
+        raise RowError(f"{col}={v!r} must be >= {low:g}")
+    if high is not None and v >= high:
+        raise RowError(f"{col}={v!r} must be < {high:g}")
+    return v
+
+
+def text(rec: dict, col: str, choices=None) -> str:
+    v = rec.get(col)
+    if not isinstance(v, str):
+        raise RowError(f"{col}={v!r} is not a string")
+    if len(v) > _MAX_TEXT:
+        raise RowError(f"{col} is {len(v)} characters long (at most {_MAX_TEXT})")
+    if choices is not None and v not in choices:
+        raise RowError(f"{col}={v!r} is not one of {', '.join(choices)}")
+    return v
+
+
+def json_value(rec: dict, col: str, kind: type):
+    v = rec.get(col)
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            raise RowError(f"{col} is not JSON: {rec.get(col)[:80]!r}") from None
+    if not isinstance(v, kind):
+        raise RowError(f"{col} must be a JSON {'object' if kind is dict else 'list'}, got {type(v).__name__}")
+    return v
+
+
+def _dims(op, obj: dict, names: tuple, col: str, pow2: bool = False) -> dict:
+    if set(obj) != set(names):
+        raise RowError(f"{col} {json.dumps(obj)[:120]} must have exactly the keys {', '.join(names) or '(none)'} "
+                       f"for {op.name}")
+    for k, v in obj.items():
+        if isinstance(v, bool) or not isinstance(v, int) or not (1 <= v < 2 ** 40):
+            raise RowError(f"{col}: {k}={v!r} is not a positive integer")
+        if pow2 and v & (v - 1):
+            raise RowError(f"{col}: {k}={v} is not a bucket (a power of two)")
+    return obj
+
+
+def config_dict(config) -> dict:
+    """A config (frozen dataclass or mapping) as a JSON-able dict (as liger_rt.dispatch.config_dict)."""
+    return config.to_dict() if hasattr(config, "to_dict") else dict(config)
+
+
+def parse_config(op, impl: str, data):
+    """The config `impl` of `op` accepts for `data` (a dict or JSON text), else RowError."""
+    if isinstance(data, str):
+        try:
+            data = json.loads(data)
+        except ValueError:
+            raise RowError(f"config is not JSON: {data[:80]!r}") from None
+    if not isinstance(data, dict):
+        raise RowError(f"config must be a JSON object, got {type(data).__name__}")
+    parse = getattr(op, "parse_config", None)
+    if parse is None:      # ops registered before the op spec: a JSON object of scalars
+        if any(not isinstance(v, (int, float, str, bool, dict)) for v in data.values()):
+            raise RowError(f"config {json.dumps(data)[:120]} holds a value that is not a number")
+        return data
+    try:
+        return parse(data, impl)
+    except (ValueError, TypeError) as exc:    # ConfigError is a ValueError
+        raise RowError(f"config {json.dumps(data, sort_keys=True)[:160]} is not valid for {op.name}/{impl}: "
+                       f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+
+
+def current_code(op, row: dict) -> bool:
+    """Measured on this kernel code and config schema (or published, hash-less)."""
+    if "config_schema" in row and row.get("config_schema") != op.schema_version:
+        return False
+    return row.get("source_hash", "") in ("", op.source_hash)
+
+
+def check(table: str, rec: dict, *, op=None, unknown_ok: bool = False) -> dict:
+    """The validated, canonical form of one row of `table` (RowError with the reason if not).
+
+    The config of a tuning row measured on this code is checked against the op's declaration; a
+    row of other code (stale) only needs a JSON object there."""
+    if table not in COLUMNS:
+        raise RowError(f"unknown table {table!r}; valid: {', '.join(COLUMNS)}")
+    if not isinstance(rec, dict):
+        raise RowError(f"a record must be a JSON object, got {type(rec).__name__}")
+    columns = COLUMNS[table]
+    extra = sorted(set(rec) - set(columns))
+    if extra and not unknown_ok:
+        raise RowError(f"unknown field(s) {', '.join(extra)} (a row of a newer liger_rt?)")
+    name = text(rec, "op")
+    if op is None:
+        op = resolve_op(name)
+    if op is None or op.name != name:
+        raise RowError(f"unknown op {name!r}; valid ops: {', '.join(op_names())}")
+    rec = fill_defaults(table, rec)
+    out = {"op": name, "variant": text(rec, "variant", (op.variant,))}
+    arch = text(rec, "arch")
+    if arch not in env.ARCH_CHOICES and arch not in GENERIC_ARCHES:
+        raise RowError(f"arch={arch!r} is not one of {', '.join(env.ARCH_CHOICES + GENERIC_ARCHES)}")
+    out["arch"] = arch
+    out["dtype"] = text(rec, "dtype", DTYPES)
+    static = _dims(op, json_value(rec, "static_key", dict), tuple(op.static), "static_key")
+    out["static_key"] = op.static_key(static)
+    for col in ("device_name", "torch_version", "triton_version", "runtime_version", "source_hash"):
+        out[col] = text(rec, col)
+    out["sm_count"] = number(rec, "sm_count", integer=True)
+    out["method"] = text(rec, "method", METHODS)
+    out["origin"] = text(rec, "origin", ORIGINS)
+    created = rec.get("created")
+    out["created"] = number(rec, "created", low=0.0) if created not in (None, 0, "") else time.time()
+
+    if table == "tuning":
+        out["bucket"] = op.bucket_key(_dims(op, json_value(rec, "bucket", dict), tuple(op.dynamic), "bucket", True))
+        out["impl"] = text(rec, "impl", tuple(op.impl_names))
+        out["config_schema"] = number(rec, "config_schema", integer=True)
+        config = json_value(rec, "config", dict)
+        if current_code(op, out):
+            config = config_dict(parse_config(op, out["impl"], config))
+        out["config"] = json.dumps(config, sort_keys=True)
+        out["median_ms"] = number(rec, "median_ms", positive=True)
+        out["baseline_ms"] = number(rec, "baseline_ms", positive=True, optional=True)
+        out["host_ms"] = number(rec, "host_ms", low=0.0, optional=True)
+    elif table == "measurements":
+        dims = json_value(rec, "dims", dict)
+        dims = _dims(op, dims, tuple(op.static) + tuple(op.dynamic), "dims")
+        if op.static_key(dims) != out["static_key"]:
+            raise RowError(f"dims {json.dumps(dims)} do not match static_key {out['static_key']}")
+        out["dims"] = json.dumps(dims, sort_keys=True)
+        out["axis"] = number(rec, "axis", optional=True)
+        out["tag"] = text(rec, "tag", tuple(dict.fromkeys(("", *op.tags))))
+        out["impl"] = text(rec, "impl", tuple(op.impl_names))
+        out["config"] = json.dumps(json_value(rec, "config", dict), sort_keys=True)
+        ok = rec.get("ok")
+        if ok not in (0, 1) or isinstance(ok, float):
+            raise RowError(f"ok={ok!r} is not 0 or 1")
+        out["ok"] = int(ok)
+        out["median_ms"] = number(rec, "median_ms", positive=True, optional=not ok)
+        out["error"] = text(rec, "error")
+    else:
+        if getattr(op, "crossover_axis", None) is None:
+            raise RowError(f"{name} has no crossover axis: a crossover row cannot apply to it")
+        axis_name = text(rec, "axis_name")
+        if op.crossover_axis_name and axis_name not in ("", op.crossover_axis_name):
+            raise RowError(f"axis_name={axis_name!r}; {name} crosses over on {op.crossover_axis_name}")
+        out["axis_name"] = axis_name
+        out["segments"] = json.dumps(segments(op, json_value(rec, "segments", list)))
+        out["margin"] = number(rec, "margin", low=0.0, high=1.0)
+    return out
+
+
+def segments(op, segs: list) -> list:
+    """[[bound, impl], ..., [null, impl]]: bounds finite, positive and increasing; the last null."""
+    if not segs:
+        raise RowError("segments are empty")
+    prev = 0.0
+    for i, seg in enumerate(segs):
+        if not isinstance(seg, list) or len(seg) != 2:
+            raise RowError(f"segment {i} {json.dumps(seg)[:60]} is not a [bound, impl] pair")
+        bound, impl = seg
+        if impl not in op.impl_names:
+            raise RowError(f"segment {i} names {impl!r}, not an implementation of {op.name} "
+                           f"({', '.join(op.impl_names)})")
+        last = i == len(segs) - 1
+        if bound is None:
+            if not last:
+                raise RowError(f"segment {i} has no bound but is not the last")
+            continue
+        if last:
+            raise RowError("the last segment must have the bound null (open-ended)")
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not math.isfinite(bound) or bound <= prev:
+            raise RowError(f"segment {i} bound {bound!r} is not a finite number above {prev:g}")
+        prev = float(bound)
+    return segs
