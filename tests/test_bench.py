@@ -257,7 +257,7 @@ def test_measure_case_times_every_arm_against_an_fp32_reference():
     for impl in ("triton", "liger_rt"):
         r = by[impl, "fwdbwd"]
         assert r["ms"] > 0 and r["err_out"] < 1e-5 and r["err_grad"] < 1e-5 and r["GBps"] > 0
-        assert r["ms_method"] == "perf_counter median" and r["dev_ms"] is None and r["case"] == "rows=4,hidden=32,dtype=fp32"
+        assert r["ms_method"] == "cpu-wall" and r["dev_ms_method"] == "none: cpu" and r["case"] == "rows=4,hidden=32,dtype=fp32"
     assert by["eager", "fwd"]["vs_eager"] == 1.0 and by["eager", "fwd"]["err_out"] == 0.0
     assert by["liger_rt", "fwd"]["meets_target"] is True and by["liger_rt", "fwdbwd"]["meets_target"] is False
     lines = H.verdicts(rows)
@@ -277,7 +277,7 @@ def test_run_kernels_writes_one_csv_per_family_and_merges_narrowed_runs(tmp_path
     assert len(csv_rows) == len(rows) and {r["op"] for r in csv_rows} == {"rms_norm", "swiglu"}
     assert all(r["liger_kernel"] == "not installed" and r["quick"] == "True" for r in csv_rows)
     ok = [r for r in csv_rows if r["impl"] == "liger_rt"]
-    assert ok and all(r["ms_method"] == "perf_counter median" and float(r["ms"]) > 0 for r in ok)
+    assert ok and all(r["ms_method"] == "cpu-wall" and float(r["ms"]) > 0 for r in ok)
     assert all(r["error"].startswith("RuntimeError: LIGER_RT_IMPL_") for r in csv_rows if r["impl"] == "triton")
     first_swiglu = [r["ms"] for r in csv_rows if r["op"] == "swiglu"]
     H.run_kernels(["rms_norm"], quick=True, dtype="fp32", device="cpu", out_dir=tmp_path, echo=lambda s: None)

@@ -1,29 +1,23 @@
 """What every benchmark shares: versions, CSV rows, ceilings, timers and the kernel-case loop.
 
-A kernel family module (norms, lfm2_ops, losses, moe_experts) lists its cases as specs (plain
-dicts: op, the op's dims, `quick`, `target`) and builds one `Case` per spec: the inputs, the
-eager baseline, the peers and our functional.  `run_kernels` times every arm of every case:
-
-- `liger_rt`: the `liger_rt.ops` functional, whatever dispatch picks (DB, crossover, heuristic);
-- one arm per forced implementation (`triton`, MoE `grouped_mm`): the same functional under
-  LIGER_RT_IMPL_<OP>=<impl> (the DB config for that implementation, else its heuristic);
-- `eager` (the Hugging Face / PyTorch code path), `compile` (torch.compile of it) and the peers
-  (Liger-Kernel when importable).  Each arm gets its own copy of the inputs (a peer may write
-  its backward into them).
-
-fwd+bwd takes the gradients of every floating input with torch.autograd.grad (no .grad
-accumulation).  Timing, recorded in each row (`ms_method`, `dev_ms_method`): `ms` is the median
-of triton.testing.do_bench (wall time between events: host launch cost included, L2 flushed
-before each call), `dev_ms` the device time of a CUDA-graph replay (liger_rt.autotune.graph_ms:
-the kernels alone); on CPU `ms` is liger_rt.autotune.measure's perf_counter median.  Effective
-GB/s or TFLOP/s count the bytes or FLOPs an op cannot avoid, against this device's copy and
-bf16 matmul ceilings measured in the same run.  Errors are relative L2 norms against the eager
-path (or the family's reference) run in fp32.
+A kernel family module (norms, lfm2_ops, losses, moe_experts) lists its cases as SPECS (dicts:
+op, the op's dims, `quick`, `target`) and `build`s one `Case` per spec.  `measure_case` times
+its arms, each on its own copy of the inputs (a peer may write its backward into them):
+`liger_rt` (the `liger_rt.ops` functional, whatever dispatch picks), one arm per forced
+implementation (`triton`, MoE `grouped_mm`: the functional under LIGER_RT_IMPL_<OP>=<impl>),
+`eager` (the Hugging Face / PyTorch path), `compile` (torch.compile of it) and the peers
+(Liger-Kernel when importable).  fwd+bwd takes the gradients of every floating input with
+torch.autograd.grad.  Each row says how it was timed: `ms` by `ms_method` ("do_bench": median
+wall time between events, host launch cost included; "cpu-wall" on CPU), `dev_ms` by
+`dev_ms_method` ("cuda-graph": device time of a CUDA-graph replay, liger_rt.autotune.graph_ms).
+GB/s and TFLOP/s count the bytes or FLOPs an op cannot avoid, against this device's copy and bf16
+matmul ceilings measured in the same run; errors are relative to the eager path run in fp32.
 """
 from __future__ import annotations
 
 import contextlib
 import csv
+import importlib
 import datetime
 import gc
 import json
@@ -69,9 +63,7 @@ def device_tag() -> str:
 
 
 def _cell(v):
-    if isinstance(v, (list, dict)):
-        return json.dumps(v, separators=(",", ":"))
-    return "n/a" if v is None else v
+    return json.dumps(v, separators=(",", ":")) if isinstance(v, (list, dict)) else "n/a" if v is None else v
 
 
 def read_csv(path: str | Path) -> list[dict]:
@@ -102,9 +94,7 @@ def write_csv(rows: list[dict], path: str | Path, merge_on: tuple[str, ...] | No
 
 
 def fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return "n/a" if v is None else str(_cell(v))
+    return f"{v:.4g}" if isinstance(v, float) else str(_cell(v))
 
 
 def format_table(rows: list[dict], cols: list[str], headers: dict | None = None) -> str:
@@ -135,14 +125,12 @@ def measure_ceilings(*, quick: bool = False) -> dict:
     n = 1 << 30
     while 4 * n > torch.cuda.mem_get_info()[0] * 0.8 and n > (1 << 24):
         n //= 2
-    a = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    b = torch.empty_like(a)
+    a, b = torch.randn(n, device="cuda", dtype=torch.bfloat16), torch.empty(n, device="cuda", dtype=torch.bfloat16)
     copy = 4 * n / (do_bench(lambda: b.copy_(a), warmup=25, rep=rep, return_mode="median") * 1e-3) / 1e9
     del a, b
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     mm = 2 * 8192 ** 3 / (do_bench(lambda: x @ x, warmup=25, rep=rep, return_mode="median") * 1e-3) / 1e12
     del x
-    torch.cuda.empty_cache()
     return {"copy_GBps": copy, "bf16_matmul_TFLOPs": mm, "device": torch.cuda.get_device_name()}
 
 
@@ -150,13 +138,13 @@ def time_fn(fn: Callable, device: str, quick: bool = False) -> tuple[float, floa
     """(wall ms, device ms or None, how the device time was taken or why there is none)."""
     from liger_rt import autotune
     if device != "cuda":
-        return autotune.measure(fn, device, quick=quick), None, "n/a on cpu"
+        return autotune.measure(fn, device, quick=quick), None, "none: cpu"
     from triton.testing import do_bench
     wall = float(do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100, return_mode="median"))
     try:
-        return wall, autotune.graph_ms(fn), "cuda_graph"
+        return wall, autotune.graph_ms(fn), "cuda-graph"
     except Exception as exc:        # an arm that cannot be captured keeps its wall time
-        return wall, None, f"capture failed: {type(exc).__name__}"
+        return wall, None, f"none: capture failed ({type(exc).__name__})"
     finally:
         gc.collect()
         torch.cuda.empty_cache()
@@ -194,7 +182,8 @@ def impl_env(op: str, impl: str | None):
         yield
     finally:
         if impl:
-            os.environ.pop(key, None) if old is None else os.environ.__setitem__(key, old)
+            os.environ.pop(key)
+            os.environ.update({} if old is None else {key: old})
         dispatch.reset()
 
 
@@ -204,7 +193,6 @@ _WARNED: set[str] = set()
 def peer(module: str, attr: str, echo: Callable = print):
     """module.attr of an optional peer (Liger-Kernel), or None, saying why once."""
     try:
-        import importlib
         return getattr(importlib.import_module(module), attr)
     except Exception as exc:
         if module not in _WARNED:
@@ -242,12 +230,8 @@ class Case:
         return self.spec["op"]
 
     @property
-    def dims(self) -> dict:
+    def dims(self) -> dict:         # the op's dims (what dispatch decides on)
         return {k: v for k, v in self.spec.items() if k not in SPEC_KEYS}
-
-    def labels(self, dtype: str) -> dict:
-        extra = {k: self.spec[k] for k in ("routing",) if k in self.spec}
-        return {**self.dims, **extra, "dtype": self.spec.get("dtype", dtype)}
 
 
 def _first(out):
@@ -286,7 +270,7 @@ def _arms(case: Case, dtype: str, compile_: bool) -> dict[str, tuple[Arm, str | 
 def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: bool,
                  ceilings: dict | None, echo: Callable = print) -> list[dict]:
     """One row per (arm, pass) of one case; an arm that fails gets rows with `error`, never stops the run."""
-    label = case.labels(dtype)
+    label = {**case.dims, **{k: case.spec[k] for k in ("routing",) if k in case.spec}, "dtype": case.spec.get("dtype", dtype)}
     key = ",".join(f"{k}={v}" for k, v in label.items())
     ceiling = (ceilings or {}).get("copy_GBps" if case.unit == "GBps" else "bf16_matmul_TFLOPs")
     scale = 1e9 if case.unit == "GBps" else 1e12
@@ -304,18 +288,16 @@ def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: 
                 common = {**base, "config": desc, "err_out": rel_err(out, ref_out), "err_grad": max(errs, default=None)}
                 del out, grads
                 fns = {"fwd": lambda: arm.fn(*ins), "fwdbwd": lambda: _grads(arm.fn, ins, dy)}
-                new = []
                 for p in case.passes:
                     ms, dev, how = time_fn(fns[p], device, quick)
                     work = case.work[1 if p == "fwdbwd" else 0]
                     rate, dev_rate = work / (ms * 1e-3) / scale, dev and work / (dev * 1e-3) / scale
-                    new.append({**common, "pass": p, "ms": ms, "dev_ms": dev, case.unit: rate,
-                                f"dev_{case.unit}": dev_rate, "frac_ceiling": ceiling and rate / ceiling,
-                                "dev_frac_ceiling": ceiling and dev_rate and dev_rate / ceiling,
-                                "peak_GB": peak_extra_gb(fns["fwdbwd"]) if p == "fwdbwd" else None,
-                                "ms_method": "do_bench median" if device == "cuda" else "perf_counter median",
-                                "dev_ms_method": how, "error": ""})
-                rows += new
+                    rows.append({**common, "pass": p, "ms": ms, "dev_ms": dev, case.unit: rate,
+                                 f"dev_{case.unit}": dev_rate, "frac_ceiling": ceiling and rate / ceiling,
+                                 "dev_frac_ceiling": ceiling and dev_rate and dev_rate / ceiling,
+                                 "peak_GB": peak_extra_gb(fns["fwdbwd"]) if p == "fwdbwd" else None,
+                                 "ms_method": "do_bench" if device == "cuda" else "cpu-wall",
+                                 "dev_ms_method": how, "error": ""})
         except Exception as exc:        # a peer or config that cannot take this case: recorded, not fatal
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
             echo(f"  {case.op} {key} {name}: {why}")
@@ -355,7 +337,7 @@ def verdicts(rows: list[dict]) -> list[str]:
             continue
         fastest = min(by.values(), key=lambda r: r["ms"])
         peers = [r for n, r in by.items() if not n.startswith("liger_rt") and n not in CASE_FORCED]
-        line = f"{name}: liger_rt {ours['ms']:.4g} ms ({ours['config']})"
+        line = f"{name}: liger_rt {ours['ms']:.4g} ms ({re.sub(r' {.*}', '', ours['config'])})"
         if peers:
             best = min(peers, key=lambda r: r["ms"])
             line += f", {best['ms'] / ours['ms']:.2f}x the best peer ({best['impl']})"
@@ -371,7 +353,6 @@ def verdicts(rows: list[dict]) -> list[str]:
 def select_specs(names: list[str], where: list[str], quick: bool) -> dict[str, list[dict]]:
     """family -> the specs to run: `names` are families or ops (none: all), `where` k=v[,v...]
     filters on spec fields (AND across keys, OR within one), `quick` keeps the quick specs."""
-    import importlib
     ops = [o for f in FAMILIES.values() for o in f]
     bad = [n for n in names if n not in FAMILIES and n not in ops]
     if bad:
@@ -405,7 +386,6 @@ def run_kernels(names: list[str] = (), *, where: list[str] = (), quick: bool = F
     """Every selected case of every family; one CSV per family, <family>_<device>[_quick].csv in
     out_dir, rewritten after each case (a run cut short keeps what it measured).  A run narrowed
     by names or `where` replaces its own cases in an existing CSV and keeps the others."""
-    import importlib
     plan = select_specs(list(names), list(where), quick)
     if device == "cuda" and ceilings is None:
         ceilings = measure_ceilings(quick=quick)

@@ -16,6 +16,7 @@ otherwise.  `TARGETS` are the issue's model runs (`liger-tune bench model --targ
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import importlib
@@ -187,35 +188,20 @@ class LigerKernelPatch:
         for obj, snap in reversed(self.saved):
             now = vars(obj)
             for k in [k for k in now if k not in snap and obj is not torch.nn.functional]:
-                _try(delattr, obj, k)
-            for k, v in snap.items():
-                if now.get(k, _MISSING) is not v:
-                    _try(setattr, obj, k, v)
+                with contextlib.suppress(AttributeError, TypeError):
+                    delattr(obj, k)
+            for k, v in [(k, v) for k, v in snap.items() if now.get(k, snap) is not v]:   # snap: "missing"
+                with contextlib.suppress(AttributeError, TypeError):
+                    setattr(obj, k, v)
         self.saved.clear()
-
-
-_MISSING = object()
-
-
-def _try(fn, *args) -> None:
-    try:
-        fn(*args)
-    except (AttributeError, TypeError):
-        pass
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, seq, ids, steps, warmup, lr) -> dict:
     """One run: a fresh model, the arm's patch, warm-up + measured steps.  `ids` None on the
     first run (drawn from the model's vocab here and returned for the later runs)."""
     import liger_rt.patch as P
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
     t0 = time.perf_counter()
     model = build(preset, dtype, device, seed, overrides)
     model.train()
@@ -239,13 +225,13 @@ def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, 
             if i == warmup and device == "cuda":          # the peak of steady-state steps
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-            _sync(device)
+            sync()
             t = time.perf_counter()
             loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            _sync(device)
+            sync()
             times += [time.perf_counter() - t] if i >= warmup else []
             losses.append(float(loss.detach()))
         med = statistics.median(times)
@@ -259,6 +245,8 @@ def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, 
             undo()
         del model
         gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
 
 
 def resolve_device(device: str) -> str:
@@ -280,7 +268,6 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
     mean tokens/s, max peak, speedup and memory against baseline, loss-curve difference).
     `flags` go to liger_rt.patch on top of {fused_linear_cross_entropy: True}; `config` holds
     transformers config overrides for every arm."""
-    import liger_rt.patch as P
     from liger_rt.kernels._common import dtype_name, parse_dtype
     echo = echo or (lambda s: None)
     dt, device = parse_dtype(dtype), resolve_device(device)
