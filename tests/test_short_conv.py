@@ -8,10 +8,10 @@ from liger_rt.kernels._common import assert_close
 
 # A config with several tiles per row, several backward chunks per row and several steps per
 # chunk (on the interpreter's 2 "SMs"), so tiling, halos and the dw partial reduction are exercised.
-MULTI = {"BLOCK_T": 8, "BLOCK_H": 32, "num_warps": 1,
-         "BWD_BLOCK_T": 4, "BWD_BLOCK_H": 32, "BWD_PROGRAMS_PER_SM": 4, "bwd_num_warps": 1}
-BIG = {"BLOCK_T": 32, "BLOCK_H": 128, "num_warps": 4,
-       "BWD_BLOCK_T": 32, "BWD_BLOCK_H": 128, "BWD_PROGRAMS_PER_SM": 1, "bwd_num_warps": 4}
+MULTI = sc.ShortConvConfig(BLOCK_T=8, BLOCK_H=32, num_warps=1,
+                           BWD_BLOCK_T=4, BWD_BLOCK_H=32, BWD_PROGRAMS_PER_SM=4, bwd_num_warps=1)
+BIG = sc.ShortConvConfig(BLOCK_T=32, BLOCK_H=128, num_warps=4,
+                         BWD_BLOCK_T=32, BWD_BLOCK_H=128, BWD_PROGRAMS_PER_SM=1, bwd_num_warps=4)
 
 
 def _inputs(B, T, H, K, bias, dtype=torch.float32, seed=0):
@@ -30,14 +30,40 @@ def _fwd_bwd(fn, bcx, w, b, dy, **kw):
     return [y, *grads]
 
 
+def _conv64(bcx, w, b=None, seq_idx=None):
+    """Independent fp64 formula, HF's: y = C * (F.conv1d(B*x, groups=H, padding=K-1)[..., :T] + bias),
+    one packed sequence at a time (seq_idx)."""
+    H, K = w.shape
+    bg, c, x = bcx.double().transpose(1, 2).chunk(3, dim=1)
+    bx = bg * x
+    ids = seq_idx if seq_idx is not None else torch.zeros(bcx.shape[:2], dtype=torch.long)
+    rows = []
+    for r in range(bcx.shape[0]):
+        lengths = torch.unique_consecutive(ids[r], return_counts=True)[1].tolist()
+        pieces = [torch.nn.functional.conv1d(p, w.double()[:, None], None if b is None else b.double(),
+                                             padding=K - 1, groups=H)[..., :p.shape[-1]]
+                  for p in bx[r:r + 1].split(lengths, dim=-1)]
+        rows.append(torch.cat(pieces, dim=-1))
+    return (c * torch.cat(rows)).transpose(1, 2)
+
+
 def _ref(bcx, w, b, dy, seq_idx=None):
-    """fp32 reference on the same (possibly rounded) values."""
-    f = lambda t: t.float() if t is not None else None  # noqa: E731
-    return _fwd_bwd(lambda x, ww, bb: sc.short_conv_ref(x, ww, bb, seq_idx), f(bcx), f(w), f(b), f(dy))
+    """The fp64 formula's outputs and gradients on the same (possibly rounded) values."""
+    f = lambda t: t.double() if t is not None else None  # noqa: E731
+    return _fwd_bwd(lambda x, ww, bb: _conv64(x, ww, bb, seq_idx), f(bcx), f(w), f(b), f(dy))
 
 
 def _triton(config):
-    return lambda x, w, b, seq_idx=None: sc.ShortConvFunction.apply(x, w, b, seq_idx, config)
+    return lambda x, w, b, seq_idx=None: sc.OP.call_impl("triton", config, x, w, b, seq_idx)
+
+
+def _record(monkeypatch):
+    """The implementations that run from now on, in call order."""
+    ran, torch_impl = [], sc.OP.impl("torch")
+    ref, fwd = torch_impl.fn, sc.short_conv_fwd
+    monkeypatch.setattr(torch_impl, "fn", lambda *a: ran.append("torch") or ref(*a))
+    monkeypatch.setattr(sc, "short_conv_fwd", lambda *a: ran.append("triton") or fwd(*a))
+    return ran
 
 
 def _check(outs, refs, dtype, B, T, what=""):
@@ -59,8 +85,8 @@ def test_matches_reference_odd_hidden(K, bias):
 
 def test_backward_chunking_covers_every_token():
     chunk, n = sc.bwd_chunking(2, 13, 67, MULTI, 2)
-    assert n * chunk >= 13 and (n - 1) * chunk < 13 and chunk % MULTI["BWD_BLOCK_T"] == 0 and n > 1 \
-        and chunk // MULTI["BWD_BLOCK_T"] > 1
+    assert n * chunk >= 13 and (n - 1) * chunk < 13 and chunk % MULTI.BWD_BLOCK_T == 0 and n > 1 \
+        and chunk // MULTI.BWD_BLOCK_T > 1
     assert sc.bwd_chunking(1, 65536, 2048, sc._heuristic(backend.profile("hopper"), {}, None), 132)[1] > 1
 
 
@@ -116,15 +142,29 @@ def test_packed_sequences_do_not_leak(bias):
     assert (outs[0] - _ref(bcx, w, b, dy)[0]).abs().max() > 1e-2
 
 
-def test_packed_through_dispatch_and_torch_impl(monkeypatch):
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_packed_through_dispatch(monkeypatch, impl):
     _, pos = _packed()
     seq_idx = sc.seq_idx_from_position_ids(pos).long()
-    bcx, w, b, dy = _inputs(2, pos.shape[1], 8, 3, False, seed=4)
-    ref = _ref(bcx, w, b, dy, seq_idx)
-    _check(_fwd_bwd(lambda *a: sc.short_conv(*a, seq_idx=seq_idx), bcx, w, b, dy), ref, torch.float32, 2, 16)
-    monkeypatch.setenv("LIGER_RT_IMPL_SHORT_CONV", "torch")
+    bcx, w, b, dy = _inputs(2, pos.shape[1], 8, 3, True, seed=4)
+    monkeypatch.setenv("LIGER_RT_IMPL_SHORT_CONV", impl)
     dispatch.reset()
-    _check(_fwd_bwd(lambda *a: sc.short_conv(*a, seq_idx=seq_idx), bcx, w, b, dy), ref, torch.float32, 2, 16)
+    ran = _record(monkeypatch)
+    outs = _fwd_bwd(lambda *a: sc.short_conv(*a, seq_idx=seq_idx), bcx, w, b, dy)
+    assert ran == [impl]
+    _check(outs, _ref(bcx, w, b, dy, seq_idx), torch.float32, 2, 16, impl)
+
+
+def test_reference_matches_formula():
+    """The torch implementation (also the sweep's validator) against the fp64 formula."""
+    _, pos = _packed()
+    seq_idx = sc.seq_idx_from_position_ids(pos)
+    for K, bias, seq in ((4, True, seq_idx), (3, False, None), (5, True, seq_idx)):
+        bcx, w, b, dy = _inputs(2, pos.shape[1], 6, K, bias, seed=K)
+        _check(_fwd_bwd(lambda *a: sc.short_conv_ref(*a, seq), bcx, w, b, dy), _ref(bcx, w, b, dy, seq),
+               torch.float32, 2, 16, f"K{K}")
+    # one row of positions serves every batch row; ids restart where positions do not follow
+    assert sc.seq_idx_from_position_ids(torch.tensor([0, 1, 0, 5, 6]), 2).tolist() == [[0, 0, 1, 2, 2]] * 2
 
 
 def test_non_contiguous_inputs():
@@ -143,33 +183,47 @@ def test_non_contiguous_inputs():
 def test_weight_with_conv_channel_dim_and_errors():
     bcx, w, b, dy = _inputs(1, 6, 8, 3, True)
     y = sc.short_conv(bcx, w.unsqueeze(1), b)             # HF's (hidden, 1, kernel)
-    assert_close(y, sc.short_conv_ref(bcx, w, b), torch.float32)
+    assert_close(y, _conv64(bcx, w, b), torch.float32)
+    with pytest.raises(TypeError, match="accepted: torch.float32"):
+        sc.short_conv(bcx.long(), w.long())
     with pytest.raises(ValueError, match="3\\*hidden"):
         sc.short_conv(bcx[..., :-1], w)
     with pytest.raises(ValueError, match="seq_idx"):
         sc.short_conv(bcx, w, seq_idx=torch.zeros(1, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="kernel widths"):
-        sc.short_conv_fwd(bcx, torch.randn(8, 5), None, None, BIG)
+        sc.OP.call_impl("triton", BIG, bcx, torch.randn(8, 5), None, None)
 
 
-def test_wide_kernel_falls_back_to_torch():
+def test_wide_kernel_falls_back_to_torch(monkeypatch):
     bcx, w, _, _ = _inputs(1, 6, 8, 5, False)
     d = sc.OP.select(bcx, batch=1, seq=6, hidden=8, kernel=5)
     assert d.impl == "torch"
-    assert_close(sc.short_conv(bcx, w), sc.short_conv_ref(bcx, w), torch.float32)
+    ran = _record(monkeypatch)
+    assert_close(sc.short_conv(bcx, w), _conv64(bcx, w), torch.float32)
+    assert ran == ["torch"]
 
 
 @pytest.mark.parametrize("arch", ["hopper", "mi325x"])
 def test_every_candidate_config(arch):
     prof = backend.profile(arch)
     dims = {"batch": 1, "seq": 5, "hidden": 8, "kernel": 3}
-    cfgs = sc.OP.candidates(sc.OP.impl("triton"), prof, dims, torch.bfloat16)
+    cfgs = sc.OP.candidates_for(sc.OP.impl("triton"), prof, dims, torch.bfloat16)
     assert len(cfgs) >= 8 and sc._heuristic(prof, dims, torch.bfloat16) in cfgs
-    assert all(c["num_warps"] <= prof.max_num_warps and c["bwd_num_warps"] <= prof.max_num_warps for c in cfgs)
+    assert all(c.num_warps <= prof.max_num_warps and c.bwd_num_warps <= prof.max_num_warps for c in cfgs)
     bcx, w, b, dy = _inputs(1, 5, 8, 3, True, seed=6)
     ref = _ref(bcx, w, b, dy)
     for cfg in cfgs:
         _check(_fwd_bwd(_triton(cfg), bcx, w, b, dy), ref, torch.float32, 1, 5, str(cfg))
+
+
+def test_every_arch_constructs_its_candidates():
+    for name in backend.ARCH_NAMES:
+        arch = backend.profile(name)
+        for H, K in ((2048, 3), (67, 4)):
+            dims = {"batch": 8, "seq": 4096, "hidden": H, "kernel": K}
+            cfgs = sc.OP.candidates_for(sc.OP.impl("triton"), arch, dims, torch.bfloat16)
+            assert cfgs[0] == sc._heuristic(arch, dims, torch.bfloat16)
+            assert all(c.limits()[0] <= arch.max_num_warps for c in cfgs), name
 
 
 def test_amd_heuristic_is_wave64():
@@ -177,8 +231,8 @@ def test_amd_heuristic_is_wave64():
     dims = {"batch": 1, "seq": 4096, "hidden": 2048, "kernel": 3}
     h, a = sc._heuristic(hop, dims, torch.bfloat16), sc._heuristic(amd, dims, torch.bfloat16)
     # same tile, same threads per program: half the (64-lane) warps
-    assert (h["BLOCK_T"], h["BLOCK_H"]) == (a["BLOCK_T"], a["BLOCK_H"])
-    assert a["num_warps"] * 64 == h["num_warps"] * 32 and a["bwd_num_warps"] * 64 == h["bwd_num_warps"] * 32
+    assert (h.BLOCK_T, h.BLOCK_H) == (a.BLOCK_T, a.BLOCK_H)
+    assert a.num_warps * 64 == h.num_warps * 32 and a.bwd_num_warps * 64 == h.bwd_num_warps * 32
 
 
 def test_dispatch_env_forces_torch(monkeypatch):
@@ -188,8 +242,9 @@ def test_dispatch_env_forces_torch(monkeypatch):
     dispatch.reset()
     d = sc.OP.select(bcx, batch=1, seq=6, hidden=8, kernel=3)
     assert (d.impl, d.origin) == ("torch", "env")
-    monkeypatch.setattr(sc.ShortConvFunction, "apply", lambda *a: pytest.fail("triton path taken"))
-    assert_close(sc.short_conv(bcx, w), sc.short_conv_ref(bcx, w), torch.float32)
+    ran = _record(monkeypatch)
+    assert_close(sc.short_conv(bcx, w), _conv64(bcx, w), torch.float32)
+    assert ran == ["torch"]
 
 
 def test_plans():
@@ -230,7 +285,7 @@ def test_matches_hf_lfm2_short_conv(bias):
 
     def ours(h):
         bcx = hf.in_proj(h)
-        return hf.out_proj(sc.ShortConvFunction.apply(bcx, hf.conv.weight.squeeze(1), hf.conv.bias, None, MULTI))
+        return hf.out_proj(sc.OP.call_impl("triton", MULTI, bcx, hf.conv.weight.squeeze(1), hf.conv.bias, None))
 
     results = []
     for fn in (hf, ours):

@@ -20,10 +20,15 @@ ours sits closer to the fp32 truth than HF's own bf16 path.
 """
 from __future__ import annotations
 
-import functools
-from typing import Optional
+import dataclasses
 
 import torch
+import triton
+import triton.language as tl
+
+from ..dispatch import register
+from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
+from ._common import sm_count, triton_available, warps_for
 
 MAX_KERNEL = 4  # LFM2 uses 3 (conv_L_cache); the weight-gradient kernel has 4 tap accumulators
 
@@ -58,174 +63,256 @@ def short_conv_ref(bcx: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return (c * z).to(bcx.dtype)
 
 
-def seq_idx_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
+def seq_idx_from_position_ids(position_ids: torch.Tensor, batch: int | None = None) -> torch.Tensor:
     """Sequence ids of packed rows: a new sequence starts wherever the position does not follow
-    the previous one (a reset to 0, or any jump), as liger_rt.layers.short_conv derives it.
+    the previous one (a reset to 0, or any jump).
 
-    position_ids (batch, seq) -> int32 (batch, seq), e.g. [[0,1,2,0,1]] -> [[0,0,0,1,1]].
+    position_ids (batch, seq) or (seq,) -> int32 (batch, seq), e.g. [[0,1,2,0,1]] -> [[0,0,0,1,1]];
+    one row of positions is expanded to `batch` rows when given.
     """
-    starts = position_ids[:, 1:] != position_ids[:, :-1] + 1
-    return torch.nn.functional.pad(torch.cumsum(starts, dim=-1, dtype=torch.int32), (1, 0))
+    pos = position_ids.unsqueeze(0) if position_ids.dim() == 1 else position_ids
+    starts = pos[:, 1:] != pos[:, :-1] + 1
+    idx = torch.nn.functional.pad(torch.cumsum(starts, dim=-1, dtype=torch.int32), (1, 0))
+    return idx.expand(batch, -1) if batch is not None and idx.shape[0] != batch else idx
 
 
 # -- Triton kernels ----------------------------------------------------------------------------------
 
-try:
-    import triton
-    import triton.language as tl
-except Exception:  # pragma: no cover - triton missing: only the torch implementation is available
-    triton = None
-
-if triton is not None:
-
-    @triton.jit(do_not_specialize=["T"])
-    def _short_conv_fwd_kernel(
-        BCX, W, BIAS, SEQ, Y,
-        T, H, n_tblocks,
-        s_xb, s_xt, s_yb, s_yt, s_sb, s_st,
-        K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr,
-        BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-    ):
-        pid = tl.program_id(0)
-        b = (pid // n_tblocks).to(tl.int64)
-        o_t = (pid % n_tblocks) * BLOCK_T + tl.arange(0, BLOCK_T)
-        o_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-        m_t = o_t < T
-        m_h = o_h < H
-        p_x = BCX + b * s_xb
+@triton.jit(do_not_specialize=["T"])
+def _short_conv_fwd_kernel(
+    BCX, W, BIAS, SEQ, Y,
+    T, H, n_tblocks,
+    s_xb, s_xt, s_yb, s_yt, s_sb, s_st,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = (pid // n_tblocks).to(tl.int64)
+    o_t = (pid % n_tblocks) * BLOCK_T + tl.arange(0, BLOCK_T)
+    o_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_t = o_t < T
+    m_h = o_h < H
+    p_x = BCX + b * s_xb
+    if HAS_SEQ:
+        p_s = SEQ + b * s_sb
+        b_seq = tl.load(p_s + o_t * s_st, mask=m_t, other=-1)
+    b_z = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+    for k in tl.static_range(K):
+        o_src = o_t - (K - 1 - k)
+        m_src = m_t & (o_src >= 0)
         if HAS_SEQ:
-            p_s = SEQ + b * s_sb
-            b_seq = tl.load(p_s + o_t * s_st, mask=m_t, other=-1)
-        b_z = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
-        for k in tl.static_range(K):
-            o_src = o_t - (K - 1 - k)
-            m_src = m_t & (o_src >= 0)
-            if HAS_SEQ:
-                if k < K - 1:
-                    m_src = m_src & (tl.load(p_s + o_src * s_st, mask=m_src, other=-2) == b_seq)
-            m = m_src[:, None] & m_h[None, :]
-            p = p_x + o_src.to(tl.int64)[:, None] * s_xt + o_h[None, :]
-            b_b = tl.load(p, mask=m, other=0.0).to(tl.float32)
-            b_x = tl.load(p + 2 * H, mask=m, other=0.0).to(tl.float32)
-            b_w = tl.load(W + o_h * K + k, mask=m_h, other=0.0).to(tl.float32)
-            b_z += b_w[None, :] * (b_b * b_x)
-        if HAS_BIAS:
-            b_z += tl.load(BIAS + o_h, mask=m_h, other=0.0).to(tl.float32)[None, :]
+            if k < K - 1:
+                m_src = m_src & (tl.load(p_s + o_src * s_st, mask=m_src, other=-2) == b_seq)
+        m = m_src[:, None] & m_h[None, :]
+        p = p_x + o_src.to(tl.int64)[:, None] * s_xt + o_h[None, :]
+        b_b = tl.load(p, mask=m, other=0.0).to(tl.float32)
+        b_x = tl.load(p + 2 * H, mask=m, other=0.0).to(tl.float32)
+        b_w = tl.load(W + o_h * K + k, mask=m_h, other=0.0).to(tl.float32)
+        b_z += b_w[None, :] * (b_b * b_x)
+    if HAS_BIAS:
+        b_z += tl.load(BIAS + o_h, mask=m_h, other=0.0).to(tl.float32)[None, :]
+    m = m_t[:, None] & m_h[None, :]
+    o_t64 = o_t.to(tl.int64)[:, None]
+    b_c = tl.load(p_x + o_t64 * s_xt + H + o_h[None, :], mask=m, other=0.0).to(tl.float32)
+    tl.store(Y + b * s_yb + o_t64 * s_yt + o_h[None, :], (b_c * b_z).to(Y.dtype.element_ty), mask=m)
+
+@triton.jit(do_not_specialize=["T"])
+def _short_conv_bwd_kernel(
+    BCX, W, BIAS, SEQ, DY, DBCX, DW_PART, DB_PART,
+    T, H, n_chunks, T_CHUNK,
+    s_xb, s_xt, s_gb, s_gt, s_db, s_dt, s_sb, s_st,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    # One program: BLOCK_H channels over T_CHUNK tokens of one batch row, in BLOCK_T steps.
+    # dz = dy*C;  dC = dy*z (z recomputed);  du[t] = sum_j w[K-1-j] dz[t+j];  dB = du*x;
+    # dx = du*B;  dw[k] += sum_t dz[t] * u[t-(K-1)+k] — every tap from the same loads of u.
+    pid = tl.program_id(0)
+    b = (pid // n_chunks).to(tl.int64)
+    t_start = (pid % n_chunks) * T_CHUNK
+    o_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_h = o_h < H
+    p_x = BCX + b * s_xb
+    p_g = DY + b * s_gb
+    p_d = DBCX + b * s_db
+    p_s = SEQ + b * s_sb
+    # tile-shaped fp32 accumulators, one per tap, reduced over tokens once at the end (a
+    # cross-warp tl.sum per step and tap would cost a shared-memory round trip each)
+    b_dw0 = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+    b_dw1 = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+    b_dw2 = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+    b_dw3 = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+    b_db = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+    n_iter = tl.minimum(T_CHUNK, T - t_start)
+    for i in range(0, n_iter, BLOCK_T):
+        o_t = t_start + i + tl.arange(0, BLOCK_T)
+        m_t = o_t < T
         m = m_t[:, None] & m_h[None, :]
         o_t64 = o_t.to(tl.int64)[:, None]
-        b_c = tl.load(p_x + o_t64 * s_xt + H + o_h[None, :], mask=m, other=0.0).to(tl.float32)
-        tl.store(Y + b * s_yb + o_t64 * s_yt + o_h[None, :], (b_c * b_z).to(Y.dtype.element_ty), mask=m)
-
-    @triton.jit(do_not_specialize=["T"])
-    def _short_conv_bwd_kernel(
-        BCX, W, BIAS, SEQ, DY, DBCX, DW_PART, DB_PART,
-        T, H, n_chunks, T_CHUNK,
-        s_xb, s_xt, s_gb, s_gt, s_db, s_dt, s_sb, s_st,
-        K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr,
-        BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-    ):
-        # One program: BLOCK_H channels over T_CHUNK tokens of one batch row, in BLOCK_T steps.
-        # dz = dy*C;  dC = dy*z (z recomputed);  du[t] = sum_j w[K-1-j] dz[t+j];  dB = du*x;
-        # dx = du*B;  dw[k] += sum_t dz[t] * u[t-(K-1)+k] — every tap from the same loads of u.
-        pid = tl.program_id(0)
-        b = (pid // n_chunks).to(tl.int64)
-        t_start = (pid % n_chunks) * T_CHUNK
-        o_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-        m_h = o_h < H
-        p_x = BCX + b * s_xb
-        p_g = DY + b * s_gb
-        p_d = DBCX + b * s_db
-        p_s = SEQ + b * s_sb
-        # tile-shaped fp32 accumulators, one per tap, reduced over tokens once at the end (a
-        # cross-warp tl.sum per step and tap would cost a shared-memory round trip each)
-        b_dw0 = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
-        b_dw1 = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
-        b_dw2 = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
-        b_dw3 = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
-        b_db = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
-        n_iter = tl.minimum(T_CHUNK, T - t_start)
-        for i in range(0, n_iter, BLOCK_T):
-            o_t = t_start + i + tl.arange(0, BLOCK_T)
-            m_t = o_t < T
-            m = m_t[:, None] & m_h[None, :]
-            o_t64 = o_t.to(tl.int64)[:, None]
-            if HAS_SEQ:
-                b_seq = tl.load(p_s + o_t * s_st, mask=m_t, other=-1)
-            p = p_x + o_t64 * s_xt + o_h[None, :]
-            b_b = tl.load(p, mask=m, other=0.0).to(tl.float32)
-            b_c = tl.load(p + H, mask=m, other=0.0).to(tl.float32)
-            b_x = tl.load(p + 2 * H, mask=m, other=0.0).to(tl.float32)
-            b_g = tl.load(p_g + o_t64 * s_gt + o_h[None, :], mask=m, other=0.0).to(tl.float32)
-            b_dz = b_g * b_c
-            # z and dw: taps read u at t - (K-1) + k
-            b_z = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
-            for k in tl.static_range(K):
-                if k == K - 1:
-                    b_u = b_b * b_x
-                else:
-                    o_src = o_t - (K - 1 - k)
-                    m_src = m_t & (o_src >= 0)
-                    if HAS_SEQ:
-                        m_src = m_src & (tl.load(p_s + o_src * s_st, mask=m_src, other=-2) == b_seq)
-                    ms = m_src[:, None] & m_h[None, :]
-                    ps = p_x + o_src.to(tl.int64)[:, None] * s_xt + o_h[None, :]
-                    b_u = (tl.load(ps, mask=ms, other=0.0).to(tl.float32)
-                           * tl.load(ps + 2 * H, mask=ms, other=0.0).to(tl.float32))
-                b_w = tl.load(W + o_h * K + k, mask=m_h, other=0.0).to(tl.float32)
-                b_z += b_w[None, :] * b_u
-                if k == 0:
-                    b_dw0 += b_dz * b_u
-                elif k == 1:
-                    b_dw1 += b_dz * b_u
-                elif k == 2:
-                    b_dw2 += b_dz * b_u
-                else:
-                    b_dw3 += b_dz * b_u
-            if HAS_BIAS:
-                b_z += tl.load(BIAS + o_h, mask=m_h, other=0.0).to(tl.float32)[None, :]
-                b_db += b_dz
-            # du: output t+j read u[t] through tap K-1-j
-            b_du = b_dz * tl.load(W + o_h * K + (K - 1), mask=m_h, other=0.0).to(tl.float32)[None, :]
-            for j in tl.static_range(1, K):
-                o_dst = o_t + j
-                m_dst = m_t & (o_dst < T)
+        if HAS_SEQ:
+            b_seq = tl.load(p_s + o_t * s_st, mask=m_t, other=-1)
+        p = p_x + o_t64 * s_xt + o_h[None, :]
+        b_b = tl.load(p, mask=m, other=0.0).to(tl.float32)
+        b_c = tl.load(p + H, mask=m, other=0.0).to(tl.float32)
+        b_x = tl.load(p + 2 * H, mask=m, other=0.0).to(tl.float32)
+        b_g = tl.load(p_g + o_t64 * s_gt + o_h[None, :], mask=m, other=0.0).to(tl.float32)
+        b_dz = b_g * b_c
+        # z and dw: taps read u at t - (K-1) + k
+        b_z = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+        for k in tl.static_range(K):
+            if k == K - 1:
+                b_u = b_b * b_x
+            else:
+                o_src = o_t - (K - 1 - k)
+                m_src = m_t & (o_src >= 0)
                 if HAS_SEQ:
-                    m_dst = m_dst & (tl.load(p_s + o_dst * s_st, mask=m_dst, other=-2) == b_seq)
-                md = m_dst[:, None] & m_h[None, :]
-                o_dst64 = o_dst.to(tl.int64)[:, None]
-                b_dzj = (tl.load(p_g + o_dst64 * s_gt + o_h[None, :], mask=md, other=0.0).to(tl.float32)
-                         * tl.load(p_x + o_dst64 * s_xt + H + o_h[None, :], mask=md, other=0.0).to(tl.float32))
-                b_w = tl.load(W + o_h * K + (K - 1 - j), mask=m_h, other=0.0).to(tl.float32)
-                b_du += b_w[None, :] * b_dzj
-            pd = p_d + o_t64 * s_dt + o_h[None, :]
-            dt = DBCX.dtype.element_ty
-            tl.store(pd, (b_du * b_x).to(dt), mask=m)
-            tl.store(pd + H, (b_g * b_z).to(dt), mask=m)
-            tl.store(pd + 2 * H, (b_du * b_b).to(dt), mask=m)
-        pid64 = pid.to(tl.int64)
-        p_dw = DW_PART + pid64 * K * H + o_h
-        tl.store(p_dw, tl.sum(b_dw0, axis=0), mask=m_h)
-        if K > 1:
-            tl.store(p_dw + H, tl.sum(b_dw1, axis=0), mask=m_h)
-        if K > 2:
-            tl.store(p_dw + 2 * H, tl.sum(b_dw2, axis=0), mask=m_h)
-        if K > 3:
-            tl.store(p_dw + 3 * H, tl.sum(b_dw3, axis=0), mask=m_h)
+                    m_src = m_src & (tl.load(p_s + o_src * s_st, mask=m_src, other=-2) == b_seq)
+                ms = m_src[:, None] & m_h[None, :]
+                ps = p_x + o_src.to(tl.int64)[:, None] * s_xt + o_h[None, :]
+                b_u = (tl.load(ps, mask=ms, other=0.0).to(tl.float32)
+                       * tl.load(ps + 2 * H, mask=ms, other=0.0).to(tl.float32))
+            b_w = tl.load(W + o_h * K + k, mask=m_h, other=0.0).to(tl.float32)
+            b_z += b_w[None, :] * b_u
+            if k == 0:
+                b_dw0 += b_dz * b_u
+            elif k == 1:
+                b_dw1 += b_dz * b_u
+            elif k == 2:
+                b_dw2 += b_dz * b_u
+            else:
+                b_dw3 += b_dz * b_u
         if HAS_BIAS:
-            tl.store(DB_PART + pid64 * H + o_h, tl.sum(b_db, axis=0), mask=m_h)
+            b_z += tl.load(BIAS + o_h, mask=m_h, other=0.0).to(tl.float32)[None, :]
+            b_db += b_dz
+        # du: output t+j read u[t] through tap K-1-j
+        b_du = b_dz * tl.load(W + o_h * K + (K - 1), mask=m_h, other=0.0).to(tl.float32)[None, :]
+        for j in tl.static_range(1, K):
+            o_dst = o_t + j
+            m_dst = m_t & (o_dst < T)
+            if HAS_SEQ:
+                m_dst = m_dst & (tl.load(p_s + o_dst * s_st, mask=m_dst, other=-2) == b_seq)
+            md = m_dst[:, None] & m_h[None, :]
+            o_dst64 = o_dst.to(tl.int64)[:, None]
+            b_dzj = (tl.load(p_g + o_dst64 * s_gt + o_h[None, :], mask=md, other=0.0).to(tl.float32)
+                     * tl.load(p_x + o_dst64 * s_xt + H + o_h[None, :], mask=md, other=0.0).to(tl.float32))
+            b_w = tl.load(W + o_h * K + (K - 1 - j), mask=m_h, other=0.0).to(tl.float32)
+            b_du += b_w[None, :] * b_dzj
+        pd = p_d + o_t64 * s_dt + o_h[None, :]
+        dt = DBCX.dtype.element_ty
+        tl.store(pd, (b_du * b_x).to(dt), mask=m)
+        tl.store(pd + H, (b_g * b_z).to(dt), mask=m)
+        tl.store(pd + 2 * H, (b_du * b_b).to(dt), mask=m)
+    pid64 = pid.to(tl.int64)
+    p_dw = DW_PART + pid64 * K * H + o_h
+    tl.store(p_dw, tl.sum(b_dw0, axis=0), mask=m_h)
+    if K > 1:
+        tl.store(p_dw + H, tl.sum(b_dw1, axis=0), mask=m_h)
+    if K > 2:
+        tl.store(p_dw + 2 * H, tl.sum(b_dw2, axis=0), mask=m_h)
+    if K > 3:
+        tl.store(p_dw + 3 * H, tl.sum(b_dw3, axis=0), mask=m_h)
+    if HAS_BIAS:
+        tl.store(DB_PART + pid64 * H + o_h, tl.sum(b_db, axis=0), mask=m_h)
+
 
 
 # -- launchers ------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=16)
-def _sm_count(device_type: str, index: int | None) -> int:
-    if device_type == "cuda":
-        return int(torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device())
-                    .multi_processor_count)
-    return 2  # the interpreter: the cpu profile's "SM" count; only sizes the grid
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _check(bcx: torch.Tensor, weight: torch.Tensor, bias, seq_idx) -> tuple[int, int, int, int]:
+def _seq_args(seq_idx, weight):
+    """The seq_idx pointer and strides (weight as a never-read placeholder without it)."""
+    if seq_idx is None:
+        return weight, 0, 0
+    return seq_idx, seq_idx.stride(0), seq_idx.stride(1)
+
+
+def short_conv_fwd(bcx, weight, bias, seq_idx, config) -> torch.Tensor:
+    """bcx (B, T, 3H) any strides with a unit last stride; returns y (B, T, H) contiguous."""
+    _check_kernel(weight.shape[-1])
+    B, T, H3 = bcx.shape
+    H, K = weight.shape
+    bcx = _last_dim_contiguous(bcx)
+    weight = weight.contiguous()
+    y = torch.empty(B, T, H, device=bcx.device, dtype=bcx.dtype)
+    if y.numel() == 0:
+        return y
+    n_tb = triton.cdiv(T, config.BLOCK_T)
+    seq, s_sb, s_st = _seq_args(seq_idx, weight)
+    _short_conv_fwd_kernel[(B * n_tb, triton.cdiv(H, config.BLOCK_H))](
+        bcx, weight, bias if bias is not None else weight, seq, y,
+        T, H, n_tb,
+        bcx.stride(0), bcx.stride(1), y.stride(0), y.stride(1), s_sb, s_st,
+        K=K, HAS_BIAS=bias is not None, HAS_SEQ=seq_idx is not None,
+        BLOCK_T=config.BLOCK_T, BLOCK_H=config.BLOCK_H, num_warps=config.num_warps)
+    return y
+
+
+def bwd_chunking(B: int, T: int, H: int, config, n_sm: int) -> tuple[int, int]:
+    """(tokens per program, programs per batch row) of the backward grid.
+
+    The grid aims at BWD_PROGRAMS_PER_SM programs per SM so long sequences run few, long programs
+    (few dw partials) and short ones still fill the device; chunks are whole BLOCK_T steps.
+    """
+    bt = config.BWD_BLOCK_T
+    n_hb = -(-H // config.BWD_BLOCK_H)
+    want = max(1, config.BWD_PROGRAMS_PER_SM * n_sm)
+    steps = -(-T // bt)
+    per_row = min(steps, max(1, -(-want // (B * n_hb))))
+    chunk = -(-steps // per_row) * bt
+    return chunk, -(-T // chunk)
+
+
+def short_conv_bwd(bcx, weight, bias, seq_idx, dy, config):
+    """Returns d(bcx) (B, T, 3H) in bcx's dtype, d(weight) (H, K), d(bias) (H,) or None."""
+    B, T, H3 = bcx.shape
+    H, K = weight.shape
+    bcx = _last_dim_contiguous(bcx)
+    dy = _last_dim_contiguous(dy)
+    weight = weight.contiguous()
+    dbcx = torch.empty(B, T, 3 * H, device=bcx.device, dtype=bcx.dtype)
+    if dbcx.numel() == 0:
+        return dbcx, torch.zeros_like(weight), (torch.zeros_like(bias) if bias is not None else None)
+    chunk, n_chunks = bwd_chunking(B, T, H, config, sm_count(bcx.device))
+    n_prog = B * n_chunks
+    # fp32 partials: every (program, tap, channel) is written by the kernel, so no zero-fill
+    dw_part = torch.empty(n_prog, K, H, device=bcx.device, dtype=torch.float32)
+    db_part = torch.empty(n_prog, H, device=bcx.device, dtype=torch.float32) if bias is not None else dw_part
+    seq, s_sb, s_st = _seq_args(seq_idx, weight)
+    _short_conv_bwd_kernel[(n_prog, triton.cdiv(H, config.BWD_BLOCK_H))](
+        bcx, weight, bias if bias is not None else weight, seq, dy, dbcx, dw_part, db_part,
+        T, H, n_chunks, chunk,
+        bcx.stride(0), bcx.stride(1), dy.stride(0), dy.stride(1), dbcx.stride(0), dbcx.stride(1), s_sb, s_st,
+        K=K, HAS_BIAS=bias is not None, HAS_SEQ=seq_idx is not None,
+        BLOCK_T=config.BWD_BLOCK_T, BLOCK_H=config.BWD_BLOCK_H, num_warps=config.bwd_num_warps)
+    dw = dw_part.sum(0).t().to(weight.dtype).contiguous()
+    db = db_part.sum(0).to(bias.dtype) if bias is not None else None
+    return dbcx, dw, db
+
+
+# -- the op: what the runtime needs besides the math ---------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ShortConvConfig(Config):
+    BLOCK_T: int = knob(32, pow2(1, 256))             # forward tile: tokens x channels
+    BLOCK_H: int = knob(128, pow2(16, 1024))
+    num_warps: int = knob(8, WARPS)
+    BWD_BLOCK_T: int = knob(16, pow2(1, 128))         # backward tile, one BLOCK_T step at a time
+    BWD_BLOCK_H: int = knob(128, pow2(16, 512))
+    BWD_PROGRAMS_PER_SM: int = knob(4, (1, 2, 3, 4, 6, 8, 12, 16))   # backward grid: chunks of tokens
+    bwd_num_warps: int = knob(8, WARPS)
+
+
+def _check_kernel(K: int) -> None:
+    if not 1 <= K <= MAX_KERNEL:
+        raise ValueError(f"the Triton short_conv takes kernel widths 1..{MAX_KERNEL} (LFM2 uses 3), got {K}; "
+                         f"the torch implementation runs it (liger_rt.ops.short_conv dispatches there, "
+                         f"or LIGER_RT_IMPL_SHORT_CONV=torch)")
+
+
+def _dims(bcx, weight, bias, seq_idx) -> dict:
     if bcx.dim() != 3:
         raise ValueError(f"short_conv takes bcx of shape (batch, seq, 3*hidden); got {tuple(bcx.shape)}")
     if weight.dim() != 2:
@@ -244,152 +331,21 @@ def _check(bcx: torch.Tensor, weight: torch.Tensor, bias, seq_idx) -> tuple[int,
                              f"(see seq_idx_from_position_ids); got {seq_idx.dtype} {tuple(seq_idx.shape)}")
         if seq_idx.device != bcx.device:
             raise ValueError(f"short_conv: seq_idx is on {seq_idx.device}, bcx on {bcx.device}")
-    return B, T, H, K
+    return {"batch": B, "seq": T, "hidden": H, "kernel": K}
 
 
-def _unsupported(dims: dict, dtype: torch.dtype) -> str | None:
-    if not 1 <= dims["kernel"] <= MAX_KERNEL:
-        return (f"the Triton short_conv takes kernel widths 1..{MAX_KERNEL} (LFM2 uses 3), got "
-                f"{dims['kernel']}; the torch implementation runs it (LIGER_RT_IMPL_SHORT_CONV=torch)")
-    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        return f"the Triton short_conv takes fp32/bf16/fp16, got {dtype}"
-    return None
+def _forward(config, bcx, weight, bias, seq_idx):
+    return (short_conv_fwd(bcx, weight, bias, seq_idx, config),), ()
 
 
-def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
+def _backward(config, args, saved, needs, dy):
+    dbcx, dw, db = short_conv_bwd(*args, dy, config)
+    return dbcx, dw, db, None
 
 
-def short_conv_fwd(bcx, weight, bias, seq_idx, config) -> torch.Tensor:
-    """bcx (B, T, 3H) any strides with a unit last stride; returns y (B, T, H) contiguous."""
-    B, T, H, K = _check(bcx, weight, bias, seq_idx)
-    why = _unsupported({"kernel": K}, bcx.dtype)
-    if why:
-        raise ValueError(why)
-    bcx = _last_dim_contiguous(bcx)
-    weight = weight.contiguous()
-    y = torch.empty(B, T, H, device=bcx.device, dtype=bcx.dtype)
-    if y.numel() == 0:
-        return y
-    BT, BH = int(config["BLOCK_T"]), int(config["BLOCK_H"])
-    n_tb = triton.cdiv(T, BT)
-    seq = seq_idx if seq_idx is not None else weight
-    s_sb, s_st = (seq_idx.stride(0), seq_idx.stride(1)) if seq_idx is not None else (0, 0)
-    _short_conv_fwd_kernel[(B * n_tb, triton.cdiv(H, BH))](
-        bcx, weight, bias if bias is not None else weight, seq, y,
-        T, H, n_tb,
-        bcx.stride(0), bcx.stride(1), y.stride(0), y.stride(1), s_sb, s_st,
-        K=K, HAS_BIAS=bias is not None, HAS_SEQ=seq_idx is not None,
-        BLOCK_T=BT, BLOCK_H=BH, num_warps=int(config.get("num_warps", 4)))
-    return y
+def _fake(config, bcx, weight, bias, seq_idx):
+    return (bcx.new_empty(bcx.shape[0], bcx.shape[1], weight.shape[0]),), ()
 
-
-def bwd_chunking(B: int, T: int, H: int, config, sm_count: int) -> tuple[int, int]:
-    """(tokens per program, programs per batch row) of the backward grid.
-
-    The grid aims at BWD_PROGRAMS_PER_SM programs per SM so long sequences run few, long programs
-    (few dw partials) and short ones still fill the device; chunks are whole BLOCK_T steps.
-    """
-    bt = int(config["BWD_BLOCK_T"])
-    n_hb = -(-H // int(config["BWD_BLOCK_H"]))
-    want = max(1, int(config.get("BWD_PROGRAMS_PER_SM", 4)) * sm_count)
-    steps = -(-T // bt)
-    per_row = min(steps, max(1, -(-want // (B * n_hb))))
-    chunk = -(-steps // per_row) * bt
-    return chunk, -(-T // chunk)
-
-
-def short_conv_bwd(bcx, weight, bias, seq_idx, dy, config):
-    """Returns d(bcx) (B, T, 3H) in bcx's dtype, d(weight) (H, K), d(bias) (H,) or None."""
-    B, T, H, K = _check(bcx, weight, bias, seq_idx)
-    bcx = _last_dim_contiguous(bcx)
-    dy = _last_dim_contiguous(dy)
-    weight = weight.contiguous()
-    dbcx = torch.empty(B, T, 3 * H, device=bcx.device, dtype=bcx.dtype)
-    if dbcx.numel() == 0:
-        return dbcx, torch.zeros_like(weight), (torch.zeros_like(bias) if bias is not None else None)
-    BT, BH = int(config["BWD_BLOCK_T"]), int(config["BWD_BLOCK_H"])
-    chunk, n_chunks = bwd_chunking(B, T, H, config, _sm_count(bcx.device.type, bcx.device.index))
-    n_prog = B * n_chunks
-    # fp32 partials: every (program, tap, channel) is written by the kernel, so no zero-fill
-    dw_part = torch.empty(n_prog, K, H, device=bcx.device, dtype=torch.float32)
-    db_part = torch.empty(n_prog, H, device=bcx.device, dtype=torch.float32) if bias is not None else dw_part
-    seq = seq_idx if seq_idx is not None else weight
-    s_sb, s_st = (seq_idx.stride(0), seq_idx.stride(1)) if seq_idx is not None else (0, 0)
-    _short_conv_bwd_kernel[(n_prog, triton.cdiv(H, BH))](
-        bcx, weight, bias if bias is not None else weight, seq, dy, dbcx, dw_part, db_part,
-        T, H, n_chunks, chunk,
-        bcx.stride(0), bcx.stride(1), dy.stride(0), dy.stride(1), dbcx.stride(0), dbcx.stride(1), s_sb, s_st,
-        K=K, HAS_BIAS=bias is not None, HAS_SEQ=seq_idx is not None,
-        BLOCK_T=BT, BLOCK_H=BH, num_warps=int(config.get("bwd_num_warps", 4)))
-    dw = dw_part.sum(0).t().to(weight.dtype).contiguous()
-    db = db_part.sum(0).to(bias.dtype) if bias is not None else None
-    return dbcx, dw, db
-
-
-# -- autograd ---------------------------------------------------------------------------------------
-
-# Under torch.compile the launchers run as opaque custom ops (fake impls give dynamo the shapes;
-# tracing into Triton's launch path, or the interpreter's, would break the graph or fail).  In
-# eager they are called directly: a custom op's dispatch costs microseconds per call.
-def _config_str(config) -> str:
-    # "KEY=int,..." rather than json: dynamo traces this (fullgraph), it cannot trace json.dumps
-    return ",".join(f"{k}={int(v)}" for k, v in sorted(config.items()))
-
-
-def _config_parse(text: str) -> dict:
-    return {k: int(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
-
-
-@torch.library.custom_op("liger_rt::short_conv_fwd", mutates_args=())
-def _short_conv_fwd_op(bcx: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                       seq_idx: Optional[torch.Tensor], config: str) -> torch.Tensor:
-    return short_conv_fwd(bcx, weight, bias, seq_idx, _config_parse(config))
-
-
-@_short_conv_fwd_op.register_fake
-def _(bcx, weight, bias, seq_idx, config):
-    return bcx.new_empty(bcx.shape[0], bcx.shape[1], weight.shape[0])
-
-
-@torch.library.custom_op("liger_rt::short_conv_bwd", mutates_args=())
-def _short_conv_bwd_op(bcx: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                       seq_idx: Optional[torch.Tensor], dy: torch.Tensor,
-                       config: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dbcx, dw, db = short_conv_bwd(bcx, weight, bias, seq_idx, dy, _config_parse(config))
-    return dbcx, dw, (db if db is not None else weight.new_empty(0))
-
-
-@_short_conv_bwd_op.register_fake
-def _(bcx, weight, bias, seq_idx, dy, config):
-    return (bcx.new_empty(bcx.shape[0], bcx.shape[1], bcx.shape[2]), weight.new_empty(weight.shape),
-            bias.new_empty(bias.shape) if bias is not None else weight.new_empty(0))
-
-
-class ShortConvFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, bcx, weight, bias, seq_idx, config):
-        if torch.compiler.is_compiling():
-            y = _short_conv_fwd_op(bcx, weight, bias, seq_idx, _config_str(config))
-        else:
-            y = short_conv_fwd(bcx, weight, bias, seq_idx, config)
-        ctx.save_for_backward(bcx, weight, bias, seq_idx)
-        ctx.config = config
-        return y
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable   # double backward raises, never silently wrong
-    def backward(ctx, dy):
-        bcx, weight, bias, seq_idx = ctx.saved_tensors
-        if torch.compiler.is_compiling():
-            dbcx, dw, db = _short_conv_bwd_op(bcx, weight, bias, seq_idx, dy, _config_str(ctx.config))
-            db = db if bias is not None else None
-        else:
-            dbcx, dw, db = short_conv_bwd(bcx, weight, bias, seq_idx, dy, ctx.config)
-        return dbcx, dw, db, None, None
-
-
-# -- functional ---------------------------------------------------------------------------------------
 
 def short_conv(bcx: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                seq_idx: torch.Tensor | None = None) -> torch.Tensor:
@@ -402,17 +358,7 @@ def short_conv(bcx: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """
     if weight.dim() == 3 and weight.shape[1] == 1:
         weight = weight.squeeze(1)
-    B, T, H, K = _check(bcx, weight, bias, seq_idx)
-    d = OP.select(bcx, batch=B, seq=T, hidden=H, kernel=K)
-    if d.impl == "torch":
-        return short_conv_ref(bcx, weight, bias, seq_idx)
-    return ShortConvFunction.apply(bcx, weight, bias, seq_idx, d.config)
-
-
-# -- registration -----------------------------------------------------------------------------------
-
-from ..dispatch import Impl, Op, register  # noqa: E402
-from ._common import triton_available  # noqa: E402
+    return OP(bcx, weight, bias, seq_idx)
 
 
 def _make_case(dims, dtype, device):
@@ -422,33 +368,15 @@ def _make_case(dims, dtype, device):
     # LFM2's conv is bias-free (conv_bias=False in the released configs)
     w = (torch.randn(H, K, generator=g) / K ** 0.5).to(device, dtype).requires_grad_()
     dy = torch.randn(B, T, H, generator=g).to(device, dtype)
-    return {"bcx": bcx, "w": w, "dy": dy}
-
-
-def _run_torch(case, config):
-    y = short_conv_ref(case["bcx"], case["w"])
-    return [y, *torch.autograd.grad(y, (case["bcx"], case["w"]), case["dy"])]
-
-
-def _run_triton(case, config):
-    y = ShortConvFunction.apply(case["bcx"], case["w"], None, None, config)
-    return [y, *torch.autograd.grad(y, (case["bcx"], case["w"]), case["dy"])]
-
-
-def _warps(elems: int, per_thread: int, arch) -> int:
-    """num_warps giving about `per_thread` tile elements per thread (warp = 32 lanes on NVIDIA,
-    a 64-lane wavefront on AMD CDNA, so AMD gets half the warps for the same tile)."""
-    w = max(1, elems // (per_thread * arch.warp_size))
-    return int(min(arch.max_num_warps, 1 << (w.bit_length() - 1)))
+    return Case(args=(bcx, w, None, None), grads=(dy,))
 
 
 # Tiles (BLOCK_T, BLOCK_H).  The forward has 3 live tiles, the backward ~12 (dy, B, C, x, dz, z,
 # du, the shifted taps and 4 dw accumulators), hence its smaller tiles and fewer elements per
 # thread.  Registers from ptxas (sm_90a) on Triton 3.9's PTX compiled offline, no spills: fwd
 # 32x128 / 8 warps 64 regs (64x128: 104); bwd 16x128 / 8 warps 128 regs (162 with seq_idx),
-# 32x128 / 8 warps 241.  Times are unmeasured here (no GPU where this was written):
-# `benchmarks/bench_lfm2_ops.py --tune` times the full fwd and bwd spaces on the H200, and the
-# sweep's DB rows override these defaults.
+# 32x128 / 8 warps 241.  `liger-tune sweep --op short_conv` measures these candidates on the GPU;
+# its DB rows override these defaults.
 _FWD_TILES = [(32, 128), (64, 128), (16, 256), (64, 64)]
 _BWD_TILES = [(16, 128), (32, 128), (16, 64), (8, 256)]
 _FWD_PER_THREAD, _BWD_PER_THREAD = 16, 8
@@ -457,20 +385,20 @@ _FWD_PER_THREAD, _BWD_PER_THREAD = 16, 8
 _CPU_FWD, _CPU_BWD = [(16, 32), (8, 16)], [(8, 32, 1), (4, 16, 2)]
 
 
-def _fwd_cfg(tile, arch, per_thread=_FWD_PER_THREAD):
-    return {"BLOCK_T": tile[0], "BLOCK_H": tile[1], "num_warps": _warps(tile[0] * tile[1], per_thread, arch)}
+def _fwd_cfg(tile, arch, per_thread=_FWD_PER_THREAD) -> dict:
+    return {"BLOCK_T": tile[0], "BLOCK_H": tile[1], "num_warps": warps_for(tile[0] * tile[1], per_thread, arch)}
 
 
-def _bwd_cfg(tile, arch, pps=4, per_thread=_BWD_PER_THREAD):
+def _bwd_cfg(tile, arch, pps=4, per_thread=_BWD_PER_THREAD) -> dict:
     return {"BWD_BLOCK_T": tile[0], "BWD_BLOCK_H": tile[1], "BWD_PROGRAMS_PER_SM": pps,
-            "bwd_num_warps": _warps(tile[0] * tile[1], per_thread, arch)}
+            "bwd_num_warps": warps_for(tile[0] * tile[1], per_thread, arch)}
 
 
 def _heuristic(arch, dims, dtype):
     if arch.name == "cpu":
-        return {**_fwd_cfg(_CPU_FWD[0], arch), **_bwd_cfg(_CPU_BWD[0][:2], arch, _CPU_BWD[0][2])}
+        return ShortConvConfig(**_fwd_cfg(_CPU_FWD[0], arch), **_bwd_cfg(_CPU_BWD[0][:2], arch, _CPU_BWD[0][2]))
     # hopper: 32x128 tiles with 128/256 threads; AMD: the same tiles, half the warps (wave64).
-    return {**_fwd_cfg(_FWD_TILES[0], arch), **_bwd_cfg(_BWD_TILES[0], arch)}
+    return ShortConvConfig(**_fwd_cfg(_FWD_TILES[0], arch), **_bwd_cfg(_BWD_TILES[0], arch))
 
 
 def _configs(arch, dims, dtype):
@@ -481,12 +409,16 @@ def _configs(arch, dims, dtype):
         fwd = [_fwd_cfg(t, arch) for t in _CPU_FWD]
         bwd = [_bwd_cfg(t[:2], arch, t[2]) for t in _CPU_BWD]
     else:
-        fwd = [_fwd_cfg(t, arch, pt) for t in _FWD_TILES for pt in (_FWD_PER_THREAD,)]
-        fwd.append(_fwd_cfg(_FWD_TILES[0], arch, 2 * _FWD_PER_THREAD))
+        fwd = [_fwd_cfg(t, arch) for t in _FWD_TILES] + [_fwd_cfg(_FWD_TILES[0], arch, 2 * _FWD_PER_THREAD)]
         bwd = [_bwd_cfg(t, arch) for t in _BWD_TILES]
         bwd += [_bwd_cfg(_BWD_TILES[0], arch, pps=8), _bwd_cfg(_BWD_TILES[0], arch, pps=2)]
-    out = [{**base, **f} for f in fwd] + [{**base, **b} for b in bwd]
-    return [base] + [c for c in out if c != base]
+    return list(dict.fromkeys([base] + [base.replace(**half) for half in fwd + bwd]))
+
+
+def _supports(dims, dtype):
+    if not 1 <= dims["kernel"] <= MAX_KERNEL:
+        return f"kernel width {dims['kernel']} outside 1..{MAX_KERNEL} (4 tap accumulators in the backward)"
+    return None
 
 
 def _plan(preset, arch, quick):
@@ -496,25 +428,18 @@ def _plan(preset, arch, quick):
     if arch.name == "cpu":
         H = preset.hidden if preset is not None and preset.tiny else 32
         combos = [(1, 16)] if quick else [(1, 16), (2, 33)]
-        return [{"batch": b, "seq": t, "hidden": H, "kernel": K} for b, t in combos]
-    H = preset.hidden if preset is not None else 2048
-    if quick:
-        seqs = preset.quick_tokens if preset is not None else (4096,)
-        combos = [(1, t) for t in seqs] + [(8, 4096)]
     else:
-        seqs = preset.tokens if preset is not None else (1024, 4096, 16384, 65536)
-        combos = [(1, t) for t in seqs] + [(8, 4096), (4, 16384)]
-    out, seen = [], set()
-    for b, t in combos:
-        if (b, t) not in seen:
-            seen.add((b, t))
-            out.append({"batch": b, "seq": t, "hidden": H, "kernel": K})
-    return out
+        H = preset.hidden if preset is not None else 2048
+        seqs = (preset.quick_tokens if quick else preset.tokens) if preset is not None else \
+            ((4096,) if quick else (1024, 4096, 16384, 65536))
+        combos = [(1, t) for t in seqs] + ([(8, 4096)] if quick else [(8, 4096), (4, 16384)])
+    return [{"batch": b, "seq": t, "hidden": H, "kernel": K} for b, t in dict.fromkeys(combos)]
 
 
 OP = register(Op(
-    name="short_conv", static=("hidden", "kernel"), dynamic=("batch", "seq"),
-    impls=[Impl("triton", run=_run_triton, available=triton_available, configs=_configs,
-                heuristic=_heuristic, supports=_unsupported),
-           Impl("torch", run=_run_torch)],
+    name="short_conv", static=("hidden", "kernel"), dynamic=("batch", "seq"), dims=_dims,
+    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports),
+           Impl("torch", fn=short_conv_ref)],
+    config=ShortConvConfig, candidates=_configs, heuristic=_heuristic,
+    schema="Tensor bcx, Tensor weight, Tensor? bias, Tensor? seq_idx", fake=_fake,
     make_case=_make_case, plan=_plan, reduce_len=lambda d: d["batch"] * d["seq"]))

@@ -101,8 +101,8 @@ def test_short_conv_every_hopper_config_compiles_and_matches():
     prof = backend.detect()
     dims = {"batch": 2, "seq": 3000, "hidden": 2048, "kernel": 3}
     bcx, w, b, dy = _conv_inputs(2, 3000, 2048, 3, False, torch.bfloat16, seed=2)
-    for cfg in sc.OP.candidates(sc.OP.impl("triton"), prof, dims, torch.bfloat16):
-        outs = _conv_run(lambda x, ww, bb: sc.ShortConvFunction.apply(x, ww, bb, None, cfg), bcx, w, b, dy)
+    for cfg in sc.OP.candidates_for(sc.OP.impl("triton"), prof, dims, torch.bfloat16):
+        outs = _conv_run(lambda x, ww, bb: sc.OP.call_impl("triton", cfg, x, ww, bb, None), bcx, w, b, dy)
         _conv_check(outs, bcx, w, b, dy, what=str(cfg))
 
 
