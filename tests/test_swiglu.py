@@ -1,4 +1,5 @@
-"""swiglu through the Triton interpreter: tiny shapes, fp32 references, every candidate config."""
+"""swiglu through the Triton interpreter: tiny shapes, fp64 formulas and the op's reference, every
+candidate config."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -6,12 +7,13 @@ import torch.nn.functional as F
 import liger_rt.ops
 from liger_rt import autotune, backend, dispatch
 from liger_rt.kernels import swiglu as sw
-from liger_rt.kernels._common import assert_close
+from liger_rt.kernels._common import assert_close, next_pow2
 from liger_rt.tools.presets import get_preset
+from routing import record_impls
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 CPU = backend.profile("cpu")
-WIDE = {"BLOCK_N": 1024, "ROWS": 16, "num_warps": 4, "bwd_num_warps": 4}
+WIDE = sw.SwiGLUConfig(BLOCK_N=1024, ROWS=16, num_warps=4, bwd_num_warps=4)
 
 
 def _inputs(shape, dtype, seed=0):
@@ -29,7 +31,16 @@ def _fwd_bwd(fn, gate, up, dy):
 
 
 def _triton(config):
-    return lambda g, u: sw.SwiGLUFunction.apply(g, u, config)
+    return lambda g, u: sw.OP.call_impl("triton", config, g, u)
+
+
+def _exact(gate, up, dy):
+    """y, dgate, dup by the formula in fp64 (independent of swiglu_ref and of autograd), cast to
+    the dtypes the op returns."""
+    g, u, d = gate.double(), up.double(), dy.double()
+    sig = torch.sigmoid(g)
+    y, dg, du = g * sig * u, d * u * sig * (1 + g * (1 - sig)), d * g * sig
+    return [y.to(torch.promote_types(gate.dtype, up.dtype)), dg.to(gate.dtype), du.to(up.dtype)]
 
 
 def _check(outs, refs, dtype, what=""):
@@ -46,20 +57,10 @@ def _heuristic(cols):
 def test_matches_reference(dtype):
     gate, up, dy = _inputs((3, 5, 100), dtype)
     outs = _fwd_bwd(_triton(_heuristic(100)), gate, up, dy)
+    # the eager module's casting (silu rounded to the gate dtype)...
     _check(outs, _fwd_bwd(sw.swiglu_ref, gate, up, dy), dtype, f"{dtype} vs ref")
-    exact = _fwd_bwd(sw.swiglu_ref, gate.float(), up.float(), dy.float())
-    for o, r, name in zip(outs, exact, ("y", "dgate", "dup")):
-        assert_close(o, r, dtype, name=f"{dtype} vs fp32 {name}")
-
-
-def test_hand_computed_gradients():
-    """Gradients against the formula, independent of autograd through the reference."""
-    gate, up, dy = _inputs((4, 40), torch.float32, seed=1)
-    y, dg, du = _fwd_bwd(_triton(_heuristic(40)), gate, up, dy)
-    sig = torch.sigmoid(gate)
-    assert_close(y, gate * sig * up, torch.float32)
-    assert_close(du, dy * gate * sig, torch.float32)
-    assert_close(dg, dy * up * sig * (1 + gate * (1 - sig)), torch.float32)
+    # ...and the fp64 formula on the same values, within the dtype's tolerance
+    _check(outs, _exact(gate, up, dy), dtype, f"{dtype} vs fp64")
 
 
 def test_matches_eager_module_numerics_bf16():
@@ -71,13 +72,21 @@ def test_matches_eager_module_numerics_bf16():
 
 def test_one_row():
     gate, up, dy = _inputs((1, 64), torch.float32, seed=3)
-    _check(_fwd_bwd(_triton(_heuristic(64)), gate, up, dy), _fwd_bwd(sw.swiglu_ref, gate, up, dy), torch.float32)
+    _check(_fwd_bwd(_triton(_heuristic(64)), gate, up, dy), _exact(gate, up, dy), torch.float32)
 
 
 @pytest.mark.parametrize("rows,cols,dtype", [(199, 760, torch.bfloat16), (1151, 1000, torch.float32)])
 def test_odd_sizes(rows, cols, dtype):
     gate, up, dy = _inputs((rows, cols), dtype, seed=4)
-    _check(_fwd_bwd(_triton(WIDE), gate, up, dy), _fwd_bwd(sw.swiglu_ref, gate, up, dy), dtype, f"{rows}x{cols}")
+    _check(_fwd_bwd(_triton(WIDE), gate, up, dy), _exact(gate, up, dy), dtype, f"{rows}x{cols}")
+
+
+def test_mixed_dtypes_promote():
+    gate, up, dy = _inputs((6, 40), torch.bfloat16, seed=9)
+    up = up.float()
+    outs = _fwd_bwd(_triton(_heuristic(40)), gate, up, dy.float())
+    assert [o.dtype for o in outs] == [torch.float32, torch.bfloat16, torch.float32]
+    _check(outs, _fwd_bwd(sw.swiglu_ref, gate, up, dy.float()), torch.bfloat16, "mixed")
 
 
 def test_fused_gate_up_halves_and_strided_views():
@@ -85,14 +94,12 @@ def test_fused_gate_up_halves_and_strided_views():
     gate_up = torch.randn(2, 7, 2 * 96, generator=g)
     dy = torch.randn(2, 7, 96, generator=g)
     gate, up = gate_up.chunk(2, dim=-1)                     # rows 192 apart: read in place
-    outs = _fwd_bwd(liger_rt.ops.swiglu, gate, up, dy)
-    _check(outs, _fwd_bwd(sw.swiglu_ref, gate, up, dy), torch.float32, "chunked")
+    _check(_fwd_bwd(liger_rt.ops.swiglu, gate, up, dy), _exact(gate, up, dy), torch.float32, "chunked")
     # column stride 2 (copied), transposed leading dims, strided dy
     base = torch.randn(7, 2, 192, generator=g)
     gate2, up2 = base[..., ::2].transpose(0, 1), base[..., 1::2].transpose(0, 1)
     dy2 = torch.randn(96, 7, 2, generator=g).permute(2, 1, 0)
-    _check(_fwd_bwd(liger_rt.ops.swiglu, gate2, up2, dy2), _fwd_bwd(sw.swiglu_ref, gate2, up2, dy2),
-           torch.float32, "strided")
+    _check(_fwd_bwd(liger_rt.ops.swiglu, gate2, up2, dy2), _exact(gate2, up2, dy2), torch.float32, "strided")
 
 
 def test_gradients_reach_a_fused_projection():
@@ -101,16 +108,15 @@ def test_gradients_reach_a_fused_projection():
     dy = torch.randn(5, 48, generator=g)
     y = liger_rt.ops.swiglu(*gate_up.chunk(2, -1))
     (dgu,) = torch.autograd.grad(y, gate_up, dy)
-    ref_in = gate_up.detach().clone().requires_grad_()
-    (ref,) = torch.autograd.grad(sw.swiglu_ref(*ref_in.chunk(2, -1)), ref_in, dy)
-    assert_close(dgu, ref, torch.float32)
+    _, dg, du = _exact(*gate_up.detach().chunk(2, -1), dy)
+    assert_close(dgu, torch.cat((dg, du), -1), torch.float32)
 
 
 def _all_candidates(cols):
     out = []
     for arch in ("hopper", "mi325x", "cpu"):
-        for cfg in sw.OP.candidates(sw.OP.impl("triton"), backend.profile(arch), {"rows": 64, "cols": cols},
-                                    torch.bfloat16):
+        for cfg in sw.OP.candidates_for(sw.OP.impl("triton"), backend.profile(arch), {"rows": 64, "cols": cols},
+                                        torch.bfloat16):
             if cfg not in out:
                 out.append(cfg)
     return out
@@ -119,21 +125,22 @@ def _all_candidates(cols):
 @pytest.mark.parametrize("cols", [100, 2000])
 def test_every_candidate_config(cols):
     gate, up, dy = _inputs((5, cols), torch.float32, seed=7)
-    refs = _fwd_bwd(sw.swiglu_ref, gate, up, dy)
+    refs = _exact(gate, up, dy)
     for cfg in _all_candidates(cols):
         _check(_fwd_bwd(_triton(cfg), gate, up, dy), refs, torch.float32, str(cfg))
 
 
 def test_candidate_spaces_are_modest_and_arch_aware():
-    for arch_name in ("hopper", "mi325x", "mi300x", "blackwell", "ampere"):
+    """Every arch's candidates construct (declared choices) for narrow to wide cols, at most 12."""
+    for arch_name in ("hopper", "mi325x", "mi300x", "blackwell", "ampere", "cpu"):
         arch = backend.profile(arch_name)
-        for cols in (768, 4304, 6144, 8192, 12288):
+        for cols in (1, 8, 768, 4304, 6144, 8192, 12288):
             dims = {"rows": 16384, "cols": cols}
-            cands = sw.OP.candidates(sw.OP.impl("triton"), arch, dims, torch.bfloat16)
+            cands = sw.OP.candidates_for(sw.OP.impl("triton"), arch, dims, torch.bfloat16)
             assert 1 <= len(cands) <= 12
             for c in cands + [sw._heuristic(arch, dims, torch.bfloat16)]:
-                assert c["num_warps"] <= arch.max_num_warps and c["bwd_num_warps"] <= arch.max_num_warps
-                assert c["BLOCK_N"] <= 16384
+                assert c.num_warps <= arch.max_num_warps and c.bwd_num_warps <= arch.max_num_warps
+                assert c.ROWS * min(c.BLOCK_N, next_pow2(cols)) <= 16384   # elements per tile
 
 
 def test_sweep_validates_every_cpu_candidate():
@@ -141,31 +148,39 @@ def test_sweep_validates_every_cpu_candidate():
     result = autotune.tune(sw.OP, target, torch.bfloat16, {"rows": 16, "cols": 96}, quick=True)
     bad = [m for m in result["measurements"] if not m["ok"]]
     assert not bad, bad
+    assert result["winner"] is not None
 
 
 def test_dispatch_heuristic_then_env(monkeypatch):
-    calls = []
-    real = sw.SwiGLUFunction.apply
-    monkeypatch.setattr(sw.SwiGLUFunction, "apply", lambda *a: calls.append(1) or real(*a))
+    ran = record_impls(monkeypatch, sw.OP)
     gate, up, _ = _inputs((2, 3, 48), torch.bfloat16, seed=8)
     y = liger_rt.ops.swiglu(gate, up)
     d = sw.OP.select(gate.reshape(-1, 48), rows=6, cols=48)
-    assert (d.impl, d.origin) == ("triton", "heuristic") and calls == [1]
-    assert_close(y, sw.swiglu_ref(gate, up), torch.bfloat16)
+    assert (d.impl, d.origin) == ("triton", "heuristic") and ran == ["triton"]
+    assert_close(y, _exact(gate, up, torch.zeros_like(up))[0], torch.bfloat16)
 
     monkeypatch.setenv("LIGER_RT_IMPL_SWIGLU", "torch")
     dispatch.reset()
-    y2 = liger_rt.ops.swiglu(gate, up)
-    assert sw.OP.select(gate.reshape(-1, 48), rows=6, cols=48).impl == "torch" and calls == [1]
-    assert torch.equal(y2, F.silu(gate) * up)
+    liger_rt.ops.swiglu(gate, up)
+    d = sw.OP.select(gate.reshape(-1, 48), rows=6, cols=48)
+    assert (d.impl, d.origin) == ("torch", "env") and ran == ["triton", "torch"]
 
 
-def test_errors_and_fallbacks():
+def test_errors_and_fallbacks(monkeypatch):
     with pytest.raises(ValueError, match="same shape"):
         liger_rt.ops.swiglu(torch.randn(2, 8), torch.randn(2, 9))
+    with pytest.raises(TypeError, match="accepted"):
+        liger_rt.ops.swiglu(torch.ones(2, 8, dtype=torch.int32), torch.ones(2, 8, dtype=torch.int32))
+    with pytest.raises(TypeError, match="accepted"):
+        liger_rt.ops.swiglu(torch.randn(2, 8), torch.ones(2, 8, dtype=torch.int64))
+    ran = record_impls(monkeypatch, sw.OP)
     g64, u64 = torch.randn(3, 8, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64)
-    assert torch.equal(liger_rt.ops.swiglu(g64, u64), F.silu(g64) * u64)
+    for gate, up in ((g64, u64), (g64.float(), u64)):   # fp64 anywhere: torch, in fp64
+        y = liger_rt.ops.swiglu(gate, up)
+        assert y.dtype == torch.float64
+        torch.testing.assert_close(y, _exact(gate, up, u64)[0], rtol=1e-6, atol=1e-6)
     assert liger_rt.ops.swiglu(torch.randn(0, 8), torch.randn(0, 8)).shape == (0, 8)
+    assert ran == ["torch"] * 3
 
 
 def test_plan():
@@ -179,7 +194,7 @@ def test_plan():
 
 @pytest.mark.parametrize("impl", ["triton", "torch"])
 def test_torch_compile_fullgraph_dynamic(monkeypatch, impl):
-    """Under torch.compile the kernels run as custom ops, dispatched at run time (env respected)."""
+    """Under torch.compile the kernels run as custom ops, decided at trace time (env respected)."""
     if impl == "torch":
         monkeypatch.setenv("LIGER_RT_IMPL_SWIGLU", "torch")
         dispatch.reset()
@@ -190,6 +205,6 @@ def test_torch_compile_fullgraph_dynamic(monkeypatch, impl):
     f = torch.compile(lambda g, u: liger_rt.ops.swiglu(g, u) * 2.0, backend="aot_eager", fullgraph=True, dynamic=True)
     for rows in (3, 5):
         gate, up, dy = _inputs((2, rows, 40), torch.float32, seed=rows)
-        _check(_fwd_bwd(f, gate, up, dy), _fwd_bwd(lambda a, b: sw.swiglu_ref(a, b) * 2.0, gate, up, dy),
-               torch.float32, f"compiled {impl} rows={rows}")
+        _check(_fwd_bwd(f, gate, up, dy), [t * 2.0 for t in _exact(gate, up, dy)], torch.float32,
+               f"compiled {impl} rows={rows}")
     assert (len(calls) == 2) == (impl == "triton")
