@@ -19,6 +19,8 @@ Design of the fused path (S = tokens * k routed slots, slot s = t * k + j):
    ``perm`` (sorted row -> slot) and ``bounds`` (E+1 row offsets per expert, searchsorted); a
    per-BLOCK_M tile schedule (tile -> expert, first row) comes from one small Triton launch.
    GEMM grids are launched for an upper bound of tiles; tiles past the real count return at once.
+   The forward keeps perm, bounds and the down GEMM's schedule for the backward, which reuses
+   them (a schedule for another BLOCK_M of the up_bwd GEMM is one more small launch there).
 2. up GEMM: rows of x are gathered by token *inside the A-operand loads* (no permuted copy of
    x); two accumulators (gate columns n and up columns I+n of the same expert) share every A
    tile; the epilogue applies SwiGLU and stores h (S, I) in the input dtype, in sorted order,
@@ -45,9 +47,12 @@ Backward (dy (T, H)):
 Every GEMM is ``tl.dot`` with fp32 accumulation. ``DOT_FP32`` (constexpr) upcasts loaded tiles
 to fp32 for fp32 inputs and for bf16 under the Triton interpreter, whose bf16 arithmetic is
 wrong (NOTES.md); on a GPU bf16/fp16 tiles feed the tensor cores directly.
+The op spec at the bottom gives dispatch, tuning, the autograd wiring and the torch.compile
+custom ops (liger_rt::moe_experts_fwd/bwd) to the runtime.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -56,11 +61,11 @@ import triton
 import triton.language as tl
 
 from .. import backend
-from ..dispatch import Impl, Op, register
+from ..dispatch import register
+from ..opspec import STAGES, WARPS, Case, Config, Impl, Op, knob, pow2
 from ._common import interpreter_on, triton_available
 
-__all__ = ["moe_experts", "moe_experts_ref", "moe_experts_grouped_mm", "MoEExpertsFunction",
-           "moe_experts_fwd", "moe_experts_bwd", "OP"]
+__all__ = ["moe_experts", "moe_experts_ref", "moe_experts_grouped_mm", "MoEExpertsConfig", "Gemm", "OP"]
 
 
 # ================================================================================ reference
@@ -134,14 +139,6 @@ def _grouped_mm_probe(device_index: int) -> bool:
         return False
 
 
-def _torch_at_least(major: int, minor: int) -> bool:
-    parts = torch.__version__.split("+")[0].split(".")
-    try:
-        return (int(parts[0]), int(parts[1])) >= (major, minor)
-    except (ValueError, IndexError):
-        return False
-
-
 def _grouped_mm_available(target) -> bool:
     """CUDA/ROCm only (never CPU, never the interpreter), and only where the op exists and runs.
 
@@ -154,11 +151,12 @@ def _grouped_mm_available(target) -> bool:
     arch = target.arch
     if backend.gpu_present() and backend.detect().name == arch.name and not torch.cuda.is_current_stream_capturing():
         return _grouped_mm_probe(torch.cuda.current_device())
+    torch_2_9 = tuple(int(p) for p in torch.__version__.split(".")[:2] if p.isdigit()) >= (2, 9)
     if arch.vendor == "nvidia":
         sm = int(arch.capability[2:]) if arch.capability[2:].isdigit() else 0
-        return sm // 10 == 9 or (_torch_at_least(2, 9) and sm >= 80)
+        return sm // 10 == 9 or (torch_2_9 and sm >= 80)
     if arch.vendor == "amd":
-        return _torch_at_least(2, 9) and arch.capability in ("gfx942", "gfx950")
+        return torch_2_9 and arch.capability in ("gfx942", "gfx950")
     return False
 
 
@@ -185,8 +183,7 @@ def _tile_swizzle(pid, n_tiles_m, n_tiles_n, GROUP_M: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n_tiles_m"])
 def _moe_up_fwd_kernel(
-    x_ptr, w_ptr, gu_ptr, h_ptr, perm_ptr, tile_ptr, bounds_ptr,
-    n_tiles_m, H, I, TOP_K,
+    perm_ptr, tile_ptr, bounds_ptr, n_tiles_m, x_ptr, w_ptr, gu_ptr, h_ptr, H, I, TOP_K,
     STORE_GU: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
@@ -243,8 +240,7 @@ def _moe_up_fwd_kernel(
 
 @triton.jit(do_not_specialize=["n_tiles_m"])
 def _moe_down_kernel(
-    a_ptr, w_ptr, out_ptr, scale_ptr, perm_ptr, tile_ptr, bounds_ptr,
-    n_tiles_m, N, KD, stride_we, stride_wk, stride_wn,
+    perm_ptr, tile_ptr, bounds_ptr, n_tiles_m, a_ptr, w_ptr, out_ptr, scale_ptr, N, KD, stride_we, stride_wk, stride_wn,
     HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
@@ -291,8 +287,8 @@ def _moe_down_kernel(
 
 @triton.jit(do_not_specialize=["n_tiles_m"])
 def _moe_up_bwd_kernel(
-    dy_ptr, w_ptr, gu_ptr, h_ptr, scale_ptr, dgu_ptr, dwp_ptr, hw_ptr, perm_ptr, tile_ptr, bounds_ptr,
-    n_tiles_m, H, I, TOP_K,
+    perm_ptr, tile_ptr, bounds_ptr, n_tiles_m, dy_ptr, w_ptr, gu_ptr, h_ptr, scale_ptr, dgu_ptr, dwp_ptr, hw_ptr,
+    H, I, TOP_K,
     NEED_DW: tl.constexpr, STORE_HW: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -423,41 +419,43 @@ def _moe_tiles_kernel(bounds_ptr, meta_ptr, n_tiles, E,
     tl.store(meta_ptr + n_tiles + t, row, mask=m_t)
 
 
-# ================================================================================ launchers
-class _Routing:
-    """Slots sorted by expert: perm (sorted row -> slot), bounds (E+1 row offsets), tile schedules."""
 
-    def __init__(self, top_k_index: torch.Tensor | None, experts: int, *, saved=None):
-        self._tiles: dict[int, tuple[torch.Tensor, int]] = {}
-        if saved is not None:                      # (perm int32, bounds int32, k) from a forward
-            self.perm, self.bounds, self.K = saved
-            self.S, self.E = self.perm.numel(), experts
-            return
+# ================================================================================ launchers
+def _n_tiles(S, E, block_m: int):
+    """BLOCK_M tiles a routed GEMM launches: sum_e ceil(c_e / BM) <= (S + E * (BM - 1)) // BM, a
+    bound known without a sync (also on the symbolic sizes of a fake run)."""
+    return torch.sym_max(1, torch.sym_min(S, (S + E * (block_m - 1)) // block_m))
+
+
+class _Routing:
+    """Slots sorted by expert: perm (sorted row -> slot, int32), bounds (E+1 row offsets, int32),
+    top_k, and the tile schedule of each BLOCK_M, built on first use."""
+
+    def __init__(self, perm: torch.Tensor, bounds: torch.Tensor, top_k: int, tiles: dict | None = None):
+        self.perm, self.bounds, self.K = perm, bounds, top_k
+        self.S, self.E = perm.numel(), bounds.numel() - 1
+        self._tiles = tiles or {}
+
+    @classmethod
+    def sort(cls, top_k_index: torch.Tensor, experts: int) -> "_Routing":
         flat = top_k_index.reshape(-1)
-        self.S = flat.numel()
-        self.E = experts
-        self.K = top_k_index.shape[-1]
         sorted_e, perm = torch.sort(flat, stable=True)
         bounds = torch.searchsorted(sorted_e, torch.arange(experts + 1, device=flat.device))
-        if not torch.compiler.is_compiling():
-            # every id in [0, E) <=> the first expert starts at row 0 and the last ends at S (no host sync)
-            torch._assert_async((bounds[0] == 0) & (bounds[experts] == self.S),
-                                f"moe_experts: top_k_index holds ids outside [0, {experts})")
-        self.perm = perm.to(torch.int32)
-        self.bounds = bounds.to(torch.int32)
+        # every id in [0, E) <=> the first expert starts at row 0 and the last ends at S (no host sync)
+        torch._assert_async((bounds[0] == 0) & (bounds[experts] == flat.numel()),
+                            f"moe_experts: top_k_index holds ids outside [0, {experts})")
+        return cls(perm.to(torch.int32), bounds.to(torch.int32), top_k_index.shape[-1])
 
     def tiles(self, block_m: int) -> tuple[torch.Tensor, int]:
         """(2, n) int32: row 0 the expert of each BLOCK_M tile (-1 past the last), row 1 its first row."""
         hit = self._tiles.get(block_m)
-        if hit is not None:
-            return hit
-        # sum_e ceil(c_e / BM) <= (S + E * (BM - 1)) // BM: an upper bound known without a sync
-        n = max(1, min(self.S, (self.S + self.E * (block_m - 1)) // block_m))
-        meta = torch.empty(2, n, device=self.perm.device, dtype=torch.int32)
-        _moe_tiles_kernel[(triton.cdiv(n, 128),)](self.bounds, meta, n, self.E, BLOCK_M=block_m,
-                                                   E_PAD=triton.next_power_of_2(self.E), BLOCK_T=128, num_warps=4)
-        self._tiles[block_m] = (meta, n)
-        return meta, n
+        if hit is None:
+            n = _n_tiles(self.S, self.E, block_m)
+            meta = torch.empty(2, n, device=self.perm.device, dtype=torch.int32)
+            _moe_tiles_kernel[(triton.cdiv(n, 128),)](self.bounds, meta, n, self.E, BLOCK_M=block_m,
+                                                       E_PAD=triton.next_power_of_2(self.E), BLOCK_T=128, num_warps=4)
+            hit = self._tiles[block_m] = (meta, n)
+        return hit
 
 
 def _dot_flags(dtype: torch.dtype, device: torch.device) -> tuple[bool, str]:
@@ -468,53 +466,28 @@ def _dot_flags(dtype: torch.dtype, device: torch.device) -> tuple[bool, str]:
     return dot_fp32, precision
 
 
-def _launch_opts(c: dict) -> dict:
-    return {"BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"], "BLOCK_K": c["BLOCK_K"], "GROUP_M": c["GROUP_M"],
-            "num_warps": c["num_warps"], "num_stages": c["num_stages"]}
+def _gemm_opts(c: Gemm, a: torch.Tensor) -> dict:
+    """Launch options of one GEMM family's config; `a` (the A operand) sets the dot's precision."""
+    dot_fp32, precision = _dot_flags(a.dtype, a.device)
+    return dict(DOT_FP32=dot_fp32, PRECISION=precision, BLOCK_M=c.BLOCK_M, BLOCK_N=c.BLOCK_N, BLOCK_K=c.BLOCK_K,
+                GROUP_M=c.GROUP_M, num_warps=c.num_warps, num_stages=c.num_stages)
 
 
-def launch_up_fwd(x, gate_up_proj, route: _Routing, c: dict, h, gu=None) -> None:
-    """h (S, I) [and gu (S, 2I)] <- SwiGLU(x[tokens] @ gate_up[e]^T), rows in sorted order."""
-    H, I = x.shape[1], h.shape[1]
-    dot_fp32, prec = _dot_flags(x.dtype, x.device)
-    meta, n_m = route.tiles(c["BLOCK_M"])
-    _moe_up_fwd_kernel[(n_m * triton.cdiv(I, c["BLOCK_N"]),)](
-        x, gate_up_proj, h if gu is None else gu, h, route.perm, meta, route.bounds, n_m, H, I, route.K,
-        STORE_GU=gu is not None, EVEN_K=H % c["BLOCK_K"] == 0, DOT_FP32=dot_fp32, PRECISION=prec, **_launch_opts(c))
+def _launch(kernel, route: _Routing, c: Gemm, n_cols: int, a: torch.Tensor, *args, **flags) -> None:
+    """A routed GEMM (up, down/dX, up_bwd) over the sorted rows: route's BLOCK_M tiles times
+    ceil(n_cols / BLOCK_N) column tiles; `a` is the A operand, its columns the reduction."""
+    meta, n_m = route.tiles(c.BLOCK_M)
+    kernel[(n_m * triton.cdiv(n_cols, c.BLOCK_N),)](
+        route.perm, meta, route.bounds, n_m, a, *args, EVEN_K=a.shape[1] % c.BLOCK_K == 0, **flags,
+        **_gemm_opts(c, a))
 
 
-def launch_down(a, w, w_strides: tuple[int, int, int], out, scale, route: _Routing, c: dict) -> None:
-    """out[slot] <- (scale[slot] *) a[sorted row] @ W[e]; W[e, k, n] at w + e*s0 + k*s1 + n*s2."""
-    KD, N = a.shape[1], out.shape[1]
-    dot_fp32, prec = _dot_flags(a.dtype, a.device)
-    meta, n_m = route.tiles(c["BLOCK_M"])
-    _moe_down_kernel[(n_m * triton.cdiv(N, c["BLOCK_N"]),)](
-        a, w, out, scale if scale is not None else a, route.perm, meta, route.bounds, n_m, N, KD, *w_strides,
-        HAS_SCALE=scale is not None, EVEN_K=KD % c["BLOCK_K"] == 0, DOT_FP32=dot_fp32, PRECISION=prec,
-        **_launch_opts(c))
-
-
-def launch_up_bwd(dy, down_proj, gu, h, w_flat, route: _Routing, c: dict, dgu, dwp=None, hw=None) -> None:
-    """dgu (S, 2I) <- SwiGLU'(w * dy[tokens] @ down[e]); dwp (S, I/BLOCK_N) <- partials of d weights;
-    hw (S, I) <- w * h."""
-    H, I = dy.shape[1], h.shape[1]
-    dot_fp32, prec = _dot_flags(dy.dtype, dy.device)
-    meta, n_m = route.tiles(c["BLOCK_M"])
-    _moe_up_bwd_kernel[(n_m * triton.cdiv(I, c["BLOCK_N"]),)](
-        dy, down_proj, gu, h, w_flat, dgu, dgu if dwp is None else dwp, dgu if hw is None else hw, route.perm, meta,
-        route.bounds, n_m, H, I, route.K, NEED_DW=dwp is not None, STORE_HW=hw is not None,
-        EVEN_K=H % c["BLOCK_K"] == 0, DOT_FP32=dot_fp32, PRECISION=prec, **_launch_opts(c))
-
-
-def launch_wgrad(a, b, out, route: _Routing, c: dict, *, a_gather: bool, b_gather: bool) -> None:
+def _wgrad(a, b, out, route: _Routing, c: Gemm, *, a_gather: bool, b_gather: bool) -> None:
     """out (E, M, N) <- per expert sum over its rows of A[r]^T B[r] (A, B gathered by token or sorted)."""
     E, M, N = out.shape
-    dot_fp32, prec = _dot_flags(a.dtype, a.device)
-    grid = (E * triton.cdiv(M, c["BLOCK_M"]) * triton.cdiv(N, c["BLOCK_N"]),)
-    _moe_wgrad_kernel[grid](
+    _moe_wgrad_kernel[(E * triton.cdiv(M, c.BLOCK_M) * triton.cdiv(N, c.BLOCK_N),)](
         a, b, out, route.perm, route.bounds, M, N, a.shape[1], b.shape[1], route.K,
-        A_GATHER=a_gather, B_GATHER=b_gather, DOT_FP32=dot_fp32, PRECISION=prec,
-        **_launch_opts(c))
+        A_GATHER=a_gather, B_GATHER=b_gather, **_gemm_opts(c, a))
 
 
 def _sum_k(slots: torch.Tensor, T: int, K: int) -> torch.Tensor:
@@ -523,162 +496,72 @@ def _sum_k(slots: torch.Tensor, T: int, K: int) -> torch.Tensor:
     return slots.view(T, K, H).sum(1) if K > 1 else slots.view(T, H)
 
 
-def moe_experts_fwd(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, w_flat: torch.Tensor,
-                    route: _Routing, config: dict, save: bool):
-    """Fused forward on contiguous 2-D inputs; returns (y (T, H), gu (S, 2I) or None, h (S, I))."""
+def _forward(config, x, gate_up_proj, down_proj, top_k_index, top_k_weights, save):
+    """x (T, H) -> y (T, H); saved: gate|up (S, 2I) (empty unless `save`), h (S, I), perm, bounds,
+    the down GEMM's tile schedule."""
+    x, gate_up_proj, down_proj = x.contiguous(), gate_up_proj.contiguous(), down_proj.contiguous()
     T, H = x.shape
     I = down_proj.shape[2]
-    S = route.S
-    h = torch.empty(S, I, device=x.device, dtype=x.dtype)
-    gu = torch.empty(S, 2 * I, device=x.device, dtype=x.dtype) if save else None
-    launch_up_fwd(x, gate_up_proj, route, config["up"], h, gu)
-    y_slot = torch.empty(S, H, device=x.device, dtype=x.dtype)
+    route = _Routing.sort(top_k_index, gate_up_proj.shape[0])
+    h = x.new_empty(route.S, I)
+    gu = x.new_empty(route.S, 2 * I) if save else x.new_empty(0)
+    _launch(_moe_up_fwd_kernel, route, config.up, I, x, gate_up_proj, gu if save else h, h, H, I, route.K,
+            STORE_GU=save)
+    y_slot = x.new_empty(route.S, H)
     # W[e, k=i, n=h] = down[e, h, i]
-    launch_down(h, down_proj, (H * I, 1, I), y_slot, w_flat, route, config["down"])
-    return _sum_k(y_slot, T, route.K), gu, h
+    _launch(_moe_down_kernel, route, config.down, H, h, down_proj, y_slot, top_k_weights.contiguous().view(-1),
+            H, I, H * I, 1, I, HAS_SCALE=True)
+    meta = route.tiles(config.down.BLOCK_M)[0]
+    return (_sum_k(y_slot, T, route.K),), (gu, h, route.perm, route.bounds, meta)
 
 
-def moe_experts_bwd(dy: torch.Tensor, x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
-                    w_flat: torch.Tensor, route: _Routing, gu: torch.Tensor, h: torch.Tensor, config: dict,
-                    needs: tuple[bool, bool, bool, bool]):
-    """Fused backward; needs = (dx, dgate_up, ddown, dweights). Returns the four grads (None if not needed)."""
-    need_dx, need_dgu, need_ddown, need_dw = needs
+def _backward(config, args, saved, needs, dy):
+    """dy (T, H) -> (dx, dgate_up, ddown, None, dweights, None), each None where not needed."""
+    x, gate_up_proj, down_proj, top_k_index, top_k_weights, _ = args
+    gu, h, perm, bounds, meta = saved
+    if gu.numel() == 0:
+        raise RuntimeError("moe_experts: this forward ran with save=False and kept nothing for a backward")
+    x, gate_up_proj, down_proj, dy = x.contiguous(), gate_up_proj.contiguous(), down_proj.contiguous(), dy.contiguous()
+    need_dx, need_dgu, need_ddown, _, need_dw = needs[:5]     # eager: one per arg; the custom op: per tensor
     T, H = x.shape
     I = down_proj.shape[2]
+    route = _Routing(perm, bounds, top_k_index.shape[-1], {config.down.BLOCK_M: (meta, meta.shape[1])})
     S, K = route.S, route.K
+    dgu = x.new_empty(S, 2 * I)
+    dwp = x.new_empty(S, triton.cdiv(I, config.up_bwd.BLOCK_N), dtype=torch.float32) if need_dw else dgu
+    hw = x.new_empty(S, I) if need_ddown else dgu
+    _launch(_moe_up_bwd_kernel, route, config.up_bwd, I, dy, down_proj, gu, h, top_k_weights.contiguous().view(-1),
+            dgu, dwp, hw, H, I, K, NEED_DW=need_dw, STORE_HW=need_ddown)
     dx = dgate_up = ddown = dw = None
-    dgu = torch.empty(S, 2 * I, device=x.device, dtype=x.dtype)
-    dwp = None
-    if need_dw:
-        dwp = torch.empty(S, triton.cdiv(I, config["up_bwd"]["BLOCK_N"]), device=x.device, dtype=torch.float32)
-    hw = torch.empty(S, I, device=x.device, dtype=x.dtype) if need_ddown else None
-    launch_up_bwd(dy, down_proj, gu, h, w_flat, route, config["up_bwd"], dgu, dwp, hw)
-    if need_dw:
-        dw = dwp.sum(1).view(T, K)
     if need_dx:
-        dx_slot = torch.empty(S, H, device=x.device, dtype=x.dtype)
+        dx_slot = x.new_empty(S, H)
         # W[e, k=j, n=h] = gate_up[e, j, h]
-        launch_down(dgu, gate_up_proj, (2 * I * H, H, 1), dx_slot, None, route, config["down"])
+        _launch(_moe_down_kernel, route, config.down, H, dgu, gate_up_proj, dx_slot, dgu, H, 2 * I, 2 * I * H, H, 1,
+                HAS_SCALE=False)
         dx = _sum_k(dx_slot, T, K)
     if need_dgu:
         dgate_up = torch.empty_like(gate_up_proj)
-        launch_wgrad(dgu, x, dgate_up, route, config["wgrad"], a_gather=False, b_gather=True)
+        _wgrad(dgu, x, dgate_up, route, config.wgrad, a_gather=False, b_gather=True)
     if need_ddown:
         ddown = torch.empty_like(down_proj)
-        launch_wgrad(dy, hw, ddown, route, config["wgrad"], a_gather=True, b_gather=False)
-    return dx, dgate_up, ddown, dw
+        _wgrad(dy, hw, ddown, route, config.wgrad, a_gather=True, b_gather=False)
+    if need_dw:
+        dw = dwp.sum(1).view(T, K).to(top_k_weights.dtype)
+    return dx, dgate_up, ddown, None, dw, None
 
 
-def _c(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_contiguous() else t.contiguous()
-
-
-# ================================================================================ autograd
-# Under torch.compile the forward and backward run as two opaque custom ops (fake impls give
-# dynamo the shapes; tracing into Triton's launcher or the interpreter would break the graph).
-# In eager they are called directly (a custom op's dispatch costs microseconds per call).
-def _config_str(config) -> str:
-    # "fam.KEY=int,..." rather than json: dynamo traces this (fullgraph), it cannot trace json.dumps
-    return ",".join(f"{fam}.{k}={int(v)}" for fam, c in sorted(config.items()) if isinstance(c, dict)
-                    for k, v in sorted(c.items()))
-
-
-def _config_parse(text: str) -> dict:
-    out: dict = {}
-    for kv in text.split(","):
-        if kv:
-            key, v = kv.split("=")
-            fam, k = key.split(".")
-            out.setdefault(fam, {})[k] = int(v)
-    return out
-
-
-def _fwd(x, gate_up_proj, down_proj, top_k_index, w_flat, config: dict, save: bool):
-    route = _Routing(top_k_index, gate_up_proj.shape[0])
-    y, gu, h = moe_experts_fwd(x, gate_up_proj, down_proj, w_flat, route, config, save)
-    return y, gu, h, route
-
-
-@torch.library.custom_op("liger_rt::moe_experts_fwd", mutates_args=())
-def _moe_experts_fwd_op(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
-                        top_k_index: torch.Tensor, w_flat: torch.Tensor, config: str,
-                        save: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    y, gu, h, route = _fwd(x, gate_up_proj, down_proj, top_k_index, w_flat, _config_parse(config), save)
-    return y, gu if gu is not None else x.new_empty(0), h, route.perm, route.bounds
-
-
-@_moe_experts_fwd_op.register_fake
-def _(x, gate_up_proj, down_proj, top_k_index, w_flat, config, save):
+def _fake(config, x, gate_up_proj, down_proj, top_k_index, top_k_weights, save):
     T, H = x.shape
     E, I2, _ = gate_up_proj.shape
     S = top_k_index.numel()
-    return (x.new_empty(T, H), x.new_empty(S, I2) if save else x.new_empty(0), x.new_empty(S, I2 // 2),
-            x.new_empty(S, dtype=torch.int32), x.new_empty(E + 1, dtype=torch.int32))
-
-
-@torch.library.custom_op("liger_rt::moe_experts_bwd", mutates_args=())
-def _moe_experts_bwd_op(dy: torch.Tensor, x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
-                        w_flat: torch.Tensor, perm: torch.Tensor, bounds: torch.Tensor, gu: torch.Tensor,
-                        h: torch.Tensor, top_k: int, config: str, need_dx: bool, need_dgu: bool, need_ddown: bool,
-                        need_dw: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    route = _Routing(None, gate_up_proj.shape[0], saved=(perm, bounds, top_k))
-    grads = moe_experts_bwd(dy, x, gate_up_proj, down_proj, w_flat, route, gu, h, _config_parse(config),
-                            (need_dx, need_dgu, need_ddown, need_dw))
-    return tuple(g if g is not None else x.new_empty(0) for g in grads)
-
-
-@_moe_experts_bwd_op.register_fake
-def _(dy, x, gate_up_proj, down_proj, w_flat, perm, bounds, gu, h, top_k, config, need_dx, need_dgu, need_ddown,
-      need_dw):
-    T = x.shape[0]
-    return (x.new_empty(x.shape) if need_dx else x.new_empty(0),
-            gate_up_proj.new_empty(gate_up_proj.shape) if need_dgu else x.new_empty(0),
-            down_proj.new_empty(down_proj.shape) if need_ddown else x.new_empty(0),
-            x.new_empty(T, top_k, dtype=torch.float32) if need_dw else x.new_empty(0))
-
-
-class MoEExpertsFunction(torch.autograd.Function):
-    """Fused experts; inputs already 2-D: x (T, H), top_k_index / top_k_weights (T, k)."""
-
-    @staticmethod
-    def forward(ctx, x, gate_up_proj, down_proj, top_k_index, top_k_weights, config):
-        x, gate_up_proj, down_proj = _c(x), _c(gate_up_proj), _c(down_proj)
-        w_flat = _c(top_k_weights).reshape(-1)
-        save = any(ctx.needs_input_grad)
-        if torch.compiler.is_compiling():
-            y, gu, h, perm, bounds = _moe_experts_fwd_op(x, gate_up_proj, down_proj, top_k_index, w_flat,
-                                                         _config_str(config), save)
-            route = None
-        else:
-            y, gu, h, route = _fwd(x, gate_up_proj, down_proj, top_k_index, w_flat, config, save)
-            perm, bounds = route.perm, route.bounds
-        if save:
-            ctx.save_for_backward(x, gate_up_proj, down_proj, w_flat, gu, h, perm, bounds)
-            ctx.route = route          # eager: keeps the tile schedules computed in the forward
-            ctx.top_k = top_k_index.shape[-1]
-            ctx.config = config
-            ctx.w_dtype = top_k_weights.dtype
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, gate_up_proj, down_proj, w_flat, gu, h, perm, bounds = ctx.saved_tensors
-        nx, ngu, ndown, _, nw, _ = ctx.needs_input_grad
-        dy = _c(dy)
-        if torch.compiler.is_compiling() or ctx.route is None:
-            grads = _moe_experts_bwd_op(dy, x, gate_up_proj, down_proj, w_flat, perm, bounds, gu, h, ctx.top_k,
-                                        _config_str(ctx.config), nx, ngu, ndown, nw)
-            dx, dgu, ddown, dw = (g if need else None for g, need in zip(grads, (nx, ngu, ndown, nw)))
-        else:
-            dx, dgu, ddown, dw = moe_experts_bwd(dy, x, gate_up_proj, down_proj, w_flat, ctx.route, gu, h,
-                                                 ctx.config, (nx, ngu, ndown, nw))
-        if dw is not None:
-            dw = dw.to(ctx.w_dtype)
-        return dx, dgu, ddown, None, dw, None
+    i32 = torch.int32
+    return ((x.new_empty(T, H),),
+            (x.new_empty(S, I2) if save else x.new_empty(0), x.new_empty(S, I2 // 2), x.new_empty(S, dtype=i32),
+             x.new_empty(E + 1, dtype=i32), x.new_empty(2, _n_tiles(S, E, config.down.BLOCK_M), dtype=i32)))
 
 
 # ================================================================================ functional
-def _check(x, gate_up_proj, down_proj, top_k_index, top_k_weights) -> tuple[int, int, int, int, int]:
+def _dims(x, gate_up_proj, down_proj, top_k_index, top_k_weights, save=False) -> dict:
     if x.dim() < 1 or gate_up_proj.dim() != 3 or down_proj.dim() != 3:
         raise ValueError("moe_experts takes x (tokens, hidden), gate_up_proj (experts, 2*intermediate, hidden), "
                          f"down_proj (experts, hidden, intermediate); got {tuple(x.shape)}, "
@@ -688,8 +571,7 @@ def _check(x, gate_up_proj, down_proj, top_k_index, top_k_weights) -> tuple[int,
     if H2 != H or I2 % 2 or tuple(down_proj.shape) != (E, H, I2 // 2):
         raise ValueError(f"moe_experts: inconsistent shapes x {tuple(x.shape)}, gate_up_proj "
                          f"{tuple(gate_up_proj.shape)}, down_proj {tuple(down_proj.shape)}; expected gate_up_proj "
-                         f"(E, 2*I, {H}) and down_proj "
-                         f"(E, {H}, I) (the transformers v5 experts layout)")
+                         f"(E, 2*I, {H}) and down_proj (E, {H}, I) (the transformers v5 experts layout)")
     if top_k_index.shape != top_k_weights.shape or top_k_index.shape[:-1] != x.shape[:-1]:
         raise ValueError(f"moe_experts: top_k_index {tuple(top_k_index.shape)} and top_k_weights "
                          f"{tuple(top_k_weights.shape)} must both be (tokens, k) for x {tuple(x.shape)}")
@@ -699,7 +581,7 @@ def _check(x, gate_up_proj, down_proj, top_k_index, top_k_weights) -> tuple[int,
         raise TypeError(f"moe_experts: x, gate_up_proj and down_proj must share a dtype (got {x.dtype}, "
                         f"{gate_up_proj.dtype}, {down_proj.dtype}); cast x to the weights' dtype first")
     T = x.numel() // H if H else 0
-    return T, E, top_k_index.shape[-1], H, I2 // 2
+    return dict(tokens=T, experts=E, top_k=top_k_index.shape[-1], hidden=H, intermediate=I2 // 2)
 
 
 def moe_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
@@ -711,38 +593,43 @@ def moe_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Te
 
     >>> y = liger_rt.ops.moe_experts(x, experts.gate_up_proj, experts.down_proj, idx, w)
     """
-    T, E, K, H, I = _check(x, gate_up_proj, down_proj, top_k_index, top_k_weights)
-    lead = x.shape[:-1]
-    x2, idx2, w2 = x.reshape(T, H), top_k_index.reshape(T, K), top_k_weights.reshape(T, K)
-    d = OP.select(x2, tokens=T, experts=E, top_k=K, hidden=H, intermediate=I)
-    if d.impl == "torch" or T == 0:
-        y = moe_experts_ref(x2, gate_up_proj, down_proj, idx2, w2)
-    elif d.impl == "grouped_mm":
-        y = moe_experts_grouped_mm(x2, gate_up_proj, down_proj, idx2, w2)
-    else:
-        y = MoEExpertsFunction.apply(x2, gate_up_proj, down_proj, idx2, w2, d.config)
-    return y.reshape(*lead, H)
+    # the fused forward stores gate|up for the backward only when one can follow
+    save = torch.is_grad_enabled() and any(t.requires_grad for t in (x, gate_up_proj, down_proj, top_k_weights))
+    if x.dim() == 2:
+        return OP(x, gate_up_proj, down_proj, top_k_index, top_k_weights, save)
+    d = _dims(x, gate_up_proj, down_proj, top_k_index, top_k_weights)
+    T, K, H = d["tokens"], d["top_k"], d["hidden"]
+    y = OP(x.reshape(T, H), gate_up_proj, down_proj, top_k_index.reshape(T, K), top_k_weights.reshape(T, K), save)
+    return y.view(*x.shape[:-1], H)
 
 
 # ================================================================================ configs
-def _gemm(bm: int, bn: int, bk: int, warps: int, stages: int, group: int = 8) -> dict:
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "num_warps": warps, "num_stages": stages}
+@dataclasses.dataclass(frozen=True)
+class Gemm(Config):
+    """The launch of one GEMM family: a BLOCK_M x BLOCK_N output tile, BLOCK_K per reduction step,
+    GROUP_M row tiles walking the column tiles together (L2 reuse)."""
+    BLOCK_M: int = knob(64, pow2(16, 256))
+    BLOCK_N: int = knob(64, pow2(16, 256))
+    BLOCK_K: int = knob(32, pow2(16, 256))
+    num_warps: int = knob(4, WARPS)
+    num_stages: int = knob(2, STAGES)
+    GROUP_M: int = knob(8, pow2(1, 16))
 
 
-def _combo(up: dict, up_bwd: dict, down: dict, wgrad: dict) -> dict:
-    """A config: one launch config per GEMM family. ``up``: the gathered up GEMM with the SwiGLU
-    epilogue (two accumulators of BLOCK_N columns each); ``up_bwd``: dy @ down[e] with the
-    SwiGLU-backward epilogue (it loads three more tiles there, so it gets narrower tiles than
-    ``up``: ptxas spills at 128x128 with 8 warps); ``down``: the down GEMM (fwd) and the dX GEMM
-    (bwd), both scattering to slot rows; ``wgrad``: both weight-gradient GEMMs (BLOCK_K runs over
-    an expert's rows). The top-level num_warps/num_stages are the maxima, so dispatch's generic
-    arch pruner sees the worst case."""
-    fams = (up, up_bwd, down, wgrad)
-    return {"up": up, "up_bwd": up_bwd, "down": down, "wgrad": wgrad,
-            "num_warps": max(f["num_warps"] for f in fams), "num_stages": max(f["num_stages"] for f in fams)}
+@dataclasses.dataclass(frozen=True)
+class MoEExpertsConfig(Config):
+    """One launch per GEMM family. ``up``: the gathered up GEMM with the SwiGLU epilogue (two
+    accumulators of BLOCK_N columns each); ``up_bwd``: dy @ down[e] with the SwiGLU-backward
+    epilogue (it loads three more tiles there, so it gets narrower tiles than ``up``: ptxas spills
+    at 128x128 with 8 warps); ``down``: the down GEMM (fwd) and the dX GEMM (bwd), both scattering
+    to slot rows; ``wgrad``: both weight-gradient GEMMs (BLOCK_K runs over an expert's rows)."""
+    up: Gemm
+    up_bwd: Gemm
+    down: Gemm
+    wgrad: Gemm
 
 
-_g = _gemm
+_C, _g = MoEExpertsConfig, Gemm     # _C(up, up_bwd, down, wgrad), _g(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
 # Hopper (sm90, 227 KiB smem), bf16/fp16. Registers and smem checked by compiling every kernel
 # for sm90 with ptxas (Triton 3.9, no GPU): the up tiles 128x(2x128)/8 warps use 255 registers
 # (16 B spill), 128x(2x64)/8 warps 128; up_bwd 128x64/8 warps 105 (128x128 spills 96 B);
@@ -751,89 +638,83 @@ _g = _gemm
 # ([5] at T512, [0] at T4096) beat both peers; `liger-tune sweep --arch hopper` (or
 # `bench_moe_experts.py --tune`) times every candidate and persists the fastest per shape.
 _HOPPER = [
-    _combo(_g(128, 128, 64, 8, 3), _g(128, 64, 64, 8, 4), _g(128, 256, 64, 8, 3), _g(128, 256, 64, 8, 3)),
-    _combo(_g(128, 128, 64, 8, 3), _g(128, 64, 64, 8, 4), _g(128, 128, 64, 8, 4), _g(128, 128, 64, 8, 4)),
-    _combo(_g(128, 64, 64, 8, 4), _g(128, 64, 64, 8, 4), _g(128, 256, 64, 8, 3), _g(128, 256, 64, 8, 3)),
-    _combo(_g(128, 64, 64, 8, 4), _g(128, 64, 64, 8, 4), _g(128, 128, 64, 8, 4), _g(128, 128, 64, 8, 4)),
-    _combo(_g(128, 128, 64, 8, 4), _g(128, 64, 64, 8, 4), _g(128, 256, 64, 8, 4), _g(128, 256, 64, 8, 4)),
-    _combo(_g(64, 128, 64, 4, 4), _g(64, 64, 64, 4, 4), _g(64, 256, 64, 4, 4), _g(128, 128, 64, 8, 4)),
-    _combo(_g(64, 64, 64, 4, 4), _g(64, 64, 64, 4, 4), _g(64, 128, 64, 4, 4), _g(128, 128, 32, 4, 4)),
-    _combo(_g(64, 128, 64, 4, 3), _g(64, 64, 64, 4, 4), _g(64, 128, 64, 4, 4), _g(128, 256, 64, 8, 3)),
+    _C(_g(128, 128, 64, 8, 3), _g(128, 64, 64, 8, 4), _g(128, 256, 64, 8, 3), _g(128, 256, 64, 8, 3)),
+    _C(_g(128, 128, 64, 8, 3), _g(128, 64, 64, 8, 4), _g(128, 128, 64, 8, 4), _g(128, 128, 64, 8, 4)),
+    _C(_g(128, 64, 64, 8, 4), _g(128, 64, 64, 8, 4), _g(128, 256, 64, 8, 3), _g(128, 256, 64, 8, 3)),
+    _C(_g(128, 64, 64, 8, 4), _g(128, 64, 64, 8, 4), _g(128, 128, 64, 8, 4), _g(128, 128, 64, 8, 4)),
+    _C(_g(128, 128, 64, 8, 4), _g(128, 64, 64, 8, 4), _g(128, 256, 64, 8, 4), _g(128, 256, 64, 8, 4)),
+    _C(_g(64, 128, 64, 4, 4), _g(64, 64, 64, 4, 4), _g(64, 256, 64, 4, 4), _g(128, 128, 64, 8, 4)),
+    _C(_g(64, 64, 64, 4, 4), _g(64, 64, 64, 4, 4), _g(64, 128, 64, 4, 4), _g(128, 128, 32, 4, 4)),
+    _C(_g(64, 128, 64, 4, 3), _g(64, 64, 64, 4, 4), _g(64, 128, 64, 4, 4), _g(128, 256, 64, 8, 3)),
     # few rows per expert: 64-row up tiles with an 8-warp 64x256 down/dX GEMM and the wide wgrad
     # tile that won at T4096 (smem: up 160 KiB, down 120 KiB, wgrad 144 KiB)
-    _combo(_g(64, 128, 64, 4, 4), _g(64, 64, 64, 4, 4), _g(64, 256, 64, 8, 3), _g(128, 256, 64, 8, 3)),
+    _C(_g(64, 128, 64, 4, 4), _g(64, 64, 64, 4, 4), _g(64, 256, 64, 8, 3), _g(128, 256, 64, 8, 3)),
     # many rows per expert: 4-stage up/down/wgrad, up_bwd with BLOCK_K 128 (half the K loop
     # iterations for its narrower tile; smem: up/down/wgrad 192 KiB, up_bwd 144 KiB)
-    _combo(_g(128, 128, 64, 8, 4), _g(128, 64, 128, 8, 3), _g(128, 256, 64, 8, 4), _g(128, 256, 64, 8, 4)),
+    _C(_g(128, 128, 64, 8, 4), _g(128, 64, 128, 8, 3), _g(128, 256, 64, 8, 4), _g(128, 256, 64, 8, 4)),
 ]
 # fp32 (ieee dot, 4-byte tiles): small tiles (also what other NVIDIA parts fall back to)
 _NVIDIA_FP32 = [
-    _combo(_g(64, 64, 32, 4, 3), _g(64, 64, 32, 4, 3), _g(64, 128, 32, 4, 3), _g(64, 128, 32, 4, 3)),
-    _combo(_g(32, 64, 32, 4, 2), _g(32, 64, 32, 4, 2), _g(64, 64, 32, 4, 2), _g(64, 64, 32, 4, 2)),
+    _C(_g(64, 64, 32, 4, 3), _g(64, 64, 32, 4, 3), _g(64, 128, 32, 4, 3), _g(64, 128, 32, 4, 3)),
+    _C(_g(32, 64, 32, 4, 2), _g(32, 64, 32, 4, 2), _g(64, 64, 32, 4, 2), _g(64, 64, 32, 4, 2)),
 ]
 # AMD CDNA3 (MI300X/MI325X, gfx942): 64 KiB LDS, num_stages <= 2, num_warps <= 8 (wave64):
 # every candidate is HIP-safe; LDS is counted for num_stages buffers (conservative).
 _HIP = [
-    _combo(_g(64, 64, 64, 4, 2), _g(64, 64, 64, 4, 2), _g(64, 128, 64, 4, 2), _g(64, 128, 64, 4, 2)),
-    _combo(_g(128, 64, 32, 8, 2), _g(128, 64, 32, 8, 2), _g(128, 128, 32, 8, 2), _g(128, 128, 32, 8, 2)),
-    _combo(_g(64, 128, 32, 4, 2), _g(64, 64, 64, 4, 2), _g(64, 128, 64, 4, 2), _g(128, 128, 32, 8, 2)),
-    _combo(_g(128, 128, 32, 8, 2), _g(128, 64, 32, 8, 2), _g(128, 256, 32, 8, 2), _g(128, 128, 32, 8, 2)),
-    _combo(_g(32, 64, 64, 4, 2), _g(32, 64, 64, 4, 2), _g(32, 128, 64, 4, 2), _g(64, 64, 64, 4, 2)),
-    _combo(_g(64, 64, 64, 4, 1), _g(64, 64, 64, 4, 1), _g(64, 64, 64, 4, 1), _g(64, 64, 64, 4, 1)),
+    _C(_g(64, 64, 64, 4, 2), _g(64, 64, 64, 4, 2), _g(64, 128, 64, 4, 2), _g(64, 128, 64, 4, 2)),
+    _C(_g(128, 64, 32, 8, 2), _g(128, 64, 32, 8, 2), _g(128, 128, 32, 8, 2), _g(128, 128, 32, 8, 2)),
+    _C(_g(64, 128, 32, 4, 2), _g(64, 64, 64, 4, 2), _g(64, 128, 64, 4, 2), _g(128, 128, 32, 8, 2)),
+    _C(_g(128, 128, 32, 8, 2), _g(128, 64, 32, 8, 2), _g(128, 256, 32, 8, 2), _g(128, 128, 32, 8, 2)),
+    _C(_g(32, 64, 64, 4, 2), _g(32, 64, 64, 4, 2), _g(32, 128, 64, 4, 2), _g(64, 64, 64, 4, 2)),
+    _C(_g(64, 64, 64, 4, 1), _g(64, 64, 64, 4, 1), _g(64, 64, 64, 4, 1), _g(64, 64, 64, 4, 1)),
 ]
 # The interpreter runs every program serially in numpy: few, mid-sized tiles are fastest there.
 _CPU = [
-    _combo(_g(16, 32, 32, 4, 1), _g(16, 32, 32, 4, 1), _g(16, 64, 32, 4, 1), _g(32, 32, 32, 4, 1)),
-    _combo(_g(32, 32, 16, 2, 1), _g(32, 16, 32, 2, 1), _g(32, 32, 32, 2, 1), _g(16, 64, 16, 2, 1)),
+    _C(_g(16, 32, 32, 4, 1), _g(16, 32, 32, 4, 1), _g(16, 64, 32, 4, 1), _g(32, 32, 32, 4, 1)),
+    _C(_g(32, 32, 16, 2, 1), _g(32, 16, 32, 2, 1), _g(32, 32, 32, 2, 1), _g(16, 64, 16, 2, 1)),
 ]
 # LIGER_FUSED_MOE_AUTOTUNE=0: fixed, known-safe configs (first one that fits the arch profile).
-_PINNED_HIP = _combo(_g(64, 64, 64, 4, 2), _g(64, 64, 64, 4, 2), _g(64, 128, 64, 4, 2), _g(64, 128, 64, 4, 2))
-_PINNED_CUDA = _combo(_g(128, 64, 64, 8, 4), _g(128, 64, 64, 8, 4), _g(128, 128, 64, 8, 4), _g(128, 128, 64, 8, 4))
-_MINIMAL = _combo(_g(32, 32, 32, 4, 1), _g(32, 32, 32, 4, 1), _g(32, 32, 32, 4, 1), _g(32, 32, 32, 4, 1))
+_PINNED_HIP = _C(_g(64, 64, 64, 4, 2), _g(64, 64, 64, 4, 2), _g(64, 128, 64, 4, 2), _g(64, 128, 64, 4, 2))
+_PINNED_CUDA = _C(_g(128, 64, 64, 8, 4), _g(128, 64, 64, 8, 4), _g(128, 128, 64, 8, 4), _g(128, 128, 64, 8, 4))
+_MINIMAL = _C(_g(32, 32, 32, 4, 1), _g(32, 32, 32, 4, 1), _g(32, 32, 32, 4, 1), _g(32, 32, 32, 4, 1))
 
 
-def _smem(config: dict, dims: dict, dtype: torch.dtype) -> int:
+def _smem(config: MoEExpertsConfig, dims: dict, dtype: torch.dtype) -> int:
     """Shared memory / LDS bytes of the hungriest GEMM: num_stages buffers of its A and B tiles
     (the up GEMM loads two B tiles: gate and up)."""
-    es = torch.tensor([], dtype=dtype).element_size()
+    def need(c: Gemm, b_tiles: int) -> int:
+        return c.num_stages * (c.BLOCK_M * c.BLOCK_K + b_tiles * c.BLOCK_K * c.BLOCK_N) * dtype.itemsize
 
-    def need(c: dict, b_tiles: int) -> int:
-        return max(1, c["num_stages"]) * (c["BLOCK_M"] * c["BLOCK_K"] + b_tiles * c["BLOCK_K"] * c["BLOCK_N"]) * es
-
-    return max(need(config["up"], 2), need(config["up_bwd"], 1), need(config["down"], 1), need(config["wgrad"], 1))
+    return max(need(config.up, 2), need(config.up_bwd, 1), need(config.down, 1), need(config.wgrad, 1))
 
 
-def _fits(cfg: dict, arch: backend.Arch, dims: dict, dtype: torch.dtype) -> bool:
-    return (cfg["num_warps"] <= arch.max_num_warps and cfg["num_stages"] <= arch.max_num_stages
+def _fits(cfg: MoEExpertsConfig, arch: backend.Arch, dims: dict, dtype: torch.dtype) -> bool:
+    warps, stages = cfg.limits()
+    return (warps <= arch.max_num_warps and stages <= arch.max_num_stages
             and _smem(cfg, dims, dtype) <= arch.smem_bytes)
 
 
-def _configs(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> list[dict]:
+def _configs(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> list[MoEExpertsConfig]:
     if arch.name == "cpu":
-        return [dict(c) for c in _CPU]
+        return _CPU
     if arch.is_hip:
-        return [dict(c) for c in _HIP]
-    if dtype == torch.float32:
-        return [dict(c) for c in _NVIDIA_FP32]
-    return [dict(c) for c in _HOPPER + _NVIDIA_FP32]
+        return _HIP
+    return _NVIDIA_FP32 if dtype == torch.float32 else _HOPPER + _NVIDIA_FP32
 
 
-def _first_fit(cands: list[dict], arch, dims, dtype) -> dict:
-    for c in cands:
-        if _fits(c, arch, dims, dtype):
-            return dict(c)
-    return dict(_MINIMAL)
+def _first_fit(cands: list[MoEExpertsConfig], arch, dims, dtype) -> MoEExpertsConfig:
+    return next((c for c in cands if _fits(c, arch, dims, dtype)), _MINIMAL)
 
 
 def _rows_per_expert(dims: dict) -> float:
     return dims["tokens"] * dims["top_k"] / max(1, dims["experts"])
 
 
-def _heuristic(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> dict:
+def _heuristic(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> MoEExpertsConfig:
     """Default config with nothing measured: BLOCK_M 64 tiles below 128 routed rows per expert
     (a 128-row tile would be over half padding), 128-row tiles above."""
     if arch.name == "cpu":
-        return dict(_CPU[0])
+        return _CPU[0]
     if arch.is_hip:
         return _pinned(arch, dims, dtype)
     if dtype == torch.float32:
@@ -842,11 +723,11 @@ def _heuristic(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> dict:
     return _first_fit(order + _HOPPER + _NVIDIA_FP32, arch, dims, dtype)
 
 
-def _pinned(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> dict:
+def _pinned(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> MoEExpertsConfig:
     """LIGER_FUSED_MOE_AUTOTUNE=0: HIP-safe on AMD (stages <= 2, warps <= 8, <= 64 KiB LDS),
     the fixed CUDA config otherwise; shrunk to the arch's limits if they are tighter."""
     if arch.name == "cpu":
-        return dict(_CPU[0])
+        return _CPU[0]
     if arch.is_hip:
         return _first_fit([_PINNED_HIP, *_HIP], arch, dims, dtype)
     return _first_fit([_PINNED_CUDA, *_NVIDIA_FP32], arch, dims, dtype)
@@ -885,7 +766,7 @@ def _heuristic_impl(target, dims: dict, dtype: torch.dtype, avail: list[str]) ->
     return "grouped_mm" if "grouped_mm" in avail else "torch"
 
 
-# ================================================================================ registration
+# ================================================================================ the op
 def _routing(T: int, E: int, K: int, tag: str, g: torch.Generator, device) -> torch.Tensor:
     """(T, K) distinct expert ids: ``uniform`` random, or ``skewed`` (Zipf-like: a few hot
     experts, a quarter of the experts empty)."""
@@ -900,7 +781,7 @@ def _routing(T: int, E: int, K: int, tag: str, g: torch.Generator, device) -> to
     return torch.multinomial(p.expand(T, E), K, replacement=False, generator=g)
 
 
-def _make_case(dims: dict, dtype: torch.dtype, device: str, tag: str = "uniform") -> dict:
+def _make_case(dims: dict, dtype: torch.dtype, device: str, tag: str = "uniform") -> Case:
     T, E, K, H, I = (dims[k] for k in ("tokens", "experts", "top_k", "hidden", "intermediate"))
     g = torch.Generator(device=device).manual_seed(0)
 
@@ -917,25 +798,7 @@ def _make_case(dims: dict, dtype: torch.dtype, device: str, tag: str = "uniform"
     # the dW and d-weights sums (thousands of O(1) terms) make the absolute part of the bf16
     # tolerance meaningless and every bf16 implementation fails it at a few extreme elements
     dy = (torch.randn(T, H, generator=g, device=device) * 0.25).to(dtype)
-    return {"x": x, "gate_up": gate_up, "down": down, "idx": idx, "w": w, "dy": dy}
-
-
-def _grads(y: torch.Tensor, case: dict) -> list:
-    return [y, *torch.autograd.grad(y, (case["x"], case["gate_up"], case["down"], case["w"]), case["dy"],
-                                    allow_unused=True, materialize_grads=True)]
-
-
-def _run_torch(case: dict, config) -> list:
-    return _grads(moe_experts_ref(case["x"], case["gate_up"], case["down"], case["idx"], case["w"]), case)
-
-
-def _run_grouped_mm(case: dict, config) -> list:
-    return _grads(moe_experts_grouped_mm(case["x"], case["gate_up"], case["down"], case["idx"], case["w"]), case)
-
-
-def _run_triton(case: dict, config) -> list:
-    return _grads(MoEExpertsFunction.apply(case["x"], case["gate_up"], case["down"], case["idx"], case["w"],
-                                           dict(config)), case)
+    return Case(args=(x, gate_up, down, idx, w, True), grads=(dy,))
 
 
 _CPU_TINY = [  # (experts, top_k, hidden, intermediate), tokens
@@ -971,17 +834,21 @@ def _reduce_len(dims: dict) -> int:
     return max(dims["hidden"], 2 * dims["intermediate"], dims["tokens"])
 
 
+def _native(fn):
+    """A native implementation on the op's args (the trailing `save` is the fused path's alone)."""
+    return functools.wraps(fn)(lambda x, gate_up_proj, down_proj, top_k_index, top_k_weights, save=False:
+                               fn(x, gate_up_proj, down_proj, top_k_index, top_k_weights))
+
+
 OP = register(Op(
-    name="moe_experts",
-    static=("experts", "top_k", "hidden", "intermediate"),
-    dynamic=("tokens",),
-    impls=[
-        Impl("triton", run=_run_triton, available=triton_available, configs=_configs, heuristic=_heuristic,
-             pinned=_pinned, supports=_supports_triton, smem=_smem),
-        Impl("grouped_mm", run=_run_grouped_mm, available=_grouped_mm_available, supports=_supports_grouped_mm),
-        Impl("torch", run=_run_torch),
-    ],
-    make_case=_make_case, plan=_plan, reduce_len=_reduce_len, heuristic_impl=_heuristic_impl,
-    crossover_axis=_rows_per_expert, crossover_axis_name="rows_per_expert",
-    pinned_by_fused_moe_env=True, tags=("uniform", "skewed"),
-))
+    name="moe_experts", static=("experts", "top_k", "hidden", "intermediate"), dynamic=("tokens",), dims=_dims,
+    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports_triton),
+           Impl("grouped_mm", fn=_native(moe_experts_grouped_mm), available=_grouped_mm_available,
+                supports=_supports_grouped_mm),
+           Impl("torch", fn=_native(moe_experts_ref))],
+    config=MoEExpertsConfig, candidates=_configs, heuristic=_heuristic, pinned=_pinned, smem=_smem,
+    schema="Tensor x, Tensor gate_up_proj, Tensor down_proj, Tensor top_k_index, Tensor top_k_weights, bool save",
+    fake=_fake, make_case=_make_case, plan=_plan, reduce_len=_reduce_len, heuristic_impl=_heuristic_impl,
+    crossover_axis=_rows_per_expert, crossover_axis_name="rows_per_expert", pinned_by_fused_moe_env=True,
+    tags=("uniform", "skewed"),
+    schema_version=2))   # 2: a frozen config with one Gemm per family, no top-level num_warps/num_stages
