@@ -97,6 +97,10 @@ def test_profile_unknown_name_lists_valid():
     ("LIGER_RT_LOG", "everything", env.log_decisions),
     ("LIGER_RT_ARCH", "pentium", env.arch_override),
     ("LIGER_RT_DB_TIMEOUT", "-3", env.db_timeout),
+    ("LIGER_RT_DB_TIMEOUT", "abc", env.db_timeout),
+    ("LIGER_RT_DB_TIMEOUT", "nan", env.db_timeout),
+    ("LIGER_RT_DB_TIMEOUT", "inf", env.db_timeout),
+    ("LIGER_RT_DB_TIMEOUT", "1e308", env.db_timeout),
 ])
 def test_bad_env_values_name_the_variable_and_accepted_values(monkeypatch, var, value, fn):
     monkeypatch.setenv(var, value)
@@ -122,3 +126,78 @@ def test_default_db_path_under_cache(monkeypatch, tmp_path):
     monkeypatch.delenv("LIGER_RT_TUNING_DB")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert env.tuning_db_path() == tmp_path / "liger_rt" / "tuning.db"
+
+
+def test_every_accessor_validates_every_variable(monkeypatch):
+    monkeypatch.setenv("LIGER_RT_AUTOTUNE", "maybe")
+    for fn in (env.disabled, env.db_timeout, env.tuning_db_path, env.arch_override, env.log_decisions,
+               env.fused_moe_autotune, lambda: env.impl_override("rms_norm")):
+        with pytest.raises(env.EnvError, match="LIGER_RT_AUTOTUNE='maybe'"):
+            fn()
+    monkeypatch.setenv("LIGER_RT_AUTOTUNE", "1")
+    monkeypatch.setenv("LIGER_RT_DB_TIMEOUT", "0")
+    env.check()
+    assert env.db_timeout() == 0.0
+
+
+def test_unknown_variable_warns_once_with_the_nearest_name(monkeypatch):
+    from liger_rt import dispatch
+    dispatch.get_op("rms_norm")
+    monkeypatch.setenv("LIGER_RT_IMPL_RMSNORM", "torch")
+    monkeypatch.setenv("LIGER_RT_AUTOTUNES", "1")
+    monkeypatch.setattr(env, "_warned", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        env.disabled()
+        env.disabled()
+        monkeypatch.setenv("LIGER_RT_DISABLE", "0")          # a changed environment is checked again
+        env.disabled()
+    msgs = [str(w.message) for w in caught]
+    assert len(msgs) == 2, msgs
+    assert any("LIGER_RT_IMPL_RMSNORM" in m and "did you mean LIGER_RT_IMPL_RMS_NORM?" in m for m in msgs)
+    assert any("LIGER_RT_AUTOTUNES" in m and "did you mean LIGER_RT_AUTOTUNE?" in m for m in msgs)
+    assert "LIGER_RT_AUTOTUNES" in env.snapshot()["unknown"]
+
+
+def test_tilde_paths(monkeypatch, tmp_path):
+    monkeypatch.setenv("LIGER_RT_TUNING_DB", "~no_such_user_here_1234/tuning.db")
+    with pytest.raises(env.EnvError, match="LIGER_RT_TUNING_DB=.*cannot expand '~'"):
+        env.tuning_db_path()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("LIGER_RT_TUNING_DB", "~/t.db")
+    assert env.tuning_db_path() == tmp_path / "t.db"
+
+
+def test_env_imports_nothing_from_liger_rt():
+    import ast
+    tree = ast.parse(open(env.__file__).read())
+    imported = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.level or "liger_rt" in (n.module or ""))]
+    assert not imported
+    assert backend.ARCH_NAMES == env.ARCH_CHOICES
+
+
+def test_sm_count_is_the_device_s_and_cached(monkeypatch):
+    calls = []
+
+    class Props:
+        name, major, minor, multi_processor_count = "NVIDIA H200", 9, 0, 132
+
+    def props(i):
+        calls.append(i)
+        return Props()
+    backend.reset()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert backend.sm_count("cpu") == 2 and backend.sm_count(torch.device("cpu")) == 2
+    assert backend.sm_count(torch.device("cuda", 1)) == 132 and backend.sm_count(1) == 132
+    assert backend.sm_count("cuda") == 132 and calls == [1, 0]
+    backend.reset()
+
+
+def test_detect_hardware_ignores_the_forced_arch_and_sweeps_refuse_with_a_library_error(monkeypatch):
+    from liger_rt import autotune
+    monkeypatch.setenv("LIGER_RT_ARCH", "hopper")
+    assert backend.detect("cpu").name == "hopper" and backend.detect_hardware().name == "cpu"
+    with pytest.raises(autotune.ArchMismatchError, match="refusing to measure for --arch hopper: this machine is cpu"):
+        autotune.check_arch_matches("hopper")
+    assert autotune.check_arch_matches("cpu").name == "cpu"

@@ -1,0 +1,526 @@
+"""Fault injection into the tuning DB: crafted rows, malformed imports, files that are not ours,
+old and newer schemas, read-only files and directories, held locks, a writer killed mid-sweep.
+
+Each fault must end in a clear one-line message or a warning and a fallback: never a crash, never a
+wrong result, never a write into a file that is not ours.
+"""
+import hashlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import toy_op
+from liger_rt import autotune, dispatch
+from liger_rt.tools.cli import main
+from liger_rt.tuning_db import RowError, TuningDBError, open_store
+from liger_rt.tuning_db.store import fingerprint, load_jsonl
+
+OP = toy_op.OP
+HERE = Path(__file__).resolve().parent
+SK, BK = OP.static_key({"cols": 40}), OP.bucket_key({"rows": 4})
+
+
+def _good(**kw) -> dict:
+    row = dict(op="toy", variant="fwdbwd", arch="cpu", dtype="fp32", static_key=SK, bucket=BK, impl="triton",
+               config=json.dumps(toy_op.ToyConfig(BLOCK=32).to_dict()), median_ms=1.0, baseline_ms=2.0, host_ms=1.0,
+               method="cpu-wall", config_schema=OP.schema_version, origin="sweep", created=1.0,
+               **fingerprint("cpu", OP.source_hash))
+    row.update(kw)
+    return row
+
+
+def _good_cross(**kw) -> dict:
+    row = dict(op="toy", variant="fwdbwd", arch="cpu", dtype="fp32", static_key=SK, axis_name="rows",
+               segments='[[8.0, "triton"], [null, "torch"]]', margin=0.05, method="cpu-wall", origin="sweep",
+               created=1.0, **fingerprint("cpu", OP.source_hash))
+    row.update(kw)
+    return row
+
+
+def _raw_insert(path, table: str, row: dict) -> None:
+    """Write a row past every check, as another tool or a hand edit could."""
+    con = sqlite3.connect(path)
+    con.execute(f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})", list(row.values()))
+    con.commit()
+    con.close()
+
+
+def _user_db(tmp_path, monkeypatch, name="user.db") -> Path:
+    path = tmp_path / name
+    open_store(path).close()
+    monkeypatch.setenv("LIGER_RT_TUNING_DB", str(path))
+    dispatch.reset()
+    return path
+
+
+def _select(**dims):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        d = dispatch.select("toy", dtype="fp32", arch="cpu", **(dims or {"rows": 4, "cols": 40}))
+    return d, [str(w.message) for w in caught]
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# -- crafted rows on read: skipped with one warning naming them, the decision falls through -------------
+
+BAD_TUNING = [
+    (dict(config="not json"), "config is not JSON"),
+    (dict(config="[1, 2]"), "config must be a JSON object"),
+    (dict(config="{}"), "missing"),
+    (dict(config=json.dumps({**toy_op.ToyConfig().to_dict(), "BLOCK": 3})), "BLOCK=3 is not one of"),
+    (dict(config=json.dumps({**toy_op.ToyConfig().to_dict(), "BLOCK": "64"})), "BLOCK must be int"),
+    (dict(median_ms="abc"), "median_ms='abc' is not a number"),
+    (dict(median_ms=-5.0), "median_ms=-5.0 must be > 0"),
+    (dict(median_ms=None), "median_ms is missing"),
+    (dict(median_ms=float("inf")), "is not finite"),
+    (dict(baseline_ms="x"), "baseline_ms='x' is not a number"),
+    (dict(host_ms=-1.0), "host_ms=-1.0 must be >= 0"),
+    (dict(bucket='{"rows": 3}'), "not a bucket"),
+    (dict(method="stopwatch"), "method='stopwatch' is not one of"),
+    (dict(origin="magic"), "origin='magic' is not one of"),
+    (dict(sm_count=-1), "sm_count=-1 is out of range"),
+]
+
+
+@pytest.mark.parametrize("change,why", BAD_TUNING, ids=[w for _, w in BAD_TUNING])
+def test_bad_tuning_row_is_skipped_with_one_warning(tmp_path, monkeypatch, change, why):
+    path = _user_db(tmp_path, monkeypatch)
+    _raw_insert(path, "tuning", _good(**change))
+    d, caught = _select()
+    assert d.origin == "heuristic"
+    bad = [m for m in caught if "skipping a bad tuning row" in m]
+    assert len(bad) == 1 and why in bad[0] and "toy cpu fp32" in bad[0], caught
+    _, again = _select(rows=3, cols=40)                # same row seen again: no second warning
+    assert not [m for m in again if "skipping" in m]
+
+
+def test_bad_row_falls_through_to_the_next_row_and_the_result_is_right(tmp_path, monkeypatch):
+    path = _user_db(tmp_path, monkeypatch)
+    _raw_insert(path, "tuning", _good(config=json.dumps({**toy_op.ToyConfig().to_dict(), "BLOCK": 3}), median_ms=0.1))
+    _raw_insert(path, "tuning", _good(impl="torch", config="{}", median_ms=0.5))
+    d, caught = _select()
+    assert (d.impl, d.origin) == ("torch", "db") and any("BLOCK=3" in m for m in caught)
+    x = torch.randn(4, 40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(toy_op.toy(x), x * 2)
+
+
+def test_crafted_rms_norm_row_never_reaches_the_kernel(tmp_path, monkeypatch):
+    """The issue's worst row (ROWS -4, median -5 gave uninitialised memory) is refused on read."""
+    path = _user_db(tmp_path, monkeypatch)
+    rn = dispatch.get_op("rms_norm")
+    cfg = {**rn.config().to_dict(), "ROWS": -4}
+    _raw_insert(path, "tuning", _good(op="rms_norm", static_key=rn.static_key({"hidden": 64}),
+                                      bucket=rn.bucket_key({"rows": 8}), config=json.dumps(cfg), median_ms=-5.0,
+                                      config_schema=rn.schema_version, source_hash=rn.source_hash))
+    dispatch.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        d = dispatch.select("rms_norm", dtype="fp32", arch="cpu", rows=8, hidden=64)
+    assert d.origin == "heuristic" and d.config.ROWS > 0
+    assert any("rms_norm cpu fp32" in str(w.message) and "ROWS=-4" in str(w.message) for w in caught)
+
+
+BAD_SEGMENTS = [
+    ("nope", "segments is not JSON"),
+    ('{"a": 1}', "must be a JSON list"),
+    ("[]", "segments are empty"),
+    ('[[8.0, "cuda"], [null, "torch"]]', "'cuda', not an implementation of toy"),
+    ('[[8.0, "triton"], [4.0, "torch"], [null, "triton"]]', "bound 4.0 is not a finite number above 8"),
+    ('[[8.0, "triton"]]', "the last segment must have the bound null"),
+    ('[[null, "triton"], [8.0, "torch"]]', "segment 0 has no bound but is not the last"),
+    ('[[8.0]]', "is not a [bound, impl] pair"),
+]
+
+
+@pytest.mark.parametrize("segments,why", BAD_SEGMENTS, ids=[w for _, w in BAD_SEGMENTS])
+def test_bad_crossover_row_is_skipped(tmp_path, monkeypatch, segments, why):
+    path = _user_db(tmp_path, monkeypatch)
+    _raw_insert(path, "crossover", _good_cross(segments=segments))
+    d, caught = _select(rows=1000, cols=40)
+    assert d.origin == "heuristic"
+    assert any("skipping a bad crossover row" in m and why in m for m in caught), caught
+
+
+def test_doctor_counts_bad_rows_and_prune_invalid_removes_them(tmp_path, monkeypatch):
+    path = _user_db(tmp_path, monkeypatch)
+    _raw_insert(path, "tuning", _good())
+    _raw_insert(path, "tuning", _good(bucket=OP.bucket_key({"rows": 8}), median_ms=-1.0))
+    _raw_insert(path, "tuning", _good(bucket=OP.bucket_key({"rows": 16}), impl="cuda"))
+    _raw_insert(path, "tuning", _good(op="nosuchop"))
+    _raw_insert(path, "crossover", _good_cross(margin=2.0))
+    res = CliRunner().invoke(main, ["doctor", "--json"])
+    assert res.exit_code == 0, res.output
+    db = json.loads(res.stdout)["db"]
+    assert db["user_health"]["tuning"] == {"ok": 1, "stale": 0, "bad": 3}
+    assert db["user_health"]["crossover"]["bad"] == 1
+    assert any("unknown op 'nosuchop'" in b for b in db["user_bad"])
+    res = CliRunner().invoke(main, ["prune", "--invalid"])
+    assert res.exit_code == 0, res.output
+    assert "removed 4 entries" in res.stdout
+    assert len(open_store(path).all_rows("tuning")) == 1
+
+
+# -- import: validated, all or nothing, the first bad line named --------------------------------------
+
+def _line(table="tuning", **kw) -> str:
+    row = _good(**kw) if table == "tuning" else _good_cross(**kw) if table == "crossover" else kw
+    return json.dumps({"table": table, **row})
+
+
+BAD_LINES = [
+    ("[1, 2]", "not a liger_rt export record"),
+    ('"a string"', "not a liger_rt export record"),
+    ('{"table": "tuning", ', "not JSON"),
+    (_line(median_ms={"a": 1}), "median_ms={'a': 1} is not a number"),
+    (_line(sm_count=2 ** 64), "sm_count=18446744073709551616 is out of range"),
+    (_line(median_ms=-1.0), "must be > 0"),
+    (_line(median_ms="0.1"), "is not a number"),
+    (_line().replace('"median_ms": 1.0', '"median_ms": NaN'), "is not finite"),
+    (_line().replace('"median_ms": 1.0', '"median_ms": Infinity'), "is not finite"),
+    (_line(op="nope"), "unknown op 'nope'"),
+    (_line(arch="z80"), "arch='z80' is not one of"),
+    (_line(config="not json"), "config is not JSON"),
+    (_line(impl="cuda"), "impl='cuda' is not one of"),
+    (_line(colour="red"), "unknown field(s) colour"),
+    (_line("crossover", segments=[[8.0, "cuda"], [None, "torch"]]), "not an implementation of toy"),
+    (_line("bogus"), "unknown table 'bogus'"),
+    (_line("meta", db_schema=99), "newer than this liger_rt"),
+    (_line("meta", db_schema="two"), "'two' is not a schema number"),
+]
+
+
+@pytest.mark.parametrize("bad,why", BAD_LINES, ids=[w for _, w in BAD_LINES])
+def test_import_is_all_or_nothing_and_names_the_first_bad_line(tmp_path, bad, why):
+    store = open_store(tmp_path / "x.db")
+    lines = [_line(), _line(impl="torch", config="{}"), bad, _line(bucket=OP.bucket_key({"rows": 8}))]
+    with pytest.raises(TuningDBError) as info:
+        load_jsonl(store, lines)
+    assert str(info.value).startswith("line 3: ") and why in str(info.value), str(info.value)
+    assert store.counts() == {"tuning": 0, "measurements": 0, "crossover": 0}
+
+
+def test_cli_import_of_a_bad_file_is_one_line_and_changes_nothing(tmp_path):
+    db = tmp_path / "x.db"
+    good = tmp_path / "good.jsonl"
+    good.write_text(_line() + "\n")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(_line(impl="torch", config="{}") + "\n" + _line(arch="z80") + "\n")
+    assert CliRunner().invoke(main, ["import", str(good), "--db", str(db)]).exit_code == 0
+    before = open_store(db).all_rows("tuning")
+    res = CliRunner().invoke(main, ["import", str(bad), "--db", str(db)])
+    assert res.exit_code == 1 and res.stdout == ""
+    assert res.stderr.count("\n") == 1 and "line 2" in res.stderr and "z80" in res.stderr
+    assert "nothing imported" in res.stderr and "Traceback" not in res.stderr
+    assert open_store(db).all_rows("tuning") == before
+
+
+# -- files that are not ours: unusable, reported, never written -----------------------------------------
+
+def _garbage(p):
+    p.write_bytes(b"this is not an sqlite file at all" * 100)
+
+
+def _empty(p):
+    p.write_bytes(b"")
+
+
+def _foreign(p):
+    con = sqlite3.connect(p)
+    con.execute("CREATE TABLE invoices (id INTEGER, amount REAL)")
+    con.execute("INSERT INTO invoices VALUES (1, 2.5)")
+    con.commit()
+    con.close()
+
+
+def _wrong_columns(p):
+    con = sqlite3.connect(p)
+    for t in ("tuning", "measurements", "crossover"):
+        con.execute(f"CREATE TABLE {t} (a TEXT, b TEXT)")
+    con.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    con.execute("INSERT INTO meta VALUES ('db_schema', '2')")
+    con.commit()
+    con.close()
+
+
+def _schema(value):
+    def make(p):
+        open_store(p).close()
+        con = sqlite3.connect(p)
+        con.execute("UPDATE meta SET value = ? WHERE key = 'db_schema'", [value])
+        con.commit()
+        con.close()
+    return make
+
+
+def _truncated(p):
+    store = open_store(p)
+    for i in range(200):
+        store.put_tuning(_good(bucket=OP.bucket_key({"rows": 2 ** (i % 30)}), static_key=OP.static_key({"cols": i + 1}),
+                               created=None))
+    store.close()
+    data = p.read_bytes()
+    p.write_bytes(data[: len(data) // 3])
+
+
+UNUSABLE = [
+    (_garbage, "not a database"),
+    (_empty, "an empty file"),
+    (_foreign, "another program (tables invoices)"),
+    (_wrong_columns, "table tuning lacks columns"),
+    (_schema("two"), "db_schema 'two' is not a schema number"),
+    (_schema("99"), "newer than this liger_rt"),
+    (_schema("0"), "is not a liger_rt schema"),
+    (_truncated, "malformed"),
+]
+
+
+@pytest.mark.parametrize("make,why", UNUSABLE, ids=[w for _, w in UNUSABLE])
+def test_unusable_file_is_reported_and_never_touched(tmp_path, monkeypatch, make, why):
+    path = tmp_path / "theirs.db"
+    make(path)
+    digest = _digest(path)
+    monkeypatch.setenv("LIGER_RT_TUNING_DB", str(path))
+    dispatch.reset()
+    d, caught = _select()
+    assert d.origin == "heuristic" and any("tuning DB" in m for m in caught), caught
+    res = CliRunner().invoke(main, ["doctor", "--json"])
+    assert res.exit_code == 0
+    assert why in json.loads(res.stdout)["db"]["user_error"]
+    if make is not _empty:             # a writer refuses it too (an empty file it may initialise)
+        res = CliRunner().invoke(main, ["import", os.devnull])
+        assert res.exit_code == 1 and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+    assert _digest(path) == digest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["theirs.db"]  # no journal, no -wal, no -shm
+
+
+def test_reading_never_changes_the_journal_mode_or_creates_a_file(tmp_path, monkeypatch):
+    path = tmp_path / "ours.db"
+    open_store(path).close()
+    con = sqlite3.connect(path)
+    assert con.execute("PRAGMA journal_mode=DELETE").fetchone()[0] == "delete"
+    con.close()
+    monkeypatch.setenv("LIGER_RT_TUNING_DB", str(path))
+    dispatch.reset()
+    _select()
+    CliRunner().invoke(main, ["show", "--json"])
+    assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    missing = tmp_path / "sub" / "none.db"
+    monkeypatch.setenv("LIGER_RT_TUNING_DB", str(missing))
+    dispatch.reset()
+    _select()
+    CliRunner().invoke(main, ["doctor"])
+    assert not missing.parent.exists()
+
+
+# -- schemas: old ones migrate (or read as they are), newer ones are refused ---------------------------------
+
+V1 = {
+    "tuning": "op TEXT, variant TEXT, arch TEXT, device_name TEXT, dtype TEXT, static_key TEXT, bucket TEXT, impl TEXT, "
+              "config TEXT, median_ms FLOAT, baseline_ms FLOAT, source_hash TEXT, config_schema INTEGER, "
+              "triton_version TEXT, torch_version TEXT, origin TEXT, created FLOAT, "
+              "PRIMARY KEY (op, variant, arch, dtype, static_key, bucket, impl)",
+    "measurements": "op TEXT, variant TEXT, arch TEXT, device_name TEXT, dtype TEXT, static_key TEXT, dims TEXT, "
+                    "axis FLOAT, tag TEXT, impl TEXT, config TEXT, median_ms FLOAT, ok INTEGER, error TEXT, "
+                    "source_hash TEXT, created FLOAT",
+    "crossover": "op TEXT, variant TEXT, arch TEXT, dtype TEXT, static_key TEXT, axis_name TEXT, segments TEXT, "
+                 "margin FLOAT, origin TEXT, source_hash TEXT, created FLOAT, "
+                 "PRIMARY KEY (op, variant, arch, dtype, static_key)",
+}
+
+
+def _v1_db(path):
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    con.execute("INSERT INTO meta VALUES ('db_schema', '1')")
+    for table, cols in V1.items():
+        con.execute(f"CREATE TABLE {table} ({cols})")
+    con.commit()
+    con.close()
+    row = {k: v for k, v in _good().items() if k not in ("method", "host_ms", "sm_count", "runtime_version")}
+    _raw_insert(path, "tuning", row)
+    meas = dict(op="toy", variant="fwdbwd", arch="cpu", device_name="cpu", dtype="fp32", static_key=SK,
+                dims=json.dumps({"cols": 40, "rows": 4}), axis=4.0, tag="", impl="torch", config="{}", median_ms=1.0,
+                ok=1, error="", source_hash=OP.source_hash, created=5.0)
+    _raw_insert(path, "measurements", meas)
+    _raw_insert(path, "measurements", meas)          # schema 1 let a double import duplicate it
+
+
+def test_schema1_db_is_read_as_is_and_migrated_when_written(tmp_path, monkeypatch):
+    path = tmp_path / "v1.db"
+    _v1_db(path)
+    digest = _digest(path)
+    monkeypatch.setenv("LIGER_RT_TUNING_DB", str(path))
+    dispatch.reset()
+    d, _ = _select()
+    assert d.origin == "db" and "unrecorded" in d.reason and "STALE" in d.reason
+    assert _digest(path) == digest
+    store = open_store(path)                         # a writer migrates
+    assert store.db.execute("SELECT value FROM meta").fetchone()[0] == "2"
+    (row,) = store.all_rows("tuning")
+    assert (row["method"], row["sm_count"], row["host_ms"]) == ("unrecorded", 0, None)
+    assert len(store.all_rows("measurements")) == 1
+    store.close()
+    open_store(path).close()                         # migrating twice is a no-op
+
+
+# -- permissions and locks ----------------------------------------------------------------------------------
+
+def _one_line_error(res, *fragments):
+    assert res.exit_code != 0 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("liger-tune: error: "), res.stderr
+    for f in fragments:
+        assert f in res.stderr, res.stderr
+
+
+def test_read_only_file_and_directory(tmp_path, monkeypatch):
+    from liger_rt.tuning_db import store as store_mod
+    path = tmp_path / "ro.db"
+    open_store(path).close()
+    denied = {str(path), str(tmp_path / "locked")}
+    real = os.access
+    monkeypatch.setattr(store_mod.os, "access", lambda p, mode: str(p) not in denied and real(p, mode))
+    args = ["sweep", "--arch", "cpu", "--op", "rms_norm", "--shape", "rows=2,hidden=8", "--dtype", "fp32"]
+    _one_line_error(CliRunner().invoke(main, [*args, "--db", str(path)]), "is read-only")
+    (tmp_path / "locked").mkdir()
+    _one_line_error(CliRunner().invoke(main, [*args, "--db", str(tmp_path / "locked" / "new.db")]), "is not writable")
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root ignores file permissions")
+def test_read_only_file_by_permissions(tmp_path):
+    path = tmp_path / "ro.db"
+    open_store(path).close()
+    path.chmod(0o444)
+    res = CliRunner().invoke(main, ["import", os.devnull, "--db", str(path)])
+    _one_line_error(res, "read-only")
+
+
+def test_sqlite_refusing_a_write_is_one_clear_error(tmp_path):
+    path = tmp_path / "x.db"
+    store = open_store(path)
+    store.conn.close()
+    store.conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+    with pytest.raises(TuningDBError, match="is read-only"):
+        store.put_tuning(_good())
+
+
+def test_held_write_lock_gives_a_clear_error_and_reads_go_on(tmp_path, monkeypatch):
+    path = _user_db(tmp_path, monkeypatch)
+    store = open_store(path)
+    store.put_tuning(_good())
+    store.close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")               # another process mid-write
+    try:
+        monkeypatch.setenv("LIGER_RT_DB_TIMEOUT", "0.2")
+        good = tmp_path / "good.jsonl"
+        good.write_text(_line(bucket=OP.bucket_key({"rows": 8})) + "\n")
+        _one_line_error(CliRunner().invoke(main, ["import", str(good)]), "locked by another process",
+                        "LIGER_RT_DB_TIMEOUT")
+        dispatch.reset()
+        d, _ = _select()
+        assert d.origin == "db"                      # WAL: readers are not blocked by a writer
+    finally:
+        holder.execute("ROLLBACK")
+
+
+def test_exclusive_lock_on_read_falls_back_after_the_timeout(tmp_path, monkeypatch):
+    path = _user_db(tmp_path, monkeypatch)
+    store = open_store(path)
+    store.put_tuning(_good())
+    store.close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA journal_mode=DELETE")
+    holder.execute("BEGIN EXCLUSIVE")
+    monkeypatch.setenv("LIGER_RT_DB_TIMEOUT", "0.2")
+    dispatch.reset()
+    try:
+        d, caught = _select()
+    finally:
+        holder.execute("ROLLBACK")
+    assert d.origin == "heuristic" and any("tuning DB" in m for m in caught)
+
+
+# -- transactions --------------------------------------------------------------------------------------------
+
+def test_a_case_is_persisted_whole_or_not_at_all(tmp_path):
+    store = open_store(tmp_path / "x.db")
+    result = autotune.tune(OP, dispatch.current_target("cpu"), torch.float32, {"rows": 4, "cols": 40}, quick=True,
+                           impls=["torch"])
+    result["measurements"].append({**result["measurements"][0], "median_ms": float("nan")})   # a bad one, last
+    with pytest.raises(RowError, match="not finite"):
+        autotune.persist(OP, result, store)
+    assert store.counts() == {"tuning": 0, "measurements": 0, "crossover": 0}
+
+
+KILLED = textwrap.dedent("""
+    import sys, time
+    import torch
+    import toy_op
+    from liger_rt import autotune, dispatch
+    from liger_rt.tuning_db import open_store
+    op = toy_op.OP
+
+    def fake_tune(op, target, dtype, dims, quick=False, tag="", **kw):   # quick synthetic results, many rows
+        meas = [dict(op="toy", variant="fwdbwd", arch="cpu", dtype="fp32", static_key=op.static_key(dims),
+                     dims=__import__("json").dumps(dims, sort_keys=True), axis=float(dims["rows"]), tag="",
+                     impl="triton", config=toy_op.ToyConfig(BLOCK=2 ** (4 + i % 6), num_warps=1 + i % 2).to_dict(),
+                     median_ms=1.0 + i, ok=1, error="", method="cpu-wall") for i in range(PER_CASE)]
+        best = {"triton": {**meas[0], "host_ms": 1.0}, "torch": {**meas[0], "impl": "torch", "config": {}, "host_ms": 1.0}}
+        return {"op": "toy", "dims": dims, "dtype": "fp32", "arch": "cpu", "tag": "", "winner": best["triton"],
+                "best": best, "configs": {}, "baseline_ms": 1.0, "measurements": meas, "unavailable": {},
+                "fingerprint": autotune.fingerprint(target.arch, op.source_hash)}
+
+    autotune.tune = fake_tune
+    store = open_store(sys.argv[1])
+    plan = [(op, {"rows": r, "cols": c}, "fp32", "") for c in range(1, 400) for r in (1, 2, 4, 8)]
+    print("start", flush=True)
+    autotune.sweep(plan, dispatch.current_target("cpu"), store)
+""")
+
+
+@pytest.mark.slow
+def test_kill_9_mid_sweep_leaves_whole_cases(tmp_path):
+    path = tmp_path / "killed.db"
+    per_case = 60
+    env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "TRITON_INTERPRET": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", KILLED.replace("PER_CASE", str(per_case)), str(path)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "start", proc.stderr.read()
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        time.sleep(0.3)
+        try:
+            if sqlite3.connect(f"file:{path}?mode=ro", uri=True).execute("SELECT count(*) FROM tuning").fetchone()[0] >= 20:
+                break
+        except sqlite3.Error:
+            pass
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    store = open_store(path)
+    assert store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    cases = {(r["static_key"], r["bucket"]) for r in store.all_rows("tuning")}
+    assert len(cases) >= 10
+    per = {}
+    for m in store.all_rows("measurements"):
+        dims = json.loads(m["dims"])
+        key = (m["static_key"], OP.bucket_key(dims))
+        per[key] = per.get(key, 0) + 1
+    assert set(per) == cases and set(per.values()) == {per_case}
+    for key in cases:
+        assert len(store.all_rows("tuning", "static_key = ? AND bucket = ?", list(key))) == 2
