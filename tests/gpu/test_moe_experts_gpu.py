@@ -11,8 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from liger_rt import backend, dispatch
+from liger_rt import backend, dispatch, ops
 from liger_rt.kernels import moe_experts as M
+from liger_rt.opspec import Case
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -52,9 +53,17 @@ def _ulp(dtype, value: float) -> float:
     return 2.0 ** (math.floor(math.log2(max(value, 1e-30))) - MANTISSA[dtype])
 
 
-def _eager_loop(c):
+def _case(dims, dtype, tag="uniform", idx=None):
+    """A tuning case (x, gate_up, down, idx, w, save=True), its routing optionally replaced."""
+    case = M._make_case(dims, dtype, DEV, tag=tag)
+    if idx is None:
+        return case
+    return Case(args=(*case.args[:3], idx, *case.args[4:]), grads=case.grads)
+
+
+def _eager_loop(x, gu, dn, idx, w):
     """The HF eager experts loop in the tensors' own dtype (out accumulated by index_add in it)."""
-    x, gu, dn, idx, w = c["x"], c["gate_up"], c["down"], c["idx"].long(), c["w"]
+    idx = idx.long()
     out = torch.zeros_like(x)
     for e in range(gu.shape[0]):
         tok, pos = torch.where(idx == e)
@@ -67,14 +76,14 @@ def _eager_loop(c):
 
 
 def _run_loop(case, dtype):
-    c = {k: v.detach().to(dtype).requires_grad_() if v.is_floating_point() and k != "dy"
-         else (v.detach().to(dtype) if v.is_floating_point() else v) for k, v in case.items()}
-    return M._grads(_eager_loop(c), c)
+    x, gu, dn, idx, w = (a.detach().to(dtype).requires_grad_() if a.is_floating_point() else a for a in case.args[:5])
+    y = _eager_loop(x, gu, dn, idx, w)
+    return [y, *torch.autograd.grad(y, (x, gu, dn, w), case.grads[0].to(dtype))]
 
 
 def _refs(case):
     """(fp64 reference, eager baseline in the case's dtype)."""
-    return _run_loop(case, torch.float64), _run_loop(case, case["x"].dtype)
+    return _run_loop(case, torch.float64), _run_loop(case, case.args[0].dtype)
 
 
 def _check(out, refs, dtype, what="", rel_factor=1.5, max_factor=3.0):
@@ -91,9 +100,13 @@ def _check(out, refs, dtype, what="", rel_factor=1.5, max_factor=3.0):
         assert mx <= max_factor * mx_b + ulp, detail
 
 
-RUN = {"triton": lambda case, dims: M._run_triton(case, M._heuristic(backend.detect(), dims, case["x"].dtype)),
-       "grouped_mm": lambda case, dims: M._run_grouped_mm(case, {}),
-       "torch": lambda case, dims: M._run_torch(case, {})}
+def _run(impl, case, config=None):
+    return M.OP.run_case(M.OP.impl(impl), case, config if config is not None else {})
+
+
+RUN = {"triton": lambda case, dims: _run("triton", case, M._heuristic(backend.detect(), dims, case.args[0].dtype)),
+       "grouped_mm": lambda case, dims: _run("grouped_mm", case),
+       "torch": lambda case, dims: _run("torch", case)}
 
 
 @pytest.mark.parametrize("tag", ["uniform", "skewed"])
@@ -102,19 +115,19 @@ def test_bf16_8b_all_impls(impl, tag):
     dims = dict(E8B, tokens=2048)
     if impl == "grouped_mm" and not M._grouped_mm_available(dispatch.current_target("cuda")):
         pytest.skip("no grouped MM on this GPU/torch")
-    case = M._make_case(dims, torch.bfloat16, DEV, tag=tag)
+    case = _case(dims, torch.bfloat16, tag=tag)
     _check(RUN[impl](case, dims), _refs(case), torch.bfloat16, f"{impl} {tag}")
 
 
 def test_bf16_every_candidate_config():
     arch = backend.detect()
     dims = dict(E8B, tokens=1024)
-    case = M._make_case(dims, torch.bfloat16, DEV, tag="skewed")
+    case = _case(dims, torch.bfloat16, tag="skewed")
     refs = _refs(case)
-    cands = M.OP.candidates(M.OP.impl("triton"), arch, dims, torch.bfloat16)
+    cands = M.OP.candidates_for(M.OP.impl("triton"), arch, dims, torch.bfloat16)
     assert cands
     for cfg in cands:
-        _check(M._run_triton(case, cfg), refs, torch.bfloat16, f"config {cfg}")
+        _check(_run("triton", case, cfg), refs, torch.bfloat16, f"config {cfg}")
 
 
 def _edge_idx(name, T, E, K):
@@ -131,8 +144,7 @@ def _edge_idx(name, T, E, K):
                                           ("k1", 777, 1, 512, 384), ("t1", 1, 4, 2048, 1792)])
 def test_bf16_edge_routings(name, T, K, H, I):
     dims = dict(tokens=T, experts=8, top_k=K, hidden=H, intermediate=I)
-    case = M._make_case(dims, torch.bfloat16, DEV)
-    case["idx"] = _edge_idx(name, T, 8, K)
+    case = _case(dims, torch.bfloat16, idx=_edge_idx(name, T, 8, K))
     out = RUN["triton"](case, dims)
     # one_expert puts both slots of every token on one expert: its dW sums 2*T rows (the eager
     # baseline sums the same rows, so the criterion scales with it)
@@ -145,7 +157,7 @@ def test_bf16_edge_routings(name, T, K, H, I):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_fp32_fp16(dtype):
     dims = dict(tokens=512, experts=8, top_k=2, hidden=512, intermediate=384)
-    case = M._make_case(dims, dtype, DEV, tag="skewed")
+    case = _case(dims, dtype, tag="skewed")
     # fp32 runs ieee dots (no TF32): its error must stay at fp32 level (1.5x the fp32 eager loop's
     # + 1e-6 relative); a TF32 dot (~1e-4 relative) fails
     _check(RUN["triton"](case, dims), _refs(case), dtype, str(dtype))
@@ -157,12 +169,12 @@ def test_fp16_tensor_core_dots_vs_upcast(monkeypatch):
     which on CPU matches an exact emulation of the kernel's roundings). Equal up to accumulation
     order, unless a GEMM loses precision in the fp16 tensor-core path."""
     dims = dict(tokens=512, experts=8, top_k=2, hidden=512, intermediate=384)
-    case = M._make_case(dims, torch.float16, DEV, tag="skewed")
+    case = _case(dims, torch.float16, tag="skewed")
     ref = _run_loop(case, torch.float64)
     cfg = M._heuristic(backend.detect(), dims, torch.float32)   # tiles sized for fp32 operands
-    tc = M._run_triton(case, cfg)
+    tc = _run("triton", case, cfg)
     monkeypatch.setattr(M, "_dot_flags", lambda dtype, device: (True, "ieee"))
-    up = M._run_triton(case, cfg)
+    up = _run("triton", case, cfg)
     _check(tc, (ref, up), torch.float16, "fp16 tensor-core vs upcast dots", rel_factor=1.25, max_factor=2.0)
 
 
@@ -170,28 +182,27 @@ def test_t16384_against_grouped_mm():
     dims = dict(E8B, tokens=16384)
     if not M._grouped_mm_available(dispatch.current_target("cuda")):
         pytest.skip("no grouped MM on this GPU/torch")
-    case = M._make_case(dims, torch.bfloat16, DEV)
+    case = _case(dims, torch.bfloat16)
     ours, theirs = RUN["triton"](case, dims), RUN["grouped_mm"](case, dims)
     for name, a, b in zip(NAMES, ours, theirs):
         assert _rel_rmse(a, b) < 1.5e-2, name
 
 
 def test_dispatch_and_pinned_on_cuda(monkeypatch):
-    from liger_rt import ops
     dims = dict(E8B, tokens=2048)
-    case = M._make_case(dims, torch.bfloat16, DEV)
-    d = M.OP.select(case["x"], **dims)
+    case = _case(dims, torch.bfloat16)
+    d = M.OP.select(case.args[0], **dims)
     assert d.arch == backend.detect().name and d.impl in ("triton", "grouped_mm")
-    y = ops.moe_experts(case["x"], case["gate_up"], case["down"], case["idx"], case["w"])
+    y = ops.moe_experts(*case.args[:5])
     refs = _refs(case)
     assert _rel_rmse(y, refs[0][0]) <= 1.5 * _rel_rmse(refs[1][0], refs[0][0]) + EPS[torch.bfloat16]
     monkeypatch.setenv("LIGER_FUSED_MOE_AUTOTUNE", "0")
     dispatch.reset()
-    d = M.OP.select(case["x"], **dict(dims, tokens=8192))     # 1024 rows per expert
+    d = M.OP.select(case.args[0], **dict(dims, tokens=8192))     # 1024 rows per expert
     assert d.origin == "pinned"
     if d.impl == "triton":
-        assert dict(d.config) == M._pinned(backend.detect(), dims, torch.bfloat16)
-        _check(M._run_triton(case, d.config), refs, torch.bfloat16, "pinned")
+        assert d.config == M._pinned(backend.detect(), dims, torch.bfloat16)
+        _check(_run("triton", case, d.config), refs, torch.bfloat16, "pinned")
 
 
 def test_experts_interface_lfm2_bf16():
