@@ -1,0 +1,107 @@
+"""Causal-LM forward for RL: given labels, per-token log-probs and entropy instead of logits.
+
+``causal_lm_logprobs_forward`` replaces a ``*ForCausalLM`` forward under the ``logprobs`` patch
+flag.  A call with ``labels`` (or ``shift_labels``) runs the base model (``self.model(...)``),
+then, with HF's causal shift (``labels[..., 1:]`` scored at positions ``0 .. S-2``),
+
+    logprobs, entropy = liger_rt.ops.fused_linear_logprobs(hidden (B, S, H), lm_head.weight,
+                                                           shifted labels (B, S), lm_head.bias,
+                                                           temperature=temperature, return_entropy=True)
+
+and returns a ``CausalLMLogProbsOutput``: ``logprobs`` and ``entropy`` (B, S) fp32, 0 where the
+shifted label is -100 (the last position, padding, prompt tokens), ``loss`` and ``logits`` None,
+plus the base model's past_key_values / hidden_states / attentions (and router_logits, aux_loss
+for MoE models asked for them).  ``logprobs[b, i]`` is log p(input_ids[b, i+1] | ids[b, :i+1]) when
+labels are the input ids: exactly ``log_softmax(logits / T)[b, i, labels[b, i+1]]`` of the host.
+
+The host forward runs unchanged (logits, its own loss) when the call has no labels, asks for
+logits (``return_logits=True``, or ``keep_logits`` in the patch), keeps only some logits
+(``logits_to_keep`` != 0), or the lm_head is not a plain Linear (LoRA on the head).  Eval mode
+and ``torch.no_grad()`` keep the fused path: a reference model's log-probs then cost one GEMM
+chunk at a time and no logits.  Its signature is the host forward's plus ``return_logits`` and
+``temperature`` (keyword-only).
+
+Patch wiring (done by liger_rt.patch): bind this function as the causal-LM forward and store
+``liger_rt.layers.loss.loss_options(signature of the host forward, module name, keep_logits=...)``
+as the ``_liger_rt_logprobs`` attribute of the model (instance patch) or class (class patch).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from transformers.utils import ModelOutput
+
+from .. import ops
+from .._swaps import original_function
+
+
+def _cache_field() -> str:
+    """transformers renamed the output field past_key_values to cache (5.2x); follow the installed one."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+    names = {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
+    return "cache" if "cache" in names else "past_key_values"
+
+
+_CACHE = _cache_field()
+# What a ``logprobs``-patched causal LM returns for a call with labels: HF's CausalLMOutputWithPast
+# fields (loss and logits None) plus logprobs and entropy, (batch, seq) fp32.
+CausalLMLogProbsOutput = dataclasses.make_dataclass(
+    "CausalLMLogProbsOutput",
+    [(name, object, dataclasses.field(default=None)) for name in
+     ("loss", "logits", "logprobs", "entropy", _CACHE, "hidden_states", "attentions", "router_logits", "aux_loss")],
+    bases=(ModelOutput,), namespace={"__module__": __name__})
+
+
+def _named(opts, args: tuple, kwargs: dict) -> dict | None:
+    """The call's arguments by name (positional ones named from the host signature); None when
+    the call would not bind, so the host forward runs and raises its own error."""
+    if len(args) > opts.positional or any(k in kwargs for k in opts.parameters[:len(args)]):
+        return None
+    if not opts.var_keyword and any(k not in opts.parameters for k in kwargs):
+        return None
+    return {**dict(zip(opts.parameters, args)), **kwargs}
+
+
+def _fused_call(self, opts, args, kwargs, return_logits) -> dict | None:
+    if opts is None or (return_logits if return_logits is not None else opts.keep_logits):
+        return None
+    named = _named(opts, args, kwargs)
+    if named is None or (named.get("labels") is None and named.get("shift_labels") is None):
+        return None
+    keep = named.get("logits_to_keep", 0)
+    head = getattr(self, "lm_head", None)
+    if not (isinstance(keep, int) and keep == 0) or type(head) is not torch.nn.Linear \
+            or getattr(head, "_hf_hook", None) is not None or getattr(self, "model", None) is None:
+        return None
+    return named
+
+
+def causal_lm_logprobs_forward(self, *args, return_logits: bool | None = None, temperature: float = 1.0,
+                               **kwargs):
+    """A *ForCausalLM forward returning per-token log-probs and entropy (see the module docstring)."""
+    opts = getattr(self, "_liger_rt_logprobs", None)
+    named = _fused_call(self, opts, args, kwargs, return_logits)
+    if named is None:
+        return original_function(self)(self, *args, **kwargs)
+    labels, shift_labels = named.pop("labels", None), named.pop("shift_labels", None)
+    named.pop("logits_to_keep", None)
+    named.pop("num_items_in_batch", None)
+    return_dict = named.pop("return_dict", None)
+    if return_dict is None:
+        return_dict = getattr(self.config, "return_dict", True)
+    outputs = self.model(**named)
+    hidden = outputs[0]
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
+    logprobs, entropy = ops.fused_linear_logprobs(hidden, self.lm_head.weight, shift_labels.to(hidden.device),
+                                                  self.lm_head.bias, temperature=temperature, ignore_index=-100,
+                                                  return_entropy=True)
+    values = {name: getattr(outputs, name, None) for name in (_CACHE, "hidden_states", "attentions", "router_logits")}
+    if named.get("output_router_logits") and values["router_logits"] is not None \
+            and opts.load_balancing_loss is not None:
+        values["aux_loss"] = opts.load_balancing_loss(values["router_logits"], self.num_experts,
+                                                      self.num_experts_per_tok, named.get("attention_mask"))
+    out = CausalLMLogProbsOutput(logprobs=logprobs, entropy=entropy, **values)
+    return out if return_dict else out.to_tuple()
