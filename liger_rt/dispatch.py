@@ -44,6 +44,7 @@ OP_MODULES = {
     "moe_experts": "moe_experts",
     "cross_entropy": "cross_entropy",
     "fused_linear_cross_entropy": "fused_linear_cross_entropy",
+    "fused_linear_logprobs": "fused_linear_logprobs",
     "rope": "rope",
 }
 ORIGINS = ("env", "pinned", "db", "crossover", "db-nearest", "online", "heuristic")
