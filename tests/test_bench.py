@@ -43,9 +43,11 @@ def _read(path):
 
 
 def _torch_references(monkeypatch):
-    """Plumbing tests: liger_rt ops take their torch references (no interpreter kernels, fast)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    """Plumbing tests: liger_rt ops take their torch references (no interpreter kernels, fast).  The
+    kernel modules are imported first: triton.jit reads TRITON_INTERPRET when a kernel is defined."""
     from liger_rt import dispatch
+    dispatch.available_ops()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
     dispatch.reset()
 
 

@@ -1,17 +1,15 @@
 """What every benchmark shares: versions, CSV rows, ceilings, timers and the kernel-case loop.
 
-A kernel family module (norms, lfm2_ops, losses, moe_experts) lists its cases as SPECS (dicts:
-op, the op's dims, `quick`, `target`) and `build`s one `Case` per spec.  `measure_case` times
-its arms, each on its own copy of the inputs (a peer may write its backward into them):
-`liger_rt` (the `liger_rt.ops` functional, whatever dispatch picks), one arm per forced
-implementation (`triton`, MoE `grouped_mm`: the functional under LIGER_RT_IMPL_<OP>=<impl>),
-`eager` (the Hugging Face / PyTorch path), `compile` (torch.compile of it) and the peers
-(Liger-Kernel when importable).  fwd+bwd takes the gradients of every floating input with
-torch.autograd.grad.  Each row says how it was timed: `ms` by `ms_method` ("do_bench": median
-wall time between events, host launch cost included; "cpu-wall" on CPU), `dev_ms` by
-`dev_ms_method` ("cuda-graph": device time of a CUDA-graph replay, liger_rt.autotune.graph_ms).
-GB/s and TFLOP/s count the bytes or FLOPs an op cannot avoid, against this device's copy and bf16
-matmul ceilings measured in the same run; errors are relative to the eager path run in fp32.
+A kernel family (norms, lfm2_ops, losses, moe_experts) lists its cases as SPECS (op, the op's
+dims, `quick`, `target`) and `build`s a `Case` per spec; `measure_case` times its arms, each on
+its own copy of the inputs: `liger_rt` (the `liger_rt.ops` functional as dispatched), one per
+forced implementation (the functional under LIGER_RT_IMPL_<OP>=triton or grouped_mm), `eager`
+(the Hugging Face / PyTorch path; in fp32 also the reference of every error), `compile` and the
+peers (Liger-Kernel when importable).  fwd+bwd takes every input's gradient with autograd.grad.
+Rows name their timing: `ms` by `ms_method` ("do_bench": median wall time, host launch cost
+included; "cpu-wall" on CPU), `dev_ms` by `dev_ms_method` ("cuda-graph": device time of a graph
+replay).  GB/s and TFLOP/s count what an op cannot avoid moving or computing, against this
+device's copy and bf16 matmul ceilings measured in the same run.
 """
 from __future__ import annotations
 
@@ -30,11 +28,10 @@ from typing import Callable
 
 import torch
 
-FAMILIES = {"norms": ("rms_norm", "swiglu", "layer_norm"), "lfm2_ops": ("short_conv", "moe_router"),
-            "losses": ("cross_entropy", "fused_linear_cross_entropy"), "moe_experts": ("moe_experts",)}
+FAMILIES = ("norms", "lfm2_ops", "losses", "moe_experts")   # modules of this package, each with SPECS and build
 SPEC_KEYS = ("op", "dtype", "routing", "quick", "target")    # spec fields that are not the op's dims
 LOWER_IS_BETTER = ("ms", "dev_ms", "peak_GB")
-CASE_FORCED = ("triton", "grouped_mm")                      # our implementations forced by env (not peers)
+FORCED = ("triton", "grouped_mm")          # our implementations forced by env: not peers
 
 
 # -- versions, CSV, tables ------------------------------------------------------------------------
@@ -66,11 +63,6 @@ def _cell(v):
     return json.dumps(v, separators=(",", ":")) if isinstance(v, (list, dict)) else "n/a" if v is None else v
 
 
-def read_csv(path: str | Path) -> list[dict]:
-    with Path(path).open(newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
 def write_csv(rows: list[dict], path: str | Path, merge_on: tuple[str, ...] | None = None) -> Path:
     """Rows plus the version columns to a CSV (lists/dicts as JSON, None as n/a).  `merge_on`:
     keep the existing file's rows whose values in those columns no new row has (a partial run
@@ -81,7 +73,9 @@ def write_csv(rows: list[dict], path: str | Path, merge_on: tuple[str, ...] | No
     rows = [{**r, **{k: v for k, v in info.items() if k not in r}} for r in rows]
     if merge_on and path.exists():
         new = {tuple(str(_cell(r.get(k))) for k in merge_on) for r in rows}
-        rows = [r for r in read_csv(path) if tuple(r.get(k, "") for k in merge_on) not in new] + rows
+        with path.open(newline="") as fh:
+            old = list(csv.DictReader(fh))
+        rows = [r for r in old if tuple(r.get(k, "") for k in merge_on) not in new] + rows
     keys = list(dict.fromkeys(k for r in rows for k in r))
     with path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=keys, restval="")
@@ -187,18 +181,12 @@ def impl_env(op: str, impl: str | None):
         dispatch.reset()
 
 
-_WARNED: set[str] = set()
-
-
 def peer(module: str, attr: str, echo: Callable = print):
-    """module.attr of an optional peer (Liger-Kernel), or None, saying why once."""
+    """module.attr of an optional peer (Liger-Kernel), or None, saying why."""
     try:
         return getattr(importlib.import_module(module), attr)
     except Exception as exc:
-        if module not in _WARNED:
-            _WARNED.add(module)
-            echo(f"  ({module}.{attr} not available: {type(exc).__name__}: {exc}; that arm is skipped)")
-        return None
+        echo(f"  ({module}.{attr} not available: {type(exc).__name__}: {exc}; that arm is skipped)")
 
 
 # -- kernel cases ----------------------------------------------------------------------------------
@@ -221,7 +209,7 @@ class Case:
     peers: dict[str, Arm] = field(default_factory=dict)
     ref: Callable | None = None     # fp32 reference when the eager path cannot run in fp32
     passes: tuple[str, ...] = ("fwd", "fwdbwd")
-    forced: tuple[str, ...] = ("triton",)
+    forced: tuple[str, ...] = ("triton",)   # implementations timed under LIGER_RT_IMPL_<OP>
     compile: bool = True
     extra: dict = field(default_factory=dict)     # row fields that are not part of the case label
 
@@ -253,24 +241,25 @@ def _grads(fn, ins, dy):
 
 
 def _arms(case: Case, dtype: str, compile_: bool) -> dict[str, tuple[Arm, str | None]]:
-    """name -> (arm, LIGER_RT_IMPL value it runs under: None = no override)."""
+    """name -> (arm, the LIGER_RT_IMPL_<OP> value it runs under; None: no override)."""
     from liger_rt import dispatch
-    arms = {"eager": (case.eager, None)}
-    if compile_ and case.compile:
-        arms["compile"] = (Arm(torch.compile(case.eager.fn, dynamic=False), f"torch.compile({case.eager.desc})"), None)
-    arms.update({k: (a, None) for k, a in case.peers.items()})
+    eager = case.eager
+    arms = {"eager": eager, **({"compile": Arm(torch.compile(eager.fn, dynamic=False), f"torch.compile({eager.desc})")}
+                               if compile_ and case.compile else {}), **case.peers}
+    arms = {k: (a, None) for k, a in arms.items()}
     for impl in (*case.forced, None):
-        def desc(impl=impl) -> str:
+        def desc() -> str:
             d = dispatch.select(case.op, dtype=case.spec.get("dtype", dtype), **case.dims)
             return f"{d.impl} {json.dumps(dict(d.config), sort_keys=True)} ({d.origin})"
         arms[impl or "liger_rt"] = (Arm(case.ours, desc), impl)
     return arms
 
 
-def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: bool,
-                 ceilings: dict | None, echo: Callable = print) -> list[dict]:
-    """One row per (arm, pass) of one case; an arm that fails gets rows with `error`, never stops the run."""
-    label = {**case.dims, **{k: case.spec[k] for k in ("routing",) if k in case.spec}, "dtype": case.spec.get("dtype", dtype)}
+def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: bool, ceilings: dict | None,
+                 echo: Callable = print) -> list[dict]:
+    """One row per (arm, pass); an arm that fails gets rows with `error` and never stops the run."""
+    label = {**case.dims, **{k: case.spec[k] for k in ("routing",) if k in case.spec},
+             "dtype": case.spec.get("dtype", dtype)}
     key = ",".join(f"{k}={v}" for k, v in label.items())
     ceiling = (ceilings or {}).get("copy_GBps" if case.unit == "GBps" else "bf16_matmul_TFLOPs")
     scale = 1e9 if case.unit == "GBps" else 1e12
@@ -278,20 +267,22 @@ def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: 
     ref_out, ref_grads = _grads(case.ref or case.eager.fn, ins32, None if case.dy is None else case.dy.float())
     rows = []
     for name, (arm, impl) in _arms(case, dtype, compile_).items():
-        base = {"op": case.op, "case": key, **label, "impl": name, **case.extra}
+        base = {"op": case.op, "case": key, **label, "impl": name, **case.extra, "quick": quick,
+                "copy_ceiling_GBps": (ceilings or {}).get("copy_GBps"),
+                "matmul_ceiling_TFLOPs": (ceilings or {}).get("bf16_matmul_TFLOPs")}
         ins, dy = tuple(_copy(t) for t in case.inputs), None if case.dy is None else case.dy.clone()
+        fns = {"fwd": lambda: arm.fn(*ins), "fwdbwd": lambda: _grads(arm.fn, ins, dy)}
         try:
             with impl_env(case.op, impl):
-                desc = arm.desc() if callable(arm.desc) else arm.desc
                 out, grads = _grads(arm.fn, ins, dy)
                 errs = [rel_err(g, r) for g, r in zip(grads, ref_grads) if g is not None and r is not None]
-                common = {**base, "config": desc, "err_out": rel_err(out, ref_out), "err_grad": max(errs, default=None)}
+                common = {**base, "config": arm.desc() if callable(arm.desc) else arm.desc,
+                          "err_out": rel_err(out, ref_out), "err_grad": max(errs, default=None)}
                 del out, grads
-                fns = {"fwd": lambda: arm.fn(*ins), "fwdbwd": lambda: _grads(arm.fn, ins, dy)}
                 for p in case.passes:
                     ms, dev, how = time_fn(fns[p], device, quick)
-                    work = case.work[1 if p == "fwdbwd" else 0]
-                    rate, dev_rate = work / (ms * 1e-3) / scale, dev and work / (dev * 1e-3) / scale
+                    work = case.work[1 if p == "fwdbwd" else 0] / scale
+                    rate, dev_rate = work / (ms * 1e-3), dev and work / (dev * 1e-3)
                     rows.append({**common, "pass": p, "ms": ms, "dev_ms": dev, case.unit: rate,
                                  f"dev_{case.unit}": dev_rate, "frac_ceiling": ceiling and rate / ceiling,
                                  "dev_frac_ceiling": ceiling and dev_rate and dev_rate / ceiling,
@@ -302,19 +293,18 @@ def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: 
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
             echo(f"  {case.op} {key} {name}: {why}")
             rows += [{**base, "pass": p, "error": why} for p in case.passes]
-        del ins, dy
+        del ins, dy, fns
         gc.collect()
-        if device == "cuda":
-            torch.cuda.empty_cache()
     _relative(rows, case.spec.get("target") or {})
     return rows
 
 
 def _relative(rows: list[dict], target: dict) -> None:
-    """vs_eager per pass (eager ms / ms, both timers) and the target verdict of the liger_rt rows."""
+    """vs_eager per pass (eager ms / ms, for both timers) and the target verdict of the liger_rt rows."""
     for p in {r["pass"] for r in rows}:
-        eager = next((r for r in rows if r["impl"] == "eager" and r["pass"] == p and r.get("ms")), {})
-        for r in [r for r in rows if r["pass"] == p]:
+        mine = [r for r in rows if r["pass"] == p]
+        eager = next((r for r in mine if r["impl"] == "eager" and r.get("ms")), {})
+        for r in mine:
             if r.get("ms"):
                 r["vs_eager"] = eager.get("ms") and eager["ms"] / r["ms"]
                 r["dev_vs_eager"] = eager.get("dev_ms") and r.get("dev_ms") and eager["dev_ms"] / r["dev_ms"]
@@ -327,7 +317,7 @@ def _relative(rows: list[dict], target: dict) -> None:
 
 def verdicts(rows: list[dict]) -> list[str]:
     """Per case and pass (wall time): the dispatched arm against the best peer (eager, compile,
-    Liger-Kernel, ...) and the fastest arm; TARGET MISSED where the liger_rt row misses its target."""
+    Liger-Kernel, ...) and against the fastest arm; TARGET MISSED where it misses its target."""
     lines = []
     for key in dict.fromkeys((r["op"], r["case"], r["pass"]) for r in rows):
         by = {r["impl"]: r for r in rows if (r["op"], r["case"], r["pass"]) == key and r.get("ms")}
@@ -336,12 +326,10 @@ def verdicts(rows: list[dict]) -> list[str]:
             lines.append(f"{name}: liger_rt did not run")
             continue
         fastest = min(by.values(), key=lambda r: r["ms"])
-        peers = [r for n, r in by.items() if not n.startswith("liger_rt") and n not in CASE_FORCED]
-        line = f"{name}: liger_rt {ours['ms']:.4g} ms ({re.sub(r' {.*}', '', ours['config'])})"
-        if peers:
-            best = min(peers, key=lambda r: r["ms"])
-            line += f", {best['ms'] / ours['ms']:.2f}x the best peer ({best['impl']})"
-        lines.append(line + f", {ours['ms'] / fastest['ms']:.3f}x the fastest arm ({fastest['impl']})")
+        peers = sorted((r["ms"], n) for n, r in by.items() if not n.startswith("liger_rt") and n not in FORCED)
+        lines.append(f"{name}: liger_rt {ours['ms']:.4g} ms ({re.sub(r' {.*}', '', ours['config'])})"
+                     + (f", {peers[0][0] / ours['ms']:.2f}x the best peer ({peers[0][1]})" if peers else "")
+                     + f", {ours['ms'] / fastest['ms']:.3f}x the fastest arm ({fastest['impl']})")
         if ours.get("meets_target") is False:
             got = ", ".join(f"{m} {fmt(ours.get(m))} (target {v})" for m, v in ours["target"].items())
             lines.append(f"TARGET MISSED: {name} liger_rt: {got}")
@@ -351,33 +339,29 @@ def verdicts(rows: list[dict]) -> list[str]:
 # -- the kernels run -------------------------------------------------------------------------------
 
 def select_specs(names: list[str], where: list[str], quick: bool) -> dict[str, list[dict]]:
-    """family -> the specs to run: `names` are families or ops (none: all), `where` k=v[,v...]
-    filters on spec fields (AND across keys, OR within one), `quick` keeps the quick specs."""
-    ops = [o for f in FAMILIES.values() for o in f]
-    bad = [n for n in names if n not in FAMILIES and n not in ops]
+    """family -> the specs to run: `names` are families or ops (none: all), `where` field=v[,v...]
+    filters on spec fields (AND across fields, OR within one), `quick` keeps the quick specs."""
+    specs = {f: importlib.import_module(f"liger_rt.tools.bench.{f}").SPECS for f in FAMILIES}
+    valid = list(dict.fromkeys([*FAMILIES, *(s["op"] for v in specs.values() for s in v)]))
+    bad = [n for n in names if n not in valid]
     if bad:
-        raise ValueError(f"unknown benchmark {bad[0]!r}; valid: {', '.join(dict.fromkeys([*FAMILIES, *ops]))}")
+        raise ValueError(f"unknown benchmark {bad[0]!r}; valid: {', '.join(valid)}")
     conds: dict[str, set[str]] = {}
     for text in where:
         k, eq, v = text.partition("=")
         if not eq or not k.strip() or not v.strip():
             raise ValueError(f"--where {text!r}: expected field=value[,value...], e.g. tokens=512,4096")
         conds.setdefault(k.strip(), set()).update(x.strip() for x in v.split(","))
-    out, fields = {}, set()
-    for fam, fam_ops in FAMILIES.items():
-        want = {o for o in fam_ops if not names or fam in names or o in names}
-        specs = [s for s in importlib.import_module(f"liger_rt.tools.bench.{fam}").SPECS
-                 if s["op"] in want and (s.get("quick") or not quick)]
-        fields |= {k for s in specs for k in s if k not in ("quick", "target")}
-        specs = [s for s in specs if all(str(s.get(k)) in v for k, v in conds.items())]
-        if specs:
-            out[fam] = specs
-    unknown = sorted(set(conds) - fields)
+    specs = {f: [s for s in v if (not names or f in names or s["op"] in names) and (s.get("quick") or not quick)]
+             for f, v in specs.items()}
+    fields = sorted({k for v in specs.values() for s in v for k in s} - {"quick", "target"})
+    unknown = [k for k in conds if k not in fields]
     if unknown:
-        raise ValueError(f"--where {unknown[0]}: no such field in the selected cases; fields: {', '.join(sorted(fields))}")
-    if not out:
+        raise ValueError(f"--where {unknown[0]}: no such field in the selected cases; fields: {', '.join(fields)}")
+    out = {f: [s for s in v if all(str(s.get(k)) in c for k, c in conds.items())] for f, v in specs.items()}
+    if not any(out.values()):
         raise ValueError("no case matches the --op/--where selection")
-    return out
+    return {f: v for f, v in out.items() if v}
 
 
 def run_kernels(names: list[str] = (), *, where: list[str] = (), quick: bool = False, compile_: bool = True,
@@ -392,28 +376,21 @@ def run_kernels(names: list[str] = (), *, where: list[str] = (), quick: bool = F
         echo(f"ceilings on {ceilings['device']}: copy {ceilings['copy_GBps']:.0f} GB/s, "
              f"bf16 matmul {ceilings['bf16_matmul_TFLOPs']:.0f} TFLOP/s")
     echo(f"versions: {versions()}")
-    merge = ("op", "case") if names or where else None
     every = []
     for fam, specs in plan.items():
-        mod = importlib.import_module(f"liger_rt.tools.bench.{fam}")
-        path = Path(out_dir) / f"{fam}_{device_tag()}{'_quick' if quick else ''}.csv"
-        rows = []
+        path, rows = Path(out_dir) / f"{fam}_{device_tag()}{'_quick' if quick else ''}.csv", []
         for spec in specs:
-            echo(f"[{fam}] {spec['op']} {', '.join(f'{k}={v}' for k, v in spec.items() if k not in ('op', 'quick', 'target'))}")
-            case = mod.build(spec, spec.get("dtype", dtype), device, echo)
+            echo(f"[{fam}] " + ", ".join(f"{k}={v}" for k, v in spec.items() if k not in ("quick", "target")))
+            case = importlib.import_module(f"liger_rt.tools.bench.{fam}").build(spec, spec.get("dtype", dtype),
+                                                                                device, echo)
             rows += measure_case(case, dtype=dtype, device=device, quick=quick, compile_=compile_ and not quick,
                                  ceilings=ceilings, echo=echo)
-            del case
-            for r in rows:
-                r.update(quick=quick, copy_ceiling_GBps=(ceilings or {}).get("copy_GBps"),
-                         matmul_ceiling_TFLOPs=(ceilings or {}).get("bf16_matmul_TFLOPs"))
-            write_csv(rows, path, merge)
+            write_csv(rows, path, ("op", "case") if names or where else None)
         unit = [u for u in ("GBps", "TFLOPs") if any(u in r for r in rows)]
         echo(format_table(rows, ["op", "case", "impl", "pass", "ms", "dev_ms", *unit, *[f"dev_{u}" for u in unit],
                                  "dev_frac_ceiling", "vs_eager", "err_out", "err_grad", "peak_GB"],
                           {"dev_frac_ceiling": "dev_frac", "err_out": "err_y", "err_grad": "err_dx"}))
-        echo("\n".join(verdicts(rows)))
-        echo(f"wrote {path}")
+        echo("\n".join([*verdicts(rows), f"wrote {path}"]))
         every += rows
     return every
 

@@ -64,17 +64,12 @@ def _probes(m: int, echo) -> dict[str, Callable]:
            "triton launch (a 4096-element copy kernel)": lambda: _copy[(1,)](buf, buf, 4096, BLOCK=4096),
            "ops.rms_norm fwd": lambda: ops.rms_norm(x, w),
            "ops.rms_norm fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(ops.rms_norm(x, w), (x, w), dy),
-           "ops.rms_norm fwd + y.backward(dy)": lambda: ops.rms_norm(x, w).backward(dy),
            "ops.rms_norm fwd+bwd, engine on the caller's thread": lambda: _caller_thread(
                lambda: torch.autograd.grad(ops.rms_norm(x, w), (x, w), dy)),
            "eager x*2 fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(x * 2, (x,), dy),
-           "identity Function fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(_Identity.apply(x), (x,), dy),
-           "identity Function fwd+bwd, engine on the caller's thread": lambda: _caller_thread(
-               lambda: torch.autograd.grad(_Identity.apply(x), (x,), dy))}
-    lk = peer("liger_kernel.ops.rms_norm", "LigerRMSNormFunction", echo)
+           "identity Function fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(_Identity.apply(x), (x,), dy)}
+    lk, xl = peer("liger_kernel.ops.rms_norm", "LigerRMSNormFunction", echo), x.detach().clone().requires_grad_()
     if lk is not None:
-        xl = x.detach().clone().requires_grad_()
-        out["Liger-Kernel fwd"] = lambda: lk.apply(xl, w, 1e-6)
         out["Liger-Kernel fwd+bwd (autograd.grad)"] = lambda: torch.autograd.grad(lk.apply(xl, w, 1e-6), (xl, w), dy.clone())
     return out
 

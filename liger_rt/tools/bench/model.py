@@ -249,16 +249,6 @@ def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, 
             torch.cuda.empty_cache()
 
 
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"unknown device {device!r}; valid: auto, cpu, cuda")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA/ROCm GPU is available here (use --device cpu with a tiny preset)")
-    return device
-
-
 def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int = 2048, steps: int = 20,
                     warmup: int = 5, dtype="bf16", layers: int | None = None, attention_layers: tuple | None = None,
                     liger_kernel: bool = True, flags: dict | None = None, device: str = "auto", seed: int = 0,
@@ -270,7 +260,11 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
     transformers config overrides for every arm."""
     from liger_rt.kernels._common import dtype_name, parse_dtype
     echo = echo or (lambda s: None)
-    dt, device = parse_dtype(dtype), resolve_device(device)
+    dt, device = parse_dtype(dtype), ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}; valid: auto, cpu, cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA/ROCm GPU is available here (use --device cpu with a tiny preset)")
     if steps < 1 or warmup < 0 or batch < 1 or seq < 2:
         raise ValueError("need steps >= 1, warmup >= 0, batch >= 1, seq >= 2")
     p = bench_preset(model_type, preset, layers, attention_layers)
