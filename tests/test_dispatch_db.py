@@ -232,6 +232,7 @@ def test_export_import_round_trip_and_idempotent(tmp_path):
     other = open_store(tmp_path / "empty.db")
     assert load_jsonl(other, lines) == {"tuning": 2, "crossover": 1, "measurements": 1}
     assert load_jsonl(other, lines) == {"tuning": 2, "crossover": 1, "measurements": 1}   # again: no change
+    assert other.counts() == {"tuning": 2, "crossover": 1, "measurements": 1}
     assert sorted(dump_jsonl(other)) == sorted(lines)
 
 
