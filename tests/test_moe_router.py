@@ -6,11 +6,34 @@ from liger_rt import backend, dispatch
 from liger_rt.kernels import moe_router as mr
 from liger_rt.kernels._common import assert_close
 
-CFG = {"BLOCK_T": 16, "num_warps": 1}
+CFG = mr.MoERouterConfig(BLOCK_T=16, num_warps=1)
 
 
 def _triton(logits, k, bias=None, norm=True, scale=1.0, config=CFG):
-    return mr.MoERouterFunction.apply(logits, k, bias, norm, scale, config)
+    return mr.OP.call_impl("triton", config, logits, k, bias, norm, scale)
+
+
+def _record(monkeypatch):
+    """The implementations that run from now on, in call order."""
+    ran, torch_impl = [], mr.OP.impl("torch")
+    ref, fwd = torch_impl.fn, mr.moe_router_fwd
+    monkeypatch.setattr(torch_impl, "fn", lambda *a: ran.append("torch") or ref(*a))
+    monkeypatch.setattr(mr, "moe_router_fwd", lambda *a: ran.append("triton") or fwd(*a))
+    return ran
+
+
+def _formula(logits, k, bias, norm, scale, idx, dw):
+    """Independent check, HF's formula: the chosen experts carry the k largest routing scores
+    (sigmoid in the logits dtype, + bias in torch's promotion), and the weights and d(logits) for
+    them in fp64."""
+    route = torch.sigmoid(logits.detach())
+    route = (route + bias if bias is not None else route).float()
+    assert (idx.sort(-1).values.diff(dim=-1) > 0).all(), "an expert chosen twice"
+    assert torch.equal(torch.gather(route, -1, idx), torch.topk(route, k, dim=-1).values)
+    x = logits.detach().double().requires_grad_()
+    w = torch.gather(torch.sigmoid(x), -1, idx)
+    w = (w / (w.sum(-1, keepdim=True) + 1e-6) if norm else w) * scale
+    return w, torch.autograd.grad(w, x, dw.double())[0]
 
 
 def _run(fn, logits, k, bias, norm, scale, dw):
@@ -29,6 +52,9 @@ def _check(logits, k, bias=None, norm=True, scale=1.0, fn=_triton, seed=0):
     assert torch.equal(idx, ir), (idx != ir).nonzero()[:5]
     assert_close(w, wr, dtype, reduce_len=k, name="weights")
     assert_close(dl, dlr, dtype, reduce_len=k, name="dlogits")
+    w64, dl64 = _formula(logits, k, bias, norm, scale, idx, dw)
+    assert_close(w, w64, dtype, reduce_len=k, name="weights (fp64 formula)")
+    assert_close(dl, dl64, dtype, reduce_len=k, name="dlogits (fp64 formula)")
     # off the selected experts the gradient is exactly zero, on them it is not (random dw)
     sel = torch.zeros_like(dl, dtype=torch.bool).scatter_(1, idx, True)
     assert (dl[~sel] == 0).all() and (dl[sel] != 0).float().mean() > 0.9
@@ -119,13 +145,37 @@ def test_leading_dims_and_validation():
         mr.moe_router(logits, 9)
     with pytest.raises(ValueError, match="expert_bias"):
         mr.moe_router(logits, 2, torch.zeros(7))
+    for k in (1.7, 2.0, True, "2"):       # never truncated to an int
+        with pytest.raises(TypeError, match="top_k must be an integer"):
+            mr.moe_router(logits, k)
+    with pytest.raises(TypeError, match="accepted: torch.float32"):
+        mr.moe_router(logits.long(), 2)
 
 
-def test_many_experts_fall_back_to_torch():
+@pytest.mark.parametrize("dtype,norm", [(torch.float32, True), (torch.float32, False), (torch.bfloat16, True)])
+def test_nan_logits_propagate_as_in_the_reference(dtype, norm):
+    """torch ranks NaN above every number: a NaN row picks experts 0, 1 (not one expert twice), one
+    NaN logit is picked first and, normalised, makes its row's weights NaN."""
+    logits = _logits(6, 8, dtype)
+    logits[1] = float("nan")
+    logits[3, 5] = float("nan")
+    eb = 0.1 * torch.randn(8, generator=torch.Generator().manual_seed(4))
+    dw = torch.randn(6, 2, generator=torch.Generator().manual_seed(5)).to(dtype)
+    w, idx, dl = _run(_triton, logits, 2, eb, norm, 1.0, dw)
+    wr, ir, dlr = _run(mr.moe_router_ref, logits, 2, eb, norm, 1.0, dw)
+    assert torch.equal(idx, ir) and idx[1].tolist() == [0, 1] and idx[3, 0] == 5
+    assert torch.equal(w.isnan(), wr.isnan()) and torch.equal(dl.isnan(), dlr.isnan())
+    assert w[1].isnan().all() and bool(w[3].isnan().all()) == norm and w[[0, 2, 4, 5]].isfinite().all()
+    assert_close(w.nan_to_num(), wr.nan_to_num(), dtype, reduce_len=2)
+    assert_close(dl.nan_to_num(), dlr.nan_to_num(), dtype, reduce_len=2)
+
+
+def test_many_experts_fall_back_to_torch(monkeypatch):
     logits = _logits(5, 300)
     assert mr.OP.select(logits, tokens=5, experts=300, top_k=4).impl == "torch"
-    w, idx = mr.moe_router(logits, 4)
-    assert torch.equal(idx, mr.moe_router_ref(logits, 4)[1])
+    ran = _record(monkeypatch)
+    _check(logits, 4, None, True, 1.0, fn=mr.moe_router)
+    assert ran == ["torch"]
 
 
 def test_kernels_write_every_element(monkeypatch):
@@ -139,7 +189,7 @@ def test_kernels_write_every_element(monkeypatch):
     monkeypatch.setattr(torch, "empty", poisoned)
     logits = _logits(23, 12)
     w, idx, dl = _check(logits, 3, 0.1 * torch.randn(12), True, 1.5,
-                       fn=lambda *a: _triton(*a, config={"BLOCK_T": 8, "num_warps": 1}))
+                       fn=lambda *a: _triton(*a, config=mr.MoERouterConfig(BLOCK_T=8, num_warps=1)))
     assert torch.isfinite(dl).all() and (idx >= 0).all()
 
 
@@ -148,20 +198,30 @@ def test_kernels_write_every_element(monkeypatch):
 def test_every_candidate_config(arch, E):
     prof = backend.profile(arch)
     dims = {"tokens": 4096, "experts": E, "top_k": 4}
-    cfgs = mr.OP.candidates(mr.OP.impl("triton"), prof, dims, torch.bfloat16)
+    cfgs = mr.OP.candidates_for(mr.OP.impl("triton"), prof, dims, torch.bfloat16)
     assert len(cfgs) >= 5 and mr._heuristic(prof, dims, torch.bfloat16) in cfgs
-    assert all(c["num_warps"] <= prof.max_num_warps for c in cfgs)
+    assert all(c.num_warps <= prof.max_num_warps for c in cfgs)
     logits = _logits(19, E, seed=E)
     eb = 0.1 * torch.randn(E)
     for cfg in cfgs:
         _check(logits, 4, eb, True, 1.0, fn=lambda *a, cfg=cfg: _triton(*a, config=cfg))
 
 
+def test_every_arch_constructs_its_candidates():
+    for name in backend.ARCH_NAMES:
+        arch = backend.profile(name)
+        for E, k in ((1, 1), (32, 4), (67, 8), (256, 8)):
+            dims = {"tokens": 65536, "experts": E, "top_k": k}
+            cfgs = mr.OP.candidates_for(mr.OP.impl("triton"), arch, dims, torch.bfloat16)
+            assert cfgs[0] == mr._heuristic(arch, dims, torch.bfloat16)
+            assert all(c.num_warps <= arch.max_num_warps for c in cfgs), name
+
+
 def test_amd_heuristic_is_wave64():
     dims = {"tokens": 65536, "experts": 32, "top_k": 4}
     h = mr._heuristic(backend.profile("hopper"), dims, torch.bfloat16)
     a = mr._heuristic(backend.profile("mi325x"), dims, torch.bfloat16)
-    assert h["BLOCK_T"] == a["BLOCK_T"] and a["num_warps"] * 64 == h["num_warps"] * 32
+    assert h.BLOCK_T == a.BLOCK_T and a.num_warps * 64 == h.num_warps * 32
 
 
 def test_dispatch_env_forces_torch(monkeypatch):
@@ -170,8 +230,9 @@ def test_dispatch_env_forces_torch(monkeypatch):
     monkeypatch.setenv("LIGER_RT_IMPL_MOE_ROUTER", "torch")
     dispatch.reset()
     assert mr.OP.select(logits, tokens=9, experts=8, top_k=2).impl == "torch"
-    monkeypatch.setattr(mr.MoERouterFunction, "apply", lambda *a: pytest.fail("triton path taken"))
+    ran = _record(monkeypatch)
     _check(logits, 2, None, True, 1.0, fn=mr.moe_router)
+    assert ran == ["torch"]
 
 
 def test_plans():

@@ -11,6 +11,8 @@ HF semantics (transformers Lfm2MoeTopKRouter.forward), matched exactly where the
 - ties: the lower expert index wins.  That is torch.topk's set on CUDA (radix select fills ties at
   the k-th value in index order); torch.topk on CPU picks among ties arbitrarily (partial sort), so
   the reference selects with a stable descending sort instead of topk.
+- NaN: torch's sort and topk rank NaN above every number, so a NaN score is picked first (the
+  lower index among NaNs) and, normalised, makes every weight of its row NaN: the kernel does so too.
 - weights are gathered from the unbiased (rounded) scores, divided by (sum + 1e-6) when
   norm_topk_prob, times routed_scaling_factor, and returned in the logits dtype; indices int64.
   HF does the normalisation in the logits dtype; here it runs in fp32 and rounds once.
@@ -18,11 +20,21 @@ The backward writes every element of d(logits) (zeros off the selected experts) 
 """
 from __future__ import annotations
 
-from typing import Optional
+import dataclasses
+import operator
 
 import torch
+import triton
+import triton.language as tl
 
-from ._common import next_pow2
+from ..dispatch import register
+from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
+from ._common import as_rows, next_pow2, triton_available, warps_for
+
+try:  # accurate expf on GPUs (CUDA libdevice / ROCm ocml); the interpreter has no libdevice
+    from triton.language.extra import libdevice as _libdevice
+except Exception:  # pragma: no cover
+    _libdevice = None
 
 MAX_EXPERTS = 256
 MAX_TOP_K = 8
@@ -44,8 +56,8 @@ def routing_dtype(logits_dtype: torch.dtype, bias_dtype: torch.dtype | None) -> 
 
 def moe_router_ref(logits: torch.Tensor, top_k: int, expert_bias: torch.Tensor | None = None,
                    norm_topk_prob: bool = True, routed_scaling_factor: float = 1.0):
-    """fp32 reference (also the `torch` implementation): logits (T, E) -> weights (T, k) in the
-    logits dtype, indices (T, k) int64; see the module docstring for the HF casts it mirrors."""
+    """fp32 reference (also the `torch` implementation): logits (..., E) -> weights (..., k) in the
+    logits dtype, indices (..., k) int64; see the module docstring for the HF casts it mirrors."""
     scores = _round_to(torch.sigmoid(logits.float()), logits.dtype)
     route = scores
     if expert_bias is not None:
@@ -61,114 +73,109 @@ def moe_router_ref(logits: torch.Tensor, top_k: int, expert_bias: torch.Tensor |
 
 # -- Triton kernels -------------------------------------------------------------------------------------
 
-try:
-    import triton
-    import triton.language as tl
-except Exception:  # pragma: no cover
-    triton = None
+@triton.jit
+def _round_fp32(x, QUANT: tl.constexpr):
+    # QUANT 1: to bf16 (round to nearest even, by bits: the interpreter's cast truncates; NaN kept
+    # as it is, its payload could carry into the sign); 2: to fp16; 0: unchanged.
+    if QUANT == 1:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+    elif QUANT == 2:
+        x = x.to(tl.float16).to(tl.float32)
+    return x
 
-if triton is not None:
-    try:  # accurate expf on GPUs (CUDA libdevice / ROCm ocml); the interpreter has no libdevice
-        from triton.language.extra import libdevice as _libdevice
-    except Exception:  # pragma: no cover
-        _libdevice = None
 
-    @triton.jit
-    def _round_fp32(x, QUANT: tl.constexpr):
-        # QUANT 1: to bf16 (round to nearest even, by bits: the interpreter's cast truncates);
-        # 2: to fp16; 0: unchanged.  Finite inputs (sigmoid scores, score + bias).
-        if QUANT == 1:
-            bits = x.to(tl.uint32, bitcast=True)
-            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-            x = bits.to(tl.float32, bitcast=True)
-        elif QUANT == 2:
-            x = x.to(tl.float16).to(tl.float32)
-        return x
+@triton.jit
+def _sigmoid_fp32(x, ACCURATE: tl.constexpr):
+    # torch's CUDA sigmoid is 1 / (1 + expf(-x)) with IEEE division: the same ops bit for bit,
+    # so scores (and ties among them) equal torch's.  tl.exp would be the approximate ex2.
+    if ACCURATE:
+        e = _libdevice.exp(-x)
+    else:
+        e = tl.exp(-x)
+    return tl.math.div_rn(tl.full(x.shape, 1.0, tl.float32), 1.0 + e)
 
-    @triton.jit
-    def _sigmoid_fp32(x, ACCURATE: tl.constexpr):
-        # torch's CUDA sigmoid is 1 / (1 + expf(-x)) with IEEE division: the same ops bit for bit,
-        # so scores (and ties among them) equal torch's.  tl.exp would be the approximate ex2.
-        if ACCURATE:
-            e = _libdevice.exp(-x)
-        else:
-            e = tl.exp(-x)
-        return tl.math.div_rn(tl.full(x.shape, 1.0, tl.float32), 1.0 + e)
 
-    @triton.jit(do_not_specialize=["T"])
-    def _moe_router_fwd_kernel(
-        L, EB, W_OUT, I_OUT, T, E, s_lt, scale,
-        K: tl.constexpr, HAS_BIAS: tl.constexpr, NORMALIZE: tl.constexpr,
-        QUANT: tl.constexpr, ROUTE_QUANT: tl.constexpr, ACCURATE: tl.constexpr,
-        BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-    ):
-        o_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-        o_e = tl.arange(0, BLOCK_E)
-        o_k = tl.arange(0, BLOCK_K)
-        m_t = o_t < T
-        m_e = o_e < E
-        m = m_t[:, None] & m_e[None, :]
-        o_t64 = o_t.to(tl.int64)
-        b_l = tl.load(L + o_t64[:, None] * s_lt + o_e[None, :], mask=m, other=0.0).to(tl.float32)
-        b_s = _round_fp32(_sigmoid_fp32(b_l, ACCURATE), QUANT)
-        b_r = b_s
-        if HAS_BIAS:
-            b_r = _round_fp32(b_s + tl.load(EB + o_e, mask=m_e, other=0.0).to(tl.float32)[None, :], ROUTE_QUANT)
-        b_r = tl.where(m_e[None, :], b_r, float("-inf"))
-        b_w = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.float32)
-        b_i = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.int32)
-        for k in tl.static_range(K):
-            # the lower index wins a tie: explicit, as argmax's tie rule differs across backends
-            b_max = tl.max(b_r, axis=1)
-            i_k = tl.min(tl.where(b_r == b_max[:, None], o_e[None, :], BLOCK_E), axis=1)
-            i_k = tl.minimum(i_k, E - 1)   # a NaN row matches nothing: keep the index in range
-            hit = o_e[None, :] == i_k[:, None]
-            w_k = tl.sum(tl.where(hit, b_s, 0.0), axis=1)
-            b_r = tl.where(hit, float("-inf"), b_r)
-            b_w = tl.where(o_k[None, :] == k, w_k[:, None], b_w)
-            b_i = tl.where(o_k[None, :] == k, i_k[:, None], b_i)
-        if NORMALIZE:
-            b_w = b_w / (tl.sum(b_w, axis=1)[:, None] + 1e-6)
-        b_w = b_w * scale
-        mk = m_t[:, None] & (o_k[None, :] < K)
-        off = o_t64[:, None] * K + o_k[None, :]
-        tl.store(W_OUT + off, b_w.to(W_OUT.dtype.element_ty), mask=mk)
-        tl.store(I_OUT + off, b_i.to(tl.int64), mask=mk)
+@triton.jit(do_not_specialize=["T"])
+def _moe_router_fwd_kernel(
+    L, EB, W_OUT, I_OUT, I_SAVE, T, E, s_lt, scale,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, NORMALIZE: tl.constexpr,
+    QUANT: tl.constexpr, ROUTE_QUANT: tl.constexpr, ACCURATE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    o_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    o_e = tl.arange(0, BLOCK_E)
+    o_k = tl.arange(0, BLOCK_K)
+    m_t = o_t < T
+    m_e = o_e < E
+    m = m_t[:, None] & m_e[None, :]
+    o_t64 = o_t.to(tl.int64)
+    b_l = tl.load(L + o_t64[:, None] * s_lt + o_e[None, :], mask=m, other=0.0).to(tl.float32)
+    b_s = _round_fp32(_sigmoid_fp32(b_l, ACCURATE), QUANT)
+    b_r = b_s
+    if HAS_BIAS:
+        b_r = _round_fp32(b_s + tl.load(EB + o_e, mask=m_e, other=0.0).to(tl.float32)[None, :], ROUTE_QUANT)
+    b_free = m            # experts not chosen yet
+    b_w = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.float32)
+    b_i = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.int32)
+    for k in tl.static_range(K):
+        # torch's order: NaN above every number, then the lower index among equals (explicit, as
+        # argmax's tie and NaN rules differ across backends)
+        b_nan = b_free & (b_r != b_r)
+        b_max = tl.max(tl.where(b_free & (b_r == b_r), b_r, float("-inf")), axis=1)
+        b_top = tl.where(tl.max(b_nan.to(tl.int32), axis=1)[:, None] > 0, b_nan, b_free & (b_r == b_max[:, None]))
+        i_k = tl.min(tl.where(b_top, o_e[None, :], BLOCK_E), axis=1)
+        i_k = tl.minimum(i_k, E - 1)   # rows past T choose nothing: keep the index in range
+        hit = o_e[None, :] == i_k[:, None]
+        w_k = tl.sum(tl.where(hit, b_s, 0.0), axis=1)
+        b_free = b_free & (o_e[None, :] != i_k[:, None])
+        b_w = tl.where(o_k[None, :] == k, w_k[:, None], b_w)
+        b_i = tl.where(o_k[None, :] == k, i_k[:, None], b_i)
+    if NORMALIZE:
+        b_w = b_w / (tl.sum(b_w, axis=1)[:, None] + 1e-6)
+    b_w = b_w * scale
+    mk = m_t[:, None] & (o_k[None, :] < K)
+    off = o_t64[:, None] * K + o_k[None, :]
+    tl.store(W_OUT + off, b_w.to(W_OUT.dtype.element_ty), mask=mk)
+    tl.store(I_OUT + off, b_i.to(tl.int64), mask=mk)
+    tl.store(I_SAVE + off, b_i, mask=mk)     # int32 copy for the backward (outputs cannot be saved)
 
-    @triton.jit(do_not_specialize=["T"])
-    def _moe_router_bwd_kernel(
-        L, I, DW, DL, T, E, s_lt, s_dlt, scale,
-        K: tl.constexpr, NORMALIZE: tl.constexpr, QUANT: tl.constexpr, ACCURATE: tl.constexpr,
-        BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-    ):
-        # w_j = scale * s_j / D, D = sum_sel s + 1e-6:
-        #   dL/ds_m = scale * (g_m / D - sum_j g_j s_j / D^2) on selected m, 0 elsewhere;
-        #   dL/dl = dL/ds * sigma * (1 - sigma) (the rounding to the logits dtype is straight through).
-        o_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-        o_e = tl.arange(0, BLOCK_E)
-        m_t = o_t < T
-        m_e = o_e < E
-        m = m_t[:, None] & m_e[None, :]
-        o_t64 = o_t.to(tl.int64)
-        b_l = tl.load(L + o_t64[:, None] * s_lt + o_e[None, :], mask=m, other=0.0).to(tl.float32)
-        b_sig = _sigmoid_fp32(b_l, ACCURATE)
-        b_s = _round_fp32(b_sig, QUANT)
-        b_g = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
-        b_sel = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.int1)
-        for k in tl.static_range(K):
-            i_k = tl.load(I + o_t64 * K + k, mask=m_t, other=-1).to(tl.int32)
-            g_k = tl.load(DW + o_t64 * K + k, mask=m_t, other=0.0).to(tl.float32)
-            hit = o_e[None, :] == i_k[:, None]
-            b_g = tl.where(hit, g_k[:, None], b_g)
-            b_sel = b_sel | hit
-        if NORMALIZE:
-            b_den = tl.sum(tl.where(b_sel, b_s, 0.0), axis=1) + 1e-6
-            b_gs = tl.sum(b_g * b_s, axis=1)
-            b_ds = (b_g / b_den[:, None] - (b_gs / (b_den * b_den))[:, None]) * scale
-        else:
-            b_ds = b_g * scale
-        b_dl = tl.where(b_sel, b_ds * b_sig * (1.0 - b_sig), 0.0)
-        tl.store(DL + o_t64[:, None] * s_dlt + o_e[None, :], b_dl.to(DL.dtype.element_ty), mask=m)
+
+@triton.jit(do_not_specialize=["T"])
+def _moe_router_bwd_kernel(
+    L, I, DW, DL, T, E, s_lt, s_dlt, scale,
+    K: tl.constexpr, NORMALIZE: tl.constexpr, QUANT: tl.constexpr, ACCURATE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+):
+    # w_j = scale * s_j / D, D = sum_sel s + 1e-6:
+    #   dL/ds_m = scale * (g_m / D - sum_j g_j s_j / D^2) on selected m, 0 elsewhere;
+    #   dL/dl = dL/ds * sigma * (1 - sigma) (the rounding to the logits dtype is straight through).
+    o_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    o_e = tl.arange(0, BLOCK_E)
+    m_t = o_t < T
+    m_e = o_e < E
+    m = m_t[:, None] & m_e[None, :]
+    o_t64 = o_t.to(tl.int64)
+    b_l = tl.load(L + o_t64[:, None] * s_lt + o_e[None, :], mask=m, other=0.0).to(tl.float32)
+    b_sig = _sigmoid_fp32(b_l, ACCURATE)
+    b_s = _round_fp32(b_sig, QUANT)
+    b_g = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
+    b_sel = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.int1)
+    for k in tl.static_range(K):
+        i_k = tl.load(I + o_t64 * K + k, mask=m_t, other=-1)
+        g_k = tl.load(DW + o_t64 * K + k, mask=m_t, other=0.0).to(tl.float32)
+        hit = o_e[None, :] == i_k[:, None]
+        b_g = tl.where(hit, g_k[:, None], b_g)
+        b_sel = b_sel | hit
+    if NORMALIZE:
+        b_den = tl.sum(tl.where(b_sel, b_s, 0.0), axis=1) + 1e-6
+        b_gs = tl.sum(b_g * b_s, axis=1)
+        b_ds = (b_g / b_den[:, None] - (b_gs / (b_den * b_den))[:, None]) * scale
+    else:
+        b_ds = b_g * scale
+    b_dl = tl.where(b_sel, b_ds, 0.0) * b_sig * (1.0 - b_sig)   # NaN at a NaN logit, chosen or not, as autograd
+    tl.store(DL + o_t64[:, None] * s_dlt + o_e[None, :], b_dl.to(DL.dtype.element_ty), mask=m)
 
 
 # -- launchers ------------------------------------------------------------------------------------------
@@ -176,130 +183,88 @@ if triton is not None:
 _QUANT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
-def _unsupported(dims: dict, dtype: torch.dtype) -> str | None:
-    E, k = dims["experts"], dims["top_k"]
-    if not 1 <= E <= MAX_EXPERTS:
-        return (f"the Triton moe_router takes 1..{MAX_EXPERTS} experts (one row per BLOCK_E lanes), got {E}; "
-                f"the torch implementation runs it (LIGER_RT_IMPL_MOE_ROUTER=torch)")
-    if not 1 <= k <= min(E, MAX_TOP_K):
-        return f"the Triton moe_router takes 1 <= top_k <= min(experts, {MAX_TOP_K}), got top_k={k}, experts={E}"
-    if dtype not in _QUANT:
-        return f"the Triton moe_router takes fp32/bf16/fp16 logits, got {dtype}"
-    return None
-
-
 def _accurate(t: torch.Tensor) -> bool:
     return t.device.type != "cpu" and _libdevice is not None
 
 
 def moe_router_fwd(logits2d, top_k, expert_bias, norm_topk_prob, routed_scaling_factor, config):
-    """logits (T, E) with a unit last stride -> weights (T, k) in logits dtype, indices (T, k) int64."""
+    """logits (T, E) with a unit last stride -> weights (T, k) in logits dtype, indices (T, k)
+    int64, and the indices again as int32 (what the backward reads)."""
     T, E = logits2d.shape
-    why = _unsupported({"experts": E, "top_k": top_k}, logits2d.dtype)
+    why = _supports({"experts": E, "top_k": top_k}, logits2d.dtype)
     if why:
-        raise ValueError(why)
-    if logits2d.stride(-1) != 1:
-        logits2d = logits2d.contiguous()
+        raise ValueError(f"the Triton moe_router takes {why}; liger_rt.ops.moe_router runs torch there "
+                         f"(or LIGER_RT_IMPL_MOE_ROUTER=torch)")
     weights = torch.empty(T, top_k, device=logits2d.device, dtype=logits2d.dtype)
     indices = torch.empty(T, top_k, device=logits2d.device, dtype=torch.int64)
+    saved = torch.empty(T, top_k, device=logits2d.device, dtype=torch.int32)
     if T == 0:
-        return weights, indices
+        return weights, indices, saved
     bias = expert_bias.contiguous() if expert_bias is not None else logits2d
     route_q = _QUANT.get(routing_dtype(logits2d.dtype, expert_bias.dtype if expert_bias is not None else None), 0)
-    BT = int(config["BLOCK_T"])
-    _moe_router_fwd_kernel[(triton.cdiv(T, BT),)](
-        logits2d, bias, weights, indices, T, E, logits2d.stride(0), float(routed_scaling_factor),
+    _moe_router_fwd_kernel[(triton.cdiv(T, config.BLOCK_T),)](
+        logits2d, bias, weights, indices, saved, T, E, logits2d.stride(0), float(routed_scaling_factor),
         K=top_k, HAS_BIAS=expert_bias is not None, NORMALIZE=bool(norm_topk_prob),
         QUANT=_QUANT[logits2d.dtype], ROUTE_QUANT=route_q, ACCURATE=_accurate(logits2d),
-        BLOCK_T=BT, BLOCK_E=next_pow2(E), BLOCK_K=next_pow2(top_k), num_warps=int(config.get("num_warps", 4)))
-    return weights, indices
+        BLOCK_T=config.BLOCK_T, BLOCK_E=next_pow2(E), BLOCK_K=next_pow2(top_k), num_warps=config.num_warps)
+    return weights, indices, saved
 
 
-def moe_router_bwd(logits2d, indices, dweights, norm_topk_prob, routed_scaling_factor, config):
+def moe_router_bwd(logits2d, indices32, dweights, norm_topk_prob, routed_scaling_factor, config):
     """The dense d(logits) (T, E) in logits dtype; every element written by the kernel."""
     T, E = logits2d.shape
-    top_k = indices.shape[1]
-    if logits2d.stride(-1) != 1:
-        logits2d = logits2d.contiguous()
     dweights = dweights.contiguous()
     dlogits = torch.empty(T, E, device=logits2d.device, dtype=logits2d.dtype)
     if T == 0:
         return dlogits
-    BT = int(config.get("BWD_BLOCK_T", config["BLOCK_T"]))
-    _moe_router_bwd_kernel[(triton.cdiv(T, BT),)](
-        logits2d, indices, dweights, dlogits, T, E, logits2d.stride(0), dlogits.stride(0),
+    _moe_router_bwd_kernel[(triton.cdiv(T, config.BLOCK_T),)](
+        logits2d, indices32, dweights, dlogits, T, E, logits2d.stride(0), dlogits.stride(0),
         float(routed_scaling_factor),
-        K=top_k, NORMALIZE=bool(norm_topk_prob), QUANT=_QUANT[logits2d.dtype], ACCURATE=_accurate(logits2d),
-        BLOCK_T=BT, BLOCK_E=next_pow2(E), num_warps=int(config.get("bwd_num_warps", config.get("num_warps", 4))))
+        K=indices32.shape[1], NORMALIZE=bool(norm_topk_prob), QUANT=_QUANT[logits2d.dtype],
+        ACCURATE=_accurate(logits2d), BLOCK_T=config.BLOCK_T, BLOCK_E=next_pow2(E), num_warps=config.num_warps)
     return dlogits
 
 
-# -- autograd ---------------------------------------------------------------------------------------------
+# -- the op: what the runtime needs besides the math ---------------------------------------------------
 
-# Under torch.compile the launchers run as opaque custom ops (fake impls give dynamo the shapes);
-# in eager they are called directly (a custom op's dispatch costs microseconds per call).
-def _config_str(config) -> str:
-    # "KEY=int,..." rather than json: dynamo traces this (fullgraph), it cannot trace json.dumps
-    return ",".join(f"{k}={int(v)}" for k, v in sorted(config.items()))
-
-
-def _config_parse(text: str) -> dict:
-    return {k: int(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
+@dataclasses.dataclass(frozen=True)
+class MoERouterConfig(Config):
+    BLOCK_T: int = knob(64, pow2(1, 8192))      # tokens per program (forward and backward)
+    num_warps: int = knob(8, WARPS)
 
 
-@torch.library.custom_op("liger_rt::moe_router_fwd", mutates_args=())
-def _moe_router_fwd_op(logits2d: torch.Tensor, top_k: int, expert_bias: Optional[torch.Tensor],
-                       norm_topk_prob: bool, routed_scaling_factor: float,
-                       config: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return moe_router_fwd(logits2d, top_k, expert_bias, norm_topk_prob, routed_scaling_factor, _config_parse(config))
+def _dims(logits, top_k, expert_bias, norm_topk_prob, routed_scaling_factor) -> dict:
+    if logits.dim() < 1 or logits.shape[-1] == 0:
+        raise ValueError(f"moe_router takes logits (tokens, experts); got {tuple(logits.shape)}")
+    E = logits.shape[-1]
+    if not 1 <= top_k <= E:
+        raise ValueError(f"moe_router: top_k must be in 1..{E} (the number of experts), got {top_k}")
+    if expert_bias is not None and tuple(expert_bias.shape) != (E,):
+        raise ValueError(f"moe_router: expert_bias must have shape ({E},); got {tuple(expert_bias.shape)}")
+    return {"tokens": logits.numel() // E, "experts": E, "top_k": top_k}
 
 
-@_moe_router_fwd_op.register_fake
-def _(logits2d, top_k, expert_bias, norm_topk_prob, routed_scaling_factor, config):
-    T = logits2d.shape[0]
-    return logits2d.new_empty(T, top_k), logits2d.new_empty(T, top_k, dtype=torch.int64)
+def _forward(config, logits, top_k, expert_bias, norm_topk_prob, routed_scaling_factor):
+    w, idx, idx32 = moe_router_fwd(as_rows(logits, logits.shape[-1]), top_k, expert_bias, norm_topk_prob,
+                                   routed_scaling_factor, config)
+    lead = logits.shape[:-1]
+    return (w.view(*lead, top_k), idx.view(*lead, top_k)), (idx32,)
 
 
-@torch.library.custom_op("liger_rt::moe_router_bwd", mutates_args=())
-def _moe_router_bwd_op(logits2d: torch.Tensor, indices: torch.Tensor, dweights: torch.Tensor,
-                       norm_topk_prob: bool, routed_scaling_factor: float, config: str) -> torch.Tensor:
-    return moe_router_bwd(logits2d, indices, dweights, norm_topk_prob, routed_scaling_factor, _config_parse(config))
+def _backward(config, args, saved, needs, dweights, dindices):
+    logits, top_k, _, norm_topk_prob, routed_scaling_factor = args
+    if dweights is None:
+        dweights = logits.new_zeros(*logits.shape[:-1], top_k)
+    dl = moe_router_bwd(as_rows(logits, logits.shape[-1]), saved[0], dweights.reshape(-1, top_k),
+                        norm_topk_prob, routed_scaling_factor, config)
+    return dl.view(logits.shape), None, None, None, None
 
 
-@_moe_router_bwd_op.register_fake
-def _(logits2d, indices, dweights, norm_topk_prob, routed_scaling_factor, config):
-    return logits2d.new_empty(logits2d.shape)
+def _fake(config, logits, top_k, expert_bias, norm_topk_prob, routed_scaling_factor):
+    shape = (*logits.shape[:-1], top_k)
+    return ((logits.new_empty(shape), logits.new_empty(shape, dtype=torch.int64)),
+            (logits.new_empty((logits.numel() // logits.shape[-1], top_k), dtype=torch.int32),))
 
-
-class MoERouterFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits2d, top_k, expert_bias, norm_topk_prob, routed_scaling_factor, config):
-        if torch.compiler.is_compiling():
-            weights, indices = _moe_router_fwd_op(logits2d, top_k, expert_bias, norm_topk_prob,
-                                                  routed_scaling_factor, _config_str(config))
-        else:
-            weights, indices = moe_router_fwd(logits2d, top_k, expert_bias, norm_topk_prob,
-                                              routed_scaling_factor, config)
-        ctx.save_for_backward(logits2d, indices)
-        ctx.args = (norm_topk_prob, routed_scaling_factor, config)
-        ctx.mark_non_differentiable(indices)
-        return weights, indices
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable   # double backward raises, never silently wrong
-    def backward(ctx, dweights, dindices):
-        logits2d, indices = ctx.saved_tensors
-        norm, scale, config = ctx.args
-        if dweights is None:
-            dweights = torch.zeros(indices.shape, device=logits2d.device, dtype=logits2d.dtype)
-        if torch.compiler.is_compiling():
-            dlogits = _moe_router_bwd_op(logits2d, indices, dweights, norm, scale, _config_str(config))
-        else:
-            dlogits = moe_router_bwd(logits2d, indices, dweights, norm, scale, config)
-        return dlogits, None, None, None, None, None
-
-
-# -- functional ---------------------------------------------------------------------------------------------
 
 def moe_router(logits: torch.Tensor, top_k: int, expert_bias: torch.Tensor | None = None,
                norm_topk_prob: bool = True, routed_scaling_factor: float = 1.0):
@@ -310,29 +275,13 @@ def moe_router(logits: torch.Tensor, top_k: int, expert_bias: torch.Tensor | Non
                                   block.expert_bias if cfg.use_expert_bias else None,
                                   cfg.norm_topk_prob, cfg.routed_scaling_factor)
     """
-    if logits.dim() < 1 or logits.shape[-1] == 0:
-        raise ValueError(f"moe_router takes logits (tokens, experts); got {tuple(logits.shape)}")
-    E = logits.shape[-1]
-    top_k = int(top_k)
-    if not 1 <= top_k <= E:
-        raise ValueError(f"moe_router: top_k must be in 1..{E} (the number of experts), got {top_k}")
-    if expert_bias is not None and tuple(expert_bias.shape) != (E,):
-        raise ValueError(f"moe_router: expert_bias must have shape ({E},); got {tuple(expert_bias.shape)}")
-    lead = logits.shape[:-1]
-    logits2d = logits.reshape(-1, E)
-    d = OP.select(logits2d, tokens=logits2d.shape[0], experts=E, top_k=top_k)
-    if d.impl == "torch":
-        weights, indices = moe_router_ref(logits2d, top_k, expert_bias, norm_topk_prob, routed_scaling_factor)
-    else:
-        weights, indices = MoERouterFunction.apply(logits2d, top_k, expert_bias, bool(norm_topk_prob),
-                                                   float(routed_scaling_factor), d.config)
-    return weights.reshape(*lead, top_k), indices.reshape(*lead, top_k)
-
-
-# -- registration -------------------------------------------------------------------------------------------
-
-from ..dispatch import Impl, Op, register  # noqa: E402
-from ._common import triton_available  # noqa: E402
+    try:
+        k = operator.index(top_k) if not isinstance(top_k, bool) else None
+    except TypeError:
+        k = None
+    if k is None:
+        raise TypeError(f"moe_router: top_k must be an integer number of experts, got {top_k!r}")
+    return OP(logits, k, expert_bias, bool(norm_topk_prob), float(routed_scaling_factor))
 
 
 def _make_case(dims, dtype, device):
@@ -342,22 +291,7 @@ def _make_case(dims, dtype, device):
     # HF keeps expert_bias as an fp32 buffer (aux-loss-free load balancing); small like a trained one
     bias = (0.05 * torch.randn(E, generator=g)).to(device)
     dw = torch.randn(T, k, generator=g).to(device, dtype)
-    return {"logits": logits, "bias": bias, "dw": dw, "top_k": k}
-
-
-def _run_torch(case, config):
-    w, idx = moe_router_ref(case["logits"], case["top_k"], case["bias"])
-    return [w, idx.float(), *torch.autograd.grad(w, case["logits"], case["dw"])]
-
-
-def _run_triton(case, config):
-    w, idx = MoERouterFunction.apply(case["logits"], case["top_k"], case["bias"], True, 1.0, config)
-    return [w, idx.float(), *torch.autograd.grad(w, case["logits"], case["dw"])]
-
-
-def _warps(elems: int, per_thread: int, arch) -> int:
-    w = max(1, elems // (per_thread * arch.warp_size))   # warp_size 64 on AMD: half the warps
-    return int(min(arch.max_num_warps, 1 << (w.bit_length() - 1)))
+    return Case(args=(logits, k, bias, True, 1.0), grads=(dw, None))
 
 
 def _tile_rows(E: int, elems: int) -> int:
@@ -367,28 +301,31 @@ def _tile_rows(E: int, elems: int) -> int:
 def _heuristic(arch, dims, dtype):
     E = dims["experts"]
     if arch.name == "cpu":
-        return {"BLOCK_T": min(8, _tile_rows(E, 256)), "num_warps": 1}
+        return MoERouterConfig(BLOCK_T=min(8, _tile_rows(E, 256)), num_warps=1)
     # 2048-element tiles (64 rows at E=32): T=65536 gives 1024 programs, ~8 per SM.  8 elements
     # per thread keeps the backward at ~100 registers (ptxas sm_90a of Triton 3.9's PTX, compiled
     # offline: 16 per thread needs 167); on AMD the same threads are half the (64-lane) warps.
     elems = 2048
-    return {"BLOCK_T": _tile_rows(E, elems), "num_warps": _warps(max(elems, next_pow2(E)), 8, arch)}
+    return MoERouterConfig(BLOCK_T=_tile_rows(E, elems), num_warps=warps_for(max(elems, next_pow2(E)), 8, arch))
 
 
 def _configs(arch, dims, dtype):
     E = dims["experts"]
     base = _heuristic(arch, dims, dtype)
     if arch.name == "cpu":
-        return [base, {"BLOCK_T": _tile_rows(E, 64), "num_warps": 1}]
-    out = [base]
-    for elems in (512, 1024, 2048, 4096, 8192):
-        rows = _tile_rows(E, elems)
-        tile = rows * next_pow2(E)
-        for per_thread in (8, 16, 32):
-            cfg = {"BLOCK_T": rows, "num_warps": _warps(tile, per_thread, arch)}
-            if cfg not in out:
-                out.append(cfg)
-    return out
+        return [base, MoERouterConfig(BLOCK_T=_tile_rows(E, 64), num_warps=1)]
+    return list(dict.fromkeys([base] + [
+        MoERouterConfig(BLOCK_T=_tile_rows(E, elems), num_warps=warps_for(_tile_rows(E, elems) * next_pow2(E), pt, arch))
+        for elems in (512, 1024, 2048, 4096, 8192) for pt in (8, 16, 32)]))
+
+
+def _supports(dims, dtype):
+    E, k = dims["experts"], dims["top_k"]
+    if not 1 <= E <= MAX_EXPERTS:
+        return f"1..{MAX_EXPERTS} experts (one row per BLOCK_E lanes), got {E}"
+    if not 1 <= k <= min(E, MAX_TOP_K):
+        return f"1 <= top_k <= min(experts, {MAX_TOP_K}), got top_k={k}, experts={E}"
+    return None
 
 
 def _plan(preset, arch, quick):
@@ -407,8 +344,9 @@ def _plan(preset, arch, quick):
 
 
 OP = register(Op(
-    name="moe_router", static=("experts", "top_k"), dynamic=("tokens",),
-    impls=[Impl("triton", run=_run_triton, available=triton_available, configs=_configs,
-                heuristic=_heuristic, supports=_unsupported),
-           Impl("torch", run=_run_torch)],
-    make_case=_make_case, plan=_plan, reduce_len=lambda d: d["top_k"]))
+    name="moe_router", static=("experts", "top_k"), dynamic=("tokens",), dims=_dims,
+    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports),
+           Impl("torch", fn=moe_router_ref)],
+    config=MoERouterConfig, candidates=_configs, heuristic=_heuristic,
+    schema="Tensor logits, int top_k, Tensor? expert_bias, bool norm_topk_prob, float routed_scaling_factor",
+    fake=_fake, outputs=2, make_case=_make_case, plan=_plan, reduce_len=lambda d: d["top_k"]))

@@ -182,8 +182,8 @@ def test_router_every_config():
     dims = {"tokens": 4096, "experts": 32, "top_k": 4}
     logits, eb, dw = _router_inputs(4096, 32, 4, torch.bfloat16, seed=4)
     wr, ir, dlr = _router_run(mr.moe_router_ref, logits, 4, eb, True, 1.0, dw)
-    for cfg in mr.OP.candidates(mr.OP.impl("triton"), prof, dims, torch.bfloat16):
-        w, idx, dl = _router_run(lambda *a, cfg=cfg: mr.MoERouterFunction.apply(*a, cfg), logits, 4, eb, True, 1.0, dw)
+    for cfg in mr.OP.candidates_for(mr.OP.impl("triton"), prof, dims, torch.bfloat16):
+        w, idx, dl = _router_run(lambda *a, cfg=cfg: mr.OP.call_impl("triton", cfg, *a), logits, 4, eb, True, 1.0, dw)
         assert torch.equal(idx, ir), cfg
         assert_close(w, wr, torch.bfloat16, reduce_len=4, name=str(cfg))
         assert_close(dl, dlr, torch.bfloat16, reduce_len=4, name=str(cfg))
