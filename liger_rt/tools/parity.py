@@ -11,10 +11,18 @@ The input is the one of seed 000: two samples of eight tokens, the second right-
 mask, labels -100 there), through SDPA; LFM2-VL gets one small image in the first sample.  Rows:
 
 - logits (valid positions), action log-probs (log-softmax gathered at the next token, where both
-  positions are valid), entropy (same positions) — from a forward without labels (what RL reads);
+  positions are valid and the next label is not -100), entropy (same positions) — from a forward
+  without labels (what RL reads);
 - optimisation loss (the ``loss`` the forward with labels returns, backpropagated) and reported
   loss (the token-sum path: ``num_items_in_batch`` given, as a trainer with gradient accumulation
   logs it);
+- a model patched with the fused log-probs head (``logprobs=True``: it carries
+  ``_liger_rt_logprobs`` and returns ``logprobs``/``entropy`` instead of logits when given labels)
+  gets its action log-probs and entropy from that forward, i.e. through
+  ``liger_rt.ops.fused_linear_logprobs``, and its losses from them: optimisation loss
+  ``-sum(logprobs) / count(labels)`` (HF's mean cross-entropy by definition), reported loss
+  ``-sum(logprobs) / num_items_in_batch``, so the gradient rows test the op's backward through
+  the model; ``report["fused_logprobs"]`` says whether that path ran;
 - gradients and one AdamW update (lr 1e-3): the worst tensor, by max abs difference, named.
 
 Each row gives max abs, mean abs and L-inf / baseline max (max abs difference over the largest
@@ -99,22 +107,34 @@ def make_inputs(model, batch: int = 2, seq: int = 8, seed: int = 0, device=None)
 
 # -- one run --------------------------------------------------------------------------------------------
 
+def fused_logprobs(model) -> bool:
+    """Whether `model` is patched with the fused log-probs head (``logprobs=True``)."""
+    from liger_rt.patch.core import unwrap
+    return getattr(unwrap(model), "_liger_rt_logprobs", None) is not None
+
+
 def _run(model, inputs: dict, lr: float) -> dict[str, Any]:
     model.train()
     labels = inputs["labels"]
     no_labels = {k: v for k, v in inputs.items() if k != "labels"}
     ids, mask = inputs["input_ids"], inputs["attention_mask"].bool()
+    pair = mask[:, :-1] & mask[:, 1:] & (labels[:, 1:] != -100)
+    n_items = (labels[:, 1:] != -100).sum()
+    fused = fused_logprobs(model)
     with torch.no_grad():
         logits = model(**no_labels).logits.float()
-        logp = torch.log_softmax(logits[:, :-1], dim=-1)
-        action = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
-        entropy = -(logp.exp() * logp).sum(-1)
-        pair = mask[:, :-1] & mask[:, 1:] & (labels[:, 1:] != -100)
-        res = {"logits": logits[mask], "action_logprobs": action[pair], "entropy": entropy[mask[:, :-1]]}
-        n_items = (labels[:, 1:] != -100).sum()
-        res["reported_loss"] = model(**inputs, num_items_in_batch=n_items).loss.detach().float()
+        res = {"logits": logits[mask]}
+        if fused:      # through liger_rt.ops.fused_linear_logprobs: (B, S) with HF's shift
+            out = model(**inputs)
+            res["action_logprobs"], res["entropy"] = out.logprobs[:, :-1][pair], out.entropy[:, :-1][pair]
+            res["reported_loss"] = -out.logprobs.sum() / n_items
+        else:
+            logp = torch.log_softmax(logits[:, :-1], dim=-1)
+            res["action_logprobs"] = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)[pair]
+            res["entropy"] = -(logp.exp() * logp).sum(-1)[pair]
+            res["reported_loss"] = model(**inputs, num_items_in_batch=n_items).loss.detach().float()
     model.zero_grad(set_to_none=True)
-    loss = model(**inputs).loss
+    loss = -model(**inputs).logprobs.sum() / n_items if fused else model(**inputs).loss
     loss.backward()
     res["optimisation_loss"] = loss.detach().float()
     # kept in the parameters' dtype (a bf16 4B model: 8 GB each); differences are taken in fp32
@@ -233,7 +253,7 @@ def compare(models: Callable[[], torch.nn.Module] | torch.nn.Module | tuple, *, 
     from liger_rt.patch import describe
     report = {"ok": all(r["ok"] for r in rows.values()), "dtype": str(run_dtype).replace("torch.", ""),
               "device": str(next(base.parameters()).device), "lr": lr, "rows": rows,
-              "patched": describe(new),
+              "patched": describe(new), "fused_logprobs": fused_logprobs(new),
               "model_class": type(new).__name__}
     return report
 
@@ -334,8 +354,9 @@ if click is not None:
         else:
             desc = report.get("patched") or {}
             what = ", ".join(f"{k} x{v}" for k, v in (desc.get("patched") or {}).items()) or "nothing"
+            via = "; action log-probs and entropy through fused_linear_logprobs" if report["fused_logprobs"] else ""
             click.echo(f"liger-tune parity: {model_type} ({p.name}), {report['dtype']} on {report['device']}; "
-                       f"patched: {what}")
+                       f"patched: {what}{via}")
             click.echo(format_table(report))
             click.echo("PASS" if report["ok"] else
                        "FAIL: " + ", ".join(LABELS[n] for n, r in report["rows"].items() if not r["ok"]))
