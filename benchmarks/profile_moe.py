@@ -25,11 +25,11 @@ def main() -> None:
     dims = dict(tokens=args.tokens, experts=E, top_k=4, hidden=2048, intermediate=I)
     for tag in ("uniform", "skewed"):
         case = M._make_case(dims, torch.bfloat16, "cuda", tag=tag)
-        x, gu, dn, idx, w, dy = (case[k] for k in ("x", "gate_up", "down", "idx", "w", "dy"))
+        (x, gu, dn, idx, w, _), (dy,) = case.args, case.grads
         cfg = M.OP.select(x, **dims).config
 
         def step():
-            y = M.MoEExpertsFunction.apply(x, gu, dn, idx, w, cfg)
+            y = M.OP.call_impl("triton", cfg, x, gu, dn, idx, w, True)
             return torch.autograd.grad(y, (x, gu, dn, w), dy)
         for _ in range(3):
             step()
