@@ -103,8 +103,8 @@ def _layer_list(ctx, param, text):
 @bench.command("model")
 @click.option("--model", "model_type", default=None,
               help="Model type: qwen3, llama, qwen3_moe, lfm2, lfm2_moe, lfm2_vl (lfm2_vl: text-only step).")
-@click.option("--target", "targets", multiple=True, help="One of the issue's runs instead of --model (repeatable): "
-              "qwen3, lfm2, qwen3rope, lfm2moe, or all; GPU only, CSV model_<device>[_quick].csv in --out.")
+@click.option("--target", "targets", multiple=True, help="One of the issue's runs instead of --model, repeatable: "
+              "qwen3, lfm2, qwen3rope, lfm2moe or all (GPU; CSV model_<device>[_quick].csv in --out).")
 @click.option("--preset", default="tiny", show_default=True,
               help="Preset name (qwen3-1.7b, lfm2-1.2b, ...), 'tiny' for the family's tiny one, or a PATH.json.")
 @click.option("--batch", default=4, show_default=True, type=int)
@@ -113,37 +113,35 @@ def _layer_list(ctx, param, text):
 @click.option("--warmup", default=None, type=int, help="Warm-up steps per run, not timed [default: 5; --quick 3].")
 @click.option("--quick", is_flag=True, help="--target runs: 8 measured steps after 3 warm-up steps.")
 @click.option("--dtype", default="bf16", show_default=True, help="Weight dtype: bf16, fp16, fp32.")
-@click.option("--layers", default=None, type=int, help="Override the layer count (LFM2: attention layers beyond it drop).")
-@click.option("--attention-layers", default=None, callback=_layer_list, help="LFM2: which layers are attention, e.g. 2,5.")
+@click.option("--layers", default=None, type=int, help="Override the layer count (LFM2: later attention layers drop).")
+@click.option("--attention-layers", default=None, callback=_layer_list, help="LFM2: the attention layers, e.g. 2,5.")
 @click.option("--liger-kernel/--no-liger-kernel", "liger_kernel", default=True, show_default=True,
               help="Also time Liger-Kernel's own patch (where installed and supported for the model type).")
 @click.option("--flags", default=None, help="liger_rt.patch flags, e.g. rms_norm=1,fused_linear_cross_entropy=0.")
 @click.option("--experts-implementation", default=None, help="MoE models: transformers experts implementation.")
-@click.option("--config", "config_text", default=None, help="transformers config overrides, k=v[,k=v...] (JSON values).")
+@click.option("--config", "config_text", default=None, help="transformers config overrides, k=v[,k=v...] (JSON).")
 @click.option("--lr", default=1e-4, show_default=True, type=float, help="AdamW learning rate.")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--csv", "csv_path", default=None, type=click.Path(dir_okay=False), help="Write the rows to this CSV.")
+@click.option("--csv", "csv_path", default=None, type=click.Path(dir_okay=False), help="Write the rows to a CSV.")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]))
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON instead of the table.")
 @_OUT
-def model_cmd(model_type, targets, preset, batch, seq, steps, warmup, quick, dtype, layers, attention_layers, liger_kernel,
-          flags, experts_implementation, config_text, lr, seed, csv_path, device, as_json, out_dir):
+def model_cmd(model_type, targets, preset, batch, seq, steps, warmup, quick, dtype, layers, attention_layers,
+              liger_kernel, flags, experts_implementation, config_text, lr, seed, csv_path, device, as_json, out_dir):
     """Time an SFT training step: baseline vs liger_rt.patch (and Liger-Kernel), counterbalanced."""
     from . import model as M
-    from .harness import device_tag, write_csv
+    from .harness import write_csv
     if bool(model_type) == bool(targets):
         raise click.UsageError("give --model TYPE or --target NAME (one of them)")
     if targets:
         names = list(M.TARGETS) if "all" in targets else list(targets)
         bad = [t for t in names if t not in M.TARGETS]
         if bad:
-            raise click.BadParameter(f"unknown target {bad[0]!r}; valid: {', '.join(M.TARGETS)}, all", param_hint="--target")
+            raise click.BadParameter(f"unknown target {bad[0]!r}; valid: {', '.join(M.TARGETS)}, all",
+                                     param_hint="--target")
         _need_gpu("bench model --target")
-        rows, failed = M.run_targets(names, quick=quick, steps=steps, warmup=warmup, batch=batch, seq=seq,
-                                     liger_kernel=liger_kernel, echo=click.echo)
-        path = csv_path or f"{out_dir}/model_{device_tag()}{'_quick' if quick else ''}.csv"
-        click.echo(M.format_summary(rows))
-        click.echo(f"wrote {write_csv(rows, path, merge_on=('target',))}" if rows else "no rows")
+        failed = M.run_targets(names, out_dir=out_dir, quick=quick, steps=steps, warmup=warmup, batch=batch, seq=seq,
+                               liger_kernel=liger_kernel, echo=click.echo)
         if failed:
             raise click.ClickException(f"failed: {', '.join(failed)} (errors above)")
         return

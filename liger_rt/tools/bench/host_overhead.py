@@ -70,7 +70,8 @@ def _probes(m: int, echo) -> dict[str, Callable]:
            "identity Function fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(_Identity.apply(x), (x,), dy)}
     lk, xl = peer("liger_kernel.ops.rms_norm", "LigerRMSNormFunction", echo), x.detach().clone().requires_grad_()
     if lk is not None:
-        out["Liger-Kernel fwd+bwd (autograd.grad)"] = lambda: torch.autograd.grad(lk.apply(xl, w, 1e-6), (xl, w), dy.clone())
+        out["Liger-Kernel fwd+bwd (autograd.grad)"] = lambda: torch.autograd.grad(lk.apply(xl, w, 1e-6), (xl, w),
+                                                                                 dy.clone())
     return out
 
 

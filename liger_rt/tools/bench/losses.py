@@ -34,7 +34,8 @@ def build(spec: dict, dtype, device: str, echo=print) -> Case:
         w = (torch.randn(v, h, generator=g, device=device) * 0.02).to(dt).requires_grad_()
         y = torch.randint(0, v, (t,), generator=g, device=device)
         lk = peer("liger_kernel.transformers", "LigerFusedLinearCrossEntropyLoss", echo)
-        peers = {"liger_kernel": Arm(lambda x, w, y, m=lk(): m(w, x, y), "LigerFusedLinearCrossEntropyLoss")} if lk else {}
+        peers = {"liger_kernel": Arm(lambda x, w, y, m=lk(): m(w, x, y), "LigerFusedLinearCrossEntropyLoss")
+                 } if lk else {}
         return Case(spec, (x, w, y), ops.fused_linear_cross_entropy,
                     Arm(lambda x, w, y: F.cross_entropy((x @ w.t()).float(), y), "F.cross_entropy(x @ W.t())"),
                     (0, 6 * t * h * v), unit="TFLOPs", peers=peers, passes=("fwdbwd",))

@@ -23,6 +23,7 @@ import importlib
 import json
 import statistics
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -342,10 +343,12 @@ def summarize_runs(run_rows: list[dict]) -> list[dict]:
     tol = LOSS_RTOL[run_rows[0]["dtype"]]
     for arm in [a for a in ARMS if any(r["arm"] == a for r in run_rows)]:
         rs = [r for r in run_rows if r["arm"] == arm]
+        batch_seq = rs[0]["batch"] * rs[0]["seq"]
         tok = statistics.mean(r["tok_per_s"] for r in rs)
         peaks = [r["peak_alloc_GB"] for r in rs if r["peak_alloc_GB"] is not None]
-        row = {k: v for k, v in rs[0].items() if k not in ("run_index", "min_step_ms", "max_step_ms", "losses", "build_s")}
-        row.update(kind="summary", runs=len(rs), tok_per_s=tok, median_step_ms=rs[0]["batch"] * rs[0]["seq"] / tok * 1e3,
+        row = {k: v for k, v in rs[0].items() if k not in ("run_index", "min_step_ms", "max_step_ms", "losses",
+                                                          "build_s")}
+        row.update(kind="summary", runs=len(rs), tok_per_s=tok, median_step_ms=batch_seq / tok * 1e3,
                    tok_per_s_spread=(max(r["tok_per_s"] for r in rs) - min(r["tok_per_s"] for r in rs)) / tok,
                    peak_alloc_GB=max(peaks) if peaks else None,
                    model_TFLOPs=statistics.mean(r["model_TFLOPs"] for r in rs),
@@ -387,20 +390,22 @@ def format_summary(rows: list[dict]) -> str:
     return "\n".join([format_table(summ, COLS, HEADERS), *notes])
 
 
-def run_targets(names: list[str], *, quick: bool = False, steps: int | None = None, warmup: int | None = None,
-                batch: int = 4, seq: int = 2048, liger_kernel: bool = True, echo: Callable = print) -> tuple[list, list]:
-    """The issue's runs (TARGETS) on the GPU: (rows, names that failed).  Each summary row of
-    liger_rt says whether it meets the target; anchors and targets ride along in every row."""
-    steps, warmup = steps or (8 if quick else 20), warmup if warmup is not None else (3 if quick else 5)
-    ceilings = measure_ceilings(quick=True)
-    rows, failed = [], []
+def run_targets(names: list[str], *, out_dir: str = "benchmarks/results", quick: bool = False, steps: int | None = None,
+                warmup: int | None = None, batch: int = 4, seq: int = 2048, liger_kernel: bool = True,
+                echo: Callable = print) -> list[str]:
+    """The issue's runs (TARGETS) on the GPU, into model_<device>[_quick].csv (a partial run keeps
+    the other targets' rows); anchors and targets ride along in every row, the liger_rt summary
+    says whether it meets its target.  Returns the names that failed."""
+    from .harness import device_tag, write_csv
+    steps, warmup = steps or (8 if quick else 20), (3 if quick else 5) if warmup is None else warmup
+    ceilings, rows, failed = measure_ceilings(quick=True), [], []
     for name in names:
         t = TARGETS[name]
-        kw = {k: t[k] for k in RUN_KEYS if k in t and k not in ("model_type", "liger_kernel")}
+        run = {k: t[k] for k in RUN_KEYS if k in t}
+        run["liger_kernel"] = run.get("liger_kernel", True) and liger_kernel
         try:
-            got = run_model_bench(t["model_type"], batch=batch, seq=seq, steps=steps, warmup=warmup, dtype="bf16",
-                                  liger_kernel=t.get("liger_kernel", True) and liger_kernel, device="cuda",
-                                  ceilings=ceilings, echo=echo, **kw)
+            got = run_model_bench(**run, steps=steps, warmup=warmup, batch=batch, seq=seq, dtype="bf16", device="cuda",
+                                  ceilings=ceilings, echo=echo)
         except Exception as exc:      # one model failing must not hide the others' numbers
             echo(f"{name}: FAILED: {type(exc).__name__}: {exc}")
             failed.append(name)
@@ -414,7 +419,11 @@ def run_targets(names: list[str], *, quick: bool = False, steps: int | None = No
                      f"{fmt(r['peak_alloc_GB'])} GB (target {t['target_peak_GB']}): "
                      f"{'meets the target' if r['meets_target'] else 'TARGET MISSED'}")
         rows += got
-    return rows, failed
+    echo(format_summary(rows))
+    if rows:
+        path = Path(out_dir) / f"model_{device_tag()}{'_quick' if quick else ''}.csv"
+        echo(f"wrote {write_csv(rows, path, ('target',))}")
+    return failed
 
 
 def main(argv=None) -> None:

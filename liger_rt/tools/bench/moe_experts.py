@@ -61,9 +61,10 @@ def build(spec: dict, dtype, device: str, echo=print) -> Case:
                                  "LigerFusedMoEFunction")} if lk else {}
     counts = torch.bincount(idx.flatten(), minlength=e)
     flops = 2.0 * t * k * 3 * h * i
-    return Case(spec, (x, gu, dn, idx, w), ops.moe_experts, Arm(hf_experts(e, k, h, i, "grouped_mm"), "transformers grouped_mm"),
-                (flops, 3 * flops), unit="TFLOPs", dy=dy, peers=peers, ref=hf_experts(e, k, h, i, "eager"),
-                forced=("triton", "grouped_mm"), compile=False,
+    return Case(spec, (x, gu, dn, idx, w), ops.moe_experts,
+                Arm(hf_experts(e, k, h, i, "grouped_mm"), "transformers grouped_mm"), (flops, 3 * flops),
+                unit="TFLOPs", dy=dy, peers=peers, ref=hf_experts(e, k, h, i, "eager"), forced=("triton", "grouped_mm"),
+                compile=False,
                 extra={"rows_per_expert": t * k / e, "max_rows_expert": int(counts.max()),
                        "empty_experts": int((counts == 0).sum())})
 

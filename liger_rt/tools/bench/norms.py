@@ -25,7 +25,8 @@ def _spec(op, dim, m, n, quick=False, target=True):
 SPECS = [_spec("rms_norm", "hidden", 16384, 4096, True), _spec("rms_norm", "hidden", 65536, 2048),
          _spec("swiglu", "cols", 16384, 8192, True), _spec("swiglu", "cols", 8192, 12288),
          _spec("layer_norm", "hidden", 16384, 4096, True), _spec("layer_norm", "hidden", 65536, 2048),
-         _spec("layer_norm", "hidden", 4096, 1152, True, False), _spec("layer_norm", "hidden", 23328, 1152, False, False)]
+         _spec("layer_norm", "hidden", 4096, 1152, True, False),             # SigLIP2 widths: no target
+         _spec("layer_norm", "hidden", 23328, 1152, False, False)]
 
 
 def hf_rms_norm(x, w, eps=1e-6):
