@@ -1,4 +1,4 @@
-"""layer_norm through the Triton interpreter: tiny shapes, fp32 references, every candidate config."""
+"""layer_norm through the Triton interpreter: tiny shapes, fp64 references, every candidate config."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,10 +9,11 @@ from liger_rt.kernels import layer_norm as ln
 from liger_rt.kernels._common import assert_close
 from liger_rt.tools.presets import get_preset
 from norm_checks import assert_candidate_spaces_modest_and_arch_aware
+from routing import record_impls
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 CPU = backend.profile("cpu")
-WIDE = {"num_warps": 4, "ROWS": 32, "bwd_num_warps": 4, "bwd_progs_per_sm": 2, "bwd_prefetch": 1}
+WIDE = ln.LayerNormConfig(num_warps=4, ROWS=32, bwd_num_warps=4, bwd_progs_per_sm=2, bwd_prefetch=1)
 
 
 def _inputs(shape, dtype, seed=0, bias=True):
@@ -39,7 +40,7 @@ def _ref(x, w, b, dy):
 
 
 def _triton(config):
-    return lambda x, w, b, eps: ln.LayerNormFunction.apply(x, w, b, eps, config)
+    return lambda x, w, b, eps: ln.OP.call_impl("triton", config, x, w, b, eps)
 
 
 def _check(outs, refs, dtype, rows, what=""):
@@ -117,8 +118,8 @@ def test_non_contiguous():
 def _all_candidates(hidden):
     out = []
     for arch in ("hopper", "mi325x", "cpu"):
-        for cfg in ln.OP.candidates(ln.OP.impl("triton"), backend.profile(arch), {"rows": 64, "hidden": hidden},
-                                    torch.bfloat16):
+        for cfg in ln.OP.candidates_for(ln.OP.impl("triton"), backend.profile(arch), {"rows": 64, "hidden": hidden},
+                                        torch.bfloat16):
             if cfg not in out:
                 out.append(cfg)
     return out
@@ -147,20 +148,18 @@ def test_sweep_times_torch_and_validates_every_cpu_candidate():
 
 
 def test_dispatch_heuristic_env_and_db(monkeypatch, tmp_path):
-    calls = []
-    real = ln.LayerNormFunction.apply
-    monkeypatch.setattr(ln.LayerNormFunction, "apply", lambda *a: calls.append(1) or real(*a))
-    x, w, b, _ = _inputs((2, 3, 48), torch.bfloat16, seed=8)
+    ran = record_impls(monkeypatch, ln.OP)
+    x, w, b, dy = _inputs((2, 3, 48), torch.bfloat16, seed=8)
     y = liger_rt.ops.layer_norm(x, w, b)
     d = ln.OP.select(x.reshape(-1, 48), rows=6, hidden=48)
-    assert (d.impl, d.origin) == ("triton", "heuristic") and calls == [1]
-    assert_close(y, ln.layer_norm_ref(x, w, b), torch.bfloat16)
+    assert (d.impl, d.origin) == ("triton", "heuristic") and ran == ["triton"]
+    assert_close(y, _ref(x, w, b, dy)[0], torch.bfloat16)
 
     monkeypatch.setenv("LIGER_RT_IMPL_LAYER_NORM", "torch")
     dispatch.reset()
-    y2 = liger_rt.ops.layer_norm(x, w, b)
-    assert ln.OP.select(x.reshape(-1, 48), rows=6, hidden=48).impl == "torch" and calls == [1]
-    assert torch.equal(y2, ln._layer_norm_torch(x, w, b, 1e-5))
+    liger_rt.ops.layer_norm(x, w, b)
+    d = ln.OP.select(x.reshape(-1, 48), rows=6, hidden=48)
+    assert (d.impl, d.origin) == ("torch", "env") and ran == ["triton", "torch"]
 
     # a DB row in which torch is faster makes dispatch pick torch: a measurement, not a constant
     monkeypatch.delenv("LIGER_RT_IMPL_LAYER_NORM")
@@ -169,7 +168,7 @@ def test_dispatch_heuristic_env_and_db(monkeypatch, tmp_path):
     for impl, ms in (("torch", 0.01), ("triton", 0.02)):
         store.put_tuning(dict(op="layer_norm", variant="fwdbwd", arch="cpu", device_name="cpu", dtype="bf16",
                               static_key=ln.OP.static_key({"hidden": 48}), bucket=ln.OP.bucket_key({"rows": 6}),
-                              impl=impl, config={} if impl == "torch" else _heuristic(48), median_ms=ms,
+                              impl=impl, config={} if impl == "torch" else _heuristic(48).to_dict(), median_ms=ms,
                               baseline_ms=0.01, source_hash=ln.OP.source_hash, config_schema=ln.OP.schema_version,
                               triton_version="", torch_version="", origin="sweep"))
     store.close()
@@ -178,16 +177,28 @@ def test_dispatch_heuristic_env_and_db(monkeypatch, tmp_path):
     assert (d.impl, d.origin) == ("torch", "db")
 
 
-def test_errors_and_fallbacks():
+def test_errors_and_fallbacks(monkeypatch):
     d = dispatch.select("layer_norm", dtype="bf16", arch="cpu", rows=4, hidden=ln.MAX_HIDDEN + 1)
     assert d.impl == "torch"
     with pytest.raises(ValueError, match="hidden <= 32768"):
-        ln.layer_norm_fwd(torch.randn(2, ln.MAX_HIDDEN + 1), torch.ones(ln.MAX_HIDDEN + 1), None, 1e-5, {})
+        ln.layer_norm_fwd(torch.randn(2, ln.MAX_HIDDEN + 1), torch.ones(ln.MAX_HIDDEN + 1), None, 1e-5, WIDE)
     with pytest.raises(ValueError, match="bias must have shape"):
         liger_rt.ops.layer_norm(torch.randn(2, 8), torch.ones(8), torch.ones(7))
-    x = torch.randn(3, 8)
-    assert torch.equal(liger_rt.ops.layer_norm(x, None, None), F.layer_norm(x, (8,)))
+    with pytest.raises(ValueError, match="at least one dim"):
+        liger_rt.ops.layer_norm(torch.tensor(1.0), torch.ones(1), None)
+    with pytest.raises(TypeError, match="accepted"):   # integers are refused, not truncated
+        liger_rt.ops.layer_norm(torch.ones(2, 8, dtype=torch.int32), torch.ones(8, dtype=torch.int32), None)
+    with pytest.raises(TypeError, match="accepted"):
+        liger_rt.ops.layer_norm(torch.randn(2, 8), torch.ones(8, dtype=torch.int64), None)
+    ran = record_impls(monkeypatch, ln.OP)
+    x = torch.randn(3, 8, dtype=torch.float64)
+    no_affine = liger_rt.ops.layer_norm(x, None, None)                      # weight None: torch
+    torch.testing.assert_close(no_affine, (x - x.mean(-1, keepdim=True)) / (x.var(-1, unbiased=False, keepdim=True)
+                                                                           + 1e-5).sqrt())
+    fp64 = liger_rt.ops.layer_norm(x, torch.ones(8, dtype=torch.float64), None)  # fp64: torch
+    torch.testing.assert_close(fp64, no_affine)
     assert liger_rt.ops.layer_norm(torch.randn(0, 8), torch.ones(8), torch.zeros(8)).shape == (0, 8)
+    assert ran == ["torch"] * 3
 
 
 def test_plan():
@@ -202,7 +213,7 @@ def test_plan():
 
 @pytest.mark.parametrize("impl,bias", [("triton", True), ("torch", True), ("triton", False)])
 def test_torch_compile_fullgraph_dynamic(monkeypatch, impl, bias):
-    """Under torch.compile the kernels run as custom ops, dispatched at run time (env respected)."""
+    """Under torch.compile the kernels run as custom ops, decided at trace time (env respected)."""
     if impl == "torch":
         monkeypatch.setenv("LIGER_RT_IMPL_LAYER_NORM", "torch")
         dispatch.reset()

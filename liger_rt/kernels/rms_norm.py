@@ -24,15 +24,15 @@ Kernels
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
 
 from ..dispatch import register
-from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
-from ._common import as_rows, interpreter_on, next_pow2, sm_count, to_dtype, triton_available, warps_for
+from ..opspec import Case, Impl, Op
+from ._common import RowNormConfig as RMSNormConfig
+from ._common import (as_rows, interpreter_on, next_pow2, norm_bwd, norm_candidates, norm_fwd, partial_sum_tile,
+                      persistent_grid, to_dtype, triton_available)
 
 # One row lives in registers: BLOCK_N 32768 over 1024 threads is 32 fp32 values per thread and
 # tensor, the most the backward (dy, x, dW accumulator) holds without spilling.
@@ -140,20 +140,6 @@ def _check_hidden(n: int) -> None:
                          f"use liger_rt.ops.rms_norm (dispatch picks torch there) or LIGER_RT_IMPL_RMS_NORM=torch")
 
 
-def _bwd_grid(m: int, device: torch.device, config) -> int:
-    """Persistent backward programs: sm_count * bwd_progs_per_sm, never more than the rows."""
-    return max(1, min(m, sm_count(device) * config.bwd_progs_per_sm))
-
-
-def _dw_tile(n: int, device: torch.device) -> tuple[int, int]:
-    """(columns, partial rows) per tile of the partial-sum kernel: 32 columns (128 contiguous
-    bytes per partial row) and 64 rows, 16 fp32 per thread at 4 warps; n/32 programs (128 at
-    hidden 4096).  The interpreter runs programs one after another: few wide ones there."""
-    if device.type == "cpu":
-        return 128, 16
-    return 32, 64
-
-
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, config) -> tuple[torch.Tensor, torch.Tensor]:
     """x (..., N) -> (y (..., N), rstd (rows,) fp32)."""
     n = x.shape[-1]
@@ -181,29 +167,20 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: 
     dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return dx.view(x.shape), torch.zeros_like(weight)
-    grid = _bwd_grid(m, x.device, config)
+    grid = persistent_grid(m, x.device, config.bwd_progs_per_sm)
     part = torch.empty((grid, n), dtype=torch.float32, device=x.device)
     _rms_norm_bwd_kernel[(grid,)](
         dy2, x2, weight, rstd, dx, part, dy2.stride(0), x2.stride(0), dx.stride(0), m, n, float(offset),
         BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch), RNE_BF16=interpreter_on(),
         num_warps=config.bwd_num_warps)
     dw = torch.empty(n, dtype=weight.dtype, device=weight.device)
-    block_r, block_g = _dw_tile(n, x.device)
+    block_r, block_g = partial_sum_tile(x.device)
     _rms_norm_dw_kernel[(triton.cdiv(n, block_r),)](part, dw, grid, n, BLOCK_G=block_g, BLOCK_R=block_r,
                                                    RNE_BF16=interpreter_on(), num_warps=4)
     return dx.view(x.shape), dw
 
 
 # -- the op: what the runtime needs besides the math ---------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class RMSNormConfig(Config):
-    ROWS: int = knob(1, pow2(1, 256))                 # rows per forward program (packed small rows)
-    num_warps: int = knob(4, WARPS)                   # forward
-    bwd_num_warps: int = knob(4, WARPS)
-    bwd_progs_per_sm: int = knob(2, (1, 2, 3, 4, 6, 8, 12, 16))   # persistent backward programs
-    bwd_prefetch: int = knob(1, (0, 1))               # next row's loads in flight (register double buffer)
-
 
 def _dims(x, weight, eps, offset) -> dict:
     if x.dim() < 1:
@@ -247,16 +224,6 @@ def _make_case(dims, dtype, device):
     return Case(args=(x, w, 1e-6, 0.0), grads=(dy,))
 
 
-def _fwd(arch, block_n: int, tile: int, per_thread: int) -> dict:
-    rows = max(1, tile // block_n)
-    return {"num_warps": warps_for(rows * block_n, per_thread, arch), "ROWS": rows}
-
-
-def _bwd(arch, block_n: int, per_thread: int, progs: int, prefetch: int) -> dict:
-    return {"bwd_num_warps": max(min(4, arch.max_num_warps), warps_for(block_n, per_thread, arch)),
-            "bwd_progs_per_sm": progs, "bwd_prefetch": prefetch}
-
-
 def _heuristic(arch, dims, dtype):
     """Forward: one row per program from hidden 2048 up (1-D tiles, Liger-Kernel's shape, which
     runs at 3.76 TB/s on the H200), 8 values per thread up to 2048 and 16 above (8 warps at 4096);
@@ -265,32 +232,13 @@ def _heuristic(arch, dims, dtype):
     warps at 4096: 57 registers on Triton 3.9 sm_90, both programs resident), the next row
     prefetched into registers: 4 row pairs (64 KB at 4096) of loads in flight per SM; fp32 dW
     partials (2 * sm_count rows, 4 MB at 4096) summed by a column-parallel kernel.
-    Not measured on a GPU yet: `liger-tune sweep` decides among _configs."""
+    Not measured on a GPU yet: `liger-tune sweep` decides among _configs (kernels/_common.py)."""
     e = next_pow2(dims["hidden"])
-    return RMSNormConfig(**_fwd(arch, e, 2048, 8 if e <= 2048 else 16), **_bwd(arch, e, 8, 2, 1))
+    return RMSNormConfig(**norm_fwd(arch, e, 2048, 8 if e <= 2048 else 16), **norm_bwd(arch, e, 8, 2, 1))
 
 
 def _configs(arch, dims, dtype):
-    e = next_pow2(dims["hidden"])
-    base = _heuristic(arch, dims, dtype)
-    fwd_h = {"num_warps": base.num_warps, "ROWS": base.ROWS}
-    if arch.name == "cpu":  # the interpreter ignores warps: cover the code paths, not the space
-        return [base, RMSNormConfig(**fwd_h, **_bwd(arch, e, 16, 1, 0)),
-                RMSNormConfig(**_fwd(arch, e, 8192, 16), **_bwd(arch, e, 8, 3, 0))]
-    bwd = [_bwd(arch, e, 8, 2, 1),      # the heuristic
-           _bwd(arch, e, 8, 4, 1),
-           _bwd(arch, e, 8, 4, 0),      # occupancy instead of prefetch
-           _bwd(arch, e, 8, 8, 0),
-           _bwd(arch, e, 16, 2, 1),     # 8 warps at 4096: 98 registers with prefetch, 2 resident
-           _bwd(arch, e, 16, 3, 0),     # 71 registers without: 3 resident
-           _bwd(arch, e, 16, 8, 0),
-           _bwd(arch, e, 16, 16, 0),    # many short programs (8 rows each at 16384 x 4096)
-           _bwd(arch, e, 32, 8, 0)]     # 4 warps at 4096
-    fwd_alt = [_fwd(arch, e, min(e, 2048), 8) if e > 2048 else _fwd(arch, e, 2048, 16),  # 16 warps/row at 4096
-               _fwd(arch, e, min(e, 2048), 32),                                           # 4 warps/row at 4096
-               _fwd(arch, e, 8192, 16)]                                                   # packed rows
-    out = [RMSNormConfig(**fwd_h, **b) for b in bwd] + [RMSNormConfig(**f, **bwd[0]) for f in fwd_alt]
-    return list(dict.fromkeys(out))[:12]
+    return norm_candidates(arch, dims["hidden"], _heuristic(arch, dims, dtype))
 
 
 def _smem(config, dims, dtype) -> int:

@@ -25,7 +25,8 @@ import triton.language as tl
 
 from ..dispatch import register
 from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
-from ._common import DTYPES, as_rows, interpreter_on, next_pow2, to_dtype, triton_available, warps_for
+from ._common import (DTYPES, as_rows, interpreter_on, next_pow2, row_plan, to_dtype, triton_available,
+                      warps_for)
 
 
 # -- reference ------------------------------------------------------------------------------------
@@ -193,15 +194,8 @@ def _configs(arch, dims, dtype):
 
 
 def _plan(preset, arch, quick):
-    if arch.name == "cpu":
-        cols = (preset.intermediate,) if preset is not None and preset.tiny else (96, 128)
-        rows = (8,) if quick else (8, 32)
-        return [{"rows": r, "cols": c} for c in cols for r in rows]
-    if preset is None:
-        cols, tokens = (8192, 12288), ((4096,) if quick else (1024, 4096, 16384))
-    else:
-        cols, tokens = (preset.intermediate,), (preset.quick_tokens if quick else preset.tokens)
-    return [{"rows": t, "cols": c} for c in cols for t in tokens]
+    return row_plan(preset, arch, quick, "cols", preset and preset.intermediate, (96, 128), (8192, 12288),
+                    (1024, 4096, 16384))
 
 
 OP = register(Op(
