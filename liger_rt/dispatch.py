@@ -30,6 +30,7 @@ import torch
 
 from . import backend, env
 from .kernels._common import dtype_name, interpreter_on
+from . import opspec
 from .opspec import Case, Config, ConfigError, Impl, NoConfig, Op, bucket, config_dict, knob  # noqa: F401
 
 log = logging.getLogger("liger_rt.dispatch")
@@ -90,7 +91,7 @@ def _decide_memo(op: Op, x: torch.Tensor, dims: dict, key) -> Decision:
 
 
 _LOCK = threading.RLock()
-_REGISTRY: dict[str, Op] = {}
+_REGISTRY: dict[str, Op] = opspec.REGISTERED
 
 
 def register(op: Op) -> Op:

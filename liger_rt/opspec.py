@@ -38,6 +38,9 @@ import torch
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+REGISTERED: dict = {}        # op name -> Op, filled by dispatch.register (the spec never imports dispatch)
+
+
 class ConfigError(ValueError):
     """A config (from a DB row, a file or code) that the op does not declare."""
 
@@ -418,8 +421,7 @@ def _traced_exact(value) -> int:
 
 @torch.compiler.assume_constant_result
 def _decide_constant(op_name: str, device_type: str, dtype: torch.dtype, *key: int) -> tuple[str, str]:
-    from .dispatch import get_op
-    op = get_op(op_name)
+    op = REGISTERED[op_name]
     dims = dict(zip(op.static + op.dynamic, key))
     d = op.select(_probe(device_type, dtype), **dims)
     return d.impl, json.dumps({"impl": d.impl, "config": config_dict(d.config)}, sort_keys=True)
@@ -534,8 +536,7 @@ def _build_custom_ops(op: Op):
 
 @functools.lru_cache(maxsize=256)
 def _parse_decision(op_name: str, config_json: str):
-    from .dispatch import get_op
-    op = get_op(op_name)
+    op = REGISTERED[op_name]
     data = json.loads(config_json)
     return op.impl(data["impl"]), op.parse_config(data["config"], data["impl"])
 
