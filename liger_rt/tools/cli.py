@@ -234,7 +234,13 @@ def doctor_report() -> dict:
     device = "cpu"
     if backend.gpu_present():
         device = f"{torch.cuda.get_device_name()} ({backend.runtime_version()})"
-    ops = dispatch.available_ops()
+    ops = []
+    for name in dispatch.OP_MODULES:        # a kernel module that fails to import is reported, not fatal
+        try:
+            dispatch.get_op(name)
+            ops.append(name)
+        except Exception as exc:
+            ops.append(f"{name} (cannot be loaded: {type(exc).__name__}: {_one_line(exc)})")
     snap = env.snapshot()
     db = {"user_path": None, "user_exists": False, "user_bytes": 0, "user_schema": None, "user_error": None,
           "user_health": None, "user_bad": []}

@@ -76,8 +76,10 @@ def resolve_op(name: str):
         return None
     try:
         return dispatch.get_op(name)
-    except (ValueError, ImportError):
+    except ValueError:
         return None
+    except ImportError as exc:      # registered, but its kernel module does not import here
+        raise RowError(f"op {name!r} cannot be loaded ({type(exc).__name__}: {exc})") from None
 
 
 def op_names() -> list[str]:

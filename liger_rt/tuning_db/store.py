@@ -364,10 +364,6 @@ class Store:
         return {t: self.conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in R.COLUMNS}
 
     # -- judging and pruning ---------------------------------------------------------------------------------
-    def classify(self, table: str, row: dict) -> tuple[str, str]:
-        """("ok" | "stale" | "bad", why) for one row, judged against this code and this machine."""
-        return classify(table, row)
-
     def prune(self, *, stale: bool = False, invalid: bool = False, op: str | None = None,
               arch: str | None = None, dry_run: bool = False) -> dict:
         """Remove (or with dry_run only list) rows: of `op` and/or `arch`, and among those the stale
@@ -428,7 +424,7 @@ def classify(table: str, row: dict, op=None) -> tuple[str, str]:
 
 # -- JSON lines ---------------------------------------------------------------------------------------------
 
-def _parse_lines(lines: Iterable[str], *, strict: bool):
+def _parse_lines(lines: Iterable[str]):
     """Yield (line number, table, record) of an export; TuningDBError for a line that is not one."""
     for n, line in enumerate(lines, 1):
         line = line.strip()
@@ -462,7 +458,7 @@ def load_jsonl(store: Store, lines: Iterable[str], *, strict: bool = True) -> di
     shipped defaults) stores rows unvalidated: lookups validate them when they are read."""
     counts = {t: 0 for t in R.COLUMNS}
     batches: dict[str, list] = {t: [] for t in R.COLUMNS}
-    for n, table, rec in _parse_lines(lines, strict=strict):
+    for n, table, rec in _parse_lines(lines):
         if strict:
             try:
                 rec = R.check(table, rec)
