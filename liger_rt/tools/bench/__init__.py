@@ -2,7 +2,7 @@
 
     liger-tune bench kernels [--op norms|lfm2_ops|losses|moe_experts|OP ...] [--where k=v] [--quick]
     liger-tune bench model --model qwen3 --preset qwen3-1.7b [--batch 4 --seq 2048 ...]
-    liger-tune bench model --target all [--quick]      # the issue's model runs
+    liger-tune bench model --target all [--quick]      # issue 9's model runs
     liger-tune bench host | dispatch | ceilings
 
 The harness is importable: `harness` (versions, CSV, ceilings, timers, the kernel-case loop),
@@ -103,7 +103,7 @@ def _layer_list(ctx, param, text):
 @bench.command("model")
 @click.option("--model", "model_type", default=None,
               help="Model type: qwen3, llama, qwen3_moe, lfm2, lfm2_moe, lfm2_vl (lfm2_vl: text-only step).")
-@click.option("--target", "targets", multiple=True, help="One of the issue's runs instead of --model, repeatable: "
+@click.option("--target", "targets", multiple=True, help="One of issue 9's runs instead of --model, repeatable: "
               "qwen3, lfm2, qwen3rope, lfm2moe or all (GPU; CSV model_<device>[_quick].csv in --out).")
 @click.option("--preset", default="tiny", show_default=True,
               help="Preset name (qwen3-1.7b, lfm2-1.2b, ...), 'tiny' for the family's tiny one, or a PATH.json.")

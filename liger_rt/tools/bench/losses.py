@@ -6,7 +6,7 @@ LigerCrossEntropyLoss; `liger_rt_inplace` is ours writing dlogits into the logit
 (inplace_backward=True on a non-leaf view, as an lm_head output is; Liger-Kernel always does).
 FLCE TFLOP/s count its three GEMMs (2*BT*H*V each); CE GB/s count reading the logits and writing
 their gradient once.  Peak memory is everything the step allocates, the gradients it hands out
-included.  FLCE targets (ms, extra GB) from the torch.compile anchors of issue 5.
+included.  FLCE targets (ms, extra GB): issue 8, from torch.compile's anchor times.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ so the loss curves of all runs must overlap.  An arm's tokens/s is the mean over
 TFLOP/s is an estimate (6 * active matmul params * tokens + causal attention); mfu is its
 fraction of the bf16 matmul ceiling measured in the same process.  LFM2-VL runs text-only (the
 vision tower idles); MoE families use transformers' grouped_mm experts in every arm unless told
-otherwise.  `TARGETS` are the issue's model runs (`liger-tune bench model --target all`).
+otherwise.  `TARGETS` are issue 9's model runs (`liger-tune bench model --target all`).
 
     from liger_rt.tools.bench.model import run_model_bench
     rows = run_model_bench("qwen3", "tiny", batch=2, seq=16, steps=3, warmup=1, device="cpu")
@@ -36,7 +36,7 @@ ARMS = ("baseline", "liger_rt", "liger_kernel")
 # interpreter: ~2e-7; the H200 bf16 qwen3-1.7b baseline vs Liger-Kernel: 4e-5 after 13 steps); a
 # wrong gradient moves a curve by percents.
 LOSS_RTOL = {"fp32": 1e-4, "fp16": 5e-3, "bf16": 1e-2}
-# The issue's runs: anchors are the baseline / Liger-Kernel figures of the anchor runs (one H200),
+# Issue 9's runs: anchors are the baseline / Liger-Kernel figures of the anchor runs (one H200),
 # targets what liger_rt must reach (tokens/s, peak GB).  qwen3rope: rope=True, ops.rope in place
 # of HF's apply_rotary_pos_emb (Liger-Kernel's patch always swaps it); lfm2moe: 8 layers, attention at 2, 5.
 _QWEN3 = dict(model_type="qwen3", preset="qwen3-1.7b", config={"tie_word_embeddings": True},
@@ -393,7 +393,7 @@ def format_summary(rows: list[dict]) -> str:
 def run_targets(names: list[str], *, out_dir: str = "benchmarks/results", quick: bool = False, steps: int | None = None,
                 warmup: int | None = None, batch: int = 4, seq: int = 2048, liger_kernel: bool = True,
                 echo: Callable = print) -> list[str]:
-    """The issue's runs (TARGETS) on the GPU, into model_<device>[_quick].csv (a partial run keeps
+    """Issue 9's runs (TARGETS) on the GPU, into model_<device>[_quick].csv (a partial run keeps
     the other targets' rows); anchors and targets ride along in every row, the liger_rt summary
     says whether it meets its target.  Returns the names that failed."""
     from .harness import device_tag, write_csv
