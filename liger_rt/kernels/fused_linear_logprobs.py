@@ -86,7 +86,7 @@ def _logprobs_fwd_kernel(L, stride_l, B, T, LP, ENT, LSE, SBAR, V, inv_t, ignore
         a = tl.exp(m - m_new)
         e = tl.exp(z - m_new)
         # rebase s from m to m_new: sum e'(z - m_new) = a * (s + d * (m - m_new)); d == 0 at first
-        s = a * (s + d * tl.where(d > 0.0, m - m_new, 0.0)) + tl.sum(tl.where(m_v, e * (z - m_new), 0.0), axis=0)
+        s = a * (s + d * tl.where(d > 0.0, m - m_new, 0.0)) + tl.sum(e * tl.where(m_v, z - m_new, 0.0), axis=0)
         d = d * a + tl.sum(e, axis=0)
         m = m_new
     log_d = tl.log(d)
@@ -250,12 +250,13 @@ def _fake(config, x, weight, target, bias, temperature, ignore_index):
 
 # -- the op -----------------------------------------------------------------------------------------
 
-CHUNKS = (0, 1, 2, 4, 8, 16, 32, 64, *range(128, 65537, 128))     # token rows per chunk; 0 = all
+# token rows per chunk (0: all): powers of two and their 1.5x, so a budget-derived cap lands near
+LADDER = (4, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
 
 
 @dataclasses.dataclass(frozen=True)
 class LogProbsConfig(Config):
-    chunk: int = knob(0, CHUNKS)
+    chunk: int = knob(0, (0, *LADDER))
     BLOCK_V: int = knob(4096, pow2(16, 32768))        # forward kernel: vocab columns per loop trip
     num_warps: int = knob(8, WARPS)
     bwd_BLOCK_V: int = knob(4096, pow2(16, 32768))
@@ -312,16 +313,15 @@ def fused_linear_logprobs(x: torch.Tensor, weight: torch.Tensor, target: torch.T
 # at most 1/4 of torch.compile's materialised path, which holds the bf16 logits and their
 # gradient (2 x 2 bytes x tokens x vocab; at T16384 V151936: 10 GB, plus dW): so a chunk takes
 # at most tokens/16 rows (its fp32 buffer is 1/8 of the bf16 logits), never more than the arch
-# budget and never fewer than the floor.  Budgets: 1 GiB on hopper/blackwell (1766 rows at
-# V151936), 512 MiB elsewhere; not measured yet: the sweep picks among chunks under the cap.
+# budget and never fewer than the floor, rounded down to LADDER.  Budgets: 1 GiB on hopper and
+# blackwell (1536 rows at V151936), 512 MiB elsewhere; not measured yet: the sweep picks among
+# the chunks under the cap.
 # The floor: dW (+)= dz.T @ x is a K=chunk GEMM that reads and writes all of dW once per chunk;
 # below ~256 rows it is bound by that traffic (2 x 0.78 GB per chunk at V151936 H2560 bf16).
 MiB = 1 << 20
 _BUDGET = {"hopper": 1024 * MiB, "blackwell": 1024 * MiB, "cpu": 16 * 1024}
 _OTHER_BUDGET = 512 * MiB
 _FLOOR = {"gpu": 256, "cpu": 4}
-_GRAIN = {"gpu": 128, "cpu": 4}
-_CHUNK_STEPS = {"gpu": (256, 512, 1024, 2048, 4096), "cpu": (4, 8)}
 
 
 def _kind(arch) -> str:
@@ -334,7 +334,7 @@ def chunk_cap(arch, dims: dict) -> int:
     rows = _BUDGET.get(arch.name, _OTHER_BUDGET) // (4 * dims["vocab"])
     if kind == "gpu":
         rows = min(rows, dims["tokens"] // 16)
-    return max(_FLOOR[kind], rows // _GRAIN[kind] * _GRAIN[kind])
+    return max([_FLOOR[kind]] + [c for c in LADDER if c <= rows])
 
 
 def _chunk(cap: int, tokens: int) -> int:
@@ -368,7 +368,7 @@ def _configs(arch, dims, dtype):
         return [LogProbsConfig(chunk=8, BLOCK_V=64, num_warps=4, bwd_BLOCK_V=128, bwd_num_warps=4),
                 _heuristic(arch, dims, dtype)]
     cap = chunk_cap(arch, dims)
-    chunks = sorted({c for c in (*_CHUNK_STEPS[kind], cap) if c <= cap and c < tokens})
+    chunks = [c for c in LADDER if _FLOOR[kind] <= c <= cap and c < tokens]
     if tokens <= cap:
         chunks.append(0)
     launches = [_launch(arch, 4096, 16, dims["vocab"]), _launch(arch, 8192, 16, dims["vocab"]),
