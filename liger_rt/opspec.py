@@ -495,7 +495,9 @@ def _build_custom_ops(op: Op):
         *scalar_values, needs, config_json = rest
         impl, cfg = parse(config_json)
         args = rebuild(tensors, scalar_values)
-        dargs = [g for g, flag in zip(impl.backward(cfg, args, tuple(saved), tuple(needs), *grads), is_tensor) if flag]
+        it = iter(needs)     # one flag per arg, as in eager mode (scalars: False)
+        per_arg = tuple(bool(next(it)) if flag else False for flag in is_tensor)
+        dargs = [g for g, flag in zip(impl.backward(cfg, args, tuple(saved), per_arg, *grads), is_tensor) if flag]
         like = next(t for t in tensors if t is not None)
         return [g.to(t.dtype) if g is not None and need and t is not None else like.new_empty(0)
                 for g, t, need in zip(dargs, tensors, needs)]
