@@ -243,10 +243,10 @@ def _grads(fn, ins, dy):
 def _arms(case: Case, dtype: str, compile_: bool) -> dict[str, tuple[Arm, str | None]]:
     """name -> (arm, the LIGER_RT_IMPL_<OP> value it runs under; None: no override)."""
     from liger_rt import dispatch
-    eager = case.eager
-    arms = {"eager": eager, **({"compile": Arm(torch.compile(eager.fn, dynamic=False), f"torch.compile({eager.desc})")}
-                               if compile_ and case.compile else {}), **case.peers}
-    arms = {k: (a, None) for k, a in arms.items()}
+    arms = {"eager": (case.eager, None)}
+    if compile_ and case.compile:
+        arms["compile"] = (Arm(torch.compile(case.eager.fn, dynamic=False), f"torch.compile({case.eager.desc})"), None)
+    arms |= {k: (a, None) for k, a in case.peers.items()}
     for impl in (*case.forced, None):
         def desc() -> str:
             d = dispatch.select(case.op, dtype=case.spec.get("dtype", dtype), **case.dims)
