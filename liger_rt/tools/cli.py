@@ -106,7 +106,8 @@ class _Group(click.Group):
             code = super().main(args, prog_name=prog_name or "liger-tune", complete_var=complete_var,
                                 standalone_mode=False, **extra)
         except click.ClickException as exc:
-            click.echo(f"liger-tune: error: {_one_line(exc.format_message())}", err=True)
+            verbs = f"; verbs: {', '.join(sorted(self.commands))}" if isinstance(exc, click.NoSuchCommand) else ""
+            click.echo(f"liger-tune: error: {_one_line(exc.format_message())}{verbs}", err=True)
             code = exc.exit_code
         except click.Abort:
             click.echo("liger-tune: aborted", err=True)
@@ -507,6 +508,12 @@ def export_cmd(file, arch_name, shipped, db_path):
     if arch_name:
         arch_name = _check_arch(arch_name)
     user = _open_user(db_path, readonly=True, must_exist=not shipped)
+    try:
+        out = sys.stdout if file == "-" else open(file, "w")     # fail before any warning
+    except OSError as exc:
+        if user is not None:
+            user.close()
+        raise click.ClickException(f"cannot write {file}: {exc.strerror or exc}") from None
     layers = ([user] if user is not None else []) + ([tuning_db.store.shipped_defaults()] if shipped else [])
     bad = []
 
@@ -522,18 +529,15 @@ def export_cmd(file, arch_name, shipped, db_path):
         if user is not None:
             user.close()
     text = "".join(line + "\n" for line in lines)
+    if file == "-":
+        click.echo(text, nl=False)
+    else:
+        with out:
+            out.write(text)
+        click.echo(f"wrote {len(lines) - 1} records to {file}", err=True)
     if bad:
         click.echo(f"warning: left out {len(bad)} invalid rows (first: {bad[0]}); `liger-tune doctor` lists them",
                    err=True)
-    if file == "-":
-        click.echo(text, nl=False)
-        return
-    try:
-        with open(file, "w") as fh:
-            fh.write(text)
-    except OSError as exc:
-        raise click.ClickException(f"cannot write {file}: {exc.strerror or exc}") from None
-    click.echo(f"wrote {len(lines) - 1} records to {file}", err=True)
 
 
 @main.command(name="import")
@@ -572,13 +576,17 @@ def prune(stale, invalid, op, arch_name, dry_run, db_path):
     """Remove stale (--stale) or invalid (--invalid) entries, or every entry of an op/arch."""
     _cpu_interpreter()
     from liger_rt import dispatch  # noqa: F401  (the registry rows are judged against)
+    from liger_rt.tuning_db import TuningDBError
     if not (stale or invalid or op or arch_name):
         raise click.UsageError("say what to prune: --stale, --invalid, --op OP and/or --arch ARCH")
     if op:
         _check_ops([op])
     if arch_name:
         arch_name = _check_arch(arch_name)
-    store = _open_user(db_path, readonly=dry_run, create=False)
+    try:
+        store = _open_user(db_path, readonly=dry_run, create=False)
+    except TuningDBError as exc:
+        raise TuningDBError(f"{exc}; nothing to prune") from None
     try:
         out = store.prune(stale=stale, invalid=invalid, op=op, arch=arch_name, dry_run=dry_run)
     finally:
