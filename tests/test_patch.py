@@ -8,7 +8,9 @@ from __future__ import annotations
 import copy
 import importlib
 import importlib.util
+import io
 import inspect
+import pickle
 import warnings
 
 import pytest
@@ -648,3 +650,65 @@ def test_deepcopy_of_a_rope_patched_model_holds_the_swap_itself():
     assert mod.apply_rotary_pos_emb is liger_rt.layers.rope.apply_rotary_pos_emb    # the clone holds it
     liger_rt.unpatch(clone)
     assert mod.apply_rotary_pos_emb is host
+
+
+@ROPE
+@pytest.mark.parametrize("how", ["torch.save", "pickle"])
+def test_a_rope_patched_model_saves_whole_and_loads_back_patched(how, fallback):
+    mod = importlib.import_module(QWEN3)
+    host = mod.apply_rotary_pos_emb
+    model = build_model("qwen3-tiny")
+    liger_rt.patch(model, rope=True, fused_linear_cross_entropy=True)
+    if how == "torch.save":
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+    else:
+        loaded = pickle.loads(pickle.dumps(model))
+    assert liger_rt.patch.describe(loaded) == liger_rt.patch.describe(model)
+    assert isinstance(loaded.model.norm.__dict__["forward"], _swaps.BoundForward)
+    assert loaded.model.norm.forward.__self__ is loaded.model.norm
+    ids, mask, labels = _inputs()
+    want = model(input_ids=ids, attention_mask=mask, labels=labels)
+    got = loaded(input_ids=ids, attention_mask=mask, labels=labels)
+    assert got.logits is None
+    torch.testing.assert_close(got.loss, want.loss)
+    liger_rt.unpatch(model)
+    assert mod.apply_rotary_pos_emb is liger_rt.layers.rope.apply_rotary_pos_emb     # the loaded model holds it
+    liger_rt.unpatch(loaded)
+    assert mod.apply_rotary_pos_emb is host
+    assert not any("forward" in m.__dict__ for m in loaded.modules())
+
+
+# -- gradient checkpointing -------------------------------------------------------------------------------
+
+def _recomputed_layer_calls(model) -> tuple[int, int]:
+    """(decoder-layer calls in the forward, calls again in the backward) with checkpointing on:
+    counted on each layer's MLP, which runs inside the checkpointed forward."""
+    calls = []
+    for layer in model.model.layers:
+        mlp = getattr(layer, "mlp", None) or layer.feed_forward
+        mlp.register_forward_pre_hook(lambda *_: calls.append(1))
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ids, mask, labels = _inputs()
+    loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    forward = len(calls)
+    loss.backward()
+    return forward, len(calls) - forward
+
+
+@pytest.mark.filterwarnings("ignore:.*gradient_checkpointing_enable.*:FutureWarning")
+@pytest.mark.parametrize("level", ["instance", "class"])
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "llama-tiny", "lfm2-tiny", "lfm2-moe-tiny"])
+def test_gradient_checkpointing_is_kept(preset, level, fallback):
+    layers = build_model(preset).config.num_hidden_layers
+    model_type = build_model(preset).config.model_type
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", core.PatchWarning)     # lfm2_moe: experts interface may be absent
+        if level == "class":
+            liger_rt.patch(model_type, fused_linear_cross_entropy=True)
+            model = build_model(preset)
+        else:
+            model = liger_rt.patch(build_model(preset), fused_linear_cross_entropy=True)
+    assert _recomputed_layer_calls(model) == (layers, layers)

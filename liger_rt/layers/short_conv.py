@@ -18,7 +18,7 @@ Packed sequences: boundaries come from ``seq_idx`` (TransformersKwargs), else ``
 (flash-attention packing, batch 1), else ``position_ids`` (a new sequence starts wherever the
 position does not follow the previous one), which the decoder-layer forward below hands to the
 conv.  The op receives ``seq_idx`` so no tap crosses a boundary; if the op cannot take
-``seq_idx`` and the batch really is packed, the segment-aware torch reference below runs instead:
+``seq_idx`` and the batch really is packed, the segment-aware ``short_conv_ref`` runs instead:
 sequences are never mixed (HF's own F.conv1d fallback does mix them).
 """
 from __future__ import annotations
@@ -30,53 +30,15 @@ import sys
 import torch
 
 from .. import ops
-from .._swaps import original
+from .._swaps import original_function
+from ..kernels.short_conv import seq_idx_from_position_ids, short_conv_ref
 
 # the decoder layer passes position_ids to its conv under this key (popped before any HF call)
 POSITIONS_KWARG = "_liger_rt_position_ids"
 _CACHE_KWARGS = ("cache", "past_key_values", "past_key_value")
 
 
-# -- reference (segment-aware) ----------------------------------------------------------------------
-
-def short_conv_ref(bcx: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                   seq_idx: torch.Tensor | None = None) -> torch.Tensor:
-    """fp32 reference: bcx (batch, seq, 3*hidden), weight (hidden, kernel), seq_idx (batch, seq) ints.
-
-    out[t] = C[t] * (bias + sum_k weight[:, k] * Bx[t - (K-1) + k]), taps outside the sequence of
-    token t (by seq_idx) or before the start count as zero.  Returns bcx's dtype.
-    """
-    b, c, x = bcx.float().chunk(3, dim=-1)
-    bx = b * x
-    kernel = weight.shape[-1]
-    w = weight.float()
-    out = torch.zeros_like(bx)
-    for k in range(kernel):
-        shift = kernel - 1 - k
-        if shift >= bx.shape[1]:
-            continue
-        src = bx if shift == 0 else torch.nn.functional.pad(bx[:, :-shift], (0, 0, shift, 0))
-        if seq_idx is not None and shift:
-            same = seq_idx[:, shift:] == seq_idx[:, :-shift]
-            same = torch.nn.functional.pad(same, (shift, 0), value=False)
-            src = src * same.unsqueeze(-1)
-        out = out + src * w[:, k]
-    if bias is not None:
-        out = out + bias.float()
-    return (c * out).to(bcx.dtype)
-
-
 # -- packing -------------------------------------------------------------------------------------------
-
-def seq_idx_from_position_ids(position_ids: torch.Tensor, batch: int) -> torch.Tensor:
-    """(batch, seq) int32 sequence index: a new sequence starts where position != previous + 1."""
-    pos = position_ids
-    if pos.dim() == 1:
-        pos = pos.unsqueeze(0)
-    starts = pos[:, 1:] != pos[:, :-1] + 1
-    idx = torch.cat([torch.zeros_like(pos[:, :1], dtype=torch.int32), starts.cumsum(-1, dtype=torch.int32)], dim=-1)
-    return idx.expand(batch, -1) if idx.shape[0] != batch else idx
-
 
 def seq_idx_from_cu_seqlens(cu: torch.Tensor, seq: int) -> torch.Tensor:
     """(1, seq) int32 sequence index from cumulative lengths [0, l0, l0+l1, ..., seq]."""
@@ -172,7 +134,7 @@ def short_conv_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> to
     if cache is not None:
         write_state = _fresh_prefill(self, cache, kwargs, hidden_states.shape[1])
     if args or (cache is not None and write_state is None) or getattr(self.conv, "_hf_hook", None) is not None:
-        return original(self)(hidden_states, *args, **kwargs)
+        return original_function(self)(self, hidden_states, *args, **kwargs)
 
     attention_mask = kwargs.get("attention_mask")
     if attention_mask is not None:
@@ -191,10 +153,25 @@ def short_conv_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> to
     return self.out_proj(y)
 
 
+def _runs_ours(conv) -> bool:
+    """The conv module runs short_conv_forward (instance patch, accelerate hook, or class patch)."""
+    for fn in (conv.__dict__.get("_old_forward"), conv.__dict__.get("forward"), type(conv).forward):
+        fn = getattr(fn, "__func__", fn)
+        if fn is not None and (fn is short_conv_forward or getattr(fn, "_liger_rt_function", None) is short_conv_forward):
+            return True
+    return False
+
+
 def decoder_layer_forward(self, *args, **kwargs):
     """Lfm2DecoderLayer.forward unchanged, except that a conv layer's conv also receives the
-    layer's position_ids (under POSITIONS_KWARG) so packed sequences keep their boundaries."""
+    layer's position_ids (under POSITIONS_KWARG) so packed sequences keep their boundaries.
+
+    It calls the forward it replaced as a function (``original_function``): at instance level that
+    is transformers' checkpointing wrapper, still ``type(self).forward``, so gradient checkpointing
+    works; at class level the patch wraps this forward in that same wrapper."""
     positions = kwargs.get("position_ids")
-    if positions is not None and getattr(self, "conv", None) is not None and not getattr(self, "is_attention_layer", False):
+    conv = getattr(self, "conv", None)
+    if positions is not None and conv is not None and not getattr(self, "is_attention_layer", False) \
+            and _runs_ours(conv):
         kwargs[POSITIONS_KWARG] = positions
-    return original(self)(*args, **kwargs)
+    return original_function(self)(self, *args, **kwargs)

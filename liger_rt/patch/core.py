@@ -29,7 +29,6 @@ decoding and unusual calls); so liger_rt.layers never imports liger_rt.patch.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import importlib
 import inspect
@@ -225,29 +224,34 @@ class InstanceRecord:
     config_saved: list[tuple[Any, str, Any]] = dataclasses.field(default_factory=list)
     function_keys: list = dataclasses.field(default_factory=list)       # module-wide swaps this patch holds
     finalizer: Any = None                                               # releases them if the model dies patched
-    root_id: int = 0
+    root: Any = None                                                    # weakref to the patched model
 
     def hold_functions(self, root, swaps) -> None:
         """Hold module-wide swaps [(module, name, function)] for `root` until unpatch or its death."""
-        self.root_id = id(root)
+        self.root = weakref.ref(root)
         for mod, fn_name, fn in swaps:
             _swaps.hold(mod, fn_name, fn, _instance_holder(root), self.function_keys)
         if self.function_keys:
             self.finalizer = weakref.finalize(root, _swaps.release, list(self.function_keys), _instance_holder(root))
 
-    def __deepcopy__(self, memo):
-        # a deep copy of a patched model is patched to itself: it holds the same module-wide swaps
-        # (modules and finalizers are not copyable; the copied root is in memo by now)
-        new = InstanceRecord.__new__(InstanceRecord)
-        for f in dataclasses.fields(self):
-            if f.name not in ("function_keys", "finalizer", "root_id"):
-                setattr(new, f.name, copy.deepcopy(getattr(self, f.name), memo))
-        new.function_keys, new.finalizer, new.root_id = [], None, 0
-        new_root = memo.get(self.root_id)
-        if new_root is not None and self.function_keys:
-            new.hold_functions(new_root, [(m, a, _swaps.LEDGER[(m, a)].value) for m, a in self.function_keys
-                                          if (m, a) in _swaps.LEDGER])
-        return new
+    # pickle, torch.save and copy.deepcopy go through these: a copy of a patched model is patched
+    # to itself, holding the module-wide swaps on its own account (modules and finalizers are not
+    # picklable: the swaps travel as (module name, attribute, function))
+    def __getstate__(self) -> dict:
+        state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                 if f.name not in ("function_keys", "finalizer", "root")}
+        state["functions"] = [(mod.__name__, attr, _swaps.LEDGER[(mod, attr)].value)
+                              for mod, attr in self.function_keys if (mod, attr) in _swaps.LEDGER]
+        state["root"] = self.root() if self.root is not None else None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        functions, root = state.pop("functions"), state.pop("root")
+        self.__dict__.update(state)
+        self.function_keys, self.finalizer, self.root = [], None, None
+        if root is not None:
+            self.hold_functions(root, [(importlib.import_module(m), a, fn) for m, a, fn in functions])
 
     def describe(self) -> dict:
         return {"model_type": self.model_type, "level": "instance", "flags": dict(self.flags),
@@ -378,9 +382,23 @@ _CLASS_RECORDS: dict[str, dict] = {}
 
 def _class_forward(cls: type, fn):
     """``fn`` as ``cls.forward``: a copy whose signature is the host forward's (plus fn's keyword-only
-    extras), so introspecting callers (HF Trainer, generate) see the parameters they expect."""
+    extras), so introspecting callers (HF Trainer, generate) see the parameters they expect; on a
+    decoder layer, wrapped as transformers wraps the layer's own forward, so it still checkpoints."""
     host = inspect.signature(_swaps.class_original(cls))
-    return _swaps.with_signature(fn, _swaps.merged_signature(host, inspect.signature(fn)))
+    return _keep_checkpointing(cls, _swaps.with_signature(fn, _swaps.merged_signature(host, inspect.signature(fn))))
+
+
+def _keep_checkpointing(cls: type, fn):
+    # transformers' GradientCheckpointingLayer.__init_subclass__ wraps each subclass's forward in a
+    # function that checkpoints only while it *is* type(self).forward; a class-level swap replaces
+    # that wrapper, so the swap is wrapped the same way: by the same __init_subclass__, run on a
+    # throwaway subclass whose forward is fn (only the wrapped function is kept)
+    base = next((k for k in cls.__mro__ if k.__name__ == "GradientCheckpointingLayer"
+                 and k.__module__.startswith("transformers.")), None)
+    if base is None:
+        return fn
+    carrier = type(f"_Checkpointed{cls.__name__}", (base,), {"forward": fn, "__module__": __name__})
+    return carrier.__dict__["forward"]
 
 
 def _patch_class(model_type: str, given: dict[str, Any]) -> None:
