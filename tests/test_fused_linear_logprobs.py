@@ -233,3 +233,25 @@ def test_parity_rows_go_through_the_op():
     assert report["fused_logprobs"] and report["ok"], P.format_table(report)
     assert report["rows"]["action_logprobs"]["max_abs"] <= 1e-5
     assert report["rows"]["entropy"]["max_abs"] <= 1e-5
+
+
+def test_benchmark_plumbing_on_cpu(tmp_path):
+    """The H200 benchmark's arms, errors and CSV on a tiny case (peers that do not import are skipped
+    with the reason; the GPU run is `python -m liger_rt.tools.bench.logprobs`)."""
+    from click.testing import CliRunner
+
+    from liger_rt.tools.bench import logprobs as B
+    rows = B.run(specs=[dict(op=B.OP, tokens=8, hidden=16, vocab=67, quick=True)], device="cpu", compile_=False,
+                 out_dir=tmp_path, echo=lambda s: None)
+    by = {(r["impl"], r["pass"]): r for r in rows}
+    for impl in ("liger_rt", "eager"):
+        assert by[(impl, "fwdbwd")]["err_lp"] < 1e-5 and by[(impl, "fwdbwd")]["err_dw"] < 1e-5, by[(impl, "fwdbwd")]
+        assert by[(impl, "fwd_nograd")]["ms"] > 0
+    assert by[("liger_rt", "fwdbwd")]["config"].startswith("triton")
+    for impl in ("trl", "liger_kernel"):
+        assert all(by[(impl, p)].get("ms") or by[(impl, p)]["error"] for p in B.PASSES)
+    csv_text = (tmp_path / "logprobs_cpu.csv").read_text()
+    assert "trl" in csv_text.splitlines()[0] and "liger_kernel" in csv_text.splitlines()[0]
+    result = CliRunner().invoke(B.main, [])
+    if not torch.cuda.is_available():
+        assert result.exit_code == 1 and "needs a CUDA/ROCm GPU" in result.output

@@ -45,8 +45,10 @@ from ._common import interpreter_on, next_pow2, to_dtype, triton_available, warp
 # -- reference ------------------------------------------------------------------------------------
 
 def fused_linear_logprobs_ref(x, weight, target, bias=None, temperature: float = 1.0, ignore_index: int = -100):
-    """(lp, H) of 2-D x (tokens, hidden) from fp32 logits, materialised (the `torch` implementation)."""
-    z = F.linear(x.float(), weight.float(), None if bias is None else bias.float()) / temperature
+    """(lp, H) of 2-D x (tokens, hidden) from fp32 (fp64 for fp64 inputs) logits, materialised (the
+    `torch` implementation)."""
+    wide = torch.promote_types(x.dtype, torch.float32)
+    z = F.linear(x.to(wide), weight.to(wide), None if bias is None else bias.to(wide)) / temperature
     logp = torch.log_softmax(z, dim=-1)
     valid = target != ignore_index
     lp = logp.gather(-1, torch.where(valid, target, 0).unsqueeze(-1)).squeeze(-1)

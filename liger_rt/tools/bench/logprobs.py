@@ -1,0 +1,315 @@
+"""Fused linear log-probs and entropy (RL's per-token log p(action) and entropy from hidden states).
+
+    python -m liger_rt.tools.bench.logprobs [--quick] [--no-compile] [--tokens 8192] [--out DIR]
+
+Cases: bf16 (tokens, hidden, vocab) = (16384, 2560, 151936) and (8192, 2048, 65536), 10% ignored
+targets, temperature 1.  Passes:
+- `fwdbwd`: log-probs and entropy, then autograd.grad of sum(lp * g_lp + H * g_H) into x and W with
+  random upstream gradients g_lp, g_H (what a PPO/GRPO loss does to them);
+- `fwd_nograd`: log-probs and entropy under torch.no_grad() (old-policy and reference-model log-probs).
+Arms:
+- `liger_rt`: liger_rt.ops.fused_linear_logprobs (whatever dispatch picks; the config is recorded);
+- `eager`: the materialised path RL code runs today: logits = x @ W.T (bf16), log_softmax of
+  logits.float() / T, gather, entropy = -(p * logp).sum(-1); `compile`: torch.compile of it;
+- `trl`: TRL's tiled fused LM head (trl.kernels.ChunkedLogProbFunction, as trl's add_fused_lm_head
+  calls it: valid rows compacted, 32768-wide vocab tiles, entropy requested);
+- `liger_kernel`: Liger-Kernel's selected-token log-probs (liger_kernel.ops.grpo_loss.
+  fused_selective_log_softmax) on materialised bf16 logits: no-grad and log-probs only, so it runs
+  in `fwd_nograd` and its `fwdbwd` row says why it is absent.
+An arm whose package does not import is skipped with the reason.  Columns: `ms` (median wall time,
+triton.testing.do_bench), `dev_ms` (liger_rt.autotune.time_fn: CUDA-graph device time, or do_bench
+where the arm cannot be captured; `dev_ms_method` says which), `peak_GB` (memory the call allocates
+beyond what is live before it, the gradients it returns included), `err_lp`/`err_ent` (max abs
+against an fp64 formula of the same bf16 inputs), `err_dx`/`err_dw` (relative L2 against fp64).
+The CSV (logprobs_<device>[_quick].csv) carries the version of every peer.
+"""
+from __future__ import annotations
+
+import gc
+import json
+from importlib import metadata
+from pathlib import Path
+from typing import Callable
+
+import click
+import torch
+
+from .harness import device_tag, format_table, no_gpu_message, peak_extra_gb, peer, versions, write_csv
+
+OP = "fused_linear_logprobs"
+SPECS = [dict(op=OP, tokens=8192, hidden=2048, vocab=65536, quick=True),
+         dict(op=OP, tokens=16384, hidden=2560, vocab=151936)]
+TEMPERATURE = 1.0
+PASSES = ("fwdbwd", "fwd_nograd")
+PEERS = {"trl": "trl", "liger_kernel": "liger-kernel"}        # CSV column -> distribution
+
+
+# -- inputs and the fp64 reference ------------------------------------------------------------------
+
+def make_inputs(tokens: int, hidden: int, vocab: int, dtype=torch.bfloat16, device="cuda", seed=0):
+    """x, W (logits of std ~4, as a trained head's spread), targets with 10% ignored, g_lp, g_H."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(tokens, hidden, device=device, generator=g).to(dtype)
+    w = (torch.randn(vocab, hidden, device=device, generator=g) * (4.0 / hidden ** 0.5)).to(dtype)
+    t = torch.randint(0, vocab, (tokens,), device=device, generator=g)
+    t[torch.rand(tokens, device=device, generator=g) < 0.1] = -100
+    g_lp, g_h = (torch.randn(tokens, device=device, generator=g) for _ in range(2))
+    return x, w, t, g_lp, g_h
+
+
+def reference(x, w, t, g_lp, g_h, temperature=TEMPERATURE, rows=1024):
+    """(lp, H, dx, dW) in fp64, 1024 token rows at a time (the fp64 logits of one block at most)."""
+    w64 = w.detach().double().requires_grad_()
+    out = {"lp": [], "ent": [], "dx": []}
+    for s in range(0, x.shape[0], rows):
+        xc = x[s:s + rows].detach().double().requires_grad_()
+        z = (xc @ w64.t()) / temperature
+        lse = torch.logsumexp(z, -1)
+        tc = t[s:s + rows]
+        valid = tc != -100
+        lp = torch.where(valid, z.gather(-1, tc.clamp(min=0)[:, None])[:, 0] - lse, 0.0)
+        ent = torch.where(valid, lse - (torch.softmax(z, -1) * z).sum(-1), 0.0)
+        (lp * g_lp[s:s + rows].double() + ent * g_h[s:s + rows].double()).sum().backward()
+        out["lp"].append(lp.detach())
+        out["ent"].append(ent.detach())
+        out["dx"].append(xc.grad)
+        del z, lse, lp, ent, xc
+    return torch.cat(out["lp"]), torch.cat(out["ent"]), torch.cat(out["dx"]), w64.grad
+
+
+# -- arms: fn(x, w, t) -> (lp, entropy or None), both (tokens,) fp32 ---------------------------------------
+
+def materialised(x, w, t, temperature=TEMPERATURE):
+    logp = torch.log_softmax((x @ w.t()).float() / temperature, dim=-1)
+    valid = t != -100
+    lp = logp.gather(-1, t.clamp(min=0)[:, None]).squeeze(-1)
+    ent = -(logp.exp() * logp).sum(-1)
+    return lp.masked_fill(~valid, 0.0), ent.masked_fill(~valid, 0.0)
+
+
+def ours(x, w, t):
+    from liger_rt import ops
+    return ops.fused_linear_logprobs(x, w, t, temperature=TEMPERATURE, return_entropy=True)
+
+
+def trl_arm(echo=print) -> Callable | None:
+    fn = peer("trl.kernels", "ChunkedLogProbFunction", echo)
+    if fn is None:
+        return None
+    try:        # its backward imports this at call time; it needs accelerate, datasets, pandas, ...
+        import trl.trainer.utils  # noqa: F401
+    except Exception as exc:    # the wheel carried alone: its ZeRO-3 gather is a null context without DeepSpeed
+        import contextlib
+        import sys
+        import types
+        stub = types.ModuleType("trl.trainer.utils")
+        stub.maybe_gather_lm_head_ctx = lambda *params: contextlib.nullcontext()
+        sys.modules["trl.trainer.utils"] = stub
+        echo(f"  (trl.trainer.utils does not import: {type(exc).__name__}: {exc}; its maybe_gather_lm_head_ctx, "
+             f"a null context without DeepSpeed ZeRO-3, is stubbed for the trl arm)")
+        note = "; trl.trainer.utils stubbed"
+    else:
+        note = ""
+    try:
+        from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE as vocab_tile
+    except ImportError:
+        vocab_tile = 32768
+
+    def arm(x, w, t):
+        mask = t != -100
+        lp, ent, *_ = fn.apply(x[mask], w, None, t[mask], TEMPERATURE, vocab_tile, None, 1.0, ("entropy",))
+        zeros = torch.zeros(t.shape, device=x.device, dtype=torch.float32)
+        return zeros.masked_scatter(mask, lp), zeros.masked_scatter(mask, ent)
+    arm.desc = f"ChunkedLogProbFunction, valid rows compacted, vocab tiles of {vocab_tile}{note}"
+    return arm
+
+
+def liger_arm(echo=print) -> Callable | None:
+    fn = peer("liger_kernel.ops.grpo_loss", "fused_selective_log_softmax", echo)
+    if fn is None:
+        return None
+
+    def arm(x, w, t):
+        # it scores logits row l against ids[l + 1] (the causal shift) and only rows 0..N-2: ids are
+        # the targets shifted right by one, and the last token row goes unscored (1/N of the work)
+        ids = torch.cat([t[:1], t[:-1]])[None]
+        lp = fn((x @ w.t())[None], ids, TEMPERATURE, (ids != -100).to(torch.int32))[0]
+        return torch.cat([lp, lp.new_zeros(1)]), None
+    arm.desc = "fused_selective_log_softmax on materialised bf16 logits"
+    return arm
+
+
+NO_GRAD_ONLY = {"liger_kernel": "fused_selective_log_softmax is @torch.no_grad (no backward) and has no entropy"}
+
+
+def arms(compile_: bool, echo=print) -> dict[str, Callable | str]:
+    """name -> fn, or the reason the arm is skipped."""
+    out: dict[str, Callable | str] = {"liger_rt": ours, "eager": materialised}
+    if compile_:
+        out["compile"] = torch.compile(materialised, dynamic=False)
+    out["trl"] = trl_arm(echo) or "trl.kernels.ChunkedLogProbFunction does not import (pip install trl>=1.16)"
+    out["liger_kernel"] = liger_arm(echo) or "liger_kernel.ops.grpo_loss does not import (pip install liger-kernel)"
+    return out
+
+
+# -- measuring ----------------------------------------------------------------------------------------
+
+def _timed(fn: Callable, quick: bool, device: str) -> dict:
+    from liger_rt import autotune
+    if device != "cuda":        # the plumbing check on CPU: wall time only
+        return {"ms": autotune.measure(fn, device, quick=True), "dev_ms": None, "dev_ms_method": "n/a on cpu"}
+    from triton.testing import do_bench
+    wall = float(do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100, return_mode="median"))
+    dev, method = autotune.time_fn(fn, "cuda", quick=quick)
+    return {"ms": wall, "dev_ms": dev, "dev_ms_method": method, "peak_GB": peak_extra_gb(fn)}
+
+
+def _max_abs(a, b) -> float:
+    return float((a.double() - b).abs().max())
+
+
+def _rel(a, b) -> float:
+    return float((a.double() - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def measure(spec: dict, *, quick: bool, compile_: bool, device: str = "cuda", echo=print) -> list[dict]:
+    from liger_rt import dispatch
+    from liger_rt.kernels._common import dtype_name
+    dims = {k: spec[k] for k in ("tokens", "hidden", "vocab")}
+    x, w, t, g_lp, g_h = make_inputs(**dims, dtype=torch.bfloat16 if device == "cuda" else torch.float32,
+                                     device=device)
+    ref_lp, ref_ent, ref_dx, ref_dw = reference(x, w, t, g_lp, g_h)
+    d = dispatch.select(OP, dtype=dtype_name(x.dtype), arch=None if device == "cuda" else "cpu", **dims)
+    label = {"op": OP, **dims, "dtype": d.dtype, "temperature": TEMPERATURE, "quick": quick}
+    rows = []
+    for name, fn in arms(compile_, echo).items():
+        if isinstance(fn, str):
+            rows += [{**label, "impl": name, "pass": p, "error": f"skipped: {fn}"} for p in PASSES]
+            continue
+        desc = (f"{d.impl} {json.dumps(dict(d.config), sort_keys=True)} ({d.origin})" if name == "liger_rt"
+                else getattr(fn, "desc", ""))
+        xs, ws = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+
+        def fwdbwd(fn=fn, xs=xs, ws=ws):
+            lp, ent = fn(xs, ws, t)
+            return torch.autograd.grad((lp * g_lp + ent * g_h).sum(), (xs, ws))
+
+        def fwd_nograd(fn=fn, xs=xs, ws=ws):
+            with torch.no_grad():
+                return fn(xs, ws, t)
+        for p, run in (("fwdbwd", fwdbwd), ("fwd_nograd", fwd_nograd)):
+            row = {**label, "impl": name, "pass": p, "config": desc, "error": ""}
+            if p == "fwdbwd" and name in NO_GRAD_ONLY:
+                rows.append({**row, "error": f"skipped: {NO_GRAD_ONLY[name]}"})
+                continue
+            try:
+                lp, ent = fwd_nograd()
+                scored = slice(0, -1) if name == "liger_kernel" else slice(None)
+                row.update(err_lp=_max_abs(lp[scored], ref_lp[scored]),
+                           err_ent=None if ent is None else _max_abs(ent, ref_ent))
+                del lp, ent
+                if p == "fwdbwd":
+                    dx, dw = fwdbwd()
+                    row.update(err_dx=_rel(dx, ref_dx), err_dw=_rel(dw, ref_dw))
+                    del dx, dw
+                row.update(_timed(run, quick, device))
+            except Exception as exc:          # an arm that cannot take the case: recorded, never fatal
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                echo(f"  {name} {p}: {row['error']}")
+            rows.append(row)
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        del xs, ws
+    _relative(rows)
+    return rows
+
+
+def _relative(rows: list[dict]) -> None:
+    """vs_compile (compile ms / ms) and peak_vs_compile per pass, where both ran."""
+    for p in PASSES:
+        base = next((r for r in rows if r["impl"] == "compile" and r["pass"] == p and r.get("ms")), None)
+        for r in rows:
+            if base and r["pass"] == p and r.get("ms"):
+                r["vs_compile"] = base["ms"] / r["ms"]
+                r["peak_vs_compile"] = r["peak_GB"] / base["peak_GB"] if base.get("peak_GB") and r.get("peak_GB") else None
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    """The issue's targets for the liger_rt fwdbwd row of each case: time <= torch.compile's, peak
+    memory <= 1/4 of it, faster than TRL and Liger-Kernel (in the same run)."""
+    lines = []
+    for key in dict.fromkeys((r["tokens"], r["hidden"], r["vocab"]) for r in rows):
+        by = {r["impl"]: r for r in rows if (r["tokens"], r["hidden"], r["vocab"]) == key
+              and r["pass"] == "fwdbwd" and r.get("ms")}
+        ours_row, name = by.get("liger_rt"), "T{} H{} V{}".format(*key)
+        if ours_row is None:
+            lines.append(f"{name}: liger_rt did not run")
+            continue
+        parts = []
+        for peer_name in ("compile", "trl"):
+            if peer_name in by:
+                ok = ours_row["ms"] <= by[peer_name]["ms"]
+                parts.append(f"{'ok' if ok else 'MISSED'} time vs {peer_name} "
+                             f"({ours_row['ms']:.4g} vs {by[peer_name]['ms']:.4g} ms)")
+        if "compile" in by and by["compile"].get("peak_GB") and ours_row.get("peak_GB"):
+            ok = ours_row["peak_GB"] <= by["compile"]["peak_GB"] / 4
+            parts.append(f"{'ok' if ok else 'MISSED'} peak <= 1/4 compile "
+                         f"({ours_row['peak_GB']:.3g} vs {by['compile']['peak_GB']:.3g} GB)")
+        lines.append(f"{name} fwdbwd: " + "; ".join(parts or ["no peer ran"]))
+    return lines
+
+
+def peer_versions() -> dict:
+    out = {}
+    for col, dist in PEERS.items():
+        try:
+            out[col] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[col] = "not installed"
+    return out
+
+
+COLUMNS = ["tokens", "hidden", "vocab", "impl", "pass", "ms", "dev_ms", "dev_ms_method", "peak_GB", "vs_compile",
+           "err_lp", "err_ent", "err_dx", "err_dw", "error"]
+
+
+def run(*, quick: bool = False, compile_: bool = True, tokens: tuple[int, ...] = (), out_dir="benchmarks/results",
+        specs: list[dict] | None = None, device: str = "cuda", echo: Callable = print) -> list[dict]:
+    """Every selected case, one CSV rewritten after each (a run cut short keeps what it measured)."""
+    specs = [s for s in (specs or SPECS) if (s.get("quick") or not quick) and (not tokens or s["tokens"] in tokens)]
+    if not specs:
+        raise ValueError(f"no case has tokens in {list(tokens)}; cases: {', '.join(str(s['tokens']) for s in SPECS)}")
+    info = {**versions(), **peer_versions()}
+    echo(f"versions: {info}")
+    path = Path(out_dir) / f"logprobs_{device_tag()}{'_quick' if quick else ''}.csv"
+    rows: list[dict] = []
+    for spec in specs:
+        echo(f"[logprobs] tokens={spec['tokens']} hidden={spec['hidden']} vocab={spec['vocab']}")
+        rows += [{**r, **peer_versions()} for r in measure(spec, quick=quick, compile_=compile_ and not quick,
+                                                           device=device, echo=echo)]
+        write_csv(rows, path)
+    echo(format_table(rows, COLUMNS))
+    echo("\n".join(verdicts(rows)))
+    echo(f"wrote {path}")
+    return rows
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--quick", is_flag=True, help="The (8192, 2048, 65536) case only, shorter timing, no torch.compile.")
+@click.option("--no-compile", is_flag=True, help="Leave the torch.compile arm out.")
+@click.option("--tokens", multiple=True, type=int, help="Only the case(s) with these token counts (repeatable).")
+@click.option("--out", "out_dir", default="benchmarks/results", show_default=True, type=click.Path(file_okay=False),
+              help="Folder for the CSV.")
+def main(quick, no_compile, tokens, out_dir):
+    """fused_linear_logprobs fwd+bwd and no-grad forward vs the materialised path, TRL and Liger-Kernel."""
+    if not torch.cuda.is_available():
+        raise click.ClickException(no_gpu_message("the log-probs benchmark"))
+    try:
+        run(quick=quick, compile_=not no_compile, tokens=tuple(tokens), out_dir=out_dir, echo=click.echo)
+    except ValueError as exc:
+        raise click.UsageError(str(exc))
+
+
+if __name__ == "__main__":
+    main()
