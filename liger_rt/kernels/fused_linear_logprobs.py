@@ -390,16 +390,18 @@ def _make_case(dims, dtype, device):
 
 
 def _plan(preset, arch, quick):
+    """cpu: tiny shapes for the interpreter; GPUs: the issue's two benchmark shapes (more without
+    --quick), or a preset's hidden/vocab at its token counts."""
     if arch.name == "cpu":
-        hidden, vocab = (preset.hidden, preset.vocab) if preset is not None and preset.tiny else (32, 199)
-        return [{"tokens": t, "hidden": hidden, "vocab": vocab} for t in ((16,) if quick else (16, 64))]
-    if preset is not None:
-        tokens = preset.quick_tokens if quick else preset.tokens
-        return [{"tokens": t, "hidden": preset.hidden, "vocab": preset.vocab} for t in tokens]
-    shapes = [(8192, 2048, 65536), (16384, 2560, 151936)]         # the issue's two benchmark shapes
-    if not quick:
-        shapes += [(4096, 2048, 65536), (4096, 2560, 151936), (8192, 2560, 151936)]
-    return [{"tokens": t, "hidden": h, "vocab": v} for t, h, v in shapes]
+        tiny = preset is not None and preset.tiny
+        hv = (preset.hidden, preset.vocab) if tiny else (32, 199)
+        shapes = [(t, *hv) for t in ((16,) if quick else (16, 64))]
+    elif preset is not None:
+        shapes = [(t, preset.hidden, preset.vocab) for t in (preset.quick_tokens if quick else preset.tokens)]
+    else:
+        shapes = [(8192, 2048, 65536), (16384, 2560, 151936)]
+        shapes += [] if quick else [(4096, 2048, 65536), (4096, 2560, 151936), (8192, 2560, 151936)]
+    return [dict(zip(("tokens", "hidden", "vocab"), s)) for s in shapes]
 
 
 OP = register(Op(
