@@ -509,6 +509,23 @@ def test_fused_loss_forward_never_inspects(monkeypatch, fallback):
     assert model(input_ids=ids, attention_mask=mask, labels=labels).logits is None
 
 
+
+@needs("fused_linear_cross_entropy")
+@pytest.mark.parametrize("level", ["instance", "class"])
+def test_generate_under_the_fused_loss_patch(level, monkeypatch, fallback):
+    base, new = _pair("qwen3-tiny")
+    if level == "class":
+        liger_rt.patch("qwen3", fused_linear_cross_entropy=True)
+    else:
+        liger_rt.patch(new, fused_linear_cross_entropy=True)
+    keep = []
+    head = new.lm_head.forward
+    monkeypatch.setattr(new.lm_head, "forward", lambda x: keep.append(x.shape[1]) or head(x))
+    ids = _inputs()[0]
+    kwargs = dict(max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert torch.equal(new.generate(ids, **kwargs), base.generate(ids, **kwargs))
+    assert keep == [1, 1, 1]                      # logits_to_keep: the last position only
+
 def test_describe_a_model_built_under_a_class_patch(fallback):
     liger_rt.patch("llama")
     model = build_model("llama-tiny")
