@@ -31,6 +31,7 @@ import torch
 from . import backend, env
 from .kernels._common import dtype_name, interpreter_on
 from . import opspec
+from .tuning_db.crossover import crossover_pick, derive_crossover  # noqa: F401  (the one copy)
 from .opspec import Case, Config, ConfigError, Impl, NoConfig, Op, bucket, config_dict, knob  # noqa: F401
 
 log = logging.getLogger("liger_rt.dispatch")
@@ -47,8 +48,9 @@ OP_MODULES = {
     "fused_linear_cross_entropy": "fused_linear_cross_entropy",
     "fused_linear_logprobs": "fused_linear_logprobs",
     "rope": "rope",
+    "geglu": "geglu",
 }
-ORIGINS = ("env", "pinned", "db", "crossover", "db-nearest", "online", "heuristic")
+ORIGINS = ("env", "pinned", "db", "crossover", "db-nearest", "stale", "online", "heuristic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,21 +200,27 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
         kind = "HIP-safe pinned" if arch.is_hip else "pinned"
         return made(impl, op.default_config(impl, arch, dims, dtype, pinned=True), "pinned", f"LIGER_FUSED_MOE_AUTOTUNE=0: {kind} config")
 
-    # 3. tuning DB, exact bucket
+    # 3. tuning DB, exact bucket (a row of another device or software fingerprint says "stale")
     row = _db_row(op, target, dname, dims, impls=avail, nearest=False)
     if row is not None:
-        return made(row["impl"], row["config"], "db", _row_reason(row, "exact bucket"))
+        return made(row["impl"], row["config"], "stale" if row.get("stale") else "db",
+                    _row_reason(row, "exact bucket"))
 
     # 4. crossover table, then the nearest bucket
     cross = _crossover(op, target, dname, dims, avail)
-    if cross is not None:
-        impl, reason = cross
+    unusable = ""
+    if cross is not None and cross[0] not in avail:
+        unusable = f"; the crossover picks {cross[0]}, which cannot run here"
+    elif cross is not None:
+        impl, reason, stale = cross
         row = _db_row(op, target, dname, dims, impls=[impl], nearest=True)
         config = row["config"] if row else op.default_config(impl, arch, dims, dtype)
-        return made(impl, config, "crossover", reason + ("; config from DB" if row else "; heuristic config"))
+        return made(impl, config, "stale" if stale else "crossover",
+                    reason + ("; config from DB" if row else "; heuristic config"))
     row = _db_row(op, target, dname, dims, impls=avail, nearest=True)
     if row is not None:
-        return made(row["impl"], row["config"], "db-nearest", _row_reason(row, f"nearest bucket {row['bucket']}"))
+        return made(row["impl"], row["config"], "stale" if row.get("stale") else "db-nearest",
+                    _row_reason(row, f"nearest bucket {row['bucket']}"))
 
     # 5. a miss
     if env.autotune() and (len(avail) > 1 or avail[0] != "torch"):
@@ -223,7 +231,7 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
                         f"tuned now: {result['median_ms']:.4g} ms (torch {result.get('baseline_ms') or float('nan'):.4g} ms)")
     impl = _heuristic_impl(op, target, dtype, dims, avail)
     return made(impl, op.default_config(impl, arch, dims, dtype), "heuristic",
-                f"no DB entry for {arch.name}/{dname}/{op.static_key(dims)}; {arch.name} heuristic")
+                f"no DB entry for {arch.name}/{dname}/{op.static_key(dims)}{unusable}; {arch.name} heuristic")
 
 
 def _heuristic_impl(op: Op, target: Target, dtype, dims, avail: list[str]) -> str:
@@ -236,7 +244,7 @@ def _heuristic_impl(op: Op, target: Target, dtype, dims, avail: list[str]) -> st
 
 def _crossover_or_heuristic_impl(op, target, dname, dtype, dims, avail) -> str:
     cross = _crossover(op, target, dname, dims, avail)
-    return cross[0] if cross else _heuristic_impl(op, target, dtype, dims, avail)
+    return cross[0] if cross and cross[0] in avail else _heuristic_impl(op, target, dtype, dims, avail)
 
 
 def _row_reason(row: dict, where: str) -> str:
@@ -260,44 +268,8 @@ def _crossover(op: Op, target: Target, dname: str, dims: dict, avail: list[str])
         return None
     value = float(op.crossover_axis(dims))
     impl = crossover_pick(row["segments"], value)
-    if impl not in avail:
-        return None
     return impl, (f"{op.crossover_axis_name or 'axis'}={value:.4g} -> {impl} "
-                  f"(segments {row['segments']}, margin {row['margin']:.0%}, {row['origin']})")
-
-
-def crossover_pick(segments: list, value: float) -> str:
-    """segments: [[upper_bound or None, impl], ...] in increasing bound order."""
-    for bound, impl in segments:
-        if bound is None or value < bound:
-            return impl
-    return segments[-1][1]
-
-
-def derive_crossover(points: list[tuple[float, dict[str, float]]], margin: float = 0.05) -> list:
-    """Segments from measurements: points are (axis value, {impl: median ms}).
-
-    A challenger takes over only when it beats the incumbent by more than `margin` (hysteresis, so
-    noise cannot flip the choice back and forth); boundaries sit at the geometric mean of the two
-    neighbouring measured axis values.
-    """
-    pts = sorted((a, t) for a, t in points if t)
-    if not pts:
-        raise ValueError("no measurements to derive a crossover from")
-    segments: list = []
-    incumbent = min(pts[0][1], key=pts[0][1].get)
-    prev_axis = pts[0][0]
-    for axis, times in pts[1:]:
-        best = min(times, key=times.get)
-        if best != incumbent and incumbent in times and times[best] < times[incumbent] * (1.0 - margin):
-            bound = math.sqrt(max(prev_axis, 1e-12) * max(axis, 1e-12))
-            segments.append([round(bound, 6), incumbent])
-            incumbent = best
-        elif incumbent not in times:
-            incumbent = best
-        prev_axis = axis
-    segments.append([None, incumbent])
-    return segments
+                  f"(segments {row['segments']}, margin {row['margin']:.0%}, {row['origin']})"), bool(row.get("stale"))
 
 
 def _describe(d: Decision) -> str:

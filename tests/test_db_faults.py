@@ -368,7 +368,7 @@ def test_schema1_db_is_read_as_is_and_migrated_when_written(tmp_path, monkeypatc
     monkeypatch.setenv("LIGER_RT_TUNING_DB", str(path))
     dispatch.reset()
     d, _ = _select()
-    assert d.origin == "db" and "unrecorded" in d.reason and "STALE" in d.reason
+    assert d.origin == "stale" and "unrecorded" in d.reason and "STALE" in d.reason
     assert _digest(path) == digest
     store = open_store(path)                         # a writer migrates
     assert store.db.execute("SELECT value FROM meta").fetchone()[0] == "2"

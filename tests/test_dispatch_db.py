@@ -92,7 +92,7 @@ def test_exact_fingerprint_preferred_then_stale_rows_used_and_said():
     store = _fresh_store()
     store.put_tuning(_row(config=cfg(BLOCK=16), median_ms=0.1, torch_version="1.0", source_hash="0123456789abcdef"))
     d = dispatch.select("toy", dtype="fp32", arch="cpu", rows=4, cols=40)
-    assert (d.config.BLOCK, d.origin) == (16, "db")
+    assert (d.config.BLOCK, d.origin) == (16, "stale")
     assert "STALE" in d.reason and "torch 1.0" in d.reason and "kernel 0123456789abcdef" in d.reason
     # a row measured here wins over the stale one, though slower; another config schema is never used
     store.put_tuning(_row(bucket=OP.bucket_key({"rows": 64}), config=cfg(BLOCK=32), median_ms=5.0))

@@ -9,7 +9,7 @@ from liger_rt.kernels import layer_norm as ln
 from liger_rt.kernels._common import assert_close
 from liger_rt.tools.presets import get_preset
 from norm_checks import assert_candidate_spaces_modest_and_arch_aware
-from routing import record_impls
+from routing import assert_fakes_match, record_impls
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 CPU = backend.profile("cpu")
@@ -166,11 +166,11 @@ def test_dispatch_heuristic_env_and_db(monkeypatch, tmp_path):
     from liger_rt.tuning_db import open_store
     store = open_store()
     for impl, ms in (("torch", 0.01), ("triton", 0.02)):
-        store.put_tuning(dict(op="layer_norm", variant="fwdbwd", arch="cpu", device_name="cpu", dtype="bf16",
+        store.put_tuning(dict(op="layer_norm", variant="fwdbwd", arch="cpu", dtype="bf16",
                               static_key=ln.OP.static_key({"hidden": 48}), bucket=ln.OP.bucket_key({"rows": 6}),
                               impl=impl, config={} if impl == "torch" else _heuristic(48).to_dict(), median_ms=ms,
                               baseline_ms=0.01, source_hash=ln.OP.source_hash, config_schema=ln.OP.schema_version,
-                              triton_version="", torch_version="", origin="sweep"))
+                              origin="sweep"))
     store.close()
     dispatch.reset()
     d = ln.OP.select(x.reshape(-1, 48), rows=6, hidden=48)
@@ -230,3 +230,7 @@ def test_torch_compile_fullgraph_dynamic(monkeypatch, impl, bias):
         _check(outs, [refs[0] * 2.0] + [r * 2.0 for r in refs[1:]], torch.float32, 2 * rows,
                f"compiled {impl} bias={bias} rows={rows}")
     assert (len(calls) == 2) == (impl == "triton")
+
+
+def test_custom_op_fakes_match_the_kernels():
+    assert_fakes_match(ln.OP, ln._make_case({"rows": 6, "hidden": 40}, torch.float32, "cpu"), _heuristic(40))

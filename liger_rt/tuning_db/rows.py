@@ -15,6 +15,7 @@ import sys
 import time
 
 from .. import env
+from ..opspec import config_dict  # noqa: F401  (re-exported for the store and autotune)
 
 DB_SCHEMA = 2
 
@@ -160,9 +161,6 @@ def _dims(op, obj: dict, names: tuple, col: str, pow2: bool = False) -> dict:
     return obj
 
 
-def config_dict(config) -> dict:
-    """A config (frozen dataclass or mapping) as a JSON-able dict (as liger_rt.dispatch.config_dict)."""
-    return config.to_dict() if hasattr(config, "to_dict") else dict(config)
 
 
 def parse_config(op, impl: str, data):
