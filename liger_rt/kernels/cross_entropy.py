@@ -3,10 +3,13 @@
     loss = liger_rt.ops.cross_entropy(logits, target)                 # logits (rows, vocab)
     loss = liger_rt.ops.cross_entropy(logits, target, label_smoothing=0.1, softcap=30.0)
 
-The forward kernel computes each row's loss *and* its gradient (the Liger-Kernel scheme: one
-launch reads the row twice and writes the gradient once), so backward is at most a scale by
-grad_output. All arithmetic is fp32 whatever the logits dtype; the gradient is stored in the
-logits dtype, like PyTorch's.
+Forward: one pass over each row (running max and sum of exponentials) gives the loss and the
+row's log-sum-exp, saved (4 bytes a row).  Backward: one pass writes the gradient with
+grad_output folded in (a per-row factor for reduction="none").  Traffic is that of computing the
+gradient in the forward (Liger-Kernel's scheme: two reads and one write of the logits) without
+its second logits-sized buffer between forward and backward, a scale pass when grad_output != 1,
+or a one-backward-only limit.  All arithmetic is fp32 whatever the logits dtype; the gradient is
+stored in the logits dtype, like PyTorch's.
 
 Semantics (PyTorch's ``F.cross_entropy`` on fp32 logits, plus three extensions):
 - ``reduction="mean"`` divides by the count of non-ignored targets (or by
@@ -17,28 +20,38 @@ Semantics (PyTorch's ``F.cross_entropy`` on fp32 logits, plus three extensions):
   each non-ignored row's loss, where lse is the row's log-sum-exp (after softcapping).
 - ``softcap`` c: Gemma-2's final-logit softcapping, the loss is taken on ``c * tanh(logits / c)``
   and the gradient flows through the tanh.
+- A target outside [0, vocab) that is not ``ignore_index`` gives that row a NaN loss and NaN
+  gradient on the Triton path (PyTorch raises on CPU and device-asserts on CUDA).  Raising needs
+  the targets on the host: a device sync per call, which stops the host running ahead of the GPU
+  (issue 19's host-bound cases); ``tl.device_assert`` is compiled out unless Triton runs with
+  debug on, and when it fires it leaves the CUDA context unusable.  The NaN costs one compare per
+  row, reaches the loss of any reduction and, through the gradient, every weight it touches.
 
-The module also holds the kernels fused_linear_cross_entropy reuses (the forward kernel, which
-can take a per-row gradient scale, and the grad_output scale kernel).
+The module also holds the row kernel fused_linear_cross_entropy runs on each chunk of logits
+(forward and gradient in one launch there, see that module).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._common import next_pow2
+from ..dispatch import register
+from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
+from ._common import as_rows, interpreter_on, next_pow2, to_dtype, triton_available
 
 REDUCTIONS = ("mean", "sum", "none")
 
 
 # -- reference ----------------------------------------------------------------------------------
 
-def cross_entropy_ref(logits, target, ignore_index: int = -100, reduction: str = "mean", *,
+def cross_entropy_ref(logits, target, ignore_index: int = -100, reduction: str = "mean",
                       label_smoothing: float = 0.0, lse_square_scale: float = 0.0, softcap=None,
                       num_items_in_batch=None, inplace_backward: bool = False):
-    """The loss in fp32 with PyTorch ops (also the `torch` implementation).
+    """The loss in fp32 with PyTorch ops (also the `torch` implementation; it takes the op's args).
 
     logits (..., vocab), target (...) int; returns a 0-d fp32 tensor, or target's shape for "none".
     `inplace_backward` is accepted for signature parity and ignored.
@@ -73,17 +86,40 @@ def _check_args(reduction, label_smoothing, softcap, num_items_in_batch) -> None
         raise ValueError("num_items_in_batch divides a summed loss; use reduction='sum' or 'mean' with it")
 
 
+def check_target(target: torch.Tensor, rows: int, what: str) -> None:
+    """Integer class ids, one per row of `what` (logits or x): a one-line error otherwise."""
+    if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
+        raise TypeError(f"target must hold integer class ids (int64 or int32), got {target.dtype}; "
+                        f"class probabilities are not supported")
+    if target.numel() != rows:
+        raise ValueError(f"target {tuple(target.shape)} does not match {what} (expected {rows} ids, "
+                         f"e.g. {what}'s leading dims); shift labels before the call")
+
+
 def _denominator(valid: torch.Tensor, num_items_in_batch, device) -> torch.Tensor:
     """fp32 0-d divisor on `device`, without a host sync: the non-ignored count or
     num_items_in_batch; 0 becomes 1 so that an all-ignored batch gives 0, not NaN."""
     if num_items_in_batch is None:
         n = valid.sum().to(torch.float32)
+    elif isinstance(num_items_in_batch, torch.Tensor):
+        n = num_items_in_batch.to(device=device, dtype=torch.float32, non_blocking=True)
     else:
-        n = torch.as_tensor(num_items_in_batch, device=device).to(torch.float32)
+        n = torch.full((), float(num_items_in_batch), device=device)
     return torch.where(n == 0, torch.ones_like(n), n)
 
 
-# -- Triton kernels -----------------------------------------------------------------------------
+def grad_scale(target: torch.Tensor, ignore_index: int, reduction: str, num_items) -> torch.Tensor:
+    """fp32 (1,) gradient scale of the summed per-row losses: 1/n for mean or with num_items."""
+    if reduction == "none" or (reduction == "sum" and num_items is None):
+        return torch.ones(1, device=target.device, dtype=torch.float32)
+    return (1.0 / _denominator(target != ignore_index, num_items, target.device)).reshape(1)
+
+
+def reduce_rows(loss_rows: torch.Tensor, scale: torch.Tensor, reduction: str, shape) -> torch.Tensor:
+    return loss_rows.view(shape) if reduction == "none" else loss_rows.sum() * scale[0]
+
+
+# -- Triton kernel ------------------------------------------------------------------------------
 
 @triton.jit
 def _tanh(x):
@@ -94,17 +130,15 @@ def _tanh(x):
 
 
 @triton.jit
-def _cross_entropy_fwd_kernel(
+def _cross_entropy_kernel(
     X, stride_x,              # logits (rows, n_cols), last dim contiguous
-    G, stride_g,              # gradient out (may alias X: in place)
+    G, stride_g,              # gradient out (HAS_GRAD; may be X itself: in place)
     Y,                        # targets (rows,)
-    LOSS,                     # fp32 per-row loss out (rows,)
-    SCALE,                    # fp32 scalar: gradient scale (1/n for mean, 1 for sum)
-    ROW_SCALE,                # fp32 per-row gradient scale (HAS_ROW_SCALE): grad_output of "none"
+    LOSS, LSE,                # fp32 (rows,): written by the forward pass (FWD), LSE read otherwise
+    SCALE, stride_s,          # fp32 gradient scale: one (stride_s 0) or one per row (stride_s 1)
     n_cols, ignore_index, label_smoothing, lse_square_scale, softcap,
-    BLOCK_V: tl.constexpr,
-    HAS_GRAD: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_Z_LOSS: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
+    BLOCK_V: tl.constexpr, FWD: tl.constexpr, HAS_GRAD: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+    HAS_Z_LOSS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, RNE_BF16: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     p_x = X + row * stride_x
@@ -113,47 +147,50 @@ def _cross_entropy_fwd_kernel(
     o_v = tl.arange(0, BLOCK_V)
 
     if y == ignore_index:
-        tl.store(LOSS + row, 0.0)
+        if FWD:
+            tl.store(LOSS + row, 0.0)
+            tl.store(LSE + row, 0.0)
         if HAS_GRAD:
             for start in range(0, n_cols, BLOCK_V):
                 o = start + o_v
                 tl.store(p_g + o, tl.zeros([BLOCK_V], dtype=tl.float32).to(G.dtype.element_ty), mask=o < n_cols)
         return
 
-    # pass 1: running max m, running sum d of exp(x - m), and the row sum for label smoothing
-    m = float("-inf")
-    d = 0.0
-    b_sum = 0.0
-    for start in range(0, n_cols, BLOCK_V):
-        o = start + o_v
-        m_v = o < n_cols
-        x = tl.load(p_x + o, mask=m_v, other=0.0).to(tl.float32)
+    in_range = (y >= 0) & (y < n_cols)   # outside: NaN loss and gradient (see the module docstring)
+    if FWD:
+        # running max m, running sum d of exp(x - m), and the row sum for label smoothing
+        m = float("-inf")
+        d = 0.0
+        b_sum = 0.0
+        for start in range(0, n_cols, BLOCK_V):
+            o = start + o_v
+            m_v = o < n_cols
+            x = tl.load(p_x + o, mask=m_v, other=0.0).to(tl.float32)
+            if HAS_SOFTCAP:
+                x = softcap * _tanh(x / softcap)
+            if HAS_SMOOTHING:
+                b_sum += tl.sum(tl.where(m_v, x, 0.0), axis=0)
+            x = tl.where(m_v, x, float("-inf"))
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            d = d * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+            m = m_new
+        lse = m + tl.log(d)
+        x_y = tl.load(p_x + y, mask=in_range, other=0.0).to(tl.float32)
         if HAS_SOFTCAP:
-            x = softcap * _tanh(x / softcap)
+            x_y = softcap * _tanh(x_y / softcap)
+        loss = lse - (1.0 - label_smoothing) * x_y
         if HAS_SMOOTHING:
-            b_sum += tl.sum(tl.where(m_v, x, 0.0), axis=0)
-        x = tl.where(m_v, x, float("-inf"))
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        d = d * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
-        m = m_new
-    lse = m + tl.log(d)
+            loss -= label_smoothing / n_cols * b_sum
+        if HAS_Z_LOSS:
+            loss += lse_square_scale * lse * lse
+        tl.store(LOSS + row, tl.where(in_range, loss, float("nan")))
+        tl.store(LSE + row, lse)
+    else:
+        lse = tl.load(LSE + row)
 
-    m_y = (y >= 0) & (y < n_cols)   # an out-of-range target reads nothing (PyTorch would raise)
-    x_y = tl.load(p_x + y, mask=m_y, other=0.0).to(tl.float32)
-    if HAS_SOFTCAP:
-        x_y = softcap * _tanh(x_y / softcap)
-    loss = lse - (1.0 - label_smoothing) * x_y
-    if HAS_SMOOTHING:
-        loss -= label_smoothing / n_cols * b_sum
-    if HAS_Z_LOSS:
-        loss += lse_square_scale * lse * lse
-    tl.store(LOSS + row, loss)
-
-    # pass 2: d loss / d x = softmax * (1 + 2 s lse) - eps / V - (1 - eps) [j == y], through the cap
+    # d loss / d x = softmax * (1 + 2 s lse) - eps / V - (1 - eps) [j == y], through the cap
     if HAS_GRAD:
-        scale = tl.load(SCALE).to(tl.float32)
-        if HAS_ROW_SCALE:
-            scale *= tl.load(ROW_SCALE + row).to(tl.float32)
+        scale = tl.where(in_range, tl.load(SCALE + row * stride_s), float("nan"))
         p_scale = scale
         if HAS_Z_LOSS:
             p_scale = scale * (1.0 + 2.0 * lse_square_scale * lse)
@@ -170,168 +207,87 @@ def _cross_entropy_fwd_kernel(
             g = tl.where(o == y, g - (1.0 - label_smoothing) * scale, g)
             if HAS_SOFTCAP:
                 g *= 1.0 - t * t
-            tl.store(p_g + o, g.to(G.dtype.element_ty), mask=m_v)
-
-
-@triton.jit
-def _scale_kernel(G, S, numel, BLOCK: tl.constexpr):
-    """G *= S[0] over a flat contiguous tensor; reads nothing else when S[0] == 1 (the usual
-    grad_output of a loss), so backward costs one launch and no host sync."""
-    s = tl.load(S).to(tl.float32)
-    if s != 1.0:
-        o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        m = o < numel
-        g = tl.load(G + o, mask=m, other=0.0).to(tl.float32)
-        tl.store(G + o, (g * s).to(G.dtype.element_ty), mask=m)
-
-
-@triton.jit
-def _scale_rows_kernel(G, stride_g, S, n_cols, BLOCK: tl.constexpr):
-    """G[r, :] *= S[r] (grad_output of reduction="none")."""
-    row = tl.program_id(0).to(tl.int64)
-    s = tl.load(S + row).to(tl.float32)
-    o = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    m = o < n_cols
-    g = tl.load(G + row * stride_g + o, mask=m, other=0.0).to(tl.float32)
-    tl.store(G + row * stride_g + o, (g * s).to(G.dtype.element_ty), mask=m)
+            tl.store(p_g + o, to_dtype(g, G.dtype.element_ty, RNE_BF16), mask=m_v)
 
 
 # -- launchers ----------------------------------------------------------------------------------
 
-def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, config, *, ignore_index: int = -100,
-                      label_smoothing: float = 0.0, lse_square_scale: float = 0.0, softcap=None,
-                      grad: torch.Tensor | None = None, scale: torch.Tensor | None = None,
-                      row_scale: torch.Tensor | None = None, loss: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-row fp32 losses of 2-D `logits` (rows, vocab), last dim contiguous; when `grad` is
-    given (it may be `logits` itself), the gradient of sum(loss * scale * row_scale) goes there.
-
-    scale: fp32 1-element device tensor (default 1); row_scale: fp32 (rows,) or None.
-    """
+def cross_entropy_rows(config, logits, target, loss, lse, ignore_index, label_smoothing, lse_square_scale,
+                       softcap, *, grad=None, scale=None, fwd=True) -> None:
+    """One launch over 2-D `logits` (rows, vocab) with a contiguous last dim and targets (rows,).
+    fwd: per-row fp32 losses into `loss` and log-sum-exps into `lse`; else `lse` is read.  With
+    `grad` (which may be `logits` itself) the gradient of sum(loss * scale) goes there; scale is
+    fp32 (1,) or (rows,)."""
     rows, n_cols = logits.shape
-    if logits.stride(1) != 1 or (grad is not None and grad.stride(1) != 1):
-        raise ValueError("cross_entropy_fwd takes logits and grad with a contiguous last dim; "
-                         "the functional makes them so")
-    if target.shape != (rows,):
-        raise ValueError(f"target has shape {tuple(target.shape)}, expected ({rows},) for logits {tuple(logits.shape)}")
-    if loss is None:
-        loss = torch.empty(rows, device=logits.device, dtype=torch.float32)
     if rows == 0:
-        return loss
-    if scale is None:
-        scale = torch.ones(1, device=logits.device, dtype=torch.float32)
-    has_grad = grad is not None
-    block = min(int(config.get("BLOCK_V", 1024)), next_pow2(n_cols))
-    _cross_entropy_fwd_kernel[(rows,)](
-        logits, logits.stride(0),
-        grad if has_grad else logits, grad.stride(0) if has_grad else 0,
-        target, loss, scale, row_scale if row_scale is not None else scale,
+        return
+    _cross_entropy_kernel[(rows,)](
+        logits, logits.stride(0), logits if grad is None else grad, 0 if grad is None else grad.stride(0),
+        target, lse if loss is None else loss, lse, lse if scale is None else scale,
+        0 if scale is None or scale.numel() == 1 else 1,
         n_cols, int(ignore_index), float(label_smoothing), float(lse_square_scale),
-        float(softcap) if softcap is not None else 1.0,
-        BLOCK_V=block, HAS_GRAD=has_grad, HAS_SMOOTHING=label_smoothing > 0.0,
-        HAS_Z_LOSS=lse_square_scale != 0.0, HAS_SOFTCAP=softcap is not None,
-        HAS_ROW_SCALE=row_scale is not None,
-        num_warps=int(config.get("num_warps", 8)),
-    )
-    return loss
+        1.0 if softcap is None else float(softcap),
+        BLOCK_V=min(config.BLOCK_V, next_pow2(n_cols)), FWD=fwd, HAS_GRAD=grad is not None,
+        HAS_SMOOTHING=label_smoothing > 0.0, HAS_Z_LOSS=lse_square_scale != 0.0, HAS_SOFTCAP=softcap is not None,
+        RNE_BF16=interpreter_on(), num_warps=config.num_warps)
 
 
-_SCALE_BLOCK = 4096
-
-
-def scale_(t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """t *= s in place, s a 1-element device tensor (no host sync; nothing moves when s == 1)."""
-    if t.numel() == 0:
-        return t
-    if not t.is_contiguous():
-        raise ValueError("scale_ takes a contiguous tensor")
-    s = s.reshape(1).to(torch.float32)
-    _scale_kernel[(triton.cdiv(t.numel(), _SCALE_BLOCK),)](t, s, t.numel(), BLOCK=_SCALE_BLOCK, num_warps=4)
-    return t
-
-
-def scale_rows_(t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """t[r, :] *= s[r] in place for a 2-D `t` with a contiguous last dim."""
-    rows, n_cols = t.shape
-    if rows == 0 or n_cols == 0:
-        return t
-    s = s.reshape(rows).to(torch.float32).contiguous()
-    block = min(_SCALE_BLOCK, next_pow2(n_cols))
-    _scale_rows_kernel[(rows, triton.cdiv(n_cols, block))](t, t.stride(0), s, n_cols, BLOCK=block, num_warps=4)
-    return t
-
-
-def _grad_scale(valid: torch.Tensor, reduction: str, num_items_in_batch, device) -> torch.Tensor:
-    """fp32 (1,) gradient scale of the summed per-row losses: 1/n for mean or with num_items."""
-    if reduction == "none" or (reduction == "sum" and num_items_in_batch is None):
-        return torch.ones(1, device=device, dtype=torch.float32)
-    return (1.0 / _denominator(valid, num_items_in_batch, device)).reshape(1)
-
-
-def _reduce(loss_rows: torch.Tensor, scale: torch.Tensor, reduction: str, shape) -> torch.Tensor:
-    if reduction == "none":
-        return loss_rows.reshape(shape)
-    return loss_rows.sum() * scale[0]
-
-
-def _increment_version(t: torch.Tensor) -> None:
+def increment_version(t: torch.Tensor) -> None:
+    """Tell autograd that a kernel wrote `t` in place: a node that saved it then raises instead of
+    reading the new values."""
     fn = getattr(torch.autograd.graph, "increment_version", None)
     if fn is not None:
         fn(t)
 
 
-# -- autograd.Function --------------------------------------------------------------------------
-
-class CrossEntropyFunction(torch.autograd.Function):
-    """Loss and gradient in one forward launch; backward scales the stored gradient."""
-
-    @staticmethod
-    def forward(ctx, logits, target, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
-                num_items_in_batch, inplace, config, grad_enabled=True):
-        # logits: 2-D, last dim contiguous (the functional flattens); target: (rows,).
-        # grad_enabled: torch.is_grad_enabled() of the caller (forward itself runs without grad mode,
-        # and needs_input_grad stays True under torch.no_grad()).
-        valid = target != ignore_index
-        scale = _grad_scale(valid, reduction, num_items_in_batch, logits.device)
-        needs_grad = ctx.needs_input_grad[0] and grad_enabled
-        grad = None
-        if needs_grad:
-            grad = logits if inplace else torch.empty_like(logits)
-        loss_rows = cross_entropy_fwd(logits, target, config, ignore_index=ignore_index,
-                                      label_smoothing=label_smoothing, lse_square_scale=lse_square_scale,
-                                      softcap=softcap, grad=grad, scale=scale)
-        if needs_grad and inplace:
-            # the logits now hold their gradient: bump the version counter so that any other autograd
-            # node that saved these logits raises at backward instead of silently using gradients
-            _increment_version(logits)
-        ctx.reduction = reduction
-        ctx.grad = grad
-        return _reduce(loss_rows, scale, reduction, target.shape)
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        grad = ctx.grad
-        if grad is None:
-            raise RuntimeError("liger_rt cross_entropy computes its gradient in forward and hands it out once: "
-                               "backward through the same graph twice (retain_graph=True) is not supported; "
-                               "recompute the loss instead")
-        ctx.grad = None   # released now, so autograd can hand the buffer on without a copy
-        if ctx.reduction == "none":
-            scale_rows_(grad, grad_output.reshape(-1))
-        else:
-            scale_(grad, grad_output)
-        return grad, None, None, None, None, None, None, None, None, None, None
+def _forward(config, logits, target, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
+             num_items, inplace):
+    x, t = as_rows(logits, logits.shape[-1]), target.reshape(-1).contiguous()
+    loss = torch.empty(t.shape[0], device=x.device, dtype=torch.float32)
+    lse = torch.empty_like(loss)
+    cross_entropy_rows(config, x, t, loss, lse, ignore_index, label_smoothing, lse_square_scale, softcap)
+    scale = grad_scale(t, ignore_index, reduction, num_items)
+    return (reduce_rows(loss, scale, reduction, target.shape),), (lse, scale)
 
 
-# -- functional ---------------------------------------------------------------------------------
+def _backward(config, args, saved, needs, dloss):
+    logits, target, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, num_items, inplace = args
+    none = (None,) * (len(args) - 1)
+    if not needs[0]:
+        return (None, *none)
+    lse, scale = saved
+    x = as_rows(logits, logits.shape[-1])
+    grad = x if inplace else torch.empty_like(x)
+    s = dloss.reshape(-1).float().contiguous() if reduction == "none" else scale * dloss.float()
+    cross_entropy_rows(config, x, target.reshape(-1).contiguous(), None, lse, ignore_index, label_smoothing,
+                       lse_square_scale, softcap, grad=grad, scale=s, fwd=False)
+    if inplace:
+        increment_version(logits)     # a second backward through this graph now raises
+    return (grad.view(logits.shape), *none)
 
-@torch.compiler.disable
-def _apply(fn, *args):
-    # Under torch.compile the Triton launches and the gradient handed over from forward run eagerly
-    # (one graph break at the loss, the last op of a model) rather than being traced. Autocast is off
-    # inside: the launchers chose the dtypes, and matmuls with out= must not be re-cast.
-    device_type = args[0].device.type
-    with torch.autocast(device_type=device_type, enabled=False):
-        return fn.apply(*args)
+
+def _fake(config, logits, target, ignore_index, reduction, *rest):
+    f32 = torch.float32
+    loss = logits.new_empty(target.shape if reduction == "none" else (), dtype=f32)
+    return (loss,), (logits.new_empty((target.numel(),), dtype=f32), logits.new_empty((1,), dtype=f32))
+
+
+# -- the op -------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class CrossEntropyConfig(Config):
+    BLOCK_V: int = knob(1024, pow2(1, 65536))     # vocab columns per loop trip (clamped to the vocab)
+    num_warps: int = knob(8, WARPS)
+
+
+def _dims(logits, target, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, num_items,
+          inplace) -> dict:
+    _check_args(reduction, label_smoothing, softcap, num_items)
+    if logits.dim() < 1 or logits.shape[-1] < 1:
+        raise ValueError(f"cross_entropy: logits must be (..., vocab) with vocab >= 1, got {tuple(logits.shape)}")
+    vocab = logits.shape[-1]
+    check_target(target, logits.numel() // vocab, f"logits {tuple(logits.shape)}")
+    return {"rows": target.numel(), "vocab": vocab}
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
@@ -344,41 +300,22 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     softcap (loss on c * tanh(logits / c)): see the module docstring. num_items_in_batch (int or
     tensor): divide the summed loss by it instead (HF's gradient-accumulation convention).
 
-    inplace_backward=True writes the gradient over `logits` during forward (Liger-Kernel's
-    behaviour: no second logits-sized buffer). Safe only when the logits are a temporary that
-    nothing else reads afterwards (e.g. an lm_head output that is not returned to the caller). The
-    logits' autograd version counter is bumped, so another op that saved them for its backward
-    raises instead of computing garbage; leaf tensors and non-contiguous inputs are never
-    overwritten (they get a separate gradient buffer). Default False: the gradient gets its own
-    buffer and `logits` keep their values.
+    inplace_backward=True writes the gradient over `logits` during backward (no second
+    logits-sized buffer). Safe only when the logits are a temporary that nothing reads after the
+    backward (e.g. an lm_head output that is not returned to the caller). The logits' autograd
+    version counter is bumped, so another op that saved them and runs its backward later raises
+    instead of computing garbage; leaf tensors are never overwritten, and under torch.compile the
+    gradient always gets its own buffer (a compiled graph's inputs are not mutated). Default False.
 
     Example: logits (4, 128, 151936) bf16 and labels (4, 128) -> cross_entropy(logits, labels)
     """
-    _check_args(reduction, label_smoothing, softcap, num_items_in_batch)
-    vocab = logits.shape[-1]
-    x2d = logits.reshape(-1, vocab)
-    t1d = target.reshape(-1)
-    if t1d.numel() != x2d.shape[0]:
-        raise ValueError(f"target {tuple(target.shape)} does not match logits {tuple(logits.shape)} "
-                         f"(expected {tuple(logits.shape[:-1])})")
-    d = OP.select(x2d, rows=x2d.shape[0], vocab=vocab)
-    if d.impl == "torch":
-        return cross_entropy_ref(logits, target, ignore_index, reduction, label_smoothing=label_smoothing,
-                                 lse_square_scale=lse_square_scale, softcap=softcap,
-                                 num_items_in_batch=num_items_in_batch)
-    inplace = bool(inplace_backward) and x2d.stride(-1) == 1 and not logits.is_leaf
-    if x2d.stride(-1) != 1:
-        x2d = x2d.contiguous()
-    loss = _apply(CrossEntropyFunction, x2d, t1d.contiguous(), int(ignore_index), reduction, float(label_smoothing),
-                                      float(lse_square_scale), None if softcap is None else float(softcap),
-                                      num_items_in_batch, inplace, d.config, torch.is_grad_enabled())
-    return loss.reshape(target.shape) if reduction == "none" else loss
-
-
-# -- registration -------------------------------------------------------------------------------
-
-from ..dispatch import Impl, Op, register  # noqa: E402
-from ._common import triton_available  # noqa: E402
+    if logits.dim() >= 1 and logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    inplace = bool(inplace_backward) and not logits.is_leaf and not torch.compiler.is_compiling()
+    if isinstance(num_items_in_batch, (int, float)):
+        num_items_in_batch = torch.full((), float(num_items_in_batch), device=logits.device)
+    return OP(logits, target, int(ignore_index), str(reduction), float(label_smoothing), float(lse_square_scale),
+              None if softcap is None else float(softcap), num_items_in_batch, inplace)
 
 
 def _make_case(dims, dtype, device):
@@ -387,31 +324,21 @@ def _make_case(dims, dtype, device):
     logits = (torch.randn(rows, vocab, generator=g) * 2.0).to(device, dtype).requires_grad_()
     target = torch.randint(0, vocab, (rows,), generator=g)
     target[torch.rand(rows, generator=g) < 0.1] = -100   # some padding, as in real batches
-    return {"logits": logits, "target": target.to(device), "dy": torch.tensor(1.0, device=device)}
-
-
-def _run_torch(case, config):
-    loss = cross_entropy_ref(case["logits"], case["target"])
-    return [loss, *torch.autograd.grad(loss, (case["logits"],), case["dy"])]
-
-
-def _run_triton(case, config):
-    logits = case["logits"]
-    loss = CrossEntropyFunction.apply(logits, case["target"], -100, "mean", 0.0, 0.0, None, None, False, config)
-    return [loss, *torch.autograd.grad(loss, (logits,), case["dy"])]
+    return Case(args=(logits, target.to(device), -100, "mean", 0.0, 0.0, None, None, False),
+                grads=(torch.tensor(1.0, device=device),))
 
 
 def _configs(arch, dims, dtype):
     """BLOCK_V x num_warps, 4..64 fp32 elements per thread, BLOCK_V at most the padded vocab."""
     vmax = next_pow2(dims["vocab"])
     if arch.name == "cpu":   # the interpreter ignores warps; larger blocks mean fewer Python loop trips
-        return [{"BLOCK_V": min(b, vmax), "num_warps": 4} for b in (64, 256, 1024)]
+        return [CrossEntropyConfig(BLOCK_V=min(b, vmax), num_warps=4) for b in (64, 256, 1024)]
     out = []
     for block in (1024, 2048, 4096, 8192, 16384, 32768):
         for warps in (4, 8, 16, 32):
             per_thread = block // (warps * arch.warp_size)
             if 4 <= per_thread <= 64 and block <= max(vmax, 1024):
-                out.append({"BLOCK_V": block, "num_warps": warps})
+                out.append(CrossEntropyConfig(BLOCK_V=block, num_warps=warps))
     return out
 
 
@@ -420,12 +347,12 @@ def _heuristic(arch, dims, dtype):
     # the one used at these vocab sizes upstream; to be measured per arch by the sweep.
     vmax = next_pow2(dims["vocab"])
     if arch.name == "cpu":
-        return {"BLOCK_V": min(1024, vmax), "num_warps": 4}
+        return CrossEntropyConfig(BLOCK_V=min(1024, vmax), num_warps=4)
     block = min(32768, vmax)
     warps = 16 if arch.warp_size == 64 else 32
     while warps > 4 and block // (warps * arch.warp_size) < 4:
         warps //= 2
-    return {"BLOCK_V": block, "num_warps": min(warps, arch.max_num_warps)}
+    return CrossEntropyConfig(BLOCK_V=block, num_warps=min(warps, arch.max_num_warps))
 
 
 def _plan(preset, arch, quick):
@@ -441,10 +368,13 @@ def _plan(preset, arch, quick):
 
 
 OP = register(Op(
-    name="cross_entropy", static=("vocab",), dynamic=("rows",),
-    impls=[Impl("triton", run=_run_triton, available=triton_available, configs=_configs, heuristic=_heuristic),
-           Impl("torch", run=_run_torch)],
-    make_case=_make_case, plan=_plan,
+    name="cross_entropy", static=("vocab",), dynamic=("rows",), dims=_dims,
+    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available),
+           Impl("torch", fn=cross_entropy_ref)],
+    config=CrossEntropyConfig, candidates=_configs, heuristic=_heuristic,
+    schema="Tensor logits, Tensor target, int ignore_index, str reduction, float label_smoothing, "
+           "float lse_square_scale, float? softcap, Tensor? num_items, bool inplace",
+    fake=_fake, make_case=_make_case, plan=_plan,
     # fp32 accumulation: the loss and gradient differ from the fp32 reference by rounding only
     reduce_len=lambda d: 1,
-))
+    schema_version=2))   # 2: the gradient is computed in backward from the saved log-sum-exp

@@ -6,183 +6,174 @@
 For each chunk of `chunk` token rows:
   1. logits = x[chunk] @ W.T (+ b)             cuBLAS, into one reused (chunk, vocab) buffer, x's dtype
   2. loss rows and dlogits, in place            the cross-entropy Triton kernel (fp32 math)
-  3. dX[chunk] = dlogits @ W                    cuBLAS, written into the dX buffer
-     dW (+)= dlogits.T @ x[chunk]               cuBLAS addmm with beta=1, accumulated in W's dtype
-     db += dlogits.sum(0)                       fp32
+  3. dX[chunk] = dlogits @ W; dW (+)= dlogits.T @ x[chunk] (addmm, W's dtype); db += dlogits.sum(0) (fp32)
 Gradients are computed in forward (as Liger-Kernel does), so backward is only a scale by
-grad_output (a launch that moves nothing when grad_output == 1, the usual case).
+grad_output (a launch that moves nothing when grad_output == 1, the usual case).  Under
+torch.compile the backward custom op may neither mutate nor return its inputs: there the scale
+writes fresh buffers (one more dW-sized buffer and pass per step).
 
-Memory: beyond the inputs, one chunk of logits (chunk * vocab * elt bytes) plus dX and dW, which
-autograd would allocate anyway. dW accumulates in the weight dtype rather than fp32: an fp32 dW is
-2x the bf16 one (1.56 GB at V151936 H2560), which alone breaks the 1.0 GB budget that shape has;
-the price is one bf16 rounding per chunk (each addmm accumulates in fp32 inside cuBLAS and rounds
-once), the trade Liger-Kernel makes too. In fp16 the per-chunk dlogits are stored unscaled and the
-1/n of "mean" is applied to dX/dW afterwards, because p/n underflows fp16 at large batches.
+Memory: beyond the inputs, one chunk of logits (chunk * vocab * elt bytes; the chunk is a dispatch
+decision under a budget, see `budget_chunk`) plus dX and dW, which autograd would allocate anyway.
+dW accumulates in the weight dtype rather than fp32: an fp32 dW is 2x the bf16 one (1.56 GB at
+V151936 H2560), which alone breaks the 1.0 GB budget that shape has; the price is one bf16
+rounding per chunk (each addmm accumulates in fp32 inside cuBLAS and rounds once), the trade
+Liger-Kernel makes too. In fp16 the per-chunk dlogits are stored unscaled and the 1/n of "mean"
+is applied to dX/dW afterwards, because p/n underflows fp16 at large batches.
 
 reduction="none" cannot fold a per-row grad_output into a dW summed in forward: forward then
-computes the loss only, and backward recomputes each chunk's logits (one extra GEMM).
-
-The chunk size is a dispatch decision (config "chunk": token rows, 0 = all), together with the
-cross-entropy kernel's BLOCK_V and num_warps; see `_configs` / `_heuristic` for the memory budget.
+computes the loss only, and backward recomputes each chunk's logits (one extra GEMM).  Targets
+outside [0, vocab) that are not ignore_index give NaN (see kernels/cross_entropy.py).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
+from ..dispatch import register
+from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
+from ._common import as_rows, interpreter_on, to_dtype, triton_available
 from .cross_entropy import (
-    _apply, _check_args, _grad_scale, _reduce, cross_entropy_fwd, cross_entropy_ref, scale_,
-    _configs as _ce_configs, _heuristic as _ce_heuristic,
+    _check_args, _configs as _ce_configs, _heuristic as _ce_heuristic, check_target, cross_entropy_ref,
+    cross_entropy_rows, grad_scale, increment_version, reduce_rows,
 )
 
 
 # -- reference ----------------------------------------------------------------------------------
 
 def fused_linear_cross_entropy_ref(x, weight, target, bias=None, ignore_index: int = -100, reduction: str = "mean",
-                                   *, label_smoothing: float = 0.0, lse_square_scale: float = 0.0, softcap=None,
-                                   num_items_in_batch=None):
-    """The plain PyTorch loss: logits = x @ W.T (+ b) in x's dtype, then cross-entropy in fp32
-    (also the `torch` implementation; it materialises the full logits)."""
+                                   label_smoothing: float = 0.0, lse_square_scale: float = 0.0, softcap=None,
+                                   num_items_in_batch=None, *launch_flags):
+    """The plain PyTorch loss: logits = x @ W.T (+ b) in x's dtype, then cross-entropy in fp32 (the
+    `torch` implementation: it materialises the logits, and ignores the Triton path's flags)."""
     logits = F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
     return cross_entropy_ref(logits, target, ignore_index, reduction, label_smoothing=label_smoothing,
                              lse_square_scale=lse_square_scale, softcap=softcap,
                              num_items_in_batch=num_items_in_batch)
 
 
-# -- launcher -----------------------------------------------------------------------------------
+# -- launchers ----------------------------------------------------------------------------------
 
-def _chunk_rows(config, tokens: int) -> int:
-    chunk = int(config.get("chunk", 0))
-    return max(1, tokens) if chunk <= 0 or chunk >= tokens else chunk
+@triton.jit
+def _scale_kernel(SRC, DST, S, numel, BLOCK: tl.constexpr, IN_PLACE: tl.constexpr, RNE_BF16: tl.constexpr):
+    """DST = SRC * S[0] over flat dense tensors.  In place nothing moves when S[0] == 1 (the usual
+    grad_output of a loss), so that backward costs one launch and no host sync."""
+    s = tl.load(S).to(tl.float32)
+    if IN_PLACE:
+        numel = tl.where(s != 1.0, numel, 0)
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = o < numel
+    g = tl.load(SRC + o, mask=m, other=0.0).to(tl.float32)
+    tl.store(DST + o, to_dtype(g * s, DST.dtype.element_ty, RNE_BF16), mask=m)
 
 
-def flce_chunks(x, weight, bias, target, config, *, ignore_index, label_smoothing, lse_square_scale, softcap,
-                kscale, row_scale=None, loss_rows=None, gx=None, gw=None, gb=None, with_grad=True):
-    """Run the chunk loop over 2-D x (tokens, hidden), weight (vocab, hidden): per-row fp32 losses
-    into `loss_rows` and, with_grad, dX into gx, dW into gw (overwritten), fp32 db added into gb.
+def _scale(t: torch.Tensor, s: torch.Tensor, in_place: bool) -> torch.Tensor:
+    """t * s[0] (s fp32 on the device): in place in eager mode, where the autograd Function owns
+    t (its version is bumped, so a second backward through the graph raises), else fresh."""
+    out = t if in_place else torch.empty_like(t)
+    _scale_kernel[(triton.cdiv(t.numel(), 4096),)](t, out, s, t.numel(), BLOCK=4096, IN_PLACE=in_place,
+                                                   RNE_BF16=interpreter_on(), num_warps=4)
+    if in_place:
+        increment_version(t)
+    return out
 
-    kscale: fp32 (1,) scale of the stored dlogits; row_scale: fp32 (tokens,) or None.
-    """
-    tokens = x.shape[0]
-    vocab = weight.shape[0]
-    if loss_rows is None:
-        loss_rows = torch.empty(tokens, device=x.device, dtype=torch.float32)
-    if tokens == 0:
-        if gw is not None:
-            gw.zero_()
-        return loss_rows
-    chunk = _chunk_rows(config, tokens)
+
+def _run(config, args, need, scale):
+    """The chunk loop over the call's args: per-row fp32 losses and, where `need` says, [dX, dW,
+    db] of sum(loss * scale) (scale fp32 (1,) or (tokens,)), else None in their place."""
+    x, weight, target, bias, ignore_index, _, label_smoothing, lse_square_scale, softcap = args[:9]
+    x, target = as_rows(x, x.shape[-1]), target.reshape(-1).contiguous()
+    tokens, vocab = x.shape[0], weight.shape[0]
+    gx, gw = (torch.empty_like(t) if n else None for t, n in ((x, need[0]), (weight, need[1])))
+    gb = torch.zeros(vocab, device=x.device, dtype=torch.float32) if need[2] else None
+    loss, lse = (torch.empty(tokens, device=x.device, dtype=torch.float32) for _ in range(2))
+    chunk = config.chunk if 0 < config.chunk < tokens else max(tokens, 1)
     buf = torch.empty(min(chunk, tokens), vocab, device=x.device, dtype=x.dtype)
-    wt = weight.t()
-    for i, start in enumerate(range(0, tokens, chunk)):
-        end = min(start + chunk, tokens)
-        xc = x[start:end]
-        logits = buf[: end - start]
-        if bias is None:
-            torch.matmul(xc, wt, out=logits)
-        else:
-            torch.addmm(bias, xc, wt, out=logits)
-        cross_entropy_fwd(logits, target[start:end], config, ignore_index=ignore_index,
-                          label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap,
-                          grad=logits if with_grad else None, scale=kscale,
-                          row_scale=None if row_scale is None else row_scale[start:end],
-                          loss=loss_rows[start:end])
-        if not with_grad:
-            continue
-        if gx is not None:
-            torch.matmul(logits, weight, out=gx[start:end])
-        if gw is not None:
-            if i == 0:
-                torch.matmul(logits.t(), xc, out=gw)   # beta = 0: no zero-fill, no read of gw
+    with torch.autocast(x.device.type, enabled=False):     # the launchers chose the dtypes; out= GEMMs
+        for i, s in enumerate(range(0, tokens, chunk)):
+            e = min(s + chunk, tokens)
+            xc, logits = x[s:e], buf[: e - s]
+            if bias is None:
+                torch.matmul(xc, weight.t(), out=logits)
             else:
-                gw.addmm_(logits.t(), xc)
-        if gb is not None:
-            gb += logits.sum(0, dtype=torch.float32)
-    return loss_rows
-
-
-# -- autograd.Function --------------------------------------------------------------------------
-
-class FusedLinearCrossEntropyFunction(torch.autograd.Function):
-    """Loss and gradients in forward, chunked; backward scales them by grad_output."""
-
-    @staticmethod
-    def forward(ctx, x, weight, target, bias, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
-                num_items_in_batch, config, grad_enabled=True):
-        # x (tokens, hidden) contiguous, weight (vocab, hidden) contiguous in x's dtype, target (tokens,),
-        # bias (vocab,) or None; grad_enabled: torch.is_grad_enabled() of the caller.
-        needs = [bool(n) and grad_enabled for n in ctx.needs_input_grad[:4]]
-        need_x, need_w, need_b = needs[0], needs[1], needs[3] and bias is not None
-        valid = target != ignore_index
-        scale = _grad_scale(valid, reduction, num_items_in_batch, x.device)
-        kw = dict(ignore_index=ignore_index, label_smoothing=label_smoothing,
-                  lse_square_scale=lse_square_scale, softcap=softcap)
-        ctx.mode, ctx.grads, ctx.post = "none", None, None
-        any_grad = need_x or need_w or need_b
-        if any_grad and reduction == "none":
-            loss_rows = flce_chunks(x, weight, bias, target, config, kscale=scale, with_grad=False, **kw)
-            ctx.mode = "recompute"
-            ctx.save_for_backward(x, weight, bias, target)
-            ctx.needs = (need_x, need_w, need_b)
-            ctx.kw, ctx.config = kw, dict(config)
-        elif any_grad:
-            # fp16: p / n underflows at large n, so store unscaled dlogits and scale dX/dW afterwards
-            defer = x.dtype == torch.float16
-            kscale = torch.ones_like(scale) if defer else scale
-            gx = torch.empty_like(x) if need_x else None
-            gw = torch.empty_like(weight) if need_w else None
-            gb = torch.zeros(weight.shape[0], device=x.device, dtype=torch.float32) if need_b else None
-            loss_rows = flce_chunks(x, weight, bias, target, config, kscale=kscale, gx=gx, gw=gw, gb=gb, **kw)
+                torch.addmm(bias, xc, weight.t(), out=logits)
+            cross_entropy_rows(config, logits, target[s:e], loss[s:e], lse[s:e], ignore_index, label_smoothing,
+                               lse_square_scale, softcap, grad=logits if any(need) else None,
+                               scale=scale if scale.numel() == 1 else scale[s:e])
+            if gx is not None:
+                torch.matmul(logits, weight, out=gx[s:e])
+            if gw is not None:
+                if i == 0:
+                    torch.matmul(logits.t(), xc, out=gw)   # beta = 0: no zero-fill, no read of gw
+                else:
+                    gw.addmm_(logits.t(), xc)
             if gb is not None:
-                gb = gb.to(bias.dtype)
-            ctx.mode = "grads"
-            ctx.grads = (gx, gw, gb)
-            ctx.post = scale if defer else None
-        else:
-            loss_rows = flce_chunks(x, weight, bias, target, config, kscale=scale, with_grad=False, **kw)
-        return _reduce(loss_rows, scale, reduction, target.shape)
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        if ctx.mode == "recompute":
-            x, weight, bias, target = ctx.saved_tensors
-            need_x, need_w, need_b = ctx.needs
-            gx = torch.empty_like(x) if need_x else None
-            gw = torch.empty_like(weight) if need_w else None
-            gb = torch.zeros(weight.shape[0], device=x.device, dtype=torch.float32) if need_b else None
-            ones = torch.ones(1, device=x.device, dtype=torch.float32)
-            with torch.autocast(device_type=x.device.type, enabled=False):
-                flce_chunks(x, weight, bias, target, ctx.config, kscale=ones,
-                            row_scale=grad_output.reshape(-1).to(torch.float32).contiguous(),
-                            gx=gx, gw=gw, gb=gb, **ctx.kw)
-            if gb is not None:
-                gb = gb.to(bias.dtype)
-        else:
-            if ctx.grads is None:
-                raise RuntimeError(
-                    "liger_rt fused_linear_cross_entropy computes its gradients in forward and hands them out once: "
-                    "backward through the same graph twice (retain_graph=True) is not supported; recompute the loss")
-            gx, gw, gb = ctx.grads
-            ctx.grads = None   # released now: autograd takes the buffers over without a copy
-            s = grad_output.reshape(1).to(torch.float32)
-            if ctx.post is not None:
-                s = s * ctx.post
-            for t in (gx, gw, gb):
-                if t is not None:
-                    scale_(t, s)
-        return gx, gw, None, gb, None, None, None, None, None, None, None, None
+                gb += logits.sum(0, dtype=torch.float32)
+    return loss, [gx, gw, None if gb is None else gb.to(bias.dtype)]
 
 
-# -- functional ---------------------------------------------------------------------------------
+def _stored(grads: int, bias, reduction: str) -> tuple[bool, bool, bool]:
+    """dX, dW, db computed in forward: those asked for (bits 1, 2, 4 of `grads`), none for "none"."""
+    on = reduction != "none"
+    return on and bool(grads & 1), on and bool(grads & 2), on and bool(grads & 4) and bias is not None
 
-def _autocast_dtype(device: torch.device):
-    """The autocast dtype active for `device`, or None."""
-    try:
-        if torch.is_autocast_enabled(device.type):
-            return torch.get_autocast_dtype(device.type)
-    except (TypeError, AttributeError, RuntimeError):   # an older torch or an exotic device type
-        pass
-    return None
+
+def _forward(config, *args):
+    x, _, target, bias, ignore_index, reduction, _, _, _, num_items, grads, _ = args
+    scale = grad_scale(target.reshape(-1), ignore_index, reduction, num_items)
+    # fp16: p / n underflows at large n, so store unscaled dlogits and scale dX/dW in backward
+    loss, out = _run(config, args, _stored(grads, bias, reduction),
+                     torch.ones_like(scale) if x.dtype == torch.float16 else scale)
+    saved = (x.new_empty(0) if g is None else g for g in out)    # distinct: custom-op outputs may not alias
+    return (reduce_rows(loss, scale, reduction, target.shape),), (*saved, scale)
+
+
+def _backward(config, args, saved, needs, dloss):
+    x, _, _, bias, _, reduction, _, _, _, _, grads, inplace = args
+    want = (needs[0], needs[1], needs[3] and bias is not None)
+    *out, scale = saved
+    if all(h or not w for w, h in zip(want, _stored(grads, bias, reduction))):   # computed in forward
+        s = dloss.reshape(1).float() * scale if x.dtype == torch.float16 else dloss.reshape(1).float()
+        out = [_scale(g, s, inplace) if w else None for g, w in zip(out, want)]
+    else:     # reduction="none": recompute each chunk's logits with grad_output per row folded in
+        s = dloss.reshape(-1).float().contiguous() if reduction == "none" else scale * dloss.float()
+        out = _run(config, args, want, s)[1]
+    gx, gw, gb = out
+    return (None if gx is None else gx.view(x.shape), gw, None, gb, *(None,) * 8)
+
+
+def _fake(config, x, weight, target, bias, ignore_index, reduction, *rest):
+    shapes = ((target.numel(), x.shape[-1]), weight.shape, (weight.shape[0],))
+    saved = (x.new_empty(shape if n else (0,)) for shape, n in zip(shapes, _stored(rest[-2], bias, reduction)))
+    loss = x.new_empty(target.shape if reduction == "none" else (), dtype=torch.float32)
+    return (loss,), (*saved, x.new_empty((1,), dtype=torch.float32))
+
+
+# -- the op -------------------------------------------------------------------------------------
+
+CHUNKS = (0, *range(1, 65), *range(128, 65537, 128))     # token rows per chunk; 0 = all
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedLinearCrossEntropyConfig(Config):
+    chunk: int = knob(0, CHUNKS)
+    BLOCK_V: int = knob(1024, pow2(1, 65536))     # the cross-entropy kernel's launch
+    num_warps: int = knob(8, WARPS)
+
+
+def _dims(x, weight, target, bias, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, num_items,
+          grads, inplace) -> dict:
+    _check_args(reduction, label_smoothing, softcap, num_items)
+    hidden = x.shape[-1] if x.dim() else 0
+    if x.dim() < 1 or weight.dim() != 2 or weight.shape[1] != hidden or weight.shape[0] < 1:
+        raise ValueError(f"weight must be (vocab, hidden={hidden}) with vocab >= 1; got {tuple(weight.shape)}")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias must be ({weight.shape[0]},); got {tuple(bias.shape)}")
+    check_target(target, x.numel() // hidden if hidden else 0, f"x {tuple(x.shape)}")
+    return {"tokens": target.numel(), "hidden": hidden, "vocab": weight.shape[0]}
 
 
 def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
@@ -201,56 +192,30 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
     ignore_index, reduction, label_smoothing, lse_square_scale (z-loss), softcap and
     num_items_in_batch mean what they mean in `liger_rt.ops.cross_entropy`.
 
-    A Hugging Face causal-LM loss (``transformers.loss.loss_utils.ForCausalLMLoss``) maps onto it
-    as follows: shifting the labels is the caller's job, every position's hidden state is kept::
+    Hugging Face's ``ForCausalLMLoss`` maps onto it as follows (shifting the labels is the caller's
+    job; every position's hidden state is kept)::
 
         y = F.pad(labels, (0, 1), value=-100)[..., 1:]   # HF's shift (or its `shift_labels` kwarg)
         loss = fused_linear_cross_entropy(hidden_states, model.lm_head.weight, y, ignore_index=-100,
                                           num_items_in_batch=num_items_in_batch)
 
-    num_items_in_batch=None gives HF's "mean" over non-ignored labels; a given num_items_in_batch
-    gives HF's ``reduction="sum"`` then ``/ num_items_in_batch``, fused (the division is applied to
-    dlogits inside the kernel, so no extra pass over dW; reduction may be "sum" or "mean" then,
-    both mean sum / num_items_in_batch). Gemma-2's ``final_logit_softcapping`` is `softcap`.
+    num_items_in_batch=None gives HF's "mean" over non-ignored labels; a given one gives HF's
+    ``reduction="sum"`` then ``/ num_items_in_batch``, fused into the dlogits (no extra pass over
+    dW; "sum" and "mean" both mean that then). Gemma-2's ``final_logit_softcapping`` is `softcap`.
     Example: h (4, 2048, 2560) bf16, W (151936, 2560) bf16, y (4, 2048) -> 0-d loss.
     """
-    _check_args(reduction, label_smoothing, softcap, num_items_in_batch)
-    hidden = x.shape[-1]
-    if weight.dim() != 2 or weight.shape[1] != hidden:
-        raise ValueError(f"weight must be (vocab, hidden={hidden}); got {tuple(weight.shape)}")
-    vocab = weight.shape[0]
-    if bias is not None and bias.shape != (vocab,):
-        raise ValueError(f"bias must be ({vocab},); got {tuple(bias.shape)}")
-    x2d = x.reshape(-1, hidden)
-    t1d = target.reshape(-1)
-    if t1d.numel() != x2d.shape[0]:
-        raise ValueError(f"target {tuple(target.shape)} does not match x {tuple(x.shape)} "
-                         f"(expected {tuple(x.shape[:-1])}); shift labels before the call")
-    amp = _autocast_dtype(x.device)
-    if amp is not None and x2d.dtype != amp:   # what F.linear would do under autocast
-        x2d = x2d.to(amp)
-    d = OP.select(x2d, tokens=x2d.shape[0], hidden=hidden, vocab=vocab)
-    if d.impl == "torch":
-        return fused_linear_cross_entropy_ref(x2d.reshape(x.shape[:-1] + (hidden,)), weight, target, bias,
-                                              ignore_index, reduction, label_smoothing=label_smoothing,
-                                              lse_square_scale=lse_square_scale, softcap=softcap,
-                                              num_items_in_batch=num_items_in_batch)
-    if weight.dtype != x2d.dtype:
-        weight = weight.to(x2d.dtype)
-    if bias is not None and bias.dtype != x2d.dtype:
-        bias = bias.to(x2d.dtype)
-    loss = _apply(
-        FusedLinearCrossEntropyFunction, x2d.contiguous(), weight.contiguous(), t1d.contiguous(),
-        None if bias is None else bias.contiguous(),
-        int(ignore_index), reduction, float(label_smoothing), float(lse_square_scale),
-        None if softcap is None else float(softcap), num_items_in_batch, d.config, torch.is_grad_enabled())
-    return loss.reshape(target.shape) if reduction == "none" else loss
+    if torch.is_autocast_enabled(x.device.type) and x.dtype != torch.get_autocast_dtype(x.device.type):
+        x = x.to(torch.get_autocast_dtype(x.device.type))     # what F.linear would do under autocast
+    weight = weight.to(x.dtype).contiguous()
+    bias = None if bias is None else bias.to(x.dtype).contiguous()
+    grads = sum(bit for bit, t in ((1, x), (2, weight), (4, bias)) if t is not None and t.requires_grad
+                ) if torch.is_grad_enabled() else 0
+    if isinstance(num_items_in_batch, (int, float)):
+        num_items_in_batch = torch.full((), float(num_items_in_batch), device=x.device)
+    return OP(x, weight, target, bias, int(ignore_index), str(reduction), float(label_smoothing),
+              float(lse_square_scale), None if softcap is None else float(softcap), num_items_in_batch, grads,
+              not torch.compiler.is_compiling())
 
-
-# -- registration -------------------------------------------------------------------------------
-
-from ..dispatch import Impl, Op, register  # noqa: E402
-from ._common import triton_available  # noqa: E402
 
 MiB = 1 << 20
 
@@ -277,54 +242,36 @@ _CHUNKS = {"gpu": (256, 512, 768, 1024, 1280, 1536, 2048, 3072, 4096, 8192, 1638
 
 def logits_budget(arch) -> int:
     """Bytes one chunk of logits may take on this arch."""
-    if arch.is_hip:
-        return _HIP_BUDGET
-    return _LOGITS_BUDGET.get(arch.name, _HIP_BUDGET)
-
-
-def _kind(arch) -> str:
-    return "cpu" if arch.name == "cpu" else "gpu"
+    return _HIP_BUDGET if arch.is_hip else _LOGITS_BUDGET.get(arch.name, _HIP_BUDGET)
 
 
 def budget_chunk(arch, vocab: int, dtype: torch.dtype) -> int:
-    """The largest multiple of the grain whose logits fit the budget, never below the floor."""
-    kind = _kind(arch)
+    """The largest chunk (a multiple of the grain) whose logits fit the budget, never below the floor."""
+    kind = "cpu" if arch.name == "cpu" else "gpu"
     rows = logits_budget(arch) // (vocab * torch.empty((), dtype=dtype).element_size())
-    return max(_FLOOR[kind], rows // _GRAIN[kind] * _GRAIN[kind])
-
-
-def _chunk_candidates(arch, dims, dtype) -> list[int]:
-    kind, tokens = _kind(arch), dims["tokens"]
-    cap = budget_chunk(arch, dims["vocab"], dtype)
-    chunks = sorted({c for c in (*_CHUNKS[kind], cap) if c <= cap and c < tokens})
-    if tokens <= cap:
-        chunks.append(0)          # 0: all tokens in one chunk
-    return chunks or [_FLOOR[kind]]
-
-
-def _ce_subset(arch, dims, dtype) -> list[dict]:
-    """A few cross-entropy launches: the heuristic one and its neighbours in warps and block."""
-    ce_dims = {"rows": dims["tokens"], "vocab": dims["vocab"]}
-    base = _ce_heuristic(arch, ce_dims, dtype)
-    space = _ce_configs(arch, ce_dims, dtype)
-    picks = [base]
-    for cfg in space:
-        near_block = cfg["BLOCK_V"] in (base["BLOCK_V"], base["BLOCK_V"] // 2)
-        near_warps = cfg["num_warps"] in (base["num_warps"], base["num_warps"] // 2)
-        if near_block and near_warps and cfg not in picks:
-            picks.append(cfg)
-    return picks
+    return max(c for c in (_FLOOR[kind], *CHUNKS) if c % _GRAIN[kind] == 0 and (c <= rows or c == _FLOOR[kind]))
 
 
 def _configs(arch, dims, dtype):
-    return [{"chunk": c, **ce} for c in _chunk_candidates(arch, dims, dtype) for ce in _ce_subset(arch, dims, dtype)]
+    """Chunks under the budget (0: all tokens at once, where they fit) x the cross-entropy heuristic
+    launch and its neighbours (half the block, half the warps)."""
+    tokens, cap = dims["tokens"], budget_chunk(arch, dims["vocab"], dtype)
+    chunks = sorted({c for c in (*_CHUNKS["cpu" if arch.name == "cpu" else "gpu"], cap) if c <= cap and c < tokens})
+    ce_dims = {"rows": tokens, "vocab": dims["vocab"]}
+    base = _ce_heuristic(arch, ce_dims, dtype)
+    launches = [base] + [c for c in _ce_configs(arch, ce_dims, dtype) if c != base
+                         and c.BLOCK_V in (base.BLOCK_V, base.BLOCK_V // 2)
+                         and c.num_warps in (base.num_warps, base.num_warps // 2)]
+    return [FusedLinearCrossEntropyConfig(chunk=c, BLOCK_V=ce.BLOCK_V, num_warps=ce.num_warps)
+            for c in chunks + [0] * (tokens <= cap) for ce in launches]
 
 
 def _heuristic(arch, dims, dtype):
     # the largest chunk under the budget (fewest, largest GEMMs; dW read once per chunk), Liger's CE launch
     cap = budget_chunk(arch, dims["vocab"], dtype)
-    chunk = 0 if dims["tokens"] <= cap else cap
-    return {"chunk": chunk, **_ce_heuristic(arch, {"rows": dims["tokens"], "vocab": dims["vocab"]}, dtype)}
+    ce = _ce_heuristic(arch, {"rows": dims["tokens"], "vocab": dims["vocab"]}, dtype)
+    return FusedLinearCrossEntropyConfig(chunk=0 if dims["tokens"] <= cap else cap, BLOCK_V=ce.BLOCK_V,
+                                         num_warps=ce.num_warps)
 
 
 def _make_case(dims, dtype, device):
@@ -334,42 +281,32 @@ def _make_case(dims, dtype, device):
     w = (torch.randn(vocab, hidden, generator=g) * hidden ** -0.5).to(device, dtype).requires_grad_()
     target = torch.randint(0, vocab, (tokens,), generator=g)
     target[torch.rand(tokens, generator=g) < 0.1] = -100
-    return {"x": x, "w": w, "target": target.to(device), "dy": torch.tensor(1.0, device=device)}
-
-
-def _run_torch(case, config):
     # reduction "sum": dW and dX keep magnitudes the validation tolerance can see
-    loss = fused_linear_cross_entropy_ref(case["x"], case["w"], case["target"], reduction="sum")
-    return [loss, *torch.autograd.grad(loss, (case["x"], case["w"]), case["dy"])]
-
-
-def _run_triton(case, config):
-    loss = FusedLinearCrossEntropyFunction.apply(case["x"], case["w"], case["target"], None, -100, "sum",
-                                                 0.0, 0.0, None, None, config)
-    return [loss, *torch.autograd.grad(loss, (case["x"], case["w"]), case["dy"])]
+    return Case(args=(x, w, target.to(device), None, -100, "sum", 0.0, 0.0, None, None, 3, True),
+                grads=(torch.tensor(1.0, device=device),))
 
 
 def _plan(preset, arch, quick):
     if arch.name == "cpu":
-        if preset is not None and preset.tiny:
-            hidden, vocab = preset.hidden, preset.vocab
-        else:
-            hidden, vocab = 32, 199
+        hidden, vocab = (preset.hidden, preset.vocab) if preset is not None and preset.tiny else (32, 199)
         return [{"tokens": t, "hidden": hidden, "vocab": vocab} for t in ((16,) if quick else (16, 64))]
     if preset is not None:
         tokens = preset.quick_tokens if quick else preset.tokens
         return [{"tokens": t, "hidden": preset.hidden, "vocab": preset.vocab} for t in tokens]
-    shapes = ((2048, 65536), (2560, 151936)) if quick else ((2048, 65536), (2560, 151936), (2048, 128256),
-                                                            (4096, 151936))
+    shapes = ((2048, 65536), (2560, 151936)) + (() if quick else ((2048, 128256), (4096, 151936)))
     tokens = (8192,) if quick else (4096, 8192, 16384)
     return [{"tokens": t, "hidden": h, "vocab": v} for h, v in shapes for t in tokens]
 
 
 OP = register(Op(
-    name="fused_linear_cross_entropy", static=("hidden", "vocab"), dynamic=("tokens",),
-    impls=[Impl("triton", run=_run_triton, available=triton_available, configs=_configs, heuristic=_heuristic),
-           Impl("torch", run=_run_torch)],
-    make_case=_make_case, plan=_plan,
+    name="fused_linear_cross_entropy", static=("hidden", "vocab"), dynamic=("tokens",), dims=_dims,
+    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available),
+           Impl("torch", fn=fused_linear_cross_entropy_ref)],
+    config=FusedLinearCrossEntropyConfig, candidates=_configs, heuristic=_heuristic,
+    schema="Tensor x, Tensor weight, Tensor target, Tensor? bias, int ignore_index, str reduction, "
+           "float label_smoothing, float lse_square_scale, float? softcap, Tensor? num_items, int grads, "
+           "bool inplace",
+    fake=_fake, make_case=_make_case, plan=_plan,
     # dW adds one rounding in the weight dtype per chunk (token rows); dX and the loss reduce in fp32
     reduce_len=lambda d: d["tokens"],
-))
+    schema_version=2))   # 2: op spec (config fields unchanged); the CE kernel stores lse, NaN on bad targets
