@@ -54,15 +54,18 @@ def test_flce_bf16_vs_fp32(reduction, kw):
         assert _rel(g, s) < 1e-2, (name, _rel(g, s))              # the same loss in bf16 via PyTorch
 
 
+def _flce_triton(config, reduction="mean"):
+    """The Triton implementation with a given config (x and W want gradients; eager: in place)."""
+    return lambda x_, w_, y_, b_: flce.OP.call_impl("triton", config, x_, w_, y_, b_, -100, reduction, 0.0, 0.0,
+                                                   None, None, 3, True)
+
+
 def test_flce_chunked_matches_unchunked_and_ignores():
     x, w, y = _flce_case(3000, 1024, 32000, ignore_frac=0.3)
     outs = []
-    for chunk in (256, 1000, 0):
-        cfg = {**flce._heuristic(backend.detect(), {"tokens": 3000, "hidden": 1024, "vocab": 32000},
-                                 torch.bfloat16), "chunk": chunk}
-        fn = lambda x_, w_, y_, b_: flce.FusedLinearCrossEntropyFunction.apply(  # noqa: E731
-            x_, w_, y_, b_, -100, "mean", 0.0, 0.0, None, None, cfg, True)
-        outs.append(_flce_grads(fn, x, w, y))
+    base = flce._heuristic(backend.detect(), {"tokens": 3000, "hidden": 1024, "vocab": 32000}, torch.bfloat16)
+    for chunk in (256, 1024, 0):     # 1024: a ragged last chunk
+        outs.append(_flce_grads(_flce_triton(base.replace(chunk=chunk)), x, w, y))
     for loss, (gx, gw) in outs[:-1]:
         assert _rel(loss, outs[-1][0]) < 1e-5
         assert _rel(gx, outs[-1][1][0]) < 1e-2 and _rel(gw, outs[-1][1][1]) < 1e-2
@@ -109,10 +112,8 @@ def test_flce_every_candidate_config_compiles_and_matches():
     x, w, y = _flce_case(1024, 2048, 65536)
     dims = {"tokens": 8192, "hidden": 2048, "vocab": 65536}
     _, ref = _flce_grads(flce.fused_linear_cross_entropy_ref, x, w, y, reduction="sum")
-    for cfg in flce.OP.candidates(flce.OP.impl("triton"), arch, dims, torch.bfloat16):
-        fn = lambda x_, w_, y_, b_: flce.FusedLinearCrossEntropyFunction.apply(  # noqa: E731
-            x_, w_, y_, b_, -100, "sum", 0.0, 0.0, None, None, cfg, True)
-        _, grads = _flce_grads(fn, x, w, y)
+    for cfg in flce.OP.candidates_for(flce.OP.impl("triton"), arch, dims, torch.bfloat16):
+        _, grads = _flce_grads(_flce_triton(cfg, "sum"), x, w, y)
         for g, r in zip(grads, ref):
             assert _rel(g, r) < 1e-2, cfg
 
@@ -145,9 +146,9 @@ def test_ce_every_candidate_config_compiles_and_matches():
     y = torch.randint(0, 151936, (64,), device=DEV, generator=g)
     xr = logits.float().requires_grad_()
     (gr,) = torch.autograd.grad(F.cross_entropy(xr, y, reduction="sum"), xr)
-    for cfg in ce.OP.candidates(ce.OP.impl("triton"), arch, {"rows": 8192, "vocab": 151936}, torch.bfloat16):
+    for cfg in ce.OP.candidates_for(ce.OP.impl("triton"), arch, {"rows": 8192, "vocab": 151936}, torch.bfloat16):
         x = logits.clone().requires_grad_()
-        loss = ce.CrossEntropyFunction.apply(x, y, -100, "sum", 0.0, 0.0, None, None, False, cfg)
+        loss = ce.OP.call_impl("triton", cfg, x, y, -100, "sum", 0.0, 0.0, None, None, False)
         (gx,) = torch.autograd.grad(loss, x)
         assert _rel(loss, F.cross_entropy(logits.float(), y, reduction="sum")) < 1e-5, cfg
         assert _rel(gx, gr) < 1e-2, cfg
@@ -159,3 +160,70 @@ def test_ce_all_ignored_no_nan():
     loss = liger_rt.ops.cross_entropy(logits, y)
     loss.backward()
     assert loss.item() == 0.0 and (logits.grad == 0).all()
+
+
+def test_ce_inplace_backward_peak_memory():
+    # the gradient is written in backward from the saved lse: in place it needs no second
+    # logits-sized buffer; otherwise it needs exactly one (the gradient autograd hands out)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    h = torch.randn(4096, 1024, device=DEV, generator=g, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(32000, 1024, device=DEV, generator=g, dtype=torch.bfloat16) * 0.03
+    y = torch.randint(0, 32000, (4096,), device=DEV, generator=g)
+    size = 4096 * 32000 * 2
+    for inplace, low, high in ((True, 0.0, 0.1), (False, 0.9, 1.1)):
+        for _ in range(2):                              # the second pass is measured (kernels compiled)
+            h.grad = None
+            logits = h @ w.t()
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            liger_rt.ops.cross_entropy(logits, y, inplace_backward=inplace).backward()
+            del logits
+            torch.cuda.synchronize()
+        extra = (torch.cuda.max_memory_allocated() - base) / size
+        assert low <= extra <= high, (inplace, extra)
+
+
+@pytest.mark.parametrize("op", ["cross_entropy", "fused_linear_cross_entropy"])
+def test_out_of_range_targets_nan_without_a_host_sync(op):
+    x, w, y = _flce_case(512, 256, 32000, ignore_frac=0.1)
+    y[7] = 32000
+    y[9] = -5
+    x.requires_grad_()
+
+    def run():
+        if op == "cross_entropy":
+            return liger_rt.ops.cross_entropy(x @ w.t(), y, reduction="none")
+        return liger_rt.ops.fused_linear_cross_entropy(x, w, y, reduction="none")
+
+    run().nansum().backward()                          # decide, compile
+    x.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")            # any synchronising call raises
+    try:
+        loss = run()
+        loss.nansum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    bad = torch.zeros_like(y, dtype=torch.bool)
+    bad[[7, 9]] = True
+    assert loss[bad].isnan().all() and torch.isfinite(loss[~bad]).all()
+    assert x.grad[bad].isnan().all() and torch.isfinite(x.grad[~bad & (y != -100)]).all()
+
+
+@pytest.mark.parametrize("backend_name", ["aot_eager", "inductor"])
+def test_compiled_losses_fullgraph(backend_name):
+    """Both losses as custom ops in one compiled graph: zero graph breaks, eager's values."""
+    x, w, y = _flce_case(1024, 512, 32000)
+
+    def f(x_, w_):
+        h = torch.tanh(x_.float()).to(x_.dtype)
+        return (liger_rt.ops.fused_linear_cross_entropy(h, w_, y)
+                + liger_rt.ops.cross_entropy(h @ w_.t(), y, label_smoothing=0.1, inplace_backward=True))
+
+    torch._dynamo.reset()
+    got, ggrads = _flce_grads(lambda a, b, *_: torch.compile(f, backend=backend_name, fullgraph=True)(a, b), x, w, y)
+    want, wgrads = _flce_grads(lambda a, b, *_: f(a, b), x, w, y)
+    assert _rel(got, want) < 1e-3
+    for g, r in zip(ggrads, wgrads):
+        assert _rel(g, r) < 1e-2
