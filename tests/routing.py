@@ -1,8 +1,14 @@
-"""Routing checks shared by the kernel tests: which implementation of an op actually ran.
+"""Checks shared by the kernel tests: which implementation of an op actually ran, and whether the
+torch.compile custom ops' fakes promise what the kernels return.
 
 A test of the `torch` path that compares the result with the very function the path routes to
 cannot fail; asserting which implementation ran can.
 """
+import json
+
+import torch
+
+from liger_rt.opspec import _schema_args
 
 
 def record_impls(monkeypatch, op) -> list[str]:
@@ -15,3 +21,19 @@ def record_impls(monkeypatch, op) -> list[str]:
         real = getattr(impl, attr)
         monkeypatch.setattr(impl, attr, lambda *a, _real=real, _name=impl.name: ran.append(_name) or _real(*a))
     return ran
+
+
+def assert_fakes_match(op, case, config) -> None:
+    """liger_rt::<op>_fwd and _bwd on `case`: each output's shape, dtype and strides from the fake
+    equal the real ones (inductor asserts exactly that at run time; opcheck checks it on CPU)."""
+    decision = json.dumps({"impl": "triton", "config": config.to_dict()}, sort_keys=True)
+    args = [a.detach() if isinstance(a, torch.Tensor) else a for a in case.args]
+    is_tensor = [t.startswith("Tensor") for t, _ in _schema_args(op.schema)]
+    fwd = getattr(torch.ops.liger_rt, f"{op.name}_fwd").default
+    torch.library.opcheck(fwd, (*args, decision), test_utils=("test_faketensor",))
+    saved = fwd(*args, decision)[op.outputs:]
+    tensors = [a for a, t in zip(args, is_tensor) if t]
+    scalars = [a for a, t in zip(args, is_tensor) if not t]
+    bwd = getattr(torch.ops.liger_rt, f"{op.name}_bwd").default
+    torch.library.opcheck(bwd, (tensors, list(saved), list(case.grads), *scalars, [True] * len(tensors), decision),
+                          test_utils=("test_faketensor",))

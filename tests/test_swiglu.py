@@ -9,7 +9,7 @@ from liger_rt import autotune, backend, dispatch
 from liger_rt.kernels import swiglu as sw
 from liger_rt.kernels._common import assert_close, next_pow2
 from liger_rt.tools.presets import get_preset
-from routing import record_impls
+from routing import assert_fakes_match, record_impls
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 CPU = backend.profile("cpu")
@@ -208,3 +208,7 @@ def test_torch_compile_fullgraph_dynamic(monkeypatch, impl):
         _check(_fwd_bwd(f, gate, up, dy), [t * 2.0 for t in _exact(gate, up, dy)], torch.float32,
                f"compiled {impl} rows={rows}")
     assert (len(calls) == 2) == (impl == "triton")
+
+
+def test_custom_op_fakes_match_the_kernels():
+    assert_fakes_match(sw.OP, sw._make_case({"rows": 6, "cols": 40}, torch.float32, "cpu"), _heuristic(40))

@@ -22,16 +22,20 @@ read through their strides (the transposed HF views need no copy); outputs are l
 (B, S, H, D) in memory, like HF's q and k, so a program's writes are one contiguous run.  The
 backward is the same kernel with BACKWARD set.  Minimum traffic per token, fwd and bwd alike:
 read and write (Hq + Hk) * D values each, plus 2D of cos/sin.
-Under torch.compile the launchers run inside custom ops (liger_rt::rope_fwd/bwd) dispatched at
-run time.
+The op spec at the bottom gives dispatch, tuning, autograd and the torch.compile custom ops
+(liger_rt::rope_fwd/bwd) to the runtime.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import triton
 import triton.language as tl
 
-from ._common import DTYPES, interpreter_on, next_pow2, triton_available
+from ..dispatch import register
+from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
+from ._common import DTYPES, interpreter_on, next_pow2, to_dtype, triton_available, warps_for
 
 # A position's (BLOCK_H, D/2) half-tiles live in registers.  BLOCK_H * next_pow2(D/2) is capped at
 # MAX_TILE fp32 (32 heads at D 256: 16 values per thread at 8 warps, twice for the two halves);
@@ -63,29 +67,7 @@ def rope_ref(q, k, cos, sin, unsqueeze_dim: int = 1):
     return qe.to(_out_dtype(q, cos, sin)), ke.to(_out_dtype(k, cos, sin))
 
 
-def _rope_bwd_torch(dy: torch.Tensor, cos, sin, unsqueeze_dim: int, dtype: torch.dtype) -> torch.Tensor:
-    """The transposed rotation in closed form (autograd is off inside custom ops)."""
-    d2 = dy.shape[-1] // 2
-    c, s, g = cos.unsqueeze(unsqueeze_dim).float(), sin.unsqueeze(unsqueeze_dim).float(), dy.float()
-    dx1 = g[..., :d2] * c[..., :d2] + g[..., d2:] * s[..., d2:]
-    dx2 = g[..., d2:] * c[..., d2:] - g[..., :d2] * s[..., :d2]
-    return torch.cat((dx1, dx2), dim=-1).to(dtype)
-
-
 # -- Triton kernels -------------------------------------------------------------------------------
-
-@triton.jit
-def _to(x, dtype: tl.constexpr, RNE_BF16: tl.constexpr):
-    """fp32 -> dtype.  The interpreter truncates fp32 -> bf16 (triton/runtime/interpreter.py,
-    _convert_float without a rounding mode) where the GPU rounds to nearest even; RNE_BF16 (set
-    only under the interpreter) rounds explicitly so CPU results match the GPU's bit for bit."""
-    if RNE_BF16 and dtype == tl.bfloat16:
-        b = x.to(tl.uint32, bitcast=True)
-        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-        return b.to(tl.float32, bitcast=True).to(dtype)
-    else:
-        return x.to(dtype)
-
 
 @triton.jit
 def _rotate_heads(X, Y, off_x, off_y, stride_xh, stride_yh, c1, c2, s1, s2, m_d, H, D2,
@@ -105,8 +87,8 @@ def _rotate_heads(X, Y, off_x, off_y, stride_xh, stride_yh, c1, c2, s1, s2, m_d,
             y1 = x1 * c1[None, :] - x2 * s1[None, :]
             y2 = x2 * c2[None, :] + x1 * s2[None, :]
         p_y = Y + off_y + o_h.to(tl.int64)[:, None] * stride_yh + o_d[None, :]
-        tl.store(p_y, _to(y1, Y.dtype.element_ty, RNE_BF16), mask=mask)
-        tl.store(p_y + D2, _to(y2, Y.dtype.element_ty, RNE_BF16), mask=mask)
+        tl.store(p_y, to_dtype(y1, Y.dtype.element_ty, RNE_BF16), mask=mask)
+        tl.store(p_y + D2, to_dtype(y2, Y.dtype.element_ty, RNE_BF16), mask=mask)
 
 
 @triton.jit(do_not_specialize=["T", "S"])
@@ -146,6 +128,14 @@ def _check_head_dim(d: int) -> None:
                          f"(dispatch picks torch there) or LIGER_RT_IMPL_ROPE=torch")
 
 
+def _check_layout(q, k, cos, sin, unsqueeze_dim: int) -> None:
+    if _kernel_layout(q, k, cos, sin, unsqueeze_dim) != unsqueeze_dim:
+        raise ValueError(f"rope kernel: q {tuple(q.shape)}, k {tuple(k.shape)}, cos {tuple(cos.shape)}, "
+                         f"sin {tuple(sin.shape)} with unsqueeze_dim {unsqueeze_dim}: takes (B, H, S, D) q/k with "
+                         f"unsqueeze_dim 1 or (B, S, H, D) with 2, and (B or 1, S, D) cos/sin on one device; "
+                         f"liger_rt.ops.rope runs other shapes through torch")
+
+
 def _bshd(x: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
     """x as a (B, S, H, D) view with unit head-dim stride (a copy only when that stride is not 1)."""
     v = x.transpose(1, 2) if unsqueeze_dim == 1 else x
@@ -168,11 +158,7 @@ def _cs(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
 
 
 def _launch(xq, xk, cos, sin, unsqueeze_dim: int, q_dtype, k_dtype, backward: bool, config):
-    if _kernel_layout(xq, xk, cos, sin, unsqueeze_dim) != unsqueeze_dim:
-        raise ValueError(f"rope kernel: q {tuple(xq.shape)}, k {tuple(xk.shape)}, cos {tuple(cos.shape)}, "
-                         f"sin {tuple(sin.shape)} with unsqueeze_dim {unsqueeze_dim}: takes (B, H, S, D) q/k with "
-                         f"unsqueeze_dim 1 or (B, S, H, D) with 2, and (B or 1, S, D) cos/sin on one device; "
-                         f"liger_rt.ops.rope runs other shapes through torch")
+    _check_layout(xq, xk, cos, sin, unsqueeze_dim)
     qv, kv = _bshd(xq, unsqueeze_dim), _bshd(xk, unsqueeze_dim)
     b, s, hq, d = qv.shape
     hk = kv.shape[2]
@@ -184,15 +170,13 @@ def _launch(xq, xk, cos, sin, unsqueeze_dim: int, q_dtype, k_dtype, backward: bo
     qov, kov = _bshd(qo, unsqueeze_dim), _bshd(ko, unsqueeze_dim)
     c, scb, scs = _cs(cos)
     sn, ssb, sss = _cs(sin)
-    pos = int(config.get("POS", 1))
-    block_d = next_pow2(d // 2)
-    cap = int(config.get("BLOCK_H", 16))
-    _rope_kernel[(triton.cdiv(t, pos),)](
+    _rope_kernel[(triton.cdiv(t, config.POS),)](
         qv, kv, c, sn, qov, kov, qv.stride(0), qv.stride(1), qv.stride(2), kv.stride(0), kv.stride(1), kv.stride(2),
         qov.stride(0), qov.stride(1), qov.stride(2), kov.stride(0), kov.stride(1), kov.stride(2),
         scb, scs, ssb, sss, t, s, hq, hk, d // 2,
-        BLOCK_HQ=min(next_pow2(hq), cap), BLOCK_HK=min(next_pow2(hk), cap), BLOCK_D=block_d, POS=pos,
-        BACKWARD=backward, RNE_BF16=interpreter_on(), num_warps=int(config.get("num_warps", 4)))
+        BLOCK_HQ=min(next_pow2(hq), config.BLOCK_H), BLOCK_HK=min(next_pow2(hk), config.BLOCK_H),
+        BLOCK_D=next_pow2(d // 2), POS=config.POS, BACKWARD=backward, RNE_BF16=interpreter_on(),
+        num_warps=config.num_warps)
     return qo, ko
 
 
@@ -202,99 +186,14 @@ def rope_fwd(q, k, cos, sin, unsqueeze_dim: int, config) -> tuple[torch.Tensor, 
     return _launch(q, k, cos, sin, unsqueeze_dim, _out_dtype(q, cos, sin), _out_dtype(k, cos, sin), False, config)
 
 
-def rope_bwd(dq_embed, dk_embed, cos, sin, unsqueeze_dim: int, q_dtype, k_dtype, config):
-    """Upstream gradients (q's and k's shapes, any strides) -> (dq in q_dtype, dk in k_dtype)."""
-    return _launch(dq_embed, dk_embed, cos, sin, unsqueeze_dim, q_dtype, k_dtype, True, config)
+# -- the op: what the runtime needs besides the math ---------------------------------------------------
 
+@dataclasses.dataclass(frozen=True)
+class RoPEConfig(Config):
+    POS: int = knob(1, (1, 2, 3, 4))                 # positions per program (3: the interpreter's tail check)
+    BLOCK_H: int = knob(16, pow2(1, MAX_TILE))       # heads per tile, at most next_pow2(heads)
+    num_warps: int = knob(4, WARPS)
 
-# -- autograd.Function ------------------------------------------------------------------------------
-
-class RoPEFunction(torch.autograd.Function):
-    """apply(q, k, cos, sin, unsqueeze_dim (1 or 2), config) -> (q_embed, k_embed); saves cos, sin."""
-
-    @staticmethod
-    def forward(ctx, q, k, cos, sin, unsqueeze_dim, config):
-        qe, ke = rope_fwd(q, k, cos, sin, unsqueeze_dim, config)
-        ctx.save_for_backward(cos, sin)
-        ctx.unsqueeze_dim, ctx.config, ctx.dtypes = unsqueeze_dim, config, (q.dtype, k.dtype)
-        return qe, ke
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dqe, dke):
-        cos, sin = ctx.saved_tensors
-        dq, dk = rope_bwd(dqe, dke, cos, sin, ctx.unsqueeze_dim, *ctx.dtypes, ctx.config)
-        return dq, dk, None, None, None, None
-
-
-# -- the torch.compile path: opaque custom ops --------------------------------------------------------
-# Under torch.compile the kernels run inside custom ops, dispatched at run time exactly like eager
-# calls (so dynamic shapes and env overrides behave the same), and dynamo never traces a launcher.
-# Eager calls keep the autograd.Function above: it costs less per call than the op dispatcher.
-# Every result of these ops (torch path included) has the (B, S, H, D) memory layout the fake
-# implementations promise.
-
-def _dims(q: torch.Tensor, k: torch.Tensor, unsqueeze_dim: int) -> dict:
-    h, s = (1, 2) if unsqueeze_dim == 1 else (2, 1)
-    return {"heads_q": q.shape[h], "heads_k": k.shape[h], "head_dim": q.shape[-1], "tokens": q.shape[0] * q.shape[s]}
-
-
-def _like_out(x: torch.Tensor, value: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
-    return _new_out(x, value.dtype, unsqueeze_dim).copy_(value)
-
-
-@torch.library.custom_op("liger_rt::rope_fwd", mutates_args=())
-def _rope_fwd_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 unsqueeze_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    d = OP.select(q, **_dims(q, k, unsqueeze_dim))
-    if d.impl == "torch":
-        qe, ke = _rope_torch(q, k, cos, sin, unsqueeze_dim)
-        return _like_out(q, qe, unsqueeze_dim), _like_out(k, ke, unsqueeze_dim)
-    return rope_fwd(q, k, cos, sin, unsqueeze_dim, d.config)
-
-
-@_rope_fwd_op.register_fake
-def _(q, k, cos, sin, unsqueeze_dim):
-    return (_new_out(q, _out_dtype(q, cos, sin), unsqueeze_dim), _new_out(k, _out_dtype(k, cos, sin), unsqueeze_dim))
-
-
-@torch.library.custom_op("liger_rt::rope_bwd", mutates_args=())
-def _rope_bwd_op(dqe: torch.Tensor, dke: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int,
-                 q_dtype: torch.dtype, k_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    d = OP.select(dqe, **_dims(dqe, dke, unsqueeze_dim))
-    if d.impl == "torch":
-        return (_like_out(dqe, _rope_bwd_torch(dqe, cos, sin, unsqueeze_dim, q_dtype), unsqueeze_dim),
-                _like_out(dke, _rope_bwd_torch(dke, cos, sin, unsqueeze_dim, k_dtype), unsqueeze_dim))
-    return rope_bwd(dqe, dke, cos, sin, unsqueeze_dim, q_dtype, k_dtype, d.config)
-
-
-@_rope_bwd_op.register_fake
-def _(dqe, dke, cos, sin, unsqueeze_dim, q_dtype, k_dtype):
-    return _new_out(dqe, q_dtype, unsqueeze_dim), _new_out(dke, k_dtype, unsqueeze_dim)
-
-
-def _rope_setup(ctx, inputs, output):
-    q, k, cos, sin, unsqueeze_dim = inputs
-    ctx.save_for_backward(cos, sin)
-    ctx.unsqueeze_dim, ctx.dtypes, ctx.shapes = unsqueeze_dim, (q.dtype, k.dtype), (q.shape, k.shape)
-
-
-def _rope_backward(ctx, dqe, dke):
-    cos, sin = ctx.saved_tensors
-    qe_dtype = torch.promote_types(torch.promote_types(ctx.dtypes[0], cos.dtype), sin.dtype)
-    ke_dtype = torch.promote_types(torch.promote_types(ctx.dtypes[1], cos.dtype), sin.dtype)
-    if dqe is None:   # an output the loss never used
-        dqe = cos.new_zeros(ctx.shapes[0], dtype=qe_dtype)
-    if dke is None:
-        dke = cos.new_zeros(ctx.shapes[1], dtype=ke_dtype)
-    dq, dk = _rope_bwd_op(dqe, dke, cos, sin, ctx.unsqueeze_dim, *ctx.dtypes)
-    return dq, dk, None, None, None
-
-
-_rope_fwd_op.register_autograd(_rope_backward, setup_context=_rope_setup)
-
-
-# -- functional --------------------------------------------------------------------------------------
 
 def _kernel_layout(q, k, cos, sin, unsqueeze_dim: int) -> int | None:
     """1 or 2 (the normalised unsqueeze_dim) when the kernel can take these shapes, else None."""
@@ -312,29 +211,47 @@ def _kernel_layout(q, k, cos, sin, unsqueeze_dim: int) -> int | None:
     return ud
 
 
+def _dims(q, k, cos, sin, unsqueeze_dim) -> dict:
+    _check_layout(q, k, cos, sin, unsqueeze_dim)
+    if not all(t.dtype.is_floating_point for t in (q, k, cos, sin)):
+        raise TypeError(f"rope: unsupported dtypes q {q.dtype}, k {k.dtype}, cos {cos.dtype}, sin {sin.dtype}; "
+                        f"accepted: floating point dtypes")
+    h, s = (1, 2) if unsqueeze_dim == 1 else (2, 1)
+    return {"heads_q": q.shape[h], "heads_k": k.shape[h], "head_dim": q.shape[-1], "tokens": q.shape[0] * q.shape[s]}
+
+
+def _forward(config, q, k, cos, sin, unsqueeze_dim):
+    return rope_fwd(q, k, cos, sin, unsqueeze_dim, config), ()
+
+
+def _backward(config, args, saved, needs, dq_embed, dk_embed):
+    """The transposed rotation of the upstream gradients (any strides; None: an unused output)."""
+    q, k, cos, sin, unsqueeze_dim = args
+    if dq_embed is None:
+        dq_embed = q.new_zeros(q.shape, dtype=_out_dtype(q, cos, sin))
+    if dk_embed is None:
+        dk_embed = k.new_zeros(k.shape, dtype=_out_dtype(k, cos, sin))
+    dq, dk = _launch(dq_embed, dk_embed, cos, sin, unsqueeze_dim, q.dtype, k.dtype, True, config)
+    return dq, dk, None, None, None
+
+
+def _fake(config, q, k, cos, sin, unsqueeze_dim):
+    return (_new_out(q, _out_dtype(q, cos, sin), unsqueeze_dim), _new_out(k, _out_dtype(k, cos, sin), unsqueeze_dim)), ()
+
+
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids=None,
          unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """apply_rotary_pos_emb: q (B, Hq, S, D), k (B, Hk, S, D), cos/sin (B|1, S, D) -> (q_embed,
-    k_embed).  position_ids is accepted and ignored, as HF does.  Dispatched per call."""
+    k_embed).  position_ids is accepted and ignored, as HF does.  Dispatched per call; shapes the
+    kernel does not take, and cos/sin that want a gradient, run HF's formula."""
     if q.shape[-1] % 2 or k.shape[-1] % 2:
         raise ValueError(f"rope: head_dim must be even (rotate_half pairs element i with i + D/2); "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
     ud = _kernel_layout(q, k, cos, sin, unsqueeze_dim)
-    if (ud is None or any(t.dtype not in DTYPES.values() for t in (q, k, cos, sin))
-            or q.numel() == 0 or k.numel() == 0 or cos.requires_grad or sin.requires_grad):
-        return _rope_torch(q, k, cos, sin, unsqueeze_dim)   # autograd gives cos/sin their gradients
-    dims = _dims(q, k, ud)
-    if torch.compiler.is_compiling():
-        return _rope_fwd_op(q, k, cos, sin, ud)
-    d = OP.select(q, **dims)
-    if d.impl == "torch":
-        return _rope_torch(q, k, cos, sin, ud)
-    return RoPEFunction.apply(q, k, cos, sin, ud, d.config)
-
-
-# -- registration -------------------------------------------------------------------------------------
-
-from ..dispatch import Impl, Op, register  # noqa: E402
+    other_float = any(t.dtype.is_floating_point and t.dtype not in DTYPES.values() for t in (k, cos, sin))
+    if ud is None or other_float or k.numel() == 0 or cos.requires_grad or sin.requires_grad:
+        return OP.reference(q, k, cos, sin, int(unsqueeze_dim))
+    return OP(q, k, cos, sin, ud)
 
 
 def _make_case(dims, dtype, device):
@@ -350,30 +267,16 @@ def _make_case(dims, dtype, device):
     cos, sin = angle.cos().to(device, dtype), angle.sin().to(device, dtype)
     dq = torch.randn(b, hq, s, d, generator=g).to(device, dtype)
     dk = torch.randn(b, hk, s, d, generator=g).to(device, dtype)
-    return {"q": q, "k": k, "cos": cos, "sin": sin, "dq": dq, "dk": dk}
+    return Case(args=(q, k, cos, sin, 1), grads=(dq, dk))
 
 
-def _run_torch(case, config):
-    qe, ke = _rope_torch(case["q"], case["k"], case["cos"], case["sin"])
-    return [qe, ke, *torch.autograd.grad((qe, ke), (case["q"], case["k"]), (case["dq"], case["dk"]))]
-
-
-def _run_triton(case, config):
-    qe, ke = RoPEFunction.apply(case["q"], case["k"], case["cos"], case["sin"], 1, config)
-    return [qe, ke, *torch.autograd.grad((qe, ke), (case["q"], case["k"]), (case["dq"], case["dk"]))]
-
-
-def _warps(elems: int, per_thread: int, arch) -> int:
-    return int(min(max(elems // (arch.warp_size * per_thread), 1), arch.max_num_warps))
-
-
-def _config(arch, dims, pos: int, per_thread: int, split: int = 1) -> dict:
+def _config(arch, dims, pos: int, per_thread: int, split: int = 1) -> RoPEConfig:
     """POS positions per program; BLOCK_H heads per tile (all of the larger head count, divided by
     `split`, within MAX_TILE); warps so one half-tile gives `per_thread` values to each thread."""
     block_d = next_pow2(max(1, dims["head_dim"] // 2))
     heads = next_pow2(max(dims["heads_q"], dims["heads_k"]))
     block_h = max(1, min(heads // split, MAX_TILE // block_d))
-    return {"POS": pos, "BLOCK_H": block_h, "num_warps": _warps(block_h * block_d, per_thread, arch)}
+    return RoPEConfig(POS=pos, BLOCK_H=block_h, num_warps=warps_for(block_h * block_d, per_thread, arch))
 
 
 def _heuristic(arch, dims, dtype):
@@ -386,18 +289,11 @@ def _heuristic(arch, dims, dtype):
 
 def _configs(arch, dims, dtype):
     if arch.name == "cpu":  # the interpreter ignores warps: cover the code paths (head-tile loop, POS tails)
-        return [_heuristic(arch, dims, dtype), {"POS": 3, "BLOCK_H": 1, "num_warps": 1},
-                {"POS": 2, "BLOCK_H": 2, "num_warps": 2}]
+        return [_heuristic(arch, dims, dtype), RoPEConfig(POS=3, BLOCK_H=1, num_warps=1),
+                RoPEConfig(POS=2, BLOCK_H=2, num_warps=2)]
     shapes = [(1, 8, 1), (1, 4, 1), (1, 16, 1), (2, 8, 1), (2, 4, 1), (2, 16, 1), (4, 8, 1), (4, 16, 1),
               (1, 8, 2), (2, 8, 2), (1, 4, 2)]
-    out, seen = [], set()
-    for pos, per_thread, split in shapes:
-        c = _config(arch, dims, pos, per_thread, split)
-        key = tuple(sorted(c.items()))
-        if key not in seen:
-            seen.add(key)
-            out.append(c)
-    return out
+    return [_config(arch, dims, pos, per_thread, split) for pos, per_thread, split in shapes]   # deduplicated by the runtime
 
 
 def _supports(dims, dtype):
@@ -425,8 +321,19 @@ def _plan(preset, arch, quick):
 
 
 OP = register(Op(
-    name="rope", static=("heads_q", "heads_k", "head_dim"), dynamic=("tokens",),
-    impls=[Impl("triton", run=_run_triton, available=triton_available, configs=_configs,
-                heuristic=_heuristic, supports=_supports),
-           Impl("torch", run=_run_torch)],
+    name="rope", static=("heads_q", "heads_k", "head_dim"), dynamic=("tokens",), dims=_dims,
+    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports),
+           Impl("torch", fn=_rope_torch)],
+    config=RoPEConfig, candidates=_configs, heuristic=_heuristic,
+    schema="Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim", fake=_fake, outputs=2,
     make_case=_make_case, plan=_plan))
+
+
+@torch.library.register_fake("liger_rt::rope_bwd")
+def _bwd_fake(tensors, saved, grads, unsqueeze_dim, needs, config):
+    """The runtime's backward fake promises contiguous gradients; this kernel writes dq and dk
+    laid out (B, S, H, D) like HF's q and k (what the projections' backward reads without a copy),
+    and inductor checks the layout the fake promised."""
+    q, k = tensors[0], tensors[1]
+    return [_new_out(x, x.dtype, unsqueeze_dim) if need else q.new_empty(0) for x, need in zip((q, k), needs)] + \
+        [q.new_empty(0), q.new_empty(0)]
