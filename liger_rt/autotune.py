@@ -339,9 +339,18 @@ def _dist_world() -> tuple[int, int]:
 
 
 def tune_online(op, target, dtype, dims) -> dict | None:
-    """LIGER_RT_AUTOTUNE=1 on a DB miss: tune (rank 0 only), persist, broadcast the winner."""
+    """LIGER_RT_AUTOTUNE=1 on a DB miss: tune (rank 0 only), broadcast the winner, persist it.
+
+    In a torch.distributed job every rank reaches this miss at the same time (see the module
+    docstring) and must keep deciding alike afterwards, so the DB view changes on every rank at
+    once: rank 0 persists only after the broadcast (once every rank has done its lookups for this
+    call), a barrier follows, and every rank re-opens the DB.  Before this, rank 0 alone re-opened
+    it: its next lookups found the new row (same or nearest bucket) while the other ranks missed and
+    waited in a broadcast that rank 0 never joined (a hang, or a decision of another op).  Ranks on
+    other hosts see the row only when LIGER_RT_TUNING_DB is one shared file.
+    """
     rank, world = _dist_world()
-    decision = None
+    decision, result = None, None
     if rank == 0:
         try:
             result = tune(op, target, dtype, dims, quick=True)
@@ -349,16 +358,6 @@ def tune_online(op, target, dtype, dims) -> dict | None:
             if win is not None:
                 decision = {"impl": win["impl"], "config": result["configs"][win["impl"]],
                             "median_ms": win["median_ms"], "baseline_ms": result["baseline_ms"]}
-                try:
-                    from .tuning_db import open_store, reset
-                    store = open_store()
-                    try:
-                        persist(op, result, store, origin="online")
-                    finally:
-                        store.close()
-                    reset()
-                except Exception as exc:
-                    warnings.warn(f"liger_rt: could not persist the tuned {op.name} config ({exc})", RuntimeWarning)
         except Exception as exc:
             warnings.warn(f"liger_rt: online tuning of {op.name} failed ({exc}); using the heuristic", RuntimeWarning)
     if world > 1:
@@ -366,6 +365,20 @@ def tune_online(op, target, dtype, dims) -> dict | None:
         box = [decision]
         dist.broadcast_object_list(box, src=0)
         decision = box[0]
+    if rank == 0 and decision is not None:
+        from .tuning_db import open_store
+        try:
+            store = open_store()
+            try:
+                persist(op, result, store, origin="online")
+            finally:
+                store.close()
+        except Exception as exc:
+            warnings.warn(f"liger_rt: could not persist the tuned {op.name} config ({exc})", RuntimeWarning)
+    if world > 1:
+        dist.barrier()
+    from .tuning_db import reset
+    reset()
     return decision
 
 
