@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import io
 import warnings
 
 import pytest
@@ -327,3 +328,18 @@ def test_torch_compile_of_a_patched_lfm2_does_not_recurse(fallback):
     torch.testing.assert_close(got.loss, want.loss)
     torch.testing.assert_close(got.logits, want.logits)
     torch._dynamo.reset()
+
+
+def test_a_saved_moe_model_loads_back_patched_in_a_process_without_liger_experts(fallback):
+    iface = pytest.importorskip("liger_rt.layers.moe_experts_interface")
+    pytest.importorskip("liger_rt.kernels.moe_experts")
+    model = _patch(build_model("lfm2-moe-tiny"))
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    iface.unregister_experts_interface()            # as in a fresh process
+    loaded = torch.load(buf, weights_only=False)
+    assert iface.is_registered() and loaded.config._experts_implementation == "liger_rt"
+    assert liger_rt.patch.describe(loaded)["patched"] == liger_rt.patch.describe(model)["patched"]
+    inputs = make_inputs(model)
+    torch.testing.assert_close(loaded(**inputs).logits, model(**inputs).logits)

@@ -250,6 +250,9 @@ class InstanceRecord:
         functions, root = state.pop("functions"), state.pop("root")
         self.__dict__.update(state)
         self.function_keys, self.finalizer, self.root = [], None, None
+        if self.config_saved:               # configs name the "liger_rt" experts: register it here too
+            from ..layers.moe import register_experts
+            register_experts()
         if root is not None:
             self.hold_functions(root, [(importlib.import_module(m), a, fn) for m, a, fn in functions])
 
