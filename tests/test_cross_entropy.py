@@ -298,5 +298,7 @@ def test_plan_and_errors():
         ce.cross_entropy(logits, target, softcap=0.0)
     with pytest.raises(TypeError, match="integer class ids"):
         ce.cross_entropy(logits, target.float())
+    with pytest.raises(ValueError, match="move the target"):
+        ce.cross_entropy(logits, target.to("meta"))
     with pytest.raises(TypeError, match="unsupported dtype"):
         ce.cross_entropy(logits.long(), target)

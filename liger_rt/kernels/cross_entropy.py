@@ -86,11 +86,13 @@ def _check_args(reduction, label_smoothing, softcap, num_items_in_batch) -> None
         raise ValueError("num_items_in_batch divides a summed loss; use reduction='sum' or 'mean' with it")
 
 
-def check_target(target: torch.Tensor, rows: int, what: str) -> None:
-    """Integer class ids, one per row of `what` (logits or x): a one-line error otherwise."""
+def check_target(target: torch.Tensor, rows: int, what: str, device: torch.device) -> None:
+    """Integer class ids on `device`, one per row of `what` (logits or x): a one-line error otherwise."""
     if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
         raise TypeError(f"target must hold integer class ids (int64 or int32), got {target.dtype}; "
                         f"class probabilities are not supported")
+    if target.device != device:
+        raise ValueError(f"target is on {target.device}, {what} on {device}: move the target there")
     if target.numel() != rows:
         raise ValueError(f"target {tuple(target.shape)} does not match {what} (expected {rows} ids, "
                          f"e.g. {what}'s leading dims); shift labels before the call")
@@ -286,7 +288,7 @@ def _dims(logits, target, ignore_index, reduction, label_smoothing, lse_square_s
     if logits.dim() < 1 or logits.shape[-1] < 1:
         raise ValueError(f"cross_entropy: logits must be (..., vocab) with vocab >= 1, got {tuple(logits.shape)}")
     vocab = logits.shape[-1]
-    check_target(target, logits.numel() // vocab, f"logits {tuple(logits.shape)}")
+    check_target(target, logits.numel() // vocab, f"logits {tuple(logits.shape)}", logits.device)
     return {"rows": target.numel(), "vocab": vocab}
 
 
@@ -376,5 +378,4 @@ OP = register(Op(
            "float lse_square_scale, float? softcap, Tensor? num_items, bool inplace",
     fake=_fake, make_case=_make_case, plan=_plan,
     # fp32 accumulation: the loss and gradient differ from the fp32 reference by rounding only
-    reduce_len=lambda d: 1,
-    schema_version=2))   # 2: the gradient is computed in backward from the saved log-sum-exp
+    reduce_len=lambda d: 1))

@@ -172,7 +172,7 @@ def _dims(x, weight, target, bias, ignore_index, reduction, label_smoothing, lse
         raise ValueError(f"weight must be (vocab, hidden={hidden}) with vocab >= 1; got {tuple(weight.shape)}")
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"bias must be ({weight.shape[0]},); got {tuple(bias.shape)}")
-    check_target(target, x.numel() // hidden if hidden else 0, f"x {tuple(x.shape)}")
+    check_target(target, x.numel() // hidden if hidden else 0, f"x {tuple(x.shape)}", x.device)
     return {"tokens": target.numel(), "hidden": hidden, "vocab": weight.shape[0]}
 
 
@@ -308,5 +308,4 @@ OP = register(Op(
            "bool inplace",
     fake=_fake, make_case=_make_case, plan=_plan,
     # dW adds one rounding in the weight dtype per chunk (token rows); dX and the loss reduce in fp32
-    reduce_len=lambda d: d["tokens"],
-    schema_version=2))   # 2: op spec (config fields unchanged); the CE kernel stores lse, NaN on bad targets
+    reduce_len=lambda d: d["tokens"]))
