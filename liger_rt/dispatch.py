@@ -49,6 +49,7 @@ OP_MODULES = {
     "fused_linear_logprobs": "fused_linear_logprobs",
     "rope": "rope",
     "geglu": "geglu",
+    "geglu": "geglu",
 }
 ORIGINS = ("env", "pinned", "db", "crossover", "db-nearest", "stale", "online", "heuristic")
 
