@@ -49,7 +49,6 @@ OP_MODULES = {
     "fused_linear_logprobs": "fused_linear_logprobs",
     "rope": "rope",
     "geglu": "geglu",
-    "geglu": "geglu",
 }
 ORIGINS = ("env", "pinned", "db", "crossover", "db-nearest", "stale", "online", "heuristic")
 
