@@ -359,7 +359,8 @@ def test_missing_modeling_module_names_the_upgrade(monkeypatch):
     import dataclasses
     gone = dataclasses.replace(specs.SPECS["qwen3"], module="transformers.models.qwen3.modeling_qwen3_not_here")
     monkeypatch.setitem(specs.SPECS, "qwen3", gone)
-    with pytest.raises(ImportError, match=r"pip install -U transformers"):
+    # ImportError from the patch, or ValueError once the allowlist leaves such families out
+    with pytest.raises((ImportError, ValueError), match=r"pip install -U transformers"):
         liger_rt.patch("qwen3")
 
 

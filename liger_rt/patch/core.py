@@ -3,7 +3,8 @@
 Instance patching (``patch(model, **layers)``): every module of the loaded model whose class is a
 row of the family's spec gets ``module.forward = BoundForward(layer_forward, module)`` (a bound
 method that pickles, and whose signature is the host forward's); the instance attribute it
-replaced (usually none: the class forward) is remembered and ``unpatch`` deletes or restores it.  Parameters, buffers, ``state_dict()`` and ``print(model)`` are untouched.
+replaced (usually none: the class forward) is remembered and ``unpatch`` deletes or restores it.
+Parameters, buffers, ``state_dict()`` and ``print(model)`` are untouched.
 Experts switch through transformers' experts interface (``config._experts_implementation``,
 restored on unpatch).  A PEFT wrapper is unwrapped (``get_base_model()`` or
 ``base_model.model``); LoRA-wrapped projections keep working because the layer forwards call
