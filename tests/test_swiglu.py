@@ -169,6 +169,8 @@ def test_dispatch_heuristic_then_env(monkeypatch):
 def test_errors_and_fallbacks(monkeypatch):
     with pytest.raises(ValueError, match="same shape"):
         liger_rt.ops.swiglu(torch.randn(2, 8), torch.randn(2, 9))
+    with pytest.raises(ValueError, match="same shape"):   # no broadcasting on the fp64 path either
+        liger_rt.ops.swiglu(torch.randn(2, 8), torch.randn(1, 8, dtype=torch.float64))
     with pytest.raises(TypeError, match="accepted"):
         liger_rt.ops.swiglu(torch.ones(2, 8, dtype=torch.int32), torch.ones(2, 8, dtype=torch.int32))
     with pytest.raises(TypeError, match="accepted"):

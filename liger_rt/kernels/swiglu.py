@@ -153,6 +153,7 @@ def _fake(config, gate, up):
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up; gate, up (..., cols).  Dispatched per call."""
     if up.dtype not in DTYPES.values() and up.dtype.is_floating_point:   # the kernels compute in fp32
+        _dims(gate, up)                                                   # no broadcasting there either
         return OP.reference(gate, up)
     return OP(gate, up)
 
