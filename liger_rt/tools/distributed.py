@@ -60,3 +60,104 @@ def check_decisions_agree(group=None) -> list[str]:
             diffs.append(f"rank {r}: only on rank 0 {sorted(ref - other)[:3]}, only here {sorted(other - ref)[:3]}")
         raise RuntimeError("liger_rt decisions differ across ranks: " + "; ".join(diffs))
     return digests
+
+
+# -- wrapping --------------------------------------------------------------------------------------------
+
+WRAPPERS = ("ddp", "fsdp2")
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    """The model's decoder layers: the first ModuleList named ``layers`` (model.model.layers)."""
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] == "layers":
+            return module
+    raise ValueError(f"{type(model).__name__} has no ModuleList named 'layers' to shard")
+
+
+def wrap(model, how: str, *, device_type: str | None = None):
+    """`model` under DDP or FSDP2 over the default process group: ``ddp`` returns
+    DistributedDataParallel(model); ``fsdp2`` applies ``fully_shard`` to each decoder layer, then
+    to the root (in place, as torch recommends) and returns the model.  Patch before wrapping."""
+    import torch.distributed as dist
+    if how not in WRAPPERS:
+        raise ValueError(f"unknown wrapper {how!r}; valid: {', '.join(WRAPPERS)}")
+    device_type = device_type or next(model.parameters()).device.type
+    if how == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def unwrapped(model):
+    """The module inside DDP (FSDP2 wraps in place)."""
+    return getattr(model, "module", model) if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def full(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A sharded DTensor gathered whole (a collective: every rank calls it), else `t`."""
+    from torch.distributed.tensor import DTensor
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+# -- parity --------------------------------------------------------------------------------------------
+
+def train_step(model, inputs: dict, lr: float) -> dict[str, Any]:
+    """One training step as the parity tool runs it, without its label-free forwards: loss with
+    labels, backward, AdamW(lr).  Returns optimisation_loss, gradients, before, after."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    loss = model(**inputs).loss
+    loss.backward()
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    res = {"optimisation_loss": loss.detach().float(),
+           "gradients": {n: p.grad.detach().clone() for n, p in params if p.grad is not None},
+           "before": {n: p.detach().clone() for n, p in params}}
+    torch.optim.AdamW([p for _, p in params], lr=lr).step()
+    model.zero_grad(set_to_none=True)
+    res["after"] = {n: p.detach().clone() for n, p in params}
+    return res
+
+
+def compare_wrapped(base, new, inputs: dict | None = None, *, lr: float = 1e-3, seed: int = 0,
+                    all_rows: bool = True, tolerances: dict[str, float] | None = None) -> dict:
+    """`parity.compare` for a (baseline, patched) pair already wrapped by `wrap` (call on every rank,
+    same inputs on each: the averaged gradients are then those of one process).  all_rows=False
+    measures only the optimisation loss, gradients and AdamW update (one forward; `train_step`).
+    Returns the parity report ({"ok", "rows", "dtype", ...}); `parity.format_table` prints it."""
+    from liger_rt.patch import describe
+    from . import parity
+    inputs = inputs if inputs is not None else parity.make_inputs(unwrapped(base), seed=seed)
+    run = parity._run if all_rows else train_step
+    torch.manual_seed(seed)
+    rb = run(base, inputs, lr)
+    torch.manual_seed(seed)
+    rn = run(new, inputs, lr)
+    dtype = next(base.parameters()).dtype
+    tol = dict(parity.TOLERANCES.get(dtype, parity.TOLERANCES[torch.float32]))
+    tol.update(tolerances or {})
+
+    def update(res):
+        return lambda n: None if n not in res["after"] else full(res["after"][n]).float() - full(res["before"][n]).float()
+    rows: dict[str, dict] = {}
+    for name in parity.ROWS:     # the same order on every rank: `full` is a collective
+        if name == "gradients":
+            row = parity._tensor_row(rb["gradients"], lambda n: full(rb["gradients"][n]),
+                                     lambda n: full(rn["gradients"].get(n)))
+        elif name == "adamw_update":
+            row = parity._tensor_row(rb["after"], update(rb), update(rn))
+        elif name in rb:
+            row = parity._stats(rn[name] - rb[name], rb[name])
+        else:
+            continue
+        gate = parity.GATE_STAT[name]
+        row.update(tolerance=tol[name], gate=gate, ok=bool(row[gate] <= tol[name]))
+        rows[name] = row
+    return {"ok": all(r["ok"] for r in rows.values()), "dtype": str(dtype).replace("torch.", ""),
+            "device": str(next(base.parameters()).device), "lr": lr, "rows": rows,
+            "patched": describe(unwrapped(new)), "model_class": type(unwrapped(new)).__name__}
