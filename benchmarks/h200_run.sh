@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What we run on the H200 (the device tool here): stages by name, each under its own time limit.
 #   bash benchmarks/h200_run.sh gputests norms lfm2 losses moe host sweep parity model
+#   bash benchmarks/h200_run.sh multigpu          (on nvidia-h200-x2: issue 21, benchmarks/multi_gpu.py)
 # A stage's extra arguments come from NORMS_ARGS, LFM2_ARGS, ... (e.g. MOE_ARGS="--where experts=32").
 # Results: benchmarks/results/*.csv in the tree, everything packed into $OUT/results.tgz, and the
 # whole log in $OUT/log.txt. The GPU image lacks sqlite-utils: the wheels in .whl/ are installed
@@ -57,6 +58,15 @@ for s in "$@"; do
     parity)   stage parity 300 python3 -m liger_rt.tools.cli parity --model qwen3 --preset qwen3-4b --dtype bf16 --device cuda ;;
     model)    stage model ${MODEL_S:-540} $B model --target ${MODEL_TARGET:-all} $Q ${MODEL_ARGS:-} ;;
     regs)     stage regs 120 python3 benchmarks/profile_regs.py ;;
+    multigpu) # issue 21 items 1-3 on nvidia-h200-x2 (benchmarks/multi_gpu.py); MULTIGPU_PARTS picks parts, MULTIGPU_ARGS adds args
+              export NCCL_NVLS_ENABLE=0
+              for p in ${MULTIGPU_PARTS:-parity throughput consistency}; do
+                stage mg_$p ${MULTIGPU_S:-360} python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/multi_gpu.py --part $p ${MULTIGPU_ARGS:-}
+              done ;;
+    mgsweep)  # TODO(issue 21 item 4): needs the sharded sweep of issue 20 item 5 (ranks split the plan, rank 0 writes one DB),
+              # not in liger_rt.tools.cli yet: until it lands every rank sweeps the whole plan. Then compare with `sweep` above.
+              export NCCL_NVLS_ENABLE=0
+              stage mg_sweep ${SWEEP_S:-420} python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m liger_rt.tools.cli sweep --arch hopper ${SWEEP_ARGS:---quick} ;;
     *) echo "unknown stage $s" | tee -a "$LOG" ;;
   esac
 done
