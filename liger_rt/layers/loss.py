@@ -78,14 +78,35 @@ def causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ign
 
 
 def fused_causal_lm_loss(hidden: torch.Tensor, lm_head: torch.nn.Linear, labels, num_items_in_batch=None,
-                         ignore_index: int = -100, shift_labels=None, **kwargs) -> torch.Tensor:
-    """The causal-LM loss from final hidden states (..., H) without materialising logits."""
+                         ignore_index: int = -100, shift_labels=None, softcap: float | None = None,
+                         logits_scaling: float | None = None, **kwargs) -> torch.Tensor:
+    """The causal-LM loss from final hidden states (..., H) without materialising logits; the
+    logits it stands for are lm_head(hidden) / logits_scaling, then softcap * tanh(. / softcap)."""
     target = _shifted_targets(labels, shift_labels, ignore_index).to(hidden.device)
     x = hidden.reshape(-1, hidden.shape[-1])
+    if logits_scaling is not None:      # (x / s) W^T = (x W^T) / s: a bias-free head only (head_transform)
+        x = x / logits_scaling
     reduction = "sum" if num_items_in_batch is not None else "mean"
     loss = ops.fused_linear_cross_entropy(x, lm_head.weight, target, lm_head.bias,
-                                          ignore_index=ignore_index, reduction=reduction)
+                                          ignore_index=ignore_index, reduction=reduction, softcap=softcap)
     return _reduce(loss.float(), num_items_in_batch)
+
+
+def head_transform(config, lm_head) -> dict | None:
+    """What the host causal LM does to lm_head's output before its loss, as fused_causal_lm_loss
+    arguments: Gemma 2/3's ``final_logit_softcapping`` (softcap * tanh(logits / softcap)) and
+    Granite's ``logits_scaling`` (logits / s); {} for a plain head, None when a scaled head has a
+    bias (the host's logits are not (x / s) W^T + b then: the host forward runs)."""
+    out = {}
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap is not None:
+        out["softcap"] = float(cap)
+    scale = getattr(config, "logits_scaling", None)
+    if scale is not None and float(scale) != 1.0:
+        if lm_head.bias is not None:
+            return None
+        out["logits_scaling"] = float(scale)
+    return out
 
 
 # -- the forward ------------------------------------------------------------------------------------
@@ -164,6 +185,8 @@ def _fused_plan(self, opts, args, kwargs, return_logits):
         return None
     if getattr(self, "model", None) is None or not _default_loss(self):
         return None
+    if head_transform(self.config, head) is None:
+        return None
     return arguments, extra
 
 
@@ -183,7 +206,7 @@ def causal_lm_forward(self, *args, return_logits: bool | None = None, **kwargs):
     arguments.pop("logits_to_keep", None)
     outputs = self.model(**arguments, **extra)
     hidden = outputs[0]
-    loss = fused_causal_lm_loss(hidden, self.lm_head, labels, **extra)
+    loss = fused_causal_lm_loss(hidden, self.lm_head, labels, **head_transform(self.config, self.lm_head), **extra)
 
     out_cls, fields = opts.output_class, set(opts.output_fields)
     values = {}

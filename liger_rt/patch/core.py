@@ -53,21 +53,15 @@ class PatchWarning(UserWarning):
 # -- flags, specs, classes -----------------------------------------------------------------------------
 
 def supported_models() -> list[str]:
-    """The validated allowlist (qwen3_moe only once its experts implementation is present)."""
-    from ..layers.moe import experts_interface_missing
-    out = list(specs.ALLOWLIST)
-    if experts_interface_missing() is None:
-        out += list(specs.NEEDS_EXPERTS)
-    return out
+    """The validated allowlist, less the families this checkout or transformers cannot patch
+    (specs.unavailable: no liger_rt experts implementation, no modeling module)."""
+    return [m for m in specs.ALLOWLIST if specs.unavailable(m) is None]
 
 
 def _spec(model_type: str) -> specs.ModelSpec:
     allowed = supported_models()
     if model_type not in allowed:
-        why = ""
-        if model_type in specs.NEEDS_EXPERTS:
-            why = (f" ({model_type} is validated with liger_rt experts, and "
-                   f"liger_rt.layers.moe_experts_interface is not in this checkout)")
+        why = f" ({specs.unavailable(model_type)})" if specs.unavailable(model_type) else ""
         raise ValueError(f"liger_rt.patch does not support model type {model_type!r}{why}; "
                          f"supported: {', '.join(allowed)}")
     return specs.SPECS[model_type]

@@ -90,6 +90,31 @@ ROPE = Layer("rope", _L + "rope:apply_rotary_pos_emb", op="rope")
 VISION_LAYER_NORM = Layer("layer_norm", _L + "norms:layer_norm_forward", op="layer_norm", within="vision_tower",
                           class_level=False)
 
+# families whose modules differ from Llama's in one detail (layers/families.py, layers/geglu.py)
+OFFSET_RMS_NORM = Layer("rms_norm", _L + "families:offset_rms_norm_forward", op="rms_norm")      # (1 + w)
+RMS_NORM_AS_INPUT = Layer("rms_norm", _L + "families:rms_norm_as_input_forward", op="rms_norm")  # OLMo-2
+GATE_UP_SWIGLU = Layer("swiglu", _L + "families:gate_up_swiglu_forward", op="swiglu",            # fused gate_up_proj
+                       applies=_L + "families:silu_gate_up")
+GEGLU = Layer("geglu", _L + "geglu:geglu_forward", op="geglu", applies=_L + "geglu:gelu_tanh_gated")
+ROPE_AS_INPUT = Layer("rope", _L + "families:apply_rotary_pos_emb_as_input", op="rope")         # OLMo-2's casts
+
+
+def _llama_like(model_type: str, prefix: str, rope: Layer | None = ROPE, norm: Layer = RMS_NORM,
+                mlp: Layer | None = SWIGLU, experts: bool = False, module: str = "") -> ModelSpec:
+    """A decoder family shaped like Llama: rows <prefix>RMSNorm, [<prefix>MLP], [<prefix>Experts], the
+    causal LM <prefix>ForCausalLM, [apply_rotary_pos_emb]; its layer flags on by default."""
+    layers = {f"{prefix}RMSNorm": norm}
+    if mlp is not None:
+        layers[f"{prefix}MLP"] = mlp
+    if experts:
+        layers[f"{prefix}Experts"] = MOE_EXPERTS
+    return ModelSpec(model_type, layers, causal_lm=(prefix + "ForCausalLM",), defaults={row.flag for row in layers.values()},
+                     functions={"apply_rotary_pos_emb": rope} if rope else {}, module=module)
+
+
+_GEMMA3 = "transformers.models.gemma3.modeling_gemma3"
+_QWEN3_5_MOE = "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe"
+
 SPECS: dict[str, ModelSpec] = {s.model_type: s for s in [
     ModelSpec("qwen3", {"Qwen3RMSNorm": RMS_NORM, "Qwen3MLP": SWIGLU},
               causal_lm=("Qwen3ForCausalLM",), defaults={"rms_norm", "swiglu"},
@@ -112,11 +137,63 @@ SPECS: dict[str, ModelSpec] = {s.model_type: s for s in [
     # is faster at hidden 1152, NOTES.md)
     ModelSpec("lfm2_vl", {"torch.nn:LayerNorm": VISION_LAYER_NORM}, includes=("lfm2",),
               causal_lm=("Lfm2VlForConditionalGeneration",), defaults={"rms_norm", "swiglu", "short_conv"}),
+    # Llama-shaped decoders (HF modeling code read for each: norm casting and offset, MLP layout and
+    # activation, what the causal LM does to its logits: layers/loss.py head_transform)
+    _llama_like("qwen2", "Qwen2"),                                    # Qwen2 / Qwen2.5 (q/k/v biases: attention, untouched)
+    _llama_like("qwen2_moe", "Qwen2Moe", experts=True),               # MLP rows: the shared expert and dense layers
+    _llama_like("mistral", "Mistral"),
+    _llama_like("mixtral", "Mixtral", mlp=None, experts=True),       # experts only, no dense MLP class
+    _llama_like("gemma", "Gemma", norm=OFFSET_RMS_NORM, mlp=GEGLU),
+    _llama_like("gemma2", "Gemma2", norm=OFFSET_RMS_NORM, mlp=GEGLU),  # post-norms too; final logit softcapping
+    _llama_like("gemma3_text", "Gemma3", norm=OFFSET_RMS_NORM, mlp=GEGLU, module=_GEMMA3),   # q/k norms too
+    _llama_like("phi3", "Phi3", rope=None, mlp=GATE_UP_SWIGLU),       # rope: partial rotary (rotary_dim < head_dim)
+    _llama_like("olmo2", "Olmo2", rope=ROPE_AS_INPUT, norm=RMS_NORM_AS_INPUT),   # post-norms, q/k norms
+    _llama_like("granite", "Granite"),                                # logits / logits_scaling
+    _llama_like("glm4", "Glm4", rope=None, mlp=GATE_UP_SWIGLU),       # rope: interleaved and partial
+    _llama_like("smollm3", "SmolLM3"),                                # NoPE layers skip rope inside attention
+    # Qwen3.5-MoE's text model (what AutoModelForCausalLM builds, config.model_type qwen3_5_moe_text):
+    # (1 + w) norms; gated-delta-net layers and their gated norm, partial rope stay with the host
+    _llama_like("qwen3_5_moe_text", "Qwen3_5Moe", rope=None, norm=OFFSET_RMS_NORM, experts=True,
+                module=_QWEN3_5_MOE),
 ]}
 
-# validated families; qwen3_moe joins once its experts implementation is in the checkout
-ALLOWLIST = ("qwen3", "llama", "lfm2", "lfm2_moe", "lfm2_vl")
-NEEDS_EXPERTS = ("qwen3_moe",)
+# validated families (each has a tiny preset and a CPU parity test), in the order supported_models()
+# lists them; those needing liger_rt experts join only once the experts interface is in the checkout,
+# and a family joins only where this transformers has its modeling module (unavailable() says why not)
+ALLOWLIST = ("qwen3", "llama", "lfm2", "lfm2_moe", "lfm2_vl", "qwen3_moe", "qwen2", "qwen2_moe", "mistral",
+             "mixtral", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "granite", "glm4", "smollm3",
+             "qwen3_5_moe_text")
+NEEDS_EXPERTS = ("qwen3_moe", "qwen2_moe", "mixtral", "qwen3_5_moe_text")
+
+
+# multimodal model types whose text model is validated (its config.model_type differs)
+TEXT_MODEL = {"gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
+              "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM, what AutoModelForCausalLM builds")}
+
+
+def unavailable(model_type: str) -> str | None:
+    """Why a model type cannot be patched in this checkout and transformers (None: it can, or it is
+    simply not in the allowlist)."""
+    import importlib.util
+    if model_type in TEXT_MODEL:
+        text, cls = TEXT_MODEL[model_type]
+        return f"its multimodal model is not validated; its text model is: {cls}, model type {text}"
+    if model_type not in ALLOWLIST:
+        return None
+    if model_type in NEEDS_EXPERTS:
+        from ..layers.moe import experts_interface_missing
+        why = experts_interface_missing()
+        if why is not None:
+            return f"{model_type} is validated with liger_rt experts, and {why}"
+    for module in {SPECS[m].module for m in (model_type, *SPECS[model_type].includes)}:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            import transformers
+            return f"transformers {transformers.__version__} has no {module}; pip install -U transformers"
+    return None
 
 
 def rows(spec: ModelSpec) -> list[tuple[str, str, Layer]]:

@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
+from .family_configs import FAMILIES, config_kwargs
 from .presets import Preset, get_preset
 
-MODEL_TYPES = ("qwen3", "llama", "qwen3_moe", "lfm2", "lfm2_moe", "lfm2_vl")
+MODEL_TYPES = ("qwen3", "llama", "qwen3_moe", "lfm2", "lfm2_moe", "lfm2_vl", *FAMILIES)
 
 
 def _resolve(preset: str | Preset) -> Preset:
@@ -50,6 +51,8 @@ def _text_kwargs(p: Preset) -> dict[str, Any]:
     if p.model_type == "lfm2_moe":
         common.update(num_experts=p.experts, num_experts_per_tok=p.top_k, moe_intermediate_size=p.moe_intermediate,
                       num_dense_layers=p.dense_layers, use_expert_bias=True, norm_topk_prob=True)
+    if p.model_type in FAMILIES:
+        common.update(config_kwargs(p))
     return common
 
 
@@ -111,11 +114,14 @@ def build_model(preset: str | Preset, dtype: torch.dtype = torch.float32, device
 
     Weights are initialised in fp32 on `device` under ``torch.manual_seed(seed)`` and then cast to
     `dtype`, so the same seed gives the same weights for any dtype.  The model is in train mode.
+    Attention is `attn_implementation`, or eager for a model class without SDPA (Gemma 2).
     """
     p = _resolve(preset)
     config = build_config(p, **config_overrides)
-    config._attn_implementation = attn_implementation
     cls = model_class(p.model_type)
+    if attn_implementation == "sdpa" and not getattr(cls, "_supports_sdpa", True):
+        attn_implementation = "eager"       # Gemma 2: SDPA has no attention-logit softcapping
+    config._attn_implementation = attn_implementation
     torch.manual_seed(seed)
     with _default_device(device):
         model = cls._from_config(config, dtype=torch.float32) if hasattr(cls, "_from_config") else cls(config)
