@@ -232,8 +232,9 @@ def part_throughput(r: Run) -> None:
                 row[k] = max(vals) if vals else None
             summary.append(row)
         b, p = (next(s for s in summary if s["rank"] == rank and s["arm"] == arm) for arm in ("baseline", "patched"))
-        mem = (f", peak alloc {b['peak_alloc_GB']:.2f} -> {p['peak_alloc_GB']:.2f} GB"
-               f", reserved {b['peak_reserved_GB']:.2f} -> {p['peak_reserved_GB']:.2f} GB" if b["peak_alloc_GB"] else "")
+        mem = "" if b["peak_alloc_GB"] is None else (
+            f", peak alloc {b['peak_alloc_GB']:.2f} -> {p['peak_alloc_GB']:.2f} GB"
+            f", reserved {b['peak_reserved_GB']:.2f} -> {p['peak_reserved_GB']:.2f} GB")
         r.log(f"rank {rank}: baseline {b['tok_per_s']:.0f} tok/s, patched {p['tok_per_s']:.0f} tok/s "
               f"({p['tok_per_s'] / b['tok_per_s']:.3f}x){mem}")
     # the same weights and batches: only kernel rounding separates the arms' loss curves
@@ -242,7 +243,8 @@ def part_throughput(r: Run) -> None:
         curves = [x["losses"] for x in runs if x["rank"] == rank]
         worst = max(worst, max(abs(u - v) for c in curves[1:] for u, v in zip(curves[0], c)) / abs(curves[0][0]))
     tol = LOSS_RTOL[r.args.dtype]
-    r.log(f"loss curves: max |diff| / first loss {worst:.2e} ({'overlap' if worst <= tol else 'DIVERGE'}, gate {tol:.0e})")
+    verdict = "overlap" if worst <= tol else "DIVERGE"
+    r.log(f"loss curves: max |diff| / first loss {worst:.2e} ({verdict}, gate {tol:.0e})")
     if worst > tol:
         r.failed.append(f"throughput loss curves diverge ({worst:.2e})")
     r.write_csv("throughput", [{k: v for k, v in x.items() if k != "losses"} for x in runs] + summary)
@@ -291,7 +293,7 @@ def part_consistency(r: Run) -> None:
         mine = {"rank": r.rank, "tuned": len(tuned), "tuned_unique": len(set(tuned)),
                 "tuned_in_step2": per_step[1][0] - per_step[0][0], "decisions": len(decisions()),
                 "new_decisions_in_step2": per_step[1][1] - per_step[0][1],
-                "online": sum(1 for op in dispatch._REGISTRY.values() for d in op._memo.values() if d.origin == "online"),
+                "online": sum(d.origin == "online" for op in dispatch._REGISTRY.values() for d in op._memo.values()),
                 "step1_s": per_step[0][2], "step2_s": per_step[1][2], "agree": int(agree)}
         rows = r.gather(mine)
         from liger_rt.tools.distributed import decisions_digest
@@ -300,7 +302,8 @@ def part_consistency(r: Run) -> None:
         if r.rank == 0:
             for op in dispatch._REGISTRY.values():
                 for d in op._memo.values():
-                    r.log(f"  {d.op} {dict(d.dims)} {d.dtype} -> {d.impl} {json.dumps(d.to_dict()['config'])} ({d.origin})")
+                    config = json.dumps(d.to_dict()["config"])
+                    r.log(f"  {d.op} {dict(d.dims)} {d.dtype} -> {d.impl} {config} ({d.origin})")
             from liger_rt.tuning_db import open_store
             store = open_store(db)
             db_rows = store.all_rows("tuning")

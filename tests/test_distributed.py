@@ -140,7 +140,8 @@ def test_rank0_tunes_once_and_every_rank_decides_alike(run):
     assert any(d["origin"] == "db-nearest" for d in r1["decisions"])
     from liger_rt.tuning_db import open_store
     rows = open_store(tmp / "empty" / "tuning.db").all_rows("tuning")
-    assert {r["origin"] for r in rows} == {"online"} and len({(r["op"], r["static_key"], r["bucket"]) for r in rows}) == len(keys)
+    assert {r["origin"] for r in rows} == {"online"}
+    assert len({(r["op"], r["static_key"], r["bucket"]) for r in rows}) == len(keys)
 
 
 # -- the digest itself (one process) -------------------------------------------------------------------

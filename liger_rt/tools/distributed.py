@@ -4,12 +4,16 @@
     model = wrap(liger_rt.patch(build_model("qwen3-tiny")), "fsdp2")   # or "ddp"
     ...train...
     decisions_digest()            # sha256 of every memoised decision (op, dims, dtype, impl, config)
-    check_decisions_agree()       # all-gathers the digests; raises if any rank decided differently
+    check_decisions_agree()       # all-gathers the decisions; raises naming those that differ
 
 `compare_wrapped(baseline, patched, inputs)` is `liger_rt.tools.parity.compare` for models wrapped
 in DDP or FSDP2 (``torch.distributed.fsdp.fully_shard``): every rank runs the same input through
 both, sharded gradients and parameters are gathered whole (``DTensor.full_tensor``), and the rows
 are gated by the parity tool's table (``parity.TOLERANCES``).
+
+With LIGER_RT_AUTOTUNE=1 rank 0 tunes a DB miss and broadcasts the winner (autotune.tune_online);
+every rank must then read one DB file (LIGER_RT_TUNING_DB on a filesystem all ranks share), or a
+later lookup can hit on one rank and miss on another.  `check_decisions_agree` is the check.
 """
 from __future__ import annotations
 
@@ -96,7 +100,7 @@ def wrap(model, how: str, *, device_type: str | None = None):
 
 def unwrapped(model):
     """The module inside DDP (FSDP2 wraps in place)."""
-    return getattr(model, "module", model) if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
 def full(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -143,7 +147,9 @@ def compare_wrapped(base, new, inputs: dict | None = None, *, lr: float = 1e-3, 
     tol.update(tolerances or {})
 
     def update(res):
-        return lambda n: None if n not in res["after"] else full(res["after"][n]).float() - full(res["before"][n]).float()
+        def delta(n):
+            return None if n not in res["after"] else full(res["after"][n]).float() - full(res["before"][n]).float()
+        return delta
     rows: dict[str, dict] = {}
     for name in parity.ROWS:     # the same order on every rank: `full` is a collective
         if name == "gradients":
