@@ -5,8 +5,10 @@
 
 Each family maps the Preset's structural fields (head_dim, experts, top_k, expert and shared-expert
 widths, which layers are full attention) onto its config's own names; ``Preset.config`` (softcapping,
-multipliers, tied head...) is applied last and wins.  Keyword names exist in transformers 5.17 and
-5.24.  The common ones (vocab, hidden, intermediate, layers, heads) come from tools/models.py.
+multipliers, tied head...) is applied last and wins.  Keyword names checked against transformers
+5.24 (CI: tests/test_families.py builds every preset, the released ones to their parameter counts);
+a config takes unknown keywords as plain attributes, so a renamed one would show there, not raise.
+The common ones (vocab, hidden, intermediate, layers, heads) come from tools/models.py.
 """
 from __future__ import annotations
 
