@@ -118,7 +118,8 @@ def test_tiny_presets_are_tiny_and_build(model_type):
 # parameters of the released models (model cards), within 3% (vision towers left out)
 RELEASED = {"qwen2.5-7b": 7.62e9, "mistral-7b": 7.25e9, "mixtral-8x7b": 46.7e9, "gemma-2b": 2.51e9,
             "gemma2-2b": 2.61e9, "gemma3-4b": 3.88e9, "phi3-mini": 3.82e9, "olmo2-7b": 7.30e9,
-            "granite-3.3-2b": 2.53e9, "glm4-9b": 9.40e9, "smollm3-3b": 3.08e9, "qwen1.5-moe-a2.7b": 14.3e9}
+            "granite-3.3-2b": 2.53e9, "glm4-9b": 9.40e9, "smollm3-3b": 3.08e9, "qwen1.5-moe-a2.7b": 14.3e9,
+            "qwen3.5-35b-a3b": 35e9}
 
 
 @pytest.mark.parametrize("name", sorted(RELEASED))
