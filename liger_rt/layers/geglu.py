@@ -30,7 +30,8 @@ def is_tanh_gelu(act) -> bool:
 def gelu_tanh_gated(module) -> str | None:
     """None when the MLP has gate/up/down projections and a tanh-approximate GELU (so GeGLU computes
     what it computes), else why not."""
-    gone = [n for n in ("gate_proj", "up_proj", "down_proj") if not isinstance(getattr(module, n, None), torch.nn.Module)]
+    gone = [n for n in ("gate_proj", "up_proj", "down_proj")
+            if not isinstance(getattr(module, n, None), torch.nn.Module)]
     if gone:
         return f"no {', '.join(gone)} submodule(s) in this transformers' {type(module).__name__}"
     act = getattr(module, "act_fn", None)

@@ -108,7 +108,8 @@ def _llama_like(model_type: str, prefix: str, rope: Layer | None = ROPE, norm: L
         layers[f"{prefix}MLP"] = mlp
     if experts:
         layers[f"{prefix}Experts"] = MOE_EXPERTS
-    return ModelSpec(model_type, layers, causal_lm=(prefix + "ForCausalLM",), defaults={row.flag for row in layers.values()},
+    return ModelSpec(model_type, layers, causal_lm=(prefix + "ForCausalLM",),
+                     defaults={row.flag for row in layers.values()},
                      functions={"apply_rotary_pos_emb": rope} if rope else {}, module=module)
 
 
@@ -139,7 +140,7 @@ SPECS: dict[str, ModelSpec] = {s.model_type: s for s in [
               causal_lm=("Lfm2VlForConditionalGeneration",), defaults={"rms_norm", "swiglu", "short_conv"}),
     # Llama-shaped decoders (HF modeling code read for each: norm casting and offset, MLP layout and
     # activation, what the causal LM does to its logits: layers/loss.py head_transform)
-    _llama_like("qwen2", "Qwen2"),                                    # Qwen2 / Qwen2.5 (q/k/v biases: attention, untouched)
+    _llama_like("qwen2", "Qwen2"),                                    # Qwen2 / Qwen2.5 (q/k/v biases: attention)
     _llama_like("qwen2_moe", "Qwen2Moe", experts=True),               # MLP rows: the shared expert and dense layers
     _llama_like("mistral", "Mistral"),
     _llama_like("mixtral", "Mixtral", mlp=None, experts=True),       # experts only, no dense MLP class
