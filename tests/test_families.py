@@ -49,15 +49,6 @@ def _no_class_patches():
     assert not _swaps.LEDGER
 
 
-def _all_flags(model_type):
-    """Every layer flag of the family, rope where it has a rope row, and the fused loss."""
-    spec = specs.SPECS[model_type]
-    flags = {flag: True for flag in spec.defaults}
-    if specs.function_rows(spec):
-        flags["rope"] = True
-    return {**flags, "fused_linear_cross_entropy": True}
-
-
 def _tiny(model_type):
     return lambda: build_model(get_preset("tiny", model_type))
 
@@ -225,7 +216,7 @@ def test_experts_run_through_the_interface_registration(model_type, level, monke
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_parity_cpu_fp32_interpreter(model_type):
     """Every flag of the family on, the Triton kernels through the interpreter, the parity gates."""
-    flags = _all_flags(model_type)
+    flags = specs.parity_flags(model_type)
     report = P.compare(_tiny(model_type), patch=flags)
     assert report["ok"], P.format_table(report)
     patched = report["patched"]["patched"]

@@ -224,3 +224,13 @@ def flags(spec: ModelSpec) -> tuple[str, ...]:
         if layer.flag not in seen:
             seen.append(layer.flag)
     return (*seen, *COMMON_FLAGS)
+
+
+def parity_flags(model_type: str) -> dict[str, bool]:
+    """The flags a family's parity gates run with: its defaults, rope where it has a rope row, and
+    the fused loss (tests/test_families.py on CPU, tests/gpu/test_families_gpu.py on the H200)."""
+    spec = SPECS[model_type]
+    out = {flag: True for flag in sorted(spec.defaults)}
+    if any(row.flag == "rope" for _, _, row in function_rows(spec)):
+        out["rope"] = True
+    return {**out, "fused_linear_cross_entropy": True}

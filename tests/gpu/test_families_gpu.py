@@ -39,14 +39,6 @@ def _free():
     torch.cuda.empty_cache()
 
 
-def _flags(model_type):
-    spec = specs.SPECS[model_type]
-    flags = {flag: True for flag in spec.defaults}
-    if specs.function_rows(spec):
-        flags["rope"] = True
-    return {**flags, "fused_linear_cross_entropy": True}
-
-
 def _short(name, layers):
     p = get_preset(name)
     attn = tuple(i for i in p.attention_layers if i < layers) or ((layers - 1,) if p.attention_layers else ())
@@ -60,11 +52,11 @@ def _parity(preset):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", core.PatchWarning)
         report = compare(lambda: build_model(preset, dtype=torch.bfloat16, device="cuda"),
-                         patch=_flags(preset.model_type))
+                         patch=specs.parity_flags(preset.model_type))
     print(preset.name, report["patched"]["patched"])
     print(format_table(report))
     assert report["ok"], format_table(report)
-    assert set(report["patched"]["patched"]) == set(_flags(preset.model_type))
+    assert set(report["patched"]["patched"]) == set(specs.parity_flags(preset.model_type))
     chosen = {d.op: d.impl for op in KERNELS if op in dispatch.OP_MODULES
               for d in dispatch.get_op(op)._memo.values() if d.dtype == "bf16"}
     assert all(chosen[op] == KERNELS[op] for op in chosen), chosen
