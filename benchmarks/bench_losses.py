@@ -1,4 +1,6 @@
 """Fused linear cross-entropy and cross-entropy: `liger-tune bench kernels --op losses [ARGS]` (liger_rt/tools/bench/losses.py)."""
-from liger_rt.tools.bench import losses
+import sys
 
-losses.main()
+from liger_rt.tools.bench import bench
+
+bench.main(["kernels", "--op", "losses", *sys.argv[1:]], prog_name="liger-tune bench")

@@ -1,4 +1,6 @@
 """RMSNorm, SwiGLU and LayerNorm against eager, torch.compile and Liger-Kernel: `liger-tune bench kernels --op norms [ARGS]` (liger_rt/tools/bench/norms.py)."""
-from liger_rt.tools.bench import norms
+import sys
 
-norms.main()
+from liger_rt.tools.bench import bench
+
+bench.main(["kernels", "--op", "norms", *sys.argv[1:]], prog_name="liger-tune bench")

@@ -1,4 +1,6 @@
 """Per-call cost of a memo-hit dispatch decision (CPU): `liger-tune bench dispatch [--calls N]`."""
-from liger_rt.tools.bench.harness import script
+import sys
 
-script(["dispatch"])
+from liger_rt.tools.bench import bench
+
+bench.main(["dispatch", *sys.argv[1:]], prog_name="liger-tune bench")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What we run on the H200 (the device tool here): stages by name, each under its own time limit.
 #   bash benchmarks/h200_run.sh gputests norms lfm2 losses moe host sweep parity model
+#   bash benchmarks/h200_run.sh logprobs famparity fammodel      (issues 16, 17)
 #   bash benchmarks/h200_run.sh multigpu          (on nvidia-h200-x2: issue 21, benchmarks/multi_gpu.py)
 # A stage's extra arguments come from NORMS_ARGS, LFM2_ARGS, ... (e.g. MOE_ARGS="--where experts=32").
 # Results: benchmarks/results/*.csv in the tree, everything packed into $OUT/results.tgz, and the
@@ -58,6 +59,18 @@ for s in "$@"; do
     parity)   stage parity 300 python3 -m liger_rt.tools.cli parity --model qwen3 --preset qwen3-4b --dtype bf16 --device cuda ;;
     model)    stage model ${MODEL_S:-540} $B model --target ${MODEL_TARGET:-all} $Q ${MODEL_ARGS:-} ;;
     regs)     stage regs 120 python3 benchmarks/profile_regs.py ;;
+    logprobs) stage logprobs ${LOGPROBS_S:-300} python3 -m liger_rt.tools.bench.logprobs $Q ${LOGPROBS_ARGS:-} ;;
+    famparity)  # issue 17: the new families' bf16 parity at real (or H200-cut) sizes, every flag that has a row
+              for mp in gemma3_text:gemma3-4b mistral:mistral-7b-16L mixtral:mixtral-8x7b-2L qwen2:qwen2.5-7b-14L; do
+                stage parity_${mp%%:*} ${FAMPARITY_S:-150} python3 -m liger_rt.tools.cli parity --model ${mp%%:*} \
+                  --preset ${mp#*:} --dtype bf16 --device cuda --flags rope=1,fused_linear_cross_entropy=1 --json
+              done ;;
+    fammodel)   # issue 17: training steps of the new families (baseline, patched, patched, baseline)
+              for mpb in gemma3_text:gemma3-4b:2 mistral:mistral-7b-16L:4 mixtral:mixtral-8x7b-2L:4 qwen2:qwen2.5-7b-14L:2; do
+                m=${mpb%%:*}; r=${mpb#*:}; p=${r%%:*}; b=${r#*:}
+                stage model_$p ${FAMMODEL_S:-150} $B model --model $m --preset $p --batch $b --seq 2048 --dtype bf16 \
+                  --device cuda --csv benchmarks/results/model_${p}_h200.csv ${FAMMODEL_ARGS:-}
+              done ;;
     multigpu) # issue 21 items 1-3 on nvidia-h200-x2 (benchmarks/multi_gpu.py); MULTIGPU_PARTS picks parts, MULTIGPU_ARGS adds args
               export NCCL_NVLS_ENABLE=0
               for p in ${MULTIGPU_PARTS:-parity throughput consistency}; do

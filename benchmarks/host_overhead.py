@@ -1,4 +1,6 @@
 """Host microseconds per layer of a norm call (GPU): `liger-tune bench host [ARGS]` (liger_rt/tools/bench/host_overhead.py)."""
-from liger_rt.tools.bench import host_overhead
+import sys
 
-host_overhead.main()
+from liger_rt.tools.bench import bench
+
+bench.main(["host", *sys.argv[1:]], prog_name="liger-tune bench")

@@ -54,7 +54,7 @@ def regs(hidden_sizes=(1152, 2048, 4096, 8192), swiglu_cols=(8192, 12288)) -> li
     for op, mod in (("rms_norm", rn), ("layer_norm", ln)):
         for n in hidden_sizes:
             e = triton.next_power_of_2(n)
-            for cfg in mod.OP.candidates(mod.OP.impl("triton"), arch, {"rows": 16384, "hidden": n}, torch.bfloat16):
+            for cfg in mod.OP.candidates_for(mod.OP.impl("triton"), arch, {"rows": 16384, "hidden": n}, torch.bfloat16):
                 bwd = {"BLOCK_N": e, "PREFETCH": bool(cfg["bwd_prefetch"]), "RNE_BF16": False}
                 if op == "rms_norm":
                     fr = build(rn._rms_norm_fwd_kernel, {"X": t, "W": t, "Y": t, "RSTD": f32, "stride_x": "i32",
@@ -74,7 +74,7 @@ def regs(hidden_sizes=(1152, 2048, 4096, 8192), swiglu_cols=(8192, 12288)) -> li
                 rows.append({"op": op, "N": n, "config": str(cfg), **{f"fwd_{k}": v for k, v in fr.items()},
                              **{f"bwd_{k}": v for k, v in br.items()}})
     for n in swiglu_cols:
-        for cfg in sw.OP.candidates(sw.OP.impl("triton"), arch, {"rows": 16384, "cols": n}, torch.bfloat16):
+        for cfg in sw.OP.candidates_for(sw.OP.impl("triton"), arch, {"rows": 16384, "cols": n}, torch.bfloat16):
             c = {"BLOCK_N": cfg["BLOCK_N"], "ROWS": cfg["ROWS"], "RNE_BF16": False}
             fr = build(sw._swiglu_fwd_kernel, {"G": t, "U": t, "Y": t, "stride_g": "i32", "stride_u": "i32",
                        "stride_y": "i32", "M": "i32", "N": "i32"}, c, cfg["num_warps"], n)

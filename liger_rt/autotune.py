@@ -55,6 +55,13 @@ def graph_ms(fn: Callable[[], object], *, rep_ms: float = 30.0, replays: int = 1
         b.record()
     torch.cuda.synchronize()
     reps = int(min(200, max(3, rep_ms / max(a.elapsed_time(b), 1e-3))))
+    # a one-call probe first: a failed capture keeps its private pool, so an uncapturable candidate
+    # (a host sync, e.g. the eager MoE loop) must fail here holding one call's memory, not `reps`
+    # calls' (the H200 sweep of session 3 held 138 GB after four MoE cases and went OOM)
+    probe = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(probe, stream=s):
+        fn()
+    del probe
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=s):
         for _ in range(reps):
@@ -150,10 +157,8 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def candidates(op, impl, arch, dims: dict, dtype: torch.dtype) -> list:
-    """The configs a sweep measures for `impl` (the op spec's, or a legacy op's per-impl list)."""
-    if hasattr(op, "candidates_for"):
-        return op.candidates_for(impl, arch, dims, dtype)
-    return op.candidates(impl, arch, dims, dtype)
+    """The configs a sweep measures for `impl`, pruned to what the arch runs."""
+    return op.candidates_for(impl, arch, dims, dtype)
 
 
 def unavailable(op, target, dims: dict, dtype: torch.dtype) -> dict[str, str]:
@@ -177,8 +182,8 @@ def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag
     if case is None:
         case = op.new_case(dims, dtype, device, tag)
     names = impls or op.available_impls(target, dims, dtype)
-    if "torch" not in names:
-        names = ["torch", *names]
+    names = ["torch", *(n for n in names if n != "torch")]   # the baseline first: if it cannot be captured,
+    # every candidate is timed by do_bench from the start
     # detached: a live output would keep this run's autograd graph, whose AccumulateGrad nodes
     # belong to the default stream, and every CUDA-graph capture on a side stream would then fail
     # (seen on the H200: "AccumulateGrad node's stream does not match", then a broken capture)
@@ -188,6 +193,7 @@ def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag
     static_key, dname = op.static_key(dims), dtype_name(dtype)
     axis = float(op.crossover_axis(dims)) if op.crossover_axis else None
     measurements, runs = [], []
+    case_method = None       # "do_bench" once a capture failed: the case is re-timed that way anyway
     for name in names:
         impl = op.impl(name)
         for cfg in candidates(op, impl, arch, dims, dtype):
@@ -206,7 +212,9 @@ def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag
                     rec["error"] = "wrong result: " + "; ".join(bad)[:500]
                 else:
                     run = (lambda impl=impl, cfg=cfg: impl.run(case, cfg))
-                    rec["median_ms"], rec["method"] = time_fn(run, device, quick=quick)
+                    rec["median_ms"], rec["method"] = time_fn(run, device, quick=quick, method=case_method)
+                    if device == "cuda" and rec["method"] == "do_bench":
+                        case_method = "do_bench"
                     rec["ok"] = 1
                     runs.append((rec, run, cfg))
             except Exception as exc:  # compile errors, OutOfResources, CUDA OOM: skip the candidate

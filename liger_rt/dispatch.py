@@ -77,7 +77,6 @@ class Decision:
                 "reason": self.reason, "arch": self.arch, "dtype": self.dtype, "dims": dict(self.dims)}
 
 
-@torch.compiler.disable  # LEGACY kernel files call select under compile; spec'd ops decide at trace time
 def _decide_memo(op: Op, x: torch.Tensor, dims: dict, key) -> Decision:
     """A memo miss: decide (locks, SQL), remember, log when asked."""
     with _LOCK:
@@ -275,23 +274,3 @@ def _crossover(op: Op, target: Target, dname: str, dims: dict, avail: list[str])
 def _describe(d: Decision) -> str:
     dims = ",".join(f"{k}={v}" for k, v in d.dims.items())
     return f"{d.op}[{d.arch},{d.dtype},{dims}] -> {d.impl} {config_dict(d.config)} ({d.origin}: {d.reason})"
-
-
-def prune_configs(configs: list[dict], arch: backend.Arch, impl: Impl | None = None,
-                  dims: dict | None = None, dtype: torch.dtype | None = None) -> list[dict]:
-    """Drop configs the arch cannot run: warps over its ceiling (wave64 on AMD: 16 at most),
-    stages over its safe depth (<= 2 on HIP), shared memory/LDS over its budget. Deduplicates."""
-    out, seen = [], set()
-    for cfg in configs:
-        if cfg.get("num_warps", 1) > arch.max_num_warps:
-            continue
-        if cfg.get("num_stages", 1) > arch.max_num_stages:
-            continue
-        if impl is not None and impl.smem is not None and dims is not None:
-            if impl.smem(cfg, dims, dtype) > arch.smem_bytes:
-                continue
-        key = json.dumps(cfg, sort_keys=True)
-        if key not in seen:
-            seen.add(key)
-            out.append(dict(cfg))
-    return out

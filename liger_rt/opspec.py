@@ -164,16 +164,13 @@ class Impl:
     backward: Callable | None = None
     available: Callable = _always
     supports: Callable | None = None
-    # LEGACY (until every kernel file declares a spec): per-impl dict configs and a run(case, config)
-    run: Callable | None = None
-    configs: Callable | None = None
-    heuristic: Callable | None = None
-    pinned: Callable | None = None
-    smem: Callable | None = None
+    keep: tuple[int, ...] | None = None   # args whose values the backward reads (None: all); the
+                                          # others are saved as shape-only stand-ins, so they can be freed
+    run: Callable | None = None           # run(case, config): set by the Op (autotune's entry)
 
     @property
     def tuned(self) -> bool:
-        return self.forward is not None or self.configs is not None
+        return self.forward is not None
 
 
 @dataclasses.dataclass
@@ -233,8 +230,6 @@ class Op:
         self._dtypes = tuple(DTYPES[d] for d in self.dtypes)
         if "torch" not in self._by_name:
             raise ValueError(f"op {self.name} must register a 'torch' reference implementation")
-        if self.candidates is None:     # LEGACY callers: candidates(impl, arch, dims, dtype)
-            self.candidates = self.candidates_for
         for impl in self.impls:
             if impl.run is None:
                 impl.run = functools.partial(self.run_case, impl)
@@ -282,21 +277,11 @@ class Op:
     # -- configs -------------------------------------------------------------------------------------
     def parse_config(self, data, impl: str = "triton") -> Config:
         """A stored config for `impl`, validated against the declared fields (ConfigError if not)."""
-        the_impl = self._by_name.get(impl, Impl(impl))
-        if the_impl.configs is not None:       # LEGACY dict configs
-            if isinstance(data, str):
-                data = json.loads(data)
-            if not isinstance(data, Mapping):
-                raise ConfigError(f"{self.name}: config must be a JSON object")
-            return types.MappingProxyType(dict(data))
-        cls = self.config if the_impl.tuned else NoConfig
+        cls = self.config if self._by_name.get(impl, Impl(impl)).tuned else NoConfig
         return data if isinstance(data, cls) else cls.parse(data)
 
     def candidates_for(self, impl: Impl, arch, dims: dict, dtype: torch.dtype) -> list[Config]:
         """The configs a sweep measures for `impl` on `arch`, pruned to what the arch can run."""
-        if impl.configs is not None:            # LEGACY
-            from .dispatch import prune_configs
-            return prune_configs(impl.configs(arch, dims, dtype), arch, impl, dims, dtype)
         if not impl.tuned:
             return [NoConfig()]
         out, seen = [], set()
@@ -312,11 +297,7 @@ class Op:
         return out
 
     def default_config(self, impl: str, arch, dims: dict, dtype: torch.dtype, *, pinned: bool = False) -> Config:
-        legacy = self.impl(impl)
-        if legacy.configs is not None or (legacy.heuristic is not None and not legacy.tuned):   # LEGACY
-            pin = (legacy.pinned if pinned else None) or legacy.heuristic
-            return types.MappingProxyType(dict(pin(arch, dims, dtype)))
-        if not legacy.tuned:
+        if not self.impl(impl).tuned:
             return NoConfig()
         if pinned and self.pinned is not None:
             return self.pinned(arch, dims, dtype)
@@ -440,7 +421,8 @@ class KernelFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, impl, config, *args):
         outs, saved = impl.forward(config, *args)
-        ctx.save_for_backward(*(a if isinstance(a, torch.Tensor) else None for a in args), *saved)
+        ctx.save_for_backward(*(_kept(a, i, impl.keep) if isinstance(a, torch.Tensor) else None
+                                for i, a in enumerate(args)), *saved)
         ctx.impl, ctx.config, ctx.n = impl, config, len(args)
         ctx.scalars = tuple(None if isinstance(a, torch.Tensor) else a for a in args)
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -452,6 +434,14 @@ class KernelFunction(torch.autograd.Function):
         args = tuple(c if t is None else t for t, c in zip(saved[:ctx.n], ctx.scalars))
         dargs = ctx.impl.backward(ctx.config, args, saved[ctx.n:], ctx.needs_input_grad[2:], *grads)
         return (None, None, *dargs)
+
+
+def _kept(t, index: int, keep):
+    """The arg itself if the backward reads it, else a stand-in with its shape, dtype and device
+    (one element, expanded) so the activation it holds can be freed."""
+    if t is None or keep is None or index in keep:
+        return t
+    return t.new_empty(()).expand(t.shape)
 
 
 def _schema_args(schema: str) -> list[tuple[str, str]]:
@@ -514,7 +504,8 @@ def _build_custom_ops(op: Op):
 
     def setup_context(ctx, inputs, output):
         *args, config_json = inputs
-        tensors = [a for a, flag in zip(args, is_tensor) if flag]
+        keep = parse(config_json)[0].keep
+        tensors = [_kept(a, i, keep) for i, (a, flag) in enumerate(zip(args, is_tensor)) if flag]
         ctx.save_for_backward(*tensors, *output[op.outputs:])
         ctx.n_tensors = len(tensors)
         ctx.scalars = [a for a, flag in zip(args, is_tensor) if not flag]

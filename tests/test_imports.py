@@ -118,17 +118,6 @@ def test_layers_never_import_patch():
     assert not any(offenders.values()), offenders
 
 
-# Transitional, while issue 13's refactor lands; each entry is one edge of a cycle found by this
-# test, set aside until its owner removes it (delete the entry then; any other cycle fails now):
-# - opspec.py imports dispatch.prune_configs inside a function (dispatch -> ... -> opspec -> dispatch);
-# - the bench harness imports its package's `bench` command inside a function.
-KNOWN_EDGES = {("liger_rt.opspec", "liger_rt.dispatch"),
-               ("liger_rt.tools.bench.harness", "liger_rt.tools.bench")}
-
-
 def test_no_import_cycle_in_liger_rt():
-    graph = import_graph()
-    for a, b in KNOWN_EDGES:
-        graph[a].discard(b)
-    cycle = find_cycle(graph)
+    cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)

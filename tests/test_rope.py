@@ -331,8 +331,6 @@ def test_custom_op_fakes_promise_the_kernel_layouts():
     assert_fakes_match(rp.OP, rp._make_case(_dims(4, 2, 16, 6), torch.float32, "cpu"), _heuristic(4, 2, 16))
 
 
-@pytest.mark.xfail(strict=True, reason="the op spec saves every tensor argument for the backward (KernelFunction, "
-                                       "the custom op's setup_context); rope's backward reads only cos and sin")
 def test_backward_keeps_q_and_k_free():
     """HF's eager rope (and this kernel before the op spec) keeps only cos and sin for the backward:
     q and k, the projections' outputs, are freed after the forward."""

@@ -322,7 +322,8 @@ def _plan(preset, arch, quick):
 
 OP = register(Op(
     name="rope", static=("heads_q", "heads_k", "head_dim"), dynamic=("tokens",), dims=_dims,
-    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports),
+    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports,
+                keep=(2, 3)),   # the backward rotates the gradients by cos and sin: q and k are freed
            Impl("torch", fn=_rope_torch)],
     config=RoPEConfig, candidates=_configs, heuristic=_heuristic,
     schema="Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim", fake=_fake, outputs=2,

@@ -393,11 +393,3 @@ def run_kernels(names: list[str] = (), *, where: list[str] = (), quick: bool = F
         echo("\n".join([*verdicts(rows), f"wrote {path}"]))
         every += rows
     return every
-
-
-def script(args: list[str], argv: list[str] | None = None) -> None:
-    """What the thin benchmarks/*.py scripts run: `liger-tune bench ARGS` plus their own arguments."""
-    import sys
-
-    from . import bench
-    bench.main([*args, *(sys.argv[1:] if argv is None else argv)], prog_name="liger-tune bench")

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from .harness import peer, script, time_fn
+from .harness import peer, time_fn
 
 
 def _per_call_us(fn: Callable, calls: int, sync: bool) -> float:
@@ -108,7 +108,3 @@ def dispatch_overhead(calls: int = 200_000, echo: Callable = print) -> list[dict
                      "cpu": platform.processor() or platform.machine(), "method": "perf_counter mean"})
         echo(f"{label:40s} {us:.3f} us/call")
     return rows
-
-
-def main(argv=None) -> None:
-    script(["host"], argv)

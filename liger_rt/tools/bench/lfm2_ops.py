@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .harness import Arm, Case, script
+from .harness import Arm, Case
 
 
 def _ms(v):
@@ -67,7 +67,3 @@ def build(spec: dict, dtype, device: str, echo=print) -> Case:
     return Case(spec, (logits, bias), lambda x, eb: ops.moe_router(x, k, eb),
                 Arm(lambda x, eb: route_eager(x, k, eb), "Lfm2MoeTopKRouter (HF)"),
                 (fwd, 2 * fwd + t * e * s), dy=rand(t, k))
-
-
-def main(argv=None) -> None:
-    script(["kernels", "--op", "lfm2_ops"], argv)

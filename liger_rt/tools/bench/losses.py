@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .harness import Arm, Case, peer, script
+from .harness import Arm, Case, peer
 
 SPECS = [dict(op="fused_linear_cross_entropy", tokens=8192, hidden=2048, vocab=65536, quick=True,
               target={"fwdbwd": {"ms": 10.4, "peak_GB": 0.5}}),
@@ -50,7 +50,3 @@ def build(spec: dict, dtype, device: str, echo=print) -> Case:
     return Case(spec, (logits, y), ops.cross_entropy,
                 Arm(lambda z, y: F.cross_entropy(z.float(), y), "F.cross_entropy(logits.float())"),
                 (0, 2 * r * v * logits.element_size()), peers=peers, passes=("fwdbwd",))
-
-
-def main(argv=None) -> None:
-    script(["kernels", "--op", "losses"], argv)

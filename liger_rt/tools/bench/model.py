@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from .harness import fmt, format_table, measure_ceilings, script
+from .harness import fmt, format_table, measure_ceilings
 
 ARMS = ("baseline", "liger_rt", "liger_kernel")
 # Largest max |loss difference| / initial loss between two runs that still counts as overlapping:
@@ -424,7 +424,3 @@ def run_targets(names: list[str], *, out_dir: str = "benchmarks/results", quick:
         path = Path(out_dir) / f"model_{device_tag()}{'_quick' if quick else ''}.csv"
         echo(f"wrote {write_csv(rows, path, ('target',))}")
     return failed
-
-
-def main(argv=None) -> None:
-    script(["model", "--target", "all"], argv)

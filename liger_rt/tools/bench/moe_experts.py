@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .harness import Arm, Case, peer, script
+from .harness import Arm, Case, peer
 
 STATICS = ((32, 4, 2048, 1792), (64, 4, 2048, 1536))
 SPECS = [dict(op="moe_experts", tokens=t, experts=e, top_k=k, hidden=h, intermediate=i, routing=r,
@@ -67,7 +67,3 @@ def build(spec: dict, dtype, device: str, echo=print) -> Case:
                 compile=False,
                 extra={"rows_per_expert": t * k / e, "max_rows_expert": int(counts.max()),
                        "empty_experts": int((counts == 0).sum())})
-
-
-def main(argv=None) -> None:
-    script(["kernels", "--op", "moe_experts"], argv)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .harness import Arm, Case, peer, script
+from .harness import Arm, Case, peer
 
 _GBPS = {"rms_norm": (3800, 2600), "swiglu": (4000, 3400), "layer_norm": (3600, 2400)}
 
@@ -64,7 +64,3 @@ def build(spec: dict, dtype, device: str, echo=print) -> Case:
     s = dy.element_size()
     return Case(spec, tuple(t.requires_grad_() for t in ins), ours, eager, (elems[0] * m * n * s, elems[1] * m * n * s),
                 dy=dy, peers=peers)
-
-
-def main(argv=None) -> None:
-    script(["kernels", "--op", "norms"], argv)
