@@ -30,7 +30,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv 2>&1 | tee -a "$
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$LOG"
 for s in "$@"; do
   case $s in
-    gputests) stage gputests ${GPUTEST_S:-300} python3 -m pytest -m gpu ${GPUTESTS:-tests/gpu} -q -p no:cacheprovider -rfE ;;
+    gputests) stage gputests ${GPUTEST_S:-300} python3 -m pytest -m gpu ${GPUTESTS:-tests/gpu} ${GPUTEST_FLAGS:--q} -p no:cacheprovider -rfE ;;
     norms)    stage norms ${NORMS_S:-240} $B kernels --op norms $Q ${NORMS_ARGS:-} ;;
     lfm2)     stage lfm2 200 $B kernels --op lfm2_ops $Q ${LFM2_ARGS:-} ;;
     losses)   stage losses 240 $B kernels --op losses $Q ${LOSSES_ARGS:-} ;;
