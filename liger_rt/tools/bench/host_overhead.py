@@ -108,3 +108,80 @@ def dispatch_overhead(calls: int = 200_000, echo: Callable = print) -> list[dict
                      "cpu": platform.processor() or platform.machine(), "method": "perf_counter mean"})
         echo(f"{label:40s} {us:.3f} us/call")
     return rows
+
+
+# -- the CPU stub: the Python path of a call with every Triton launch a no-op ---------------------------
+
+class StubbedLaunches:
+    """Within the block, `kernel[grid](...)` of every Triton kernel in `modules` does nothing but
+    count itself: the JIT function's own `run` (where the launch starts: argument binding, the
+    compiled-kernel cache, the driver call) is replaced on the instance, so everything above it
+    (the functional, dispatch, the autograd Function, the launchers, `kernel[grid]`) is the real
+    code.  `launches` counts the stubbed calls."""
+
+    def __init__(self, *modules):
+        self.kernels = [obj for m in modules for obj in vars(m).values() if hasattr(obj, "run") and hasattr(obj, "fn")]
+        self.launches = 0
+
+    def _run(self, *args, grid, warmup, **kwargs):
+        self.launches += 1
+
+    def __enter__(self):
+        for k in self.kernels:
+            k.run = self._run
+        return self
+
+    def __exit__(self, *exc):
+        for k in self.kernels:
+            del k.run
+
+
+def cpu_stub(repeats: int = 7, calls: int = 2000, rows: int = 16, hidden: int = 1024,
+             echo: Callable = print) -> list[dict]:
+    """Host microseconds of rms_norm forward+backward through the real Python path on CPU tensors,
+    the Triton launches stubbed (:class:`StubbedLaunches`); median over `repeats` of the mean of
+    `calls` calls, beside the floors (an identity autograd Function, eager x * 2).  Sets
+    TRITON_INTERPRET=1 and LIGER_RT_IMPL_RMS_NORM=triton for the run (so dispatch takes the
+    Triton path on CPU; the decision is made once, on the first call) and restores both."""
+    import os
+    import statistics
+
+    from liger_rt import dispatch, ops
+    from liger_rt.kernels import rms_norm as rms_mod
+
+    saved_env = {k: os.environ.get(k) for k in ("TRITON_INTERPRET", "LIGER_RT_IMPL_RMS_NORM")}
+    os.environ.update(TRITON_INTERPRET="1", LIGER_RT_IMPL_RMS_NORM="triton")
+    dispatch.reset()
+    x = torch.randn(rows, hidden, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(hidden, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    probes = {"ops.rms_norm fwd": lambda: ops.rms_norm(x, w),
+              "ops.rms_norm fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(ops.rms_norm(x, w), (x, w), dy),
+              "floor: identity Function fwd+bwd": lambda: torch.autograd.grad(_Identity.apply(x), (x,), dy),
+              "floor: eager x*2 fwd+bwd": lambda: torch.autograd.grad(x * 2, (x,), dy)}
+    rows_out = []
+    try:
+        with StubbedLaunches(rms_mod) as stub:
+            ops.rms_norm(x, w)
+            decision = dispatch.get_op("rms_norm").select(x, rows=rows, hidden=hidden)
+            if decision.impl != "triton" or stub.launches != 1:
+                raise RuntimeError(f"cpu stub: rms_norm took {decision.impl} with {stub.launches} stubbed launches; "
+                                   "expected the triton path")
+            for name, fn in probes.items():
+                samples = [_per_call_us(fn, calls, sync=False) for _ in range(repeats)]
+                rows_out.append({"what": name, "us": round(statistics.median(samples), 2),
+                                 "min_us": round(min(samples), 2), "shape": f"{rows}x{hidden}",
+                                 "python": platform.python_version(), "torch": torch.__version__,
+                                 "cpu": platform.processor() or platform.machine(),
+                                 "method": f"CPU stub (Triton launches no-ops): median of {repeats} means "
+                                           f"of {calls} calls, perf_counter"})
+    finally:
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        dispatch.reset()
+    for r in rows_out:
+        echo(f"{r['what']:45s} {r['shape']:>9s} {r['us']:8.2f} us (min {r['min_us']:.2f})  {r['method']}")
+    return rows_out
