@@ -14,6 +14,13 @@ plus the base model's past_key_values / hidden_states / attentions (and router_l
 for MoE models asked for them).  ``logprobs[b, i]`` is log p(input_ids[b, i+1] | ids[b, :i+1]) when
 labels are the input ids: exactly ``log_softmax(logits / T)[b, i, labels[b, i+1]]`` of the host.
 
+What the host does to lm_head's output is kept.  Granite's ``logits_scaling`` s divides the logits:
+(x W^T + b) / s / T is the op at temperature s * T (exact, with or without a bias).  Gemma 2/3's
+``final_logit_softcapping`` c (softcap * tanh(logits / c)) is not in the op: a softcapped head runs
+``softcapped_logprobs``, a torch computation over chunks of ``SOFTCAP_CHUNK_BYTES`` of fp32 logits,
+each under activation checkpointing (one chunk's logits alive; the backward recomputes them), the
+same results at torch speed; its chunks never reach the dispatcher or Triton.
+
 The host forward runs unchanged (logits, its own loss) when the call has no labels, asks for
 logits (``return_logits=True``, or ``keep_logits`` in the patch), keeps only some logits
 (``logits_to_keep`` != 0), or the lm_head is not a plain Linear (LoRA on the head).  Eval mode
@@ -31,6 +38,7 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from transformers.utils import ModelOutput
 
 from .. import ops
@@ -78,6 +86,51 @@ def _fused_call(self, opts, args, kwargs, return_logits) -> dict | None:
     return named
 
 
+SOFTCAP_CHUNK_BYTES = 256 << 20        # fp32 logits per chunk of the softcapped (torch) path
+
+
+def _softcap_chunk(x, weight, bias, target, scale: float, softcap: float, temperature: float, ignore_index: int):
+    z = F.linear(x, weight, bias).float() / scale
+    z = softcap * torch.tanh(z / softcap) / temperature
+    logp = torch.log_softmax(z, dim=-1)
+    valid = target != ignore_index
+    lp = logp.gather(-1, torch.where(valid, target, 0).unsqueeze(-1)).squeeze(-1)
+    ent = -(logp.exp() * logp).sum(-1)
+    zero = lp.new_zeros(())
+    return torch.where(valid, lp, zero), torch.where(valid, ent, zero)
+
+
+def softcapped_logprobs(hidden, lm_head, target, softcap: float, *, scale: float = 1.0, temperature: float = 1.0,
+                        ignore_index: int = -100):
+    """(lp, entropy), fp32 of target's shape, of z = c * tanh(lm_head(hidden) / s / c) / T, computed in
+    torch a chunk of token rows at a time, each chunk checkpointed when a gradient is needed."""
+    if not (temperature > 0.0 and softcap > 0.0 and scale > 0.0):
+        raise ValueError(f"softcapped log-probs need temperature, softcap and logits_scaling > 0; got {temperature}, "
+                         f"{softcap}, {scale}")
+    x, t = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
+    rows = max(1, SOFTCAP_CHUNK_BYTES // (4 * lm_head.weight.shape[0]))
+    grad = torch.is_grad_enabled() and any(v is not None and v.requires_grad for v in (x, lm_head.weight, lm_head.bias))
+    parts = []
+    for s in range(0, x.shape[0], rows):
+        args = (x[s:s + rows], lm_head.weight, lm_head.bias, t[s:s + rows], scale, softcap, temperature, ignore_index)
+        parts.append(torch.utils.checkpoint.checkpoint(_softcap_chunk, *args, use_reentrant=False) if grad
+                     else _softcap_chunk(*args))
+    if not parts:
+        return (hidden.new_zeros(target.shape, dtype=torch.float32),) * 2
+    lp, ent = (torch.cat(p).view(target.shape) for p in zip(*parts))
+    return lp, ent
+
+
+def _head_logprobs(self, hidden, target, temperature: float):
+    """(lp, entropy) of the host's logits (lm_head, then its logits_scaling and softcapping) / T."""
+    scale = float(getattr(self.config, "logits_scaling", None) or 1.0)
+    cap = getattr(self.config, "final_logit_softcapping", None)
+    if cap is not None:
+        return softcapped_logprobs(hidden, self.lm_head, target, float(cap), scale=scale, temperature=temperature)
+    return ops.fused_linear_logprobs(hidden, self.lm_head.weight, target, self.lm_head.bias,
+                                     temperature=temperature * scale, ignore_index=-100, return_entropy=True)
+
+
 def causal_lm_logprobs_forward(self, *args, return_logits: bool | None = None, temperature: float = 1.0,
                                **kwargs):
     """A *ForCausalLM forward returning per-token log-probs and entropy (see the module docstring)."""
@@ -95,9 +148,7 @@ def causal_lm_logprobs_forward(self, *args, return_logits: bool | None = None, t
     hidden = outputs[0]
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
-    logprobs, entropy = ops.fused_linear_logprobs(hidden, self.lm_head.weight, shift_labels.to(hidden.device),
-                                                  self.lm_head.bias, temperature=temperature, ignore_index=-100,
-                                                  return_entropy=True)
+    logprobs, entropy = _head_logprobs(self, hidden, shift_labels.to(hidden.device), temperature)
     values = {name: getattr(outputs, name, None) for name in (_CACHE, "hidden_states", "attentions", "router_logits")}
     if named.get("output_router_logits") and values["router_logits"] is not None \
             and opts.load_balancing_loss is not None:

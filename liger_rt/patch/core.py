@@ -82,6 +82,9 @@ def _flags(spec: specs.ModelSpec, given: dict[str, Any]) -> dict[str, bool]:
         with_rope = [m for m in specs.ALLOWLIST if any(r.flag == "rope" for _, _, r in specs.function_rows(specs.SPECS[m]))]
         raise NotImplementedError(f"rope=True is not supported for {spec.model_type}: its RoPE stays with the host "
                                   f"model; omit rope or pass rope=False (rope=True works for {', '.join(with_rope)})")
+    if out["logprobs"] and out["fused_linear_cross_entropy"]:
+        raise ValueError("logprobs=True and fused_linear_cross_entropy=True both replace the causal LM's forward; "
+                         "pass one of them (logprobs for RL log-probs/entropy, fused_linear_cross_entropy for a loss)")
     return out
 
 
@@ -348,6 +351,13 @@ def _patch_loss_instance(record: InstanceRecord, module, flags: dict[str, bool])
         _bind(record, module, loss.causal_lm_forward)
         _set(record, module, "_liger_rt_loss", opts)
         record.counts["fused_linear_cross_entropy"] = record.counts.get("fused_linear_cross_entropy", 0) + 1
+    if flags["logprobs"]:
+        from ..layers import logprobs
+        opts = loss.loss_options(inspect.signature(original(module)), type(module).__module__,
+                                 keep_logits=flags["keep_logits"])
+        _bind(record, module, logprobs.causal_lm_logprobs_forward)
+        _set(record, module, "_liger_rt_logprobs", opts)
+        record.counts["logprobs"] = record.counts.get("logprobs", 0) + 1
     if flags["cross_entropy"]:
         from transformers.loss.loss_utils import LOSS_MAPPING
         if module.loss_function is not LOSS_MAPPING.get("ForCausalLM"):
@@ -423,6 +433,13 @@ def _patch_class(model_type: str, given: dict[str, Any]) -> None:
                                      keep_logits=plan.flags["keep_logits"], has_self=True)
             _swaps.hold(cls, "forward", _class_forward(cls, loss.causal_lm_forward), model_type, keys)
             _swaps.hold(cls, "_liger_rt_loss", opts, model_type, keys)
+            counts[cls.__name__] = counts.get(cls.__name__, 0) + 1
+        if plan.flags["logprobs"]:
+            from ..layers import logprobs
+            opts = loss.loss_options(inspect.signature(_swaps.class_original(cls)), cls.__module__,
+                                     keep_logits=plan.flags["keep_logits"], has_self=True)
+            _swaps.hold(cls, "forward", _class_forward(cls, logprobs.causal_lm_logprobs_forward), model_type, keys)
+            _swaps.hold(cls, "_liger_rt_logprobs", opts, model_type, keys)
             counts[cls.__name__] = counts.get(cls.__name__, 0) + 1
         if plan.flags["cross_entropy"]:
             _swaps.hold(cls, "_loss_function", staticmethod(loss.causal_lm_loss), model_type, keys)
@@ -509,7 +526,7 @@ def _describe_class_patched(root) -> dict | None:
                 patched[flag] = patched.get(flag, 0) + 1
                 modules[cls.__name__] = modules.get(cls.__name__, 0) + 1
             if cls in rec["causal_lm"]:
-                for loss_flag in ("fused_linear_cross_entropy", "cross_entropy"):
+                for loss_flag in ("fused_linear_cross_entropy", "logprobs", "cross_entropy"):
                     if rec["flags"][loss_flag]:
                         patched[loss_flag] = patched.get(loss_flag, 0) + 1
         if rec["functions"] and patched:

@@ -31,10 +31,11 @@ Spec format
 - ``functions`` rows swap a function of the modeling module itself (``apply_rotary_pos_emb``, which
   the attention forward looks up as a module global) for ``forward``; the swap is module-wide (every
   model of that family in the process uses it) and reference-counted, undone by the last unpatch.
-- Every family also takes ``rope``, ``cross_entropy``, ``fused_linear_cross_entropy`` and
-  ``keep_logits``, all off by default.  ``rope=True`` (families with a rope function row) swaps
-  HF's ``apply_rotary_pos_emb`` for ``liger_rt.ops.rope``, same signature and results; the host
-  keeps computing cos/sin (its rotary layout and scaling), and attention is never touched.
+- Every family also takes ``rope``, ``cross_entropy``, ``fused_linear_cross_entropy``, ``logprobs``
+  (layers/logprobs.py) and ``keep_logits``, all off by default.  ``rope=True`` (families with a rope
+  function row) swaps HF's ``apply_rotary_pos_emb`` for ``liger_rt.ops.rope``, same signature and
+  results; the host keeps computing cos/sin (its rotary layout and scaling), and attention is never
+  touched.
 
 Adding a family is adding one ``ModelSpec`` here, a tiny preset in tools/presets.py and a parity
 test; ``supported_models()`` is the list of families validated that way.
@@ -72,9 +73,10 @@ class ModelSpec:
             object.__setattr__(self, "module", f"transformers.models.{self.model_type}.modeling_{self.model_type}")
 
 
-LOSS_FLAGS = ("cross_entropy", "fused_linear_cross_entropy", "keep_logits")
+LOSS_FLAGS = ("cross_entropy", "fused_linear_cross_entropy", "logprobs", "keep_logits")
 COMMON_FLAGS = ("rope", *LOSS_FLAGS)
-LOSS_OPS = {"cross_entropy": "cross_entropy", "fused_linear_cross_entropy": "fused_linear_cross_entropy"}
+LOSS_OPS = {"cross_entropy": "cross_entropy", "fused_linear_cross_entropy": "fused_linear_cross_entropy",
+            "logprobs": "fused_linear_logprobs"}
 
 _L = "liger_rt.layers."
 RMS_NORM = Layer("rms_norm", _L + "norms:rms_norm_forward", op="rms_norm")
