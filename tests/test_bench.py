@@ -147,6 +147,77 @@ def test_liger_kernel_arm_failure_is_reported_not_fatal(monkeypatch):
     assert "peer kernel exploded" in rows[0]["liger_kernel_note"]
 
 
+@pytest.mark.slow
+def test_compiled_arms_have_no_graph_break_and_track_baseline():
+    """torch.compile (aot_eager) of the baseline and of a tiny Qwen3 patched with the fused loss, the
+    liger_rt ops through the interpreter (their custom ops): zero graph breaks, compile time kept
+    out of the timed steps, loss curves on the baseline's."""
+    _needs_patchers()
+    rows = M.run_model_bench("qwen3", "tiny", batch=2, seq=8, steps=1, warmup=1, dtype="fp32", device="cpu",
+                             arms=("baseline", "baseline+compile", "liger_rt+compile"), compile_backend="aot_eager",
+                             echo=None)
+    runs = [r for r in rows if r["kind"] == "run"]
+    assert [r["arm"] for r in runs] == ["baseline", "baseline+compile", "liger_rt+compile", "liger_rt+compile",
+                                        "baseline+compile", "baseline"]
+    for r in runs[1:5]:
+        assert r["error"] == "" and r["graph_breaks"] == 0 and r["graphs"] >= 1, r
+        assert r["compile_s"] > 0 and r["compile_backend"] == "aot_eager" and r["compile_mode"] == "default"
+        assert r["tok_per_s"] > 0 and len(r["losses"]) == 2
+    assert runs[0]["graph_breaks"] is None and runs[0]["compile_s"] is None
+    summ = {r["arm"]: r for r in rows if r["kind"] == "summary"}
+    assert summ["liger_rt+compile"]["loss_curves_overlap"] and summ["baseline+compile"]["vs_baseline_compile"] == 1.0
+    assert summ["liger_rt+compile"]["graph_breaks"] == 0 and "breaks" in M.format_summary(rows)
+    from torch._dynamo.utils import counters                       # the counter the rows read does count breaks
+
+    def f(x):
+        x = x.sin()
+        torch._dynamo.graph_break()
+        return x.cos()
+    M._reset_dynamo()
+    torch.compile(f, backend="eager")(torch.ones(3))
+    assert M.compile_stats()["graph_breaks"] == 1 and M.compile_stats()["graphs"] == 2 and counters["graph_break"]
+    M._reset_dynamo()
+
+
+@pytest.mark.slow
+def test_failing_compile_is_a_row_not_the_end_of_the_run(monkeypatch, tmp_path):
+    _needs_patchers()
+    _torch_references(monkeypatch)
+    _no_liger_kernel(monkeypatch)
+
+    def broken_backend(gm, example_inputs):
+        raise RuntimeError("inductor fell over")
+    rows = M.run_model_bench("qwen3", "tiny", batch=1, seq=8, steps=1, warmup=1, dtype="fp32", device="cpu",
+                             compile=True, compile_backend=broken_backend, echo=None)
+    runs = [r for r in rows if r["kind"] == "run"]
+    assert [r["arm"] for r in runs] == ["baseline", "liger_rt", "baseline+compile", "liger_rt+compile", "liger_rt",
+                                        "baseline"]                  # a failed arm's repeat is skipped
+    for r in runs[2:4]:
+        assert "inductor fell over" in r["error"] and r["tok_per_s"] is None
+        assert r["compile_backend"] == "broken_backend"
+    assert all(r["error"] == "" and r["tok_per_s"] > 0 for r in runs if "compile" not in r["arm"])
+    summ = {r["arm"]: r for r in rows if r["kind"] == "summary"}
+    assert summ["liger_rt+compile"]["runs"] == 0 and "inductor fell over" in summ["liger_rt+compile"]["error"]
+    assert summ["liger_rt"]["loss_curves_overlap"] and summ["liger_rt"]["error"] == ""
+    text = M.format_summary(rows)
+    assert "baseline+compile FAILED: BackendCompilerFailed" in text and "WARNING" not in text
+    path = H.write_csv(rows, tmp_path / "m.csv")
+    header = list(_read(path)[0])
+    assert header.index("error") > header.index("max_loss_diff") and header.index("graph_breaks") > header.index("mfu")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--compile", "--compile-backend", "nope"], "unknown compile backend 'nope'; valid: "),
+    (["--compile", "--warmup", "0"], "the compiled arms need --warmup >= 1"),
+    (["--compile", "--compile-mode", "max"], "Invalid value for '--compile-mode'"),
+    (["--shape", "4x"], "shape '4x': expected BATCHxSEQ"),
+])
+def test_bench_model_compile_and_shape_arguments(args, needle):
+    res = CliRunner().invoke(bench, ["model", "--model", "qwen3", "--device", "cpu", *args])
+    assert res.exit_code == 2 and needle in res.output, res.output
+    assert M.parse_shapes(["4x2048,1x512", "1X512"]) == [(4, 2048), (1, 512)]
+
+
 def test_layers_override_cuts_attention_layers():
     p = M.bench_preset("lfm2_moe", "lfm2-8b-a1b", 8, None)
     assert p.layers == 8 and p.attention_layers == (2, 6) and p.name == "lfm2-8b-a1b-8L"

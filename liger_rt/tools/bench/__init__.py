@@ -3,6 +3,7 @@
     liger-tune bench kernels [--op norms|lfm2_ops|losses|moe_experts|OP ...] [--where k=v] [--quick]
     liger-tune bench model --model qwen3 --preset qwen3-1.7b [--batch 4 --seq 2048 ...]
     liger-tune bench model --target all [--quick]      # issue 9's model runs
+    liger-tune bench model --target qwen3 --shape 4x2048,1x512 --compile   # + torch.compile arms
     liger-tune bench host | dispatch | ceilings
 
 The harness is importable: `harness` (versions, CSV, ceilings, timers, the kernel-case loop),
@@ -104,11 +105,13 @@ def _layer_list(ctx, param, text):
 @click.option("--model", "model_type", default=None,
               help="Model type: qwen3, llama, qwen3_moe, lfm2, lfm2_moe, lfm2_vl (lfm2_vl: text-only step).")
 @click.option("--target", "targets", multiple=True, help="One of issue 9's runs instead of --model, repeatable: "
-              "qwen3, lfm2, qwen3rope, lfm2moe or all (GPU; CSV model_<device>[_quick].csv in --out).")
+              "qwen3, lfm2, qwen3rope, lfm2moe or all (GPU; CSV model_<device>[_quick].csv in --out, or --csv).")
 @click.option("--preset", default="tiny", show_default=True,
               help="Preset name (qwen3-1.7b, lfm2-1.2b, ...), 'tiny' for the family's tiny one, or a PATH.json.")
 @click.option("--batch", default=4, show_default=True, type=int)
 @click.option("--seq", default=2048, show_default=True, type=int)
+@click.option("--shape", "shapes", multiple=True, help="BATCHxSEQ in place of --batch/--seq, repeatable or "
+              "comma-separated: every model or target runs at each (e.g. --shape 4x2048,1x512: 1x512 is host-bound).")
 @click.option("--steps", default=None, type=int, help="Measured steps per run [default: 20; --quick 8].")
 @click.option("--warmup", default=None, type=int, help="Warm-up steps per run, not timed [default: 5; --quick 3].")
 @click.option("--quick", is_flag=True, help="--target runs: 8 measured steps after 3 warm-up steps.")
@@ -117,22 +120,35 @@ def _layer_list(ctx, param, text):
 @click.option("--attention-layers", default=None, callback=_layer_list, help="LFM2: the attention layers, e.g. 2,5.")
 @click.option("--liger-kernel/--no-liger-kernel", "liger_kernel", default=True, show_default=True,
               help="Also time Liger-Kernel's own patch (where installed and supported for the model type).")
+@click.option("--compile/--no-compile", "compile_", default=False, show_default=True,
+              help="Also time torch.compile(model) of the baseline and of the patched model (arms baseline+compile, "
+              "liger_rt+compile: graph breaks and compile time recorded; a failing compile is a row with its error).")
+@click.option("--compile-mode", default="default", show_default=True, type=click.Choice(["default", "reduce-overhead"]),
+              help="torch.compile mode of the compiled arms (reduce-overhead: CUDA graphs; give --warmup >= 3).")
+@click.option("--compile-backend", default="inductor", show_default=True,
+              help="torch.compile backend of the compiled arms (aot_eager or eager on CPU).")
 @click.option("--flags", default=None, help="liger_rt.patch flags, e.g. rms_norm=1,fused_linear_cross_entropy=0.")
 @click.option("--experts-implementation", default=None, help="MoE models: transformers experts implementation.")
 @click.option("--config", "config_text", default=None, help="transformers config overrides, k=v[,k=v...] (JSON).")
 @click.option("--lr", default=1e-4, show_default=True, type=float, help="AdamW learning rate.")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--csv", "csv_path", default=None, type=click.Path(dir_okay=False), help="Write the rows to a CSV.")
+@click.option("--csv", "csv_path", default=None, type=click.Path(dir_okay=False),
+              help="Write the rows to a CSV (--target: in place of model_<device>[_quick].csv).")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]))
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON instead of the table.")
 @_OUT
-def model_cmd(model_type, targets, preset, batch, seq, steps, warmup, quick, dtype, layers, attention_layers,
-              liger_kernel, flags, experts_implementation, config_text, lr, seed, csv_path, device, as_json, out_dir):
-    """Time an SFT training step: baseline vs liger_rt.patch (and Liger-Kernel), counterbalanced."""
+def model_cmd(model_type, targets, preset, batch, seq, shapes, steps, warmup, quick, dtype, layers, attention_layers,
+              liger_kernel, compile_, compile_mode, compile_backend, flags, experts_implementation, config_text, lr,
+              seed, csv_path, device, as_json, out_dir):
+    """Time an SFT training step: baseline vs liger_rt.patch (and Liger-Kernel, torch.compile), counterbalanced."""
     from . import model as M
     from .harness import write_csv
     if bool(model_type) == bool(targets):
         raise click.UsageError("give --model TYPE or --target NAME (one of them)")
+    shapes = _run(M.parse_shapes, shapes) or [(batch, seq)]
+    compile_kw = dict(compile=compile_, compile_backend=compile_backend, compile_mode=compile_mode)
+    if compile_:          # a bad backend or warm-up is a usage error before any GPU check or model build
+        _run(M.resolve_arms, None, False, True, compile_backend, compile_mode, 3 if warmup is None else warmup)
     if targets:
         names = list(M.TARGETS) if "all" in targets else list(targets)
         bad = [t for t in names if t not in M.TARGETS]
@@ -140,16 +156,18 @@ def model_cmd(model_type, targets, preset, batch, seq, steps, warmup, quick, dty
             raise click.BadParameter(f"unknown target {bad[0]!r}; valid: {', '.join(M.TARGETS)}, all",
                                      param_hint="--target")
         _need_gpu("bench model --target")
-        failed = M.run_targets(names, out_dir=out_dir, quick=quick, steps=steps, warmup=warmup, batch=batch, seq=seq,
-                               liger_kernel=liger_kernel, echo=click.echo)
+        failed = M.run_targets(names, out_dir=out_dir, quick=quick, steps=steps, warmup=warmup, shapes=shapes,
+                               liger_kernel=liger_kernel, csv_path=csv_path, echo=click.echo, **compile_kw)
         if failed:
             raise click.ClickException(f"failed: {', '.join(failed)} (errors above)")
         return
-    rows = _run(M.run_model_bench, model_type, preset, batch=batch, seq=seq, steps=steps or 20,
-                warmup=5 if warmup is None else warmup, dtype=dtype, layers=layers, attention_layers=attention_layers,
-                liger_kernel=liger_kernel, flags=_run(M.parse_flags, flags), device=device, seed=seed, lr=lr,
-                experts_implementation=experts_implementation, config=_run(M.parse_config, config_text),
-                echo=lambda m: click.echo(m, err=as_json))
+    rows = []
+    for b, sq in shapes:
+        rows += _run(M.run_model_bench, model_type, preset, batch=b, seq=sq, steps=steps or 20,
+                     warmup=5 if warmup is None else warmup, dtype=dtype, layers=layers,
+                     attention_layers=attention_layers, liger_kernel=liger_kernel, flags=_run(M.parse_flags, flags),
+                     device=device, seed=seed, lr=lr, experts_implementation=experts_implementation,
+                     config=_run(M.parse_config, config_text), echo=lambda m: click.echo(m, err=as_json), **compile_kw)
     click.echo(json.dumps(rows, indent=1, default=str) if as_json else "\n" + M.format_summary(rows))
     if csv_path:
         click.echo(f"wrote {write_csv(rows, csv_path)}")

@@ -1,6 +1,8 @@
 """One SFT training step: baseline against liger_rt.patch (and Liger-Kernel's patch), counterbalanced.
 
-Order: baseline, liger_rt, [liger_kernel, liger_kernel,] liger_rt, baseline.  Each run builds a
+Order: baseline, liger_rt, [liger_kernel, liger_kernel,] liger_rt, baseline; with `compile=True`
+the torch.compile arms join the middle: baseline, liger_rt, baseline+compile, liger_rt+compile,
+[liger_kernel x2,] then the same in reverse.  Each run builds a
 fresh model from the same seed (random weights, no hub download), runs warm-up + measured steps
 on the same random batch (labels = input_ids, AdamW, sdpa), and records the median of the
 synchronized step times, tokens/s = batch*seq/median, the peak allocated memory of the measured
@@ -10,6 +12,13 @@ TFLOP/s is an estimate (6 * active matmul params * tokens + causal attention); m
 fraction of the bf16 matmul ceiling measured in the same process.  LFM2-VL runs text-only (the
 vision tower idles); MoE families use transformers' grouped_mm experts in every arm unless told
 otherwise.  `TARGETS` are issue 9's model runs (`liger-tune bench model --target all`).
+
+A compiled arm is torch.compile(model) after the arm's patch (`compile_backend`, `compile_mode`),
+with dynamo's state reset before it.  It records `graph_breaks` (dynamo's graph-break counter for
+the run), `graphs` (unique graphs compiled), the first break reasons, and `compile_s`: what the
+warm-up steps took beyond a steady step (compilation and, under reduce-overhead, CUDA-graph
+recording), never part of the timed steps.  A compiled arm that fails is a row with its `error`
+(its repeat is skipped) and the run goes on.
 
     from liger_rt.tools.bench.model import run_model_bench
     rows = run_model_bench("qwen3", "tiny", batch=2, seq=16, steps=3, warmup=1, device="cpu")
@@ -30,7 +39,14 @@ import torch
 
 from .harness import fmt, format_table, measure_ceilings
 
-ARMS = ("baseline", "liger_rt", "liger_kernel")
+ARMS = ("baseline", "liger_rt", "liger_kernel", "baseline+compile", "liger_rt+compile")
+COMPILED = ("baseline+compile", "liger_rt+compile")
+COMPILE_MODES = ("default", "reduce-overhead")
+# What a run row holds (None in the row of a compiled run that failed)
+RUN_METRICS = ("median_step_ms", "min_step_ms", "max_step_ms", "tok_per_s", "peak_alloc_GB", "loss_first",
+               "loss_last", "losses", "build_s", "params_M", "flops_per_step")
+# Columns added with the compiled arms: after the earlier ones in every run row (None where they do not apply)
+NEW_COLS = ("peak_reserved_GB", "graph_breaks", "graphs", "graph_break_reasons", "compile_s", "error")
 # Largest max |loss difference| / initial loss between two runs that still counts as overlapping:
 # same weights and batch, only kernel rounding separates the arms (fp32 tiny models through the
 # interpreter: ~2e-7; the H200 bf16 qwen3-1.7b baseline vs Liger-Kernel: 4e-5 after 13 steps); a
@@ -50,6 +66,7 @@ TARGETS = {
     "lfm2moe": dict(model_type="lfm2_moe", preset="lfm2-8b-a1b", layers=8, attention_layers=(2, 5),
                     anchor_tok_per_s=67832.0, anchor_peak_GB=30.55, target_tok_per_s=78000.0, target_peak_GB=26.0),
 }
+TARGET_SHAPE = (4, 2048)      # the batch x seq of the anchors and targets
 RUN_KEYS = ("model_type", "preset", "layers", "attention_layers", "config", "flags", "liger_kernel")
 
 
@@ -197,27 +214,50 @@ class LigerKernelPatch:
         self.saved.clear()
 
 
-def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, seq, ids, steps, warmup, lr) -> dict:
-    """One run: a fresh model, the arm's patch, warm-up + measured steps.  `ids` None on the
-    first run (drawn from the model's vocab here and returned for the later runs)."""
+def compile_stats() -> dict:
+    """Dynamo's counters since the last reset: graph breaks, unique graphs, the first break reasons."""
+    from torch._dynamo.utils import counters
+    breaks = counters["graph_break"]
+    reasons = [str(k).strip().splitlines()[0][:120] for k in list(breaks)[:3]]
+    return {"graph_breaks": int(sum(breaks.values())), "graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_break_reasons": " | ".join(reasons)}
+
+
+def _reset_dynamo() -> None:
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+
+
+def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, seq, ids, steps, warmup, lr,
+             compile_backend="inductor", compile_mode="default") -> dict:
+    """One run: a fresh model, the arm's patch (then torch.compile for a +compile arm), warm-up +
+    measured steps.  `ids` None on the first run (drawn from the model's vocab here and returned
+    for the later runs)."""
     import liger_rt.patch as P
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    base, compiled = arm.removesuffix("+compile"), arm in COMPILED
     gc.collect()
     t0 = time.perf_counter()
     model = build(preset, dtype, device, seed, overrides)
     model.train()
     undo = None
     try:
-        if arm == "liger_rt":
+        if base == "liger_rt":
             try:
                 P.patch(model, **flags)
             except (TypeError, ValueError) as exc:      # unknown flag or model type: the patcher says which
                 raise ValueError(f"liger_rt.patch(model, {flags}): {exc}") from exc
             undo = lambda: P.unpatch(model)  # noqa: E731
-        elif arm == "liger_kernel":
+        elif base == "liger_kernel":
             lk = LigerKernelPatch()
             undo = lk.undo
             lk.apply(model)
+        step_model = model
+        if compiled:
+            _reset_dynamo()
+            step_model = torch.compile(model, backend=compile_backend,
+                                       **({} if compile_mode == "default" else {"mode": compile_mode}))
         build_s = time.perf_counter() - t0
         ids = random_ids(model, batch, seq, seed, device) if ids is None else ids
         opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=device == "cuda")
@@ -228,37 +268,75 @@ def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, 
                 torch.cuda.reset_peak_memory_stats()
             sync()
             t = time.perf_counter()
-            loss = model(input_ids=ids, labels=ids).loss
+            loss = step_model(input_ids=ids, labels=ids).loss
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             sync()
-            times += [time.perf_counter() - t] if i >= warmup else []
+            times.append(time.perf_counter() - t)
             losses.append(float(loss.detach()))
+        warm, times = times[:warmup], times[warmup:]
         med = statistics.median(times)
+        cuda = device == "cuda"
         return {"median_step_ms": med * 1e3, "min_step_ms": min(times) * 1e3, "max_step_ms": max(times) * 1e3,
                 "tok_per_s": ids.numel() / med, "peak_alloc_GB": torch.cuda.max_memory_allocated() / 1e9
-                if device == "cuda" else None, "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
+                if cuda else None, "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
                 "build_s": build_s, "params_M": sum(p.numel() for p in model.parameters()) / 1e6,
-                "flops_per_step": train_flops_per_step(model, batch, seq), "ids": ids}
+                "flops_per_step": train_flops_per_step(model, batch, seq),
+                "peak_reserved_GB": torch.cuda.max_memory_reserved() / 1e9 if cuda else None,
+                **(compile_stats() if compiled else {}),
+                "compile_s": sum(max(0.0, w - med) for w in warm) if compiled else None, "ids": ids}
     finally:
         if undo is not None:
             undo()
         del model
+        if compiled:
+            step_model = None
+            torch._dynamo.reset()        # the compiled graphs (and CUDA-graph pools) go with the model
         gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
+
+
+def arm_order(arms) -> list[str]:
+    """The counterbalanced run order of a set of arms: the eager and compiled arms, Liger-Kernel's
+    two runs in the middle, then the first ones in reverse."""
+    first = [a for a in ("baseline", "liger_rt", *COMPILED) if a in arms]
+    return [*first, *(["liger_kernel"] * 2 if "liger_kernel" in arms else []), *reversed(first)]
+
+
+def resolve_arms(arms, liger_kernel: bool, compile: bool, compile_backend, compile_mode, warmup: int) -> list[str]:
+    if arms is None:
+        arms = ["baseline", "liger_rt", *(COMPILED if compile else ()), *(["liger_kernel"] if liger_kernel else [])]
+    bad = [a for a in arms if a not in ARMS]
+    if bad:
+        raise ValueError(f"unknown arm {bad[0]!r}; valid: {', '.join(ARMS)}")
+    if "baseline" not in arms:
+        raise ValueError("the arms must include baseline (the reference of speedups and loss curves)")
+    if any(a in COMPILED for a in arms):
+        if compile_mode not in COMPILE_MODES:
+            raise ValueError(f"unknown compile mode {compile_mode!r}; valid: {', '.join(COMPILE_MODES)}")
+        if isinstance(compile_backend, str) and compile_backend not in torch._dynamo.list_backends(exclude_tags=()):
+            raise ValueError(f"unknown compile backend {compile_backend!r}; valid: "
+                             f"{', '.join(torch._dynamo.list_backends())}")
+        if warmup < 1:
+            raise ValueError("the compiled arms need --warmup >= 1 (the first step compiles; it is not timed)")
+    return list(arms)
 
 
 def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int = 2048, steps: int = 20,
                     warmup: int = 5, dtype="bf16", layers: int | None = None, attention_layers: tuple | None = None,
                     liger_kernel: bool = True, flags: dict | None = None, device: str = "auto", seed: int = 0,
                     lr: float = 1e-4, experts_implementation: str | None = None, config: dict | None = None,
-                    ceilings: dict | None = None, echo: Callable | None = print) -> list[dict]:
+                    ceilings: dict | None = None, compile: bool = False, compile_backend="inductor",
+                    compile_mode: str = "default", arms: tuple | None = None,
+                    echo: Callable | None = print) -> list[dict]:
     """Rows of one model: one per run (kind="run", in run order) and one per arm (kind="summary":
     mean tokens/s, max peak, speedup and memory against baseline, loss-curve difference).
     `flags` go to liger_rt.patch on top of {fused_linear_cross_entropy: True}; `config` holds
-    transformers config overrides for every arm."""
+    transformers config overrides for every arm.  `compile` adds the arms baseline+compile and
+    liger_rt+compile (torch.compile with `compile_backend`, a name or a callable, and
+    `compile_mode`); `arms` picks the arms outright (baseline among them)."""
     from liger_rt.kernels._common import dtype_name, parse_dtype
     echo = echo or (lambda s: None)
     dt, device = parse_dtype(dtype), ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
@@ -268,6 +346,7 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
         raise ValueError("--device cuda: no CUDA/ROCm GPU is available here (use --device cpu with a tiny preset)")
     if steps < 1 or warmup < 0 or batch < 1 or seq < 2:
         raise ValueError("need steps >= 1, warmup >= 0, batch >= 1, seq >= 2")
+    arms = resolve_arms(arms, liger_kernel, compile, compile_backend, compile_mode, warmup)
     p = bench_preset(model_type, preset, layers, attention_layers)
     overrides = dict(config or {})
     if model_type in ("lfm2_moe", "qwen3_moe"):
@@ -276,33 +355,50 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
         raise ValueError(f"experts_implementation applies to MoE models, not {model_type}")
     flags = {"fused_linear_cross_entropy": True, **(flags or {})}
     _dry_patch(p, overrides, flags)      # fail before any timing when the patcher rejects flags or model
-    lk_ok, lk_note = LigerKernelPatch.supported(model_type) if liger_kernel else (False, "not requested")
-    order = ["baseline", "liger_rt", *(["liger_kernel"] * 2 if lk_ok else []), "liger_rt", "baseline"]
+    lk_ok, lk_note = LigerKernelPatch.supported(model_type) if "liger_kernel" in arms else (False, "not requested")
+    order = arm_order([a for a in arms if a != "liger_kernel" or lk_ok])
+    compiled = any(a in COMPILED for a in order)
+    backend_name = getattr(compile_backend, "__name__", str(compile_backend))
     if device == "cuda" and ceilings is None:
         ceilings = measure_ceilings(quick=True)
     echo(f"bench model {model_type} preset {p.name} ({p.layers} layers), batch {batch} x seq {seq}, {dtype_name(dt)}, "
-         f"{device}, warmup {warmup} + {steps} steps, lr {lr}, order {' > '.join(order)}")
+         f"{device}, warmup {warmup} + {steps} steps, lr {lr}, order {' > '.join(order)}"
+         + (f", torch.compile backend {backend_name} mode {compile_mode}" if compiled else ""))
     echo(f"  liger_rt.patch flags: {flags}; config overrides (all arms): {overrides or 'none'}"
-         + (f"; Liger-Kernel arm skipped: {lk_note}" if liger_kernel and not lk_ok else ""))
-    runs, ids = [], None
+         + (f"; Liger-Kernel arm skipped: {lk_note}" if "liger_kernel" in arms and not lk_ok else ""))
+    runs, ids, failed = [], None, set()
     for n, arm in enumerate(order):
-        if arm == "liger_kernel" and lk_note.startswith("failed"):
+        if arm == "liger_kernel" and lk_note.startswith("failed") or arm in failed:
             continue
         t0 = time.time()
         try:
             res = _run_arm(arm, p, dtype=dt, device=device, seed=seed, overrides=overrides, flags=flags, batch=batch,
-                           seq=seq, ids=ids, steps=steps, warmup=warmup, lr=lr)
+                           seq=seq, ids=ids, steps=steps, warmup=warmup, lr=lr, compile_backend=compile_backend,
+                           compile_mode=compile_mode)
         except Exception as exc:
-            if arm != "liger_kernel":
+            if arm == "liger_kernel":
+                lk_note = f"failed: {type(exc).__name__}: {str(exc)[:300]}"   # the peer must not hide our numbers
+                echo(f"  [{n + 1}/{len(order)}] liger_kernel FAILED ({lk_note}); continuing without it")
+                continue
+            if arm not in COMPILED:
                 raise
-            lk_note = f"failed: {type(exc).__name__}: {str(exc)[:300]}"   # the peer must not hide our numbers
-            echo(f"  [{n + 1}/{len(order)}] liger_kernel FAILED ({lk_note}); continuing without it")
+            err = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            failed.add(arm)           # a compiled arm that fails is a row; its repeat is skipped
+            runs.append({"arm": arm, "run_index": len(runs), **dict.fromkeys(RUN_METRICS), **compile_stats(),
+                         "peak_reserved_GB": None, "compile_s": None, "error": err})
+            echo(f"  [{n + 1}/{len(order)}] {arm} FAILED ({err}); its repeat is skipped")
             continue
+        finally:
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.empty_cache()
         ids = res.pop("ids")
         mem = "n/a" if res["peak_alloc_GB"] is None else f"{res['peak_alloc_GB']:.2f} GB"
-        echo(f"  [{n + 1}] {arm:12s} {res['median_step_ms']:9.2f} ms/step {res['tok_per_s']:10.0f} tok/s  peak {mem}  "
-             f"loss {res['loss_first']:.4f} -> {res['loss_last']:.4f}  ({time.time() - t0:.1f} s)")
-        runs.append({"arm": arm, "run_index": len(runs), **res})
+        extra = (f"  {res['graph_breaks']} graph breaks, compile {res['compile_s']:.1f} s"
+                 if arm in COMPILED else "")
+        echo(f"  [{n + 1}] {arm:16s} {res['median_step_ms']:9.2f} ms/step {res['tok_per_s']:10.0f} tok/s  peak {mem}  "
+             f"loss {res['loss_first']:.4f} -> {res['loss_last']:.4f}{extra}  ({time.time() - t0:.1f} s)")
+        runs.append({"arm": arm, "run_index": len(runs), **res, "error": ""})
     common = dict(model_type=model_type, preset=p.name, layers=p.layers, batch=batch, seq=seq, steps=steps,
                   warmup=warmup, dtype=dtype_name(dt), device=device, lr=lr, seed=seed,
                   order=">".join(r["arm"] for r in runs), flags=",".join(f"{k}={int(v)}" for k, v in flags.items()),
@@ -310,13 +406,19 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
                   config=",".join(f"{k}={v}" for k, v in overrides.items()), liger_kernel_note=lk_note,
                   copy_ceiling_GBps=(ceilings or {}).get("copy_GBps"),
                   matmul_ceiling_TFLOPs=(ceilings or {}).get("bf16_matmul_TFLOPs"))
+    compile_cols = dict(compile_backend=backend_name, compile_mode=compile_mode) if compiled else {}
     rows = []
     for r in runs:
-        tflops = r.pop("flops_per_step") / (r["median_step_ms"] * 1e-3) / 1e12
+        flops, new = r.pop("flops_per_step"), {k: r.pop(k, None) for k in NEW_COLS}
+        if new["error"]:
+            rows.append({"kind": "run", **common, **r, "model_TFLOPs": None, "mfu": None, "max_loss_diff": None,
+                         **new, **compile_cols})
+            continue
+        tflops = flops / (r["median_step_ms"] * 1e-3) / 1e12
         rows.append({"kind": "run", **common, **r, "model_TFLOPs": tflops,
                      "mfu": ceilings and tflops / ceilings["bf16_matmul_TFLOPs"],
                      "max_loss_diff": max(abs(a - b) for a, b in zip(r["losses"], runs[0]["losses"])),
-                     "losses": [round(x, 6) for x in r["losses"]]})
+                     "losses": [round(x, 6) for x in r["losses"]], **new, **compile_cols})
     return rows + summarize_runs(rows)
 
 
@@ -338,89 +440,130 @@ def _dry_patch(preset, overrides: dict, flags: dict) -> None:
 
 def summarize_runs(run_rows: list[dict]) -> list[dict]:
     """One row per arm: tokens/s the mean of its runs, median ms = batch*seq / that, peak the max,
-    speedup and memory against baseline, loss-curve overlap against the first baseline run."""
+    speedup and memory against baseline (and tokens/s against baseline+compile when it ran),
+    loss-curve overlap against the first baseline run.  Failed runs count in no figure; an arm
+    whose every run failed is a row with its error."""
     out, base = [], None
     tol = LOSS_RTOL[run_rows[0]["dtype"]]
+    drop = ("run_index", "min_step_ms", "max_step_ms", "losses", "build_s")
     for arm in [a for a in ARMS if any(r["arm"] == a for r in run_rows)]:
-        rs = [r for r in run_rows if r["arm"] == arm]
+        every = [r for r in run_rows if r["arm"] == arm]
+        rs = [r for r in every if not r.get("error")]
+        errors = "; ".join(r["error"] for r in every if r.get("error"))
+        if not rs:
+            out.append({k: v for k, v in every[0].items() if k not in drop} | {"kind": "summary", "runs": 0})
+            continue
         batch_seq = rs[0]["batch"] * rs[0]["seq"]
         tok = statistics.mean(r["tok_per_s"] for r in rs)
         peaks = [r["peak_alloc_GB"] for r in rs if r["peak_alloc_GB"] is not None]
-        row = {k: v for k, v in rs[0].items() if k not in ("run_index", "min_step_ms", "max_step_ms", "losses",
-                                                          "build_s")}
+        reserved = [r["peak_reserved_GB"] for r in rs if r.get("peak_reserved_GB") is not None]
+        row = {k: v for k, v in rs[0].items() if k not in drop}
         row.update(kind="summary", runs=len(rs), tok_per_s=tok, median_step_ms=batch_seq / tok * 1e3,
                    tok_per_s_spread=(max(r["tok_per_s"] for r in rs) - min(r["tok_per_s"] for r in rs)) / tok,
                    peak_alloc_GB=max(peaks) if peaks else None,
                    model_TFLOPs=statistics.mean(r["model_TFLOPs"] for r in rs),
                    mfu=statistics.mean(r["mfu"] for r in rs) if rs[0]["mfu"] is not None else None,
                    max_loss_diff=max(r["max_loss_diff"] for r in rs),
-                   loss_last=statistics.mean(r["loss_last"] for r in rs))
+                   loss_last=statistics.mean(r["loss_last"] for r in rs), error=errors)
+        if reserved:
+            row["peak_reserved_GB"] = max(reserved)
+        if arm in COMPILED:
+            row.update(graph_breaks=max(r["graph_breaks"] for r in rs), compile_s=statistics.mean(
+                r["compile_s"] for r in rs))
         row["loss_rel_diff"] = row["max_loss_diff"] / (abs(run_rows[0]["loss_first"]) or 1.0)
         row["loss_curves_overlap"] = row["loss_rel_diff"] <= tol
         base = base or row
         row["speedup"] = tok / base["tok_per_s"]
         row["mem_ratio"] = row["peak_alloc_GB"] / base["peak_alloc_GB"] if peaks and base["peak_alloc_GB"] else None
         out.append(row)
+    comp = next((r for r in out if r["arm"] == "baseline+compile" and r["runs"]), None)
+    for row in out if comp else ():
+        row["vs_baseline_compile"] = row["tok_per_s"] / comp["tok_per_s"] if row["runs"] else None
     return out
 
 
-COLS = ["model_type", "preset", "arm", "runs", "median_step_ms", "tok_per_s", "tok_per_s_spread", "speedup",
-        "peak_alloc_GB", "mem_ratio", "model_TFLOPs", "mfu", "loss_last", "max_loss_diff", "loss_curves_overlap"]
+COLS = ["model_type", "preset", "batch", "seq", "arm", "runs", "median_step_ms", "tok_per_s", "tok_per_s_spread",
+        "speedup", "peak_alloc_GB", "mem_ratio", "model_TFLOPs", "mfu", "loss_last", "max_loss_diff",
+        "loss_curves_overlap"]
+COMPILE_COLS = ["vs_baseline_compile", "peak_reserved_GB", "graph_breaks", "compile_s"]   # when a compiled arm ran
 HEADERS = {"median_step_ms": "ms/step", "tok_per_s": "tok/s", "tok_per_s_spread": "spread", "peak_alloc_GB": "peak GB",
            "mem_ratio": "mem x", "model_TFLOPs": "TFLOP/s", "max_loss_diff": "max |dloss|",
-           "loss_curves_overlap": "overlap", "speedup": "speedup x"}
+           "loss_curves_overlap": "overlap", "speedup": "speedup x", "vs_baseline_compile": "vs base+compile x",
+           "peak_reserved_GB": "reserved GB", "graph_breaks": "breaks", "compile_s": "compile s"}
 
 
 def format_summary(rows: list[dict]) -> str:
     summ = [r for r in rows if r.get("kind") == "summary"]
     notes = []
-    for key in dict.fromkeys((r["model_type"], r["preset"]) for r in summ):
-        mine = [r for r in summ if (r["model_type"], r["preset"]) == key]
-        base = [r for r in rows if r.get("kind") == "run" and (r["model_type"], r["preset"]) == key
-                and r["arm"] == "baseline"]
+    group = lambda r: (r["model_type"], r["preset"], r["batch"], r["seq"])  # noqa: E731
+    for key in dict.fromkeys(map(group, summ)):
+        mine = [r for r in summ if group(r) == key]
+        base = [r for r in rows if r.get("kind") == "run" and group(r) == key and r["arm"] == "baseline"]
+        name = f"{key[1]} B{key[2]}xT{key[3]}"
         if len(base) >= 2:
-            notes.append(f"{key[1]}: baseline vs its repeat: max |dloss| {float(base[-1]['max_loss_diff']):.3g} "
+            notes.append(f"{name}: baseline vs its repeat: max |dloss| {float(base[-1]['max_loss_diff']):.3g} "
                          f"(the noise floor the other arms compare with)")
         if mine[0].get("liger_kernel_note") not in ("", "not requested", None):
-            notes.append(f"{key[1]}: no Liger-Kernel arm: {mine[0]['liger_kernel_note']}")
-        bad = [r["arm"] for r in mine if str(r["loss_curves_overlap"]) != "True"]
+            notes.append(f"{name}: no Liger-Kernel arm: {mine[0]['liger_kernel_note']}")
+        notes += [f"{name}: {r['arm']} FAILED: {r['error']}" for r in mine if r.get("error")]
+        notes += [f"{name}: {r['arm']}: {r['graph_breaks']} graph breaks ({r['graph_break_reasons']})"
+                  for r in mine if r.get("graph_breaks")]
+        bad = [r["arm"] for r in mine if r["runs"] and str(r["loss_curves_overlap"]) != "True"]
         if bad:
-            notes.append(f"{key[1]}: WARNING loss curves of {', '.join(bad)} do not overlap the baseline's "
+            notes.append(f"{name}: WARNING loss curves of {', '.join(bad)} do not overlap the baseline's "
                          f"(relative difference above {LOSS_RTOL[mine[0]['dtype']]:.3g})")
-    return "\n".join([format_table(summ, COLS, HEADERS), *notes])
+    cols = COLS + (COMPILE_COLS if any(r["arm"] in COMPILED for r in summ) else [])
+    return "\n".join([format_table(summ, cols, HEADERS), *notes])
+
+
+def parse_shapes(texts) -> list[tuple[int, int]]:
+    """['4x2048', '1x512,2x1024'] -> [(4, 2048), (1, 512), (2, 1024)]: batch x sequence length."""
+    out = []
+    for part in filter(None, (p.strip().lower() for t in texts for p in t.split(","))):
+        b, x, t = part.partition("x")
+        if not (x and b.isdigit() and t.isdigit() and int(b) >= 1 and int(t) >= 2):
+            raise ValueError(f"shape {part!r}: expected BATCHxSEQ with batch >= 1 and seq >= 2, e.g. 4x2048 or 1x512")
+        out.append((int(b), int(t)))
+    return list(dict.fromkeys(out))
 
 
 def run_targets(names: list[str], *, out_dir: str = "benchmarks/results", quick: bool = False, steps: int | None = None,
-                warmup: int | None = None, batch: int = 4, seq: int = 2048, liger_kernel: bool = True,
-                echo: Callable = print) -> list[str]:
-    """Issue 9's runs (TARGETS) on the GPU, into model_<device>[_quick].csv (a partial run keeps
-    the other targets' rows); anchors and targets ride along in every row, the liger_rt summary
-    says whether it meets its target.  Returns the names that failed."""
+                warmup: int | None = None, batch: int = 4, seq: int = 2048, shapes: list | None = None,
+                liger_kernel: bool = True, csv_path: str | None = None, echo: Callable = print,
+                **compile_kw) -> list[str]:
+    """Issue 9's runs (TARGETS) on the GPU at each (batch, seq) of `shapes` (default the one
+    batch x seq), into model_<device>[_quick].csv or `csv_path`, written after every run (a
+    partial run keeps the other targets' and shapes' rows).  Anchors and targets ride along in
+    the rows of TARGET_SHAPE, the shape they were measured at, where the liger_rt summary says
+    whether it meets its target.  `compile_kw` (compile, compile_backend, compile_mode) go to
+    run_model_bench.  Returns the runs that failed, as name or name@BxT."""
     from .harness import device_tag, write_csv
     steps, warmup = steps or (8 if quick else 20), (3 if quick else 5) if warmup is None else warmup
+    shapes = list(shapes or [(batch, seq)])
+    path = Path(csv_path) if csv_path else Path(out_dir) / f"model_{device_tag()}{'_quick' if quick else ''}.csv"
     ceilings, rows, failed = measure_ceilings(quick=True), [], []
-    for name in names:
-        t = TARGETS[name]
-        run = {k: t[k] for k in RUN_KEYS if k in t}
-        run["liger_kernel"] = run.get("liger_kernel", True) and liger_kernel
-        try:
-            got = run_model_bench(**run, steps=steps, warmup=warmup, batch=batch, seq=seq, dtype="bf16", device="cuda",
-                                  ceilings=ceilings, echo=echo)
-        except Exception as exc:      # one model failing must not hide the others' numbers
-            echo(f"{name}: FAILED: {type(exc).__name__}: {exc}")
-            failed.append(name)
-            continue
-        for r in got:
-            r.update(target=name, **{k: v for k, v in t.items() if k not in RUN_KEYS})
-            if r["kind"] == "summary" and r["arm"] == "liger_rt":
-                r["meets_target"] = r["tok_per_s"] >= t["target_tok_per_s"] and \
-                    r["peak_alloc_GB"] is not None and r["peak_alloc_GB"] <= t["target_peak_GB"]
-                echo(f"{name}: liger_rt {r['tok_per_s']:.0f} tok/s (target {t['target_tok_per_s']:.0f}), peak "
-                     f"{fmt(r['peak_alloc_GB'])} GB (target {t['target_peak_GB']}): "
-                     f"{'meets the target' if r['meets_target'] else 'TARGET MISSED'}")
-        rows += got
+    for (b, sq) in shapes:
+        for name in names:
+            t, label = TARGETS[name], name if len(shapes) == 1 else f"{name}@{b}x{sq}"
+            run = {k: t[k] for k in RUN_KEYS if k in t}
+            run["liger_kernel"] = run.get("liger_kernel", True) and liger_kernel
+            try:
+                got = run_model_bench(**run, steps=steps, warmup=warmup, batch=b, seq=sq, dtype="bf16", device="cuda",
+                                      ceilings=ceilings, echo=echo, **compile_kw)
+            except Exception as exc:      # one model failing must not hide the others' numbers
+                echo(f"{label}: FAILED: {type(exc).__name__}: {exc}")
+                failed.append(label)
+                continue
+            at_target = (b, sq) == TARGET_SHAPE
+            for r in got:
+                r.update(target=name, **{k: v for k, v in t.items() if k not in RUN_KEYS and at_target})
+                if at_target and r["kind"] == "summary" and r["arm"] == "liger_rt":
+                    r["meets_target"] = r["tok_per_s"] >= t["target_tok_per_s"] and \
+                        r["peak_alloc_GB"] is not None and r["peak_alloc_GB"] <= t["target_peak_GB"]
+                    echo(f"{name}: liger_rt {r['tok_per_s']:.0f} tok/s (target {t['target_tok_per_s']:.0f}), peak "
+                         f"{fmt(r['peak_alloc_GB'])} GB (target {t['target_peak_GB']}): "
+                         f"{'meets the target' if r['meets_target'] else 'TARGET MISSED'}")
+            rows += got
+            echo(f"wrote {write_csv(got, path, ('target', 'batch', 'seq'))}")
     echo(format_summary(rows))
-    if rows:
-        path = Path(out_dir) / f"model_{device_tag()}{'_quick' if quick else ''}.csv"
-        echo(f"wrote {write_csv(rows, path, ('target',))}")
     return failed
