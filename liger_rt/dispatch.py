@@ -5,7 +5,7 @@ one place, each with an availability predicate, a candidate-config generator and
 default.  ``Op.select(x, **dims)`` answers "which implementation and config for this call" by
 the path of DESIGN.md:
 
-1. memo: key (device type, dtype, dims) -> Decision.  A hit costs one dict lookup.
+1. memo: key (device, dtype, dims) -> Decision.  A hit costs one dict lookup.
 2. env overrides: LIGER_RT_DISABLE, LIGER_RT_IMPL_<OP>, LIGER_FUSED_MOE_AUTOTUNE=0 (pinned).
 3. the tuning DB at the exact bucket (fastest fresh row among available implementations),
 4. the crossover table (ops with competing implementations), else the nearest bucket in log2,
@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import torch
 
 from . import backend, env
-from .kernels._common import dtype_name, interpreter_on
+from .kernels._common import clear_launch_memos, dtype_name, interpreter_on
 from . import opspec
 from .tuning_db.crossover import crossover_pick, derive_crossover  # noqa: F401  (the one copy)
 from .opspec import Case, Config, ConfigError, Impl, NoConfig, Op, bucket, config_dict, knob  # noqa: F401
@@ -128,10 +128,12 @@ def available_ops() -> list[str]:
 
 
 def reset() -> None:
-    """Forget every memoised decision, the arch cache and the open DB (re-read env and DB)."""
+    """Forget every memoised decision and launch constant, the arch cache and the open DB (re-read
+    env and DB)."""
     with _LOCK:
         for op in _REGISTRY.values():
             op._memo.clear()
+        clear_launch_memos()
         backend.reset()
         from . import tuning_db
         tuning_db.reset()

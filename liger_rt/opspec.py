@@ -310,7 +310,11 @@ class Op:
     # -- the hot path ----------------------------------------------------------------------------------
     def select(self, x: torch.Tensor, **dims: int):
         """Decide for a call on tensor `x` (its device and dtype) with these dims (memoised)."""
-        key = (x.device.type, x.dtype, *dims.values())
+        return self._select(x, dims)
+
+    def _select(self, x: torch.Tensor, dims: dict):
+        # the memo key: x.device (not .device.type, which builds a string each time), dtype, dims
+        key = (x.device, x.dtype, *dims.values())
         hit = self._memo.get(key)
         if hit is not None:
             return hit
@@ -329,7 +333,7 @@ class Op:
             return self.reference(*args)
         if torch.compiler.is_compiling():
             return self._traced_call(dims, args)
-        d = self.select(x, **dims)
+        d = self._select(x, dims)
         impl = self._by_name[d.impl]
         if impl.fn is not None:
             return impl.fn(*args)
@@ -421,19 +425,35 @@ class KernelFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, impl, config, *args):
         outs, saved = impl.forward(config, *args)
-        ctx.save_for_backward(*(_kept(a, i, impl.keep) if isinstance(a, torch.Tensor) else None
-                                for i, a in enumerate(args)), *saved)
+        keep = impl.keep
+        if keep is None:
+            ctx.save_for_backward(*[a if isinstance(a, torch.Tensor) else None for a in args], *saved)
+        else:
+            ctx.save_for_backward(*[_kept(a, i, keep) if isinstance(a, torch.Tensor) else None
+                                    for i, a in enumerate(args)], *saved)
         ctx.impl, ctx.config, ctx.n = impl, config, len(args)
-        ctx.scalars = tuple(None if isinstance(a, torch.Tensor) else a for a in args)
+        ctx.scalars = tuple([None if isinstance(a, torch.Tensor) else a for a in args])
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, *grads):
-        saved = ctx.saved_tensors
-        args = tuple(c if t is None else t for t, c in zip(saved[:ctx.n], ctx.scalars))
-        dargs = ctx.impl.backward(ctx.config, args, saved[ctx.n:], ctx.needs_input_grad[2:], *grads)
-        return (None, None, *dargs)
+        # the launchers are not differentiable: under create_graph (grad mode on in the backward)
+        # once_differentiable makes a second differentiation raise; otherwise its wrapper (a no_grad
+        # block and a grad-mode check, ~8 us of host time) would only return the outputs as they are
+        if torch.is_grad_enabled():
+            return _kernel_backward_once(ctx, *grads)
+        return _kernel_backward(ctx, *grads)
+
+
+def _kernel_backward(ctx, *grads):
+    saved = ctx.saved_tensors
+    n = ctx.n
+    args = tuple([c if t is None else t for t, c in zip(saved[:n], ctx.scalars)])
+    dargs = ctx.impl.backward(ctx.config, args, saved[n:], ctx.needs_input_grad[2:], *grads)
+    return (None, None, *dargs)
+
+
+_kernel_backward_once = torch.autograd.function.once_differentiable(_kernel_backward)
 
 
 def _kept(t, index: int, keep):

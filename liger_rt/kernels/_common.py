@@ -3,6 +3,7 @@ and the small Triton/launch helpers every kernel file uses (rounding, row views,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 
@@ -53,6 +54,26 @@ def triton_available(target) -> bool:
     if target.device_type == "cpu":
         return interpreter_on()
     return target.device_type == "cuda"
+
+
+_LAUNCH_MEMOS: list = []
+
+
+def launch_memo(fn):
+    """Memoise a launcher's launch constants per key, e.g. fn(config, rows, cols, device) -> (grid,
+    meta): what the hot path would otherwise recompute per call for a few microseconds each (the
+    grid, block sizes, sm_count, the TRITON_INTERPRET read).  The key holds everything the value
+    depends on besides TRITON_INTERPRET; dispatch.reset() clears every memo, so a changed variable
+    applies after a reset, as for the dispatch memo."""
+    memo = functools.lru_cache(maxsize=4096)(fn)
+    memo.fn = fn               # the freshness hash reads the launch code through .fn
+    _LAUNCH_MEMOS.append(memo)
+    return memo
+
+
+def clear_launch_memos() -> None:
+    for memo in _LAUNCH_MEMOS:
+        memo.cache_clear()
 
 
 def next_pow2(n: int) -> int:

@@ -31,8 +31,8 @@ import triton.language as tl
 from ..dispatch import register
 from ..opspec import Case, Impl, Op
 from ._common import RowNormConfig as RMSNormConfig
-from ._common import (as_rows, interpreter_on, next_pow2, norm_bwd, norm_candidates, norm_fwd, partial_sum_tile,
-                      persistent_grid, to_dtype, triton_available)
+from ._common import (as_rows, interpreter_on, launch_memo, next_pow2, norm_bwd, norm_candidates, norm_fwd,
+                      partial_sum_tile, persistent_grid, to_dtype, triton_available)
 
 # One row lives in registers: BLOCK_N 32768 over 1024 threads is 32 fp32 values per thread and
 # tensor, the most the backward (dy, x, dW accumulator) holds without spilling.
@@ -140,6 +140,23 @@ def _check_hidden(n: int) -> None:
                          f"use liger_rt.ops.rms_norm (dispatch picks torch there) or LIGER_RT_IMPL_RMS_NORM=torch")
 
 
+@launch_memo
+def _fwd_launch(config, m: int, n: int):
+    """(grid, meta) of the forward at m rows of n."""
+    return (triton.cdiv(m, config.ROWS),), dict(BLOCK_N=next_pow2(n), ROWS=config.ROWS, RNE_BF16=interpreter_on(),
+                                                 num_warps=config.num_warps)
+
+
+@launch_memo
+def _bwd_launch(config, m: int, n: int, device: torch.device):
+    """(programs, meta, dW-sum grid, dW-sum meta) of the backward at m rows of n on `device`."""
+    block_r, block_g = partial_sum_tile(device)
+    return (persistent_grid(m, device, config.bwd_progs_per_sm),
+            dict(BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch), RNE_BF16=interpreter_on(),
+                 num_warps=config.bwd_num_warps),
+            (triton.cdiv(n, block_r),), dict(BLOCK_G=block_g, BLOCK_R=block_r, RNE_BF16=interpreter_on(), num_warps=4))
+
+
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, config) -> tuple[torch.Tensor, torch.Tensor]:
     """x (..., N) -> (y (..., N), rstd (rows,) fp32)."""
     n = x.shape[-1]
@@ -148,13 +165,14 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: floa
         raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} != ({n},)")
     x2 = as_rows(x, n)
     m = x2.shape[0]
-    y = torch.empty((m, n), dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    dtype = x.dtype if weight.dtype == x.dtype else torch.promote_types(x.dtype, weight.dtype)
+    y = torch.empty((m, n), dtype=dtype, device=x.device)
     rstd = torch.empty(m, dtype=torch.float32, device=x.device)
     if m > 0:
-        _rms_norm_fwd_kernel[(triton.cdiv(m, config.ROWS),)](
-            x2, weight, y, rstd, x2.stride(0), y.stride(0), m, n, float(eps), float(offset),
-            BLOCK_N=next_pow2(n), ROWS=config.ROWS, RNE_BF16=interpreter_on(), num_warps=config.num_warps)
-    return y.view(*x.shape[:-1], n), rstd
+        grid, meta = _fwd_launch(config, m, n)
+        _rms_norm_fwd_kernel[grid](x2, weight, y, rstd, x2.stride(0), y.stride(0), m, n, float(eps), float(offset),
+                                   **meta)
+    return (y if x.dim() == 2 else y.view(*x.shape[:-1], n)), rstd
 
 
 def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float,
@@ -167,17 +185,13 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: 
     dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return dx.view(x.shape), torch.zeros_like(weight)
-    grid = persistent_grid(m, x.device, config.bwd_progs_per_sm)
+    grid, meta, dw_grid, dw_meta = _bwd_launch(config, m, n, x.device)
     part = torch.empty((grid, n), dtype=torch.float32, device=x.device)
     _rms_norm_bwd_kernel[(grid,)](
-        dy2, x2, weight, rstd, dx, part, dy2.stride(0), x2.stride(0), dx.stride(0), m, n, float(offset),
-        BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch), RNE_BF16=interpreter_on(),
-        num_warps=config.bwd_num_warps)
+        dy2, x2, weight, rstd, dx, part, dy2.stride(0), x2.stride(0), dx.stride(0), m, n, float(offset), **meta)
     dw = torch.empty(n, dtype=weight.dtype, device=weight.device)
-    block_r, block_g = partial_sum_tile(x.device)
-    _rms_norm_dw_kernel[(triton.cdiv(n, block_r),)](part, dw, grid, n, BLOCK_G=block_g, BLOCK_R=block_r,
-                                                   RNE_BF16=interpreter_on(), num_warps=4)
-    return dx.view(x.shape), dw
+    _rms_norm_dw_kernel[dw_grid](part, dw, grid, n, **dw_meta)
+    return (dx if x.dim() == 2 else dx.view(x.shape)), dw
 
 
 # -- the op: what the runtime needs besides the math ---------------------------------------------------
@@ -193,16 +207,16 @@ def _dims(x, weight, eps, offset) -> dict:
 
 
 def _forward(config, x, weight, eps, offset):
-    # x as given: flattened here, not before the Function (view nodes in the autograd graph each
-    # cost host time in the backward, which bounds a norm's wall clock on the H200)
-    y, rstd = rms_norm_fwd(as_rows(x, x.shape[-1]), weight, eps, offset, config)
-    return (y.view(x.shape),), (rstd,)
+    # x as given: flattened by the launcher, not before the Function (view nodes in the autograd
+    # graph each cost host time in the backward, which bounds a norm's wall clock on the H200)
+    y, rstd = rms_norm_fwd(x, weight, eps, offset, config)
+    return (y,), (rstd,)
 
 
 def _backward(config, args, saved, needs, dy):
     x, weight, eps, offset = args
-    dx, dw = rms_norm_bwd(dy, as_rows(x, x.shape[-1]), weight, saved[0], offset, config)
-    return dx.view(x.shape), dw, None, None
+    dx, dw = rms_norm_bwd(dy, x, weight, saved[0], offset, config)
+    return dx, dw, None, None
 
 
 def _fake(config, x, weight, eps, offset):
