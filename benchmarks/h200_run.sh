@@ -2,6 +2,7 @@
 # What we run on the H200 (the device tool here): stages by name, each under its own time limit.
 #   bash benchmarks/h200_run.sh gputests norms lfm2 losses moe host sweep parity model
 #   bash benchmarks/h200_run.sh logprobs famparity fammodel      (issues 16, 17)
+#   bash benchmarks/h200_run.sh compiled      (issue 19 item 4; COMPILED_ARGS="--compile-mode reduce-overhead" for CUDA graphs)
 #   bash benchmarks/h200_run.sh multigpu          (on nvidia-h200-x2: issue 21, benchmarks/multi_gpu.py)
 # A stage's extra arguments come from NORMS_ARGS, LFM2_ARGS, ... (e.g. MOE_ARGS="--where experts=32").
 # Results: benchmarks/results/*.csv in the tree, everything packed into $OUT/results.tgz, and the
@@ -59,6 +60,12 @@ for s in "$@"; do
     parity)   stage parity 300 python3 -m liger_rt.tools.cli parity --model qwen3 --preset qwen3-4b --dtype bf16 --device cuda ;;
     model)    stage model ${MODEL_S:-540} $B model --target ${MODEL_TARGET:-all} $Q ${MODEL_ARGS:-} ;;
     regs)     stage regs 120 python3 benchmarks/profile_regs.py ;;
+    compiled) # issue 19 item 4: model steps, baseline / liger_rt eager and torch.compile'd, Liger-Kernel eager (where
+              # it patches the model), counterbalanced, at 4x2048 and the host-bound 1x512; every target at 4x2048
+              # first; the CSV is written after each target and shape, so a cut run keeps what finished
+              stage compiled ${COMPILED_S:-400} $B model --target ${COMPILED_TARGETS:-qwen3,lfm2,lfm2moe} \
+                --shape ${COMPILED_SHAPES:-4x2048,1x512} --compile --steps ${COMPILED_STEPS:-10} --warmup 3 \
+                --csv benchmarks/results/model_compiled_h200.csv ${COMPILED_ARGS:-} ;;
     logprobs) stage logprobs ${LOGPROBS_S:-300} python3 -m liger_rt.tools.bench.logprobs $Q ${LOGPROBS_ARGS:-} ;;
     famparity)  # issue 17: the new families' bf16 parity at real (or H200-cut) sizes, every flag that has a row
               for mp in gemma3_text:gemma3-4b mistral:mistral-7b-16L mixtral:mixtral-8x7b-2L qwen2:qwen2.5-7b-14L; do

@@ -104,8 +104,9 @@ def _layer_list(ctx, param, text):
 @bench.command("model")
 @click.option("--model", "model_type", default=None,
               help="Model type: qwen3, llama, qwen3_moe, lfm2, lfm2_moe, lfm2_vl (lfm2_vl: text-only step).")
-@click.option("--target", "targets", multiple=True, help="One of issue 9's runs instead of --model, repeatable: "
-              "qwen3, lfm2, qwen3rope, lfm2moe or all (GPU; CSV model_<device>[_quick].csv in --out, or --csv).")
+@click.option("--target", "targets", multiple=True, help="One of issue 9's runs instead of --model, repeatable or "
+              "comma-separated: qwen3, lfm2, qwen3rope, lfm2moe or all (GPU; CSV model_<device>[_quick].csv in --out, "
+              "or --csv).")
 @click.option("--preset", default="tiny", show_default=True,
               help="Preset name (qwen3-1.7b, lfm2-1.2b, ...), 'tiny' for the family's tiny one, or a PATH.json.")
 @click.option("--batch", default=4, show_default=True, type=int)
@@ -150,7 +151,8 @@ def model_cmd(model_type, targets, preset, batch, seq, shapes, steps, warmup, qu
     if compile_:          # a bad backend or warm-up is a usage error before any GPU check or model build
         _run(M.resolve_arms, None, False, True, compile_backend, compile_mode, 3 if warmup is None else warmup)
     if targets:
-        names = list(M.TARGETS) if "all" in targets else list(targets)
+        targets = [t.strip() for text in targets for t in text.split(",") if t.strip()]
+        names = list(M.TARGETS) if "all" in targets else list(dict.fromkeys(targets))
         bad = [t for t in names if t not in M.TARGETS]
         if bad:
             raise click.BadParameter(f"unknown target {bad[0]!r}; valid: {', '.join(M.TARGETS)}, all",
