@@ -1,0 +1,165 @@
+"""liger_rt in the training stacks: a Trainer callback and an Auto-class loader (docs/integrations.md).
+
+    from liger_rt.integrations import AutoLigerRTModelForCausalLM, LigerRTCallback
+    model = AutoLigerRTModelForCausalLM.from_pretrained(path, fused_linear_cross_entropy=True)  # loads, patches
+    trainer = Trainer(model=model, args=args, train_dataset=ds,
+                      callbacks=[LigerRTCallback(fused_linear_cross_entropy=True)])           # or patch here
+
+transformers' own switch, ``TrainingArguments(use_liger_kernel=True)``, runs Liger-Kernel when
+training starts; ``use_kernels=True`` / ``kernelize`` swap in hub kernels at load time.  liger_rt
+fits the same two places: the callback patches the Trainer's model when the Trainer is built
+(before accelerate wraps, shards or compiles it) and, if the model was replaced since
+(``model_init``), again when training starts; the loader patches what ``AutoModelForCausalLM``
+loads.  Both patch at instance level (``liger_rt.patch(model, **layers)``).
+
+Shadowing: TRL's trainers (SFTTrainer, GRPOTrainer) put their own fused LM head on the model and
+compute the training loss and log-probs through it, so liger_rt's loss flags
+(``fused_linear_cross_entropy``, ``logprobs``, ``cross_entropy``) would not run in their training
+steps; the layer kernels still do.  The callback then leaves the loss flags off and warns once
+(``ShadowWarning``); so it does for Liger-Kernel (``use_liger_kernel``) and hub kernels
+(``use_kernels``), which replace the same layer forwards.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback
+
+from .patch import core, specs
+
+#: the flags that replace the causal LM's loss / log-probs path (TRL's fused head takes that path over)
+LOSS_FLAGS = tuple(f for f in specs.LOSS_OPS)
+
+
+class ShadowWarning(UserWarning):
+    """Another part of the training stack replaces what a liger_rt patch would run."""
+
+
+# -- detection -------------------------------------------------------------------------------------------
+
+def trl_fused_head(model) -> bool:
+    """Whether TRL's fused LM head (``trl.trainer.utils.add_fused_lm_head``, installed by SFTTrainer
+    and GRPOTrainer) is on the model: as its forward, or as the forward a liger_rt patch replaced."""
+    root = core.unwrap(model)
+    candidates = [root.__dict__.get("forward")]
+    if "forward" in root.__dict__:
+        candidates.append(core.original(root))
+    for fn in candidates:
+        fn = getattr(fn, "__func__", fn)
+        code = getattr(fn, "__code__", None)
+        if code is not None and "fused_lm_head" in code.co_varnames \
+                and getattr(fn, "__globals__", {}).get("__name__", "").startswith("trl."):
+            return True
+    return False
+
+
+def _is_trl(args) -> bool:
+    return type(args).__module__.startswith("trl.")
+
+
+def shadows(model, args=None, wanted=()) -> list[str]:
+    """Why parts of a liger_rt patch of `model` (the flags in force, plus `wanted`) would not run
+    under this stack (TrainingArguments `args`, or None); one message per cause, empty if none."""
+    info = core.describe(model) or {}
+    loss = sorted({f for f in LOSS_FLAGS if (info.get("flags") or {}).get(f)} | {f for f in wanted if f in LOSS_FLAGS})
+    out = []
+    if loss and (trl_fused_head(model) or _is_trl(args)):
+        out.append(f"TRL's fused LM head computes the training loss and log-probs itself, so liger_rt's "
+                   f"{', '.join(loss)} does not run in the TRL trainer's training steps (liger_rt's layer "
+                   f"kernels still do); leave {', '.join(f + '=False' for f in loss)} to silence this")
+    if args is not None and getattr(args, "use_liger_kernel", False):
+        out.append("TrainingArguments(use_liger_kernel=True) applies Liger-Kernel to the same layers when "
+                   "training starts, replacing liger_rt's forwards where both apply; use one of them")
+    if getattr(core.unwrap(model), "_use_kernels", False):
+        out.append("the model runs transformers' hub kernels (use_kernels=True / kernelize), which replace the "
+                   "same layer forwards as liger_rt; load without use_kernels to run liger_rt")
+    return out
+
+
+# -- Trainer callback ------------------------------------------------------------------------------------
+
+class LigerRTCallback(TrainerCallback):
+    """Patches the Trainer's model with ``liger_rt.patch(model, **layers)``.
+
+        Trainer(model=model, args=args, train_dataset=ds, callbacks=[LigerRTCallback()])
+        SFTTrainer(model=model, args=SFTConfig(...), train_dataset=ds, callbacks=[LigerRTCallback()])
+
+    When the Trainer is built (``on_init_end``), and when training starts (``on_train_begin``) if
+    the model has no liger_rt patch by then (a ``model_init`` model).  A model that already has one
+    (``liger_rt.patch`` called before, or the loader) is left as it is.  Under a TRL trainer the
+    loss flags are left off (its fused LM head replaces them); each cause of shadowing is a
+    ``ShadowWarning``, once per callback.
+    """
+
+    def __init__(self, **layers):
+        self.layers = dict(layers)
+        self._warned: set[str] = set()
+
+    def on_init_end(self, args, state, control, model=None, **kwargs):
+        self._apply(args, model)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._apply(args, model)
+
+    def _apply(self, args, model) -> None:
+        if model is None:
+            return
+        wanted = [f for f in LOSS_FLAGS if self.layers.get(f)]
+        if core.describe(model) is None:
+            layers = dict(self.layers)
+            if _is_trl(args) or trl_fused_head(model):
+                layers.update({f: False for f in wanted})
+            core.patch(model, **layers)
+        for message in shadows(model, args, wanted):
+            if message not in self._warned:
+                self._warned.add(message)
+                warnings.warn(message, ShadowWarning, stacklevel=2)
+
+
+# -- loader ----------------------------------------------------------------------------------------------
+
+_ALL_FLAGS = frozenset(f for spec in specs.SPECS.values() for f in specs.flags(spec))
+_CONFIG_KWARGS = ("revision", "trust_remote_code", "cache_dir", "token", "local_files_only", "subfolder")
+
+
+class AutoLigerRTModelForCausalLM:
+    """``AutoModelForCausalLM`` that patches what it loads (instance level).
+
+        model = AutoLigerRTModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16,
+                                                            fused_linear_cross_entropy=True)
+        model = AutoLigerRTModelForCausalLM.from_config(config, rms_norm=False)
+
+    Keyword arguments that are liger_rt flags (``rms_norm``, ``swiglu``, ...,
+    ``fused_linear_cross_entropy``) go to ``liger_rt.patch``, the rest to transformers.  The model
+    type is checked against ``liger_rt.supported_models()`` from the config, before the weights load.
+    """
+
+    def __init__(self):
+        raise TypeError("AutoLigerRTModelForCausalLM is built with from_pretrained(...) or from_config(...)")
+
+    @staticmethod
+    def _split(kwargs: dict) -> dict:
+        return {k: kwargs.pop(k) for k in list(kwargs) if k in _ALL_FLAGS}
+
+    @staticmethod
+    def _check(config, layers: dict) -> None:
+        # before any weights load: the model type and the flags, with patch's own errors
+        core._flags(core._spec(config.model_type), layers)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs) -> torch.nn.Module:
+        layers = cls._split(kwargs)
+        config = kwargs.get("config")
+        if not hasattr(config, "model_type"):
+            config = AutoConfig.from_pretrained(pretrained_model_name_or_path,
+                                                **{k: kwargs[k] for k in _CONFIG_KWARGS if k in kwargs})
+        cls._check(config, layers)
+        model = AutoModelForCausalLM.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        return core.patch(model, **layers)
+
+    @classmethod
+    def from_config(cls, config, **kwargs) -> torch.nn.Module:
+        layers = cls._split(kwargs)
+        cls._check(config, layers)
+        return core.patch(AutoModelForCausalLM.from_config(config, **kwargs), **layers)
