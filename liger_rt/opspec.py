@@ -491,11 +491,13 @@ def _build_custom_ops(op: Op):
         return [*outs, *saved]
 
     fwd_op = torch.library.custom_op(f"liger_rt::{op.name}_fwd", fwd, mutates_args=(),
-                                     schema=f"({op.schema}, str config) -> Tensor[]")
+                                     schema=f"({op.schema}, str _config) -> Tensor[]")
     fwd_op.register_fake(fwd_fake)
 
-    bwd_schema = ", ".join(["Tensor?[] tensors", "Tensor[] saved", "Tensor?[] grads",
-                            *(f"{t} {n}" for t, n in scalars), "bool[] needs", "str config"])
+    # the op's own scalar names sit beside these: prefixed so that none can clash (fused_linear_
+    # cross_entropy has an `int grads`; a duplicate name broke inductor's lowering on the H200)
+    bwd_schema = ", ".join(["Tensor?[] _fwd_tensors", "Tensor[] _fwd_saved", "Tensor?[] _out_grads",
+                            *(f"{t} {n}" for t, n in scalars), "bool[] _needs", "str _config"])
 
     def rebuild(tensors, scalar_values):
         it_t, it_s = iter(tensors), iter(scalar_values)

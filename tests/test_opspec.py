@@ -109,3 +109,19 @@ def test_toy_compiles_fullgraph_and_decides_per_bucket(monkeypatch):
 def test_integer_inputs_are_refused_with_the_accepted_list():
     with pytest.raises(TypeError, match="accepted: torch.float32, torch.bfloat16, torch.float16"):
         toy_op.toy(torch.ones(2, 3, dtype=torch.int64))
+
+
+def test_every_generated_custom_op_has_a_schema_inductor_can_read():
+    """Inductor reads each custom op's schema into an inspect.Signature while lowering: a duplicate
+    parameter name (fused_linear_cross_entropy's `int grads` beside the backward's gradients) failed
+    there on the H200, and only with backend="inductor"."""
+    from torch.fx.operator_schemas import get_signature_for_torch_op
+
+    from liger_rt import dispatch
+    ops = [dispatch.get_op(name) for name in dispatch.OP_MODULES]
+    assert len(ops) >= 10, sorted(opspec.REGISTERED)
+    for op in ops:
+        op._custom_ops()
+        for half in ("fwd", "bwd"):
+            overload = getattr(getattr(torch.ops.liger_rt, f"{op.name}_{half}"), "default")
+            assert get_signature_for_torch_op(overload), f"{op.name}_{half}"
