@@ -241,7 +241,7 @@ def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, 
     t0 = time.perf_counter()
     model = build(preset, dtype, device, seed, overrides)
     model.train()
-    undo = None
+    undo = step_model = None
     try:
         if base == "liger_rt":
             try:
@@ -289,10 +289,7 @@ def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, 
     finally:
         if undo is not None:
             undo()
-        del model
-        if compiled:
-            step_model = None
-            torch._dynamo.reset()        # the compiled graphs (and CUDA-graph pools) go with the model
+        del model, step_model          # the caller resets dynamo once it has read its counters
         gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -389,6 +386,8 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
             echo(f"  [{n + 1}/{len(order)}] {arm} FAILED ({err}); its repeat is skipped")
             continue
         finally:
+            if arm in COMPILED:
+                torch._dynamo.reset()        # the compiled graphs (and CUDA-graph pools) go with the model
             gc.collect()
             if device == "cuda":
                 torch.cuda.empty_cache()
