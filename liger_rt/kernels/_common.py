@@ -164,6 +164,16 @@ def as_rows(t: torch.Tensor, n: int) -> torch.Tensor:
     return t2
 
 
+def row_layout(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int, int]:
+    """(tensor, rows, row stride) of (..., n) for a kernel that walks rows of n with unit column
+    stride: `t` itself when contiguous (row r starts at r * n; no reshape, no view: each costs a
+    microsecond of host time per call), else as_rows(t, n)."""
+    if n and t.is_contiguous():
+        return t, t.numel() // n, n
+    t2 = as_rows(t, n)
+    return t2, t2.shape[0], t2.stride(0)
+
+
 def warps_for(elems: int, per_thread: int, arch) -> int:
     """Warps that give each thread `per_thread` of a tile's `elems` values, within the arch's ceiling."""
     return int(min(max(elems // (arch.warp_size * per_thread), 1), arch.max_num_warps))

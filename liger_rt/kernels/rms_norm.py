@@ -31,8 +31,8 @@ import triton.language as tl
 from ..dispatch import register
 from ..opspec import Case, Impl, Op
 from ._common import RowNormConfig as RMSNormConfig
-from ._common import (as_rows, interpreter_on, launch_memo, next_pow2, norm_bwd, norm_candidates, norm_fwd,
-                      partial_sum_tile, persistent_grid, to_dtype, triton_available)
+from ._common import (interpreter_on, launch_memo, next_pow2, norm_bwd, norm_candidates, norm_fwd,
+                      partial_sum_tile, persistent_grid, row_layout, to_dtype, triton_available)
 
 # One row lives in registers: BLOCK_N 32768 over 1024 threads is 32 fp32 values per thread and
 # tensor, the most the backward (dy, x, dW accumulator) holds without spilling.
@@ -163,16 +163,14 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: floa
     _check_hidden(n)
     if weight.shape != (n,):
         raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} != ({n},)")
-    x2 = as_rows(x, n)
-    m = x2.shape[0]
+    x2, m, stride_x = row_layout(x, n)
     dtype = x.dtype if weight.dtype == x.dtype else torch.promote_types(x.dtype, weight.dtype)
-    y = torch.empty((m, n), dtype=dtype, device=x.device)
+    y = torch.empty(x.shape, dtype=dtype, device=x.device)      # contiguous: rows of n
     rstd = torch.empty(m, dtype=torch.float32, device=x.device)
     if m > 0:
         grid, meta = _fwd_launch(config, m, n)
-        _rms_norm_fwd_kernel[grid](x2, weight, y, rstd, x2.stride(0), y.stride(0), m, n, float(eps), float(offset),
-                                   **meta)
-    return (y if x.dim() == 2 else y.view(*x.shape[:-1], n)), rstd
+        _rms_norm_fwd_kernel[grid](x2, weight, y, rstd, stride_x, n, m, n, float(eps), float(offset), **meta)
+    return y, rstd
 
 
 def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float,
@@ -180,18 +178,16 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: 
     """dy, x (..., N), rstd (rows,) -> (dx (..., N) in x.dtype, dW (N,) in weight.dtype)."""
     n = x.shape[-1]
     _check_hidden(n)
-    x2, dy2 = as_rows(x, n), as_rows(dy, n)
-    m = x2.shape[0]
-    dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    (x2, m, stride_x), (dy2, _, stride_dy) = row_layout(x, n), row_layout(dy, n)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)   # contiguous: rows of n
     if m == 0:
-        return dx.view(x.shape), torch.zeros_like(weight)
+        return dx, torch.zeros_like(weight)
     grid, meta, dw_grid, dw_meta = _bwd_launch(config, m, n, x.device)
     part = torch.empty((grid, n), dtype=torch.float32, device=x.device)
-    _rms_norm_bwd_kernel[(grid,)](
-        dy2, x2, weight, rstd, dx, part, dy2.stride(0), x2.stride(0), dx.stride(0), m, n, float(offset), **meta)
+    _rms_norm_bwd_kernel[(grid,)](dy2, x2, weight, rstd, dx, part, stride_dy, stride_x, n, m, n, float(offset), **meta)
     dw = torch.empty(n, dtype=weight.dtype, device=weight.device)
     _rms_norm_dw_kernel[dw_grid](part, dw, grid, n, **dw_meta)
-    return (dx if x.dim() == 2 else dx.view(x.shape)), dw
+    return dx, dw
 
 
 # -- the op: what the runtime needs besides the math ---------------------------------------------------

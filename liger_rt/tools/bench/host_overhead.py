@@ -17,17 +17,17 @@ import torch
 from .harness import peer, time_fn
 
 
-def _per_call_us(fn: Callable, calls: int, sync: bool) -> float:
+def _per_call_us(fn: Callable, calls: int, sync: bool, clock: Callable = time.perf_counter) -> float:
     for _ in range(min(calls, 1000)):
         fn()
     if sync:
         torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in range(calls):
         fn()
     if sync:
         torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
+    return (clock() - t0) / calls * 1e6
 
 
 class _Identity(torch.autograd.Function):
@@ -140,7 +140,9 @@ def cpu_stub(repeats: int = 7, calls: int = 2000, rows: int = 16, hidden: int = 
              echo: Callable = print) -> list[dict]:
     """Host microseconds of rms_norm forward+backward through the real Python path on CPU tensors,
     the Triton launches stubbed (:class:`StubbedLaunches`); median over `repeats` of the mean of
-    `calls` calls, beside the floors (an identity autograd Function, eager x * 2).  Sets
+    `calls` calls, beside the floors (an identity autograd Function, eager x * 2).  Timed in this
+    thread's CPU time (time.thread_time: on CPU tensors the autograd engine runs the backward on
+    the calling thread), so other processes on a shared machine do not inflate it.  Sets
     TRITON_INTERPRET=1 and LIGER_RT_IMPL_RMS_NORM=triton for the run (so dispatch takes the
     Triton path on CPU; the decision is made once, on the first call) and restores both."""
     import os
@@ -168,13 +170,13 @@ def cpu_stub(repeats: int = 7, calls: int = 2000, rows: int = 16, hidden: int = 
                 raise RuntimeError(f"cpu stub: rms_norm took {decision.impl} with {stub.launches} stubbed launches; "
                                    "expected the triton path")
             for name, fn in probes.items():
-                samples = [_per_call_us(fn, calls, sync=False) for _ in range(repeats)]
+                samples = [_per_call_us(fn, calls, sync=False, clock=time.thread_time) for _ in range(repeats)]
                 rows_out.append({"what": name, "us": round(statistics.median(samples), 2),
                                  "min_us": round(min(samples), 2), "shape": f"{rows}x{hidden}",
                                  "python": platform.python_version(), "torch": torch.__version__,
                                  "cpu": platform.processor() or platform.machine(),
                                  "method": f"CPU stub (Triton launches no-ops): median of {repeats} means "
-                                           f"of {calls} calls, perf_counter"})
+                                           f"of {calls} calls, this thread's CPU time"})
     finally:
         for k, v in saved_env.items():
             if v is None:
