@@ -85,6 +85,25 @@ def graph_ms(fn: Callable[[], object], *, rep_ms: float = 30.0, replays: int = 1
 _GRAPH_FAILURES: set[str] = set()
 
 
+def host_syncs(fn: Callable[[], object]) -> bool:
+    """Whether fn() makes a synchronizing CUDA call (.item(), nonzero, a copy to the host: the
+    eager MoE loop, a reference that counts its targets), found by one call under torch's sync
+    debug mode instead of a capture that fails.  On the H200 (2026-12-03) failed captures of such
+    references kept their graph pools: 138 GB after the MoE and loss cases, then OOM."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn()
+        return False
+    except RuntimeError as exc:
+        if "synchroniz" not in str(exc).lower():
+            raise
+        return True
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+        torch.cuda.synchronize()
+
+
 def time_fn(fn: Callable[[], object], device_type: str, *, quick: bool = False,
             method: str | None = None) -> tuple[float, str]:
     """(milliseconds per fn(), method).  On a GPU: `graph_ms` ("cuda-graph", device time) where
@@ -102,6 +121,8 @@ def time_fn(fn: Callable[[], object], device_type: str, *, quick: bool = False,
         warmup, rep = (10, 30) if quick else (25, 100)
         fn()  # compile and allocate outside the capture: a candidate that cannot run fails here
         torch.cuda.synchronize()
+        if method != "do_bench" and host_syncs(fn):
+            method = "do_bench"   # never try to capture it: a failed capture keeps its memory pool
         try:
             if method != "do_bench":
                 try:

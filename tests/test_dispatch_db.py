@@ -273,8 +273,8 @@ def test_validation_tolerates_ulp_outliers_but_not_wrong_elements():
 
 
 def test_shipped_defaults_load_valid_and_say_what_they_are():
-    """Every shipped row passes validation; rows without a recorded method or fingerprint are used
-    (until re-swept on the H200) and marked stale; crossovers say which tool made them."""
+    """Every shipped row passes validation and says how it was measured; crossovers say which tool
+    made them (the hopper one: the sweep, which measured every implementation)."""
     from liger_rt.tuning_db.store import classify, shipped_defaults
     shipped = shipped_defaults()
     for table in ("tuning", "crossover", "measurements"):
@@ -282,10 +282,34 @@ def test_shipped_defaults_load_valid_and_say_what_they_are():
         assert not bad, bad
     rows = shipped.select("tuning", "arch = ?", ["hopper"])
     assert len(rows) >= 20 and {r["origin"] for r in rows} == {"sweep"}
-    assert {r["origin"] for r in shipped.select("crossover")} == {"bench", "published"}
+    assert {r["method"] for r in rows} <= {"cuda-graph", "do_bench"} and all(r["device_name"] for r in rows)
+    crossovers = {r["arch"]: r for r in shipped.select("crossover")}
+    assert crossovers["hopper"]["origin"] == "sweep" and crossovers["hopper"]["method"]
+    assert crossovers["mi325x"]["origin"] == "published"
     with warnings.catch_warnings():
         warnings.simplefilter("error")          # a shipped row never warns
         d = dispatch.select("rms_norm", dtype="bf16", arch="hopper", rows=4096, hidden=4096)
     assert "shipped" in d.reason
     if d.origin == "db":
         assert "unrecorded" in d.reason and "STALE" in d.reason
+
+
+def test_host_syncing_candidates_are_timed_without_a_capture(monkeypatch):
+    """autotune.host_syncs: a fn that trips torch's sync debug mode is reported (timed by do_bench,
+    never captured); other errors are not swallowed; the mode is restored either way."""
+    from liger_rt import autotune
+    modes = []
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    def syncs():
+        raise RuntimeError("called a synchronizing CUDA operation")
+
+    def broken():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    assert autotune.host_syncs(syncs) is True and autotune.host_syncs(lambda: None) is False
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        autotune.host_syncs(broken)
+    assert modes == ["error", 0] * 3
