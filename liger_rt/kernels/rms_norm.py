@@ -165,7 +165,7 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: floa
         raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} != ({n},)")
     x2, m, stride_x = row_layout(x, n)
     dtype = x.dtype if weight.dtype == x.dtype else torch.promote_types(x.dtype, weight.dtype)
-    y = torch.empty(x.shape, dtype=dtype, device=x.device)      # contiguous: rows of n
+    y = torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format)    # rows of n
     rstd = torch.empty(m, dtype=torch.float32, device=x.device)
     if m > 0:
         grid, meta = _fwd_launch(config, m, n)
@@ -179,13 +179,13 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: 
     n = x.shape[-1]
     _check_hidden(n)
     (x2, m, stride_x), (dy2, _, stride_dy) = row_layout(x, n), row_layout(dy, n)
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)   # contiguous: rows of n
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)    # rows of n
     if m == 0:
         return dx, torch.zeros_like(weight)
     grid, meta, dw_grid, dw_meta = _bwd_launch(config, m, n, x.device)
     part = torch.empty((grid, n), dtype=torch.float32, device=x.device)
     _rms_norm_bwd_kernel[(grid,)](dy2, x2, weight, rstd, dx, part, stride_dy, stride_x, n, m, n, float(offset), **meta)
-    dw = torch.empty(n, dtype=weight.dtype, device=weight.device)
+    dw = torch.empty_like(weight, memory_format=torch.contiguous_format)
     _rms_norm_dw_kernel[dw_grid](part, dw, grid, n, **dw_meta)
     return dx, dw
 
