@@ -47,8 +47,22 @@ def versions() -> dict:
         try:
             out[col] = metadata.version(dist)
         except metadata.PackageNotFoundError:
-            out[col] = "not installed"
+            out[col] = source_version() if col == "liger_rt" else "not installed"
     return out
+
+
+def source_version() -> str:
+    """liger_rt run from a checkout (not pip-installed, as on the H200 image): its version and commit."""
+    import subprocess
+
+    import liger_rt
+    root = Path(liger_rt.__file__).resolve().parents[1]
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        rev = ""
+    return f"{liger_rt.__version__}+{rev}" if rev else f"{liger_rt.__version__} (source)"
 
 
 def device_tag() -> str:
