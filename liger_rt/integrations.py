@@ -38,24 +38,45 @@ class ShadowWarning(UserWarning):
 
 # -- detection -------------------------------------------------------------------------------------------
 
-def trl_fused_head(model) -> bool:
-    """Whether TRL's fused LM head (``trl.trainer.utils.add_fused_lm_head``, installed by SFTTrainer
-    and GRPOTrainer) is on the model: as its forward, or as the forward a liger_rt patch replaced."""
-    root = core.unwrap(model)
-    candidates = [root.__dict__.get("forward")]
-    if "forward" in root.__dict__:
-        candidates.append(core.original(root))
-    for fn in candidates:
+def _is_trl_head(fn) -> bool:
+    for _ in range(8):                              # down the __wrapped__ chain
         fn = getattr(fn, "__func__", fn)
         code = getattr(fn, "__code__", None)
-        if code is not None and "fused_lm_head" in code.co_varnames \
-                and getattr(fn, "__globals__", {}).get("__name__", "").startswith("trl."):
+        if code is None:
+            return False
+        if "fused_lm_head" in code.co_varnames and fn.__globals__.get("__name__", "").startswith("trl."):
             return True
+        fn = getattr(fn, "__wrapped__", None)
     return False
 
 
+def trl_fused_head(model) -> bool:
+    """Whether TRL's fused LM head (``trl.trainer.utils.add_fused_lm_head``, installed by SFTTrainer,
+    GRPOTrainer and others) is on the model: as its forward, inside a wrapper of it (accelerate's
+    fp32-output wrapper, anything ``functools.wraps``), or as the forward a liger_rt patch replaced."""
+    root = core.unwrap(model)
+    own = root.__dict__
+    candidates = [own.get("forward"), own.get("_original_forward")]
+    if "forward" in own:
+        candidates.append(core.original(root))
+    return any(_is_trl_head(fn) for fn in candidates)
+
+
+def _loss_over_trl_head(model) -> list[str]:
+    """The liger_rt loss flags patched *over* TRL's head (after the TRL trainer was built): TRL's
+    training step then gets liger_rt's output, without the log-probs it reads."""
+    root = core.unwrap(model)
+    info = core.describe(root) or {}
+    flags = [f for f in ("fused_linear_cross_entropy", "logprobs") if (info.get("flags") or {}).get(f)]
+    return flags if flags and info.get("level") == "instance" and _is_trl_head(core.original(root)) else []
+
+
+# the TRL configs whose trainers add the fused head (TRL 1.16); at on_init_end it is not there yet
+_TRL_FUSED_HEAD_CONFIGS = {"SFTConfig", "GRPOConfig", "DPOConfig", "KTOConfig", "RLOOConfig"}
+
+
 def _is_trl(args) -> bool:
-    return type(args).__module__.startswith("trl.")
+    return any(c.__module__.startswith("trl.") and c.__name__ in _TRL_FUSED_HEAD_CONFIGS for c in type(args).__mro__)
 
 
 def shadows(model, args=None, wanted=()) -> list[str]:
@@ -106,6 +127,11 @@ class LigerRTCallback(TrainerCallback):
         if model is None:
             return
         wanted = [f for f in LOSS_FLAGS if self.layers.get(f)]
+        over = _loss_over_trl_head(model)
+        if over:
+            raise ValueError(f"liger_rt's {', '.join(over)} was patched over TRL's fused LM head (liger_rt.patch "
+                             f"after the TRL trainer was built), so TRL's training step would not get its "
+                             f"log-probs; patch before building the trainer, or pass {over[0]}=False")
         if core.describe(model) is None:
             layers = dict(self.layers)
             if _is_trl(args) or trl_fused_head(model):
