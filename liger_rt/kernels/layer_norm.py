@@ -26,8 +26,8 @@ import triton.language as tl
 from ..dispatch import register
 from ..opspec import Case, Impl, Op
 from ._common import RowNormConfig as LayerNormConfig
-from ._common import (as_rows, interpreter_on, next_pow2, norm_bwd, norm_candidates, norm_fwd, partial_sum_tile,
-                      persistent_grid, row_plan, to_dtype, triton_available)
+from ._common import (interpreter_on, launch_memo, next_pow2, norm_bwd, norm_candidates, norm_fwd, partial_sum_tile,
+                      persistent_grid, row_layout, row_plan, to_dtype, triton_available)
 
 # One row lives in registers (see rms_norm.py); the backward holds two accumulators here.
 MAX_HIDDEN = 32768
@@ -165,22 +165,38 @@ def _check_hidden(n: int) -> None:
                          f"use liger_rt.ops.layer_norm (dispatch picks torch there) or LIGER_RT_IMPL_LAYER_NORM=torch")
 
 
+@launch_memo
+def _fwd_launch(config, m: int, n: int, has_bias: bool):
+    """(grid, meta) of the forward at m rows of n."""
+    return (triton.cdiv(m, config.ROWS),), dict(BLOCK_N=next_pow2(n), ROWS=config.ROWS, HAS_BIAS=has_bias,
+                                                 RNE_BF16=interpreter_on(), num_warps=config.num_warps)
+
+
+@launch_memo
+def _bwd_launch(config, m: int, n: int, has_bias: bool, device: torch.device):
+    """(programs, meta, dW/dB-sum grid, dW/dB-sum meta) of the backward at m rows of n on `device`."""
+    block_r, block_g = partial_sum_tile(device)
+    return (persistent_grid(m, device, config.bwd_progs_per_sm),
+            dict(BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch), HAS_BIAS=has_bias,
+                 RNE_BF16=interpreter_on(), num_warps=config.bwd_num_warps),
+            (triton.cdiv(n, block_r),),
+            dict(BLOCK_G=block_g, BLOCK_R=block_r, HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=4))
+
+
 def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
                    config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (..., N), weight/bias (N,) -> (y (..., N) in x.dtype, mean (rows,), rstd (rows,) fp32)."""
     n = x.shape[-1]
     _check_hidden(n)
-    x2 = as_rows(x, n)
-    m = x2.shape[0]
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    x2, m, stride_x = row_layout(x, n)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)    # rows of n
     mean = torch.empty(m, dtype=torch.float32, device=x.device)
     rstd = torch.empty(m, dtype=torch.float32, device=x.device)
     if m > 0:
-        _layer_norm_fwd_kernel[(triton.cdiv(m, config.ROWS),)](
-            x2, weight, bias if bias is not None else weight, y, mean, rstd, x2.stride(0), y.stride(0), m, n,
-            float(eps), BLOCK_N=next_pow2(n), ROWS=config.ROWS, HAS_BIAS=bias is not None, RNE_BF16=interpreter_on(),
-            num_warps=config.num_warps)
-    return y.view(x.shape), mean, rstd
+        grid, meta = _fwd_launch(config, m, n, bias is not None)
+        _layer_norm_fwd_kernel[grid](x2, weight, bias if bias is not None else weight, y, mean, rstd, stride_x, n, m,
+                                     n, float(eps), **meta)
+    return y, mean, rstd
 
 
 def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -188,26 +204,20 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
     """-> (dx (..., N) in x.dtype, dW (N,) in weight.dtype, dB (N,) in bias.dtype or None)."""
     n = x.shape[-1]
     _check_hidden(n)
-    x2, dy2 = as_rows(x, n), as_rows(dy, n)
-    m = x2.shape[0]
+    (x2, m, stride_x), (dy2, _, stride_dy) = row_layout(x, n), row_layout(dy, n)
     has_bias = bias is not None
-    dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)   # rows of n
     if m == 0:
-        return dx.view(x.shape), torch.zeros_like(weight), (torch.zeros_like(bias) if has_bias else None)
-    grid = persistent_grid(m, x.device, config.bwd_progs_per_sm)
+        return dx, torch.zeros_like(weight), (torch.zeros_like(bias) if has_bias else None)
+    grid, meta, sum_grid, sum_meta = _bwd_launch(config, m, n, has_bias, x.device)
     part = torch.empty((2 if has_bias else 1, grid, n), dtype=torch.float32, device=x.device)
     part_b = part[1] if has_bias else part[0]
-    _layer_norm_bwd_kernel[(grid,)](
-        dy2, x2, weight, mean, rstd, dx, part[0], part_b, dy2.stride(0), x2.stride(0), dx.stride(0), m, n,
-        BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch), HAS_BIAS=has_bias,
-        RNE_BF16=interpreter_on(), num_warps=config.bwd_num_warps)
-    dw = torch.empty(n, dtype=weight.dtype, device=weight.device)
-    db = torch.empty(n, dtype=bias.dtype, device=bias.device) if has_bias else None
-    block_r, block_g = partial_sum_tile(x.device)
-    _layer_norm_dwdb_kernel[(triton.cdiv(n, block_r),)](
-        part[0], part_b, dw, db if has_bias else dw, grid, n, BLOCK_G=block_g, BLOCK_R=block_r,
-        HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=4)
-    return dx.view(x.shape), dw, db
+    _layer_norm_bwd_kernel[(grid,)](dy2, x2, weight, mean, rstd, dx, part[0], part_b, stride_dy, stride_x, n, m, n,
+                                    **meta)
+    dw = torch.empty_like(weight, memory_format=torch.contiguous_format)
+    db = torch.empty_like(bias, memory_format=torch.contiguous_format) if has_bias else None
+    _layer_norm_dwdb_kernel[sum_grid](part[0], part_b, dw, db if has_bias else dw, grid, n, **sum_meta)
+    return dx, dw, db
 
 
 # -- the op: what the runtime needs besides the math ---------------------------------------------------
@@ -226,15 +236,15 @@ def _dims(x, weight, bias, eps) -> dict:
 
 
 def _forward(config, x, weight, bias, eps):
-    # x as given, flattened here (no view nodes in the autograd graph: see rms_norm.py)
-    y, mean, rstd = layer_norm_fwd(as_rows(x, x.shape[-1]), weight, bias, eps, config)
-    return (y.view(x.shape),), (mean, rstd)
+    # x as given, flattened by the launcher (no view nodes in the autograd graph: see rms_norm.py)
+    y, mean, rstd = layer_norm_fwd(x, weight, bias, eps, config)
+    return (y,), (mean, rstd)
 
 
 def _backward(config, args, saved, needs, dy):
     x, weight, bias, eps = args
-    dx, dw, db = layer_norm_bwd(dy, as_rows(x, x.shape[-1]), weight, bias, *saved, config)
-    return dx.view(x.shape), dw, db, None
+    dx, dw, db = layer_norm_bwd(dy, x, weight, bias, *saved, config)
+    return dx, dw, db, None
 
 
 def _fake(config, x, weight, bias, eps):
