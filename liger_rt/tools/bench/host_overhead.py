@@ -120,7 +120,9 @@ class StubbedLaunches:
     code.  `launches` counts the stubbed calls."""
 
     def __init__(self, *modules):
-        self.kernels = [obj for m in modules for obj in vars(m).values() if hasattr(obj, "run") and hasattr(obj, "fn")]
+        from triton.runtime.jit import KernelInterface     # JITFunction and the interpreter's InterpretedFunction
+        kernels = {id(obj): obj for m in modules for obj in vars(m).values() if isinstance(obj, KernelInterface)}
+        self.kernels = list(kernels.values())
         self.launches = 0
 
     def _run(self, *args, grid, warmup, **kwargs):
