@@ -189,3 +189,24 @@ def cpu_stub(repeats: int = 7, calls: int = 2000, rows: int = 16, hidden: int = 
     for r in rows_out:
         echo(f"{r['what']:45s} {r['shape']:>9s} {r['us']:8.2f} us (min {r['min_us']:.2f})  {r['method']}")
     return rows_out
+
+
+def main(argv=None) -> int:
+    """python -m liger_rt.tools.bench.host_overhead --cpu-stub [--repeats N --calls N --rows M --hidden N]"""
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m liger_rt.tools.bench.host_overhead",
+                                description="Host microseconds of rms_norm fwd+bwd on CPU, Triton launches stubbed.")
+    p.add_argument("--cpu-stub", action="store_true", required=True, help="the CPU stub probe (no GPU needed)")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--rows", type=int, default=16)
+    p.add_argument("--hidden", type=int, default=1024)
+    a = p.parse_args(argv)
+    if min(a.repeats, a.calls, a.rows, a.hidden) < 1:
+        p.error("--repeats, --calls, --rows and --hidden must be positive")
+    cpu_stub(a.repeats, a.calls, a.rows, a.hidden)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
