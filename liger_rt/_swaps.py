@@ -47,6 +47,7 @@ class Swap:
 
 # (owner, attribute) -> Swap; owner is a class or a module object
 LEDGER: dict[tuple[Any, str], Swap] = {}
+SWAPPED = "_liger_rt_swapped"            # set on every function hold() puts in place
 
 
 def hold(owner, attr: str, value, holder: str, keys: list) -> None:
@@ -57,6 +58,8 @@ def hold(owner, attr: str, value, holder: str, keys: list) -> None:
         swap = LEDGER[key] = Swap(owner.__dict__.get(attr, MISSING), value, set())
     swap.holders.add(holder)
     swap.value = value
+    if isinstance(value, types.FunctionType):
+        value.__dict__[SWAPPED] = True
     setattr(owner, attr, value)
     keys.append(key)
 
@@ -152,6 +155,11 @@ def class_original(cls: type, attr: str = "forward"):
     for klass in cls.__mro__:
         if attr not in klass.__dict__:
             continue
+        value = klass.__dict__[attr]
+        if isinstance(value, types.FunctionType) and not value.__dict__.get(SWAPPED):
+            # never a swap: no ledger read, which torch.compile would guard on (every patch or
+            # unpatch of any model recompiled the graph, and one mid-trace failed its guards)
+            return value
         swap = LEDGER.get((klass, attr))
         if swap is None:
             return klass.__dict__[attr]
