@@ -336,28 +336,128 @@ def sweep(plan: list, target, store, *, quick: bool = False, origin: str = "swee
     A case that cannot be measured (e.g. its inputs do not fit in memory) is reported and skipped;
     a DB that cannot be written (TuningDBError) stops the sweep.  `progress` wraps the plan
     (e.g. tqdm) and may take set_postfix_str.  Returns {"results", "skipped", "crossovers"}."""
-    from .kernels._common import parse_dtype
     results, skipped, ops = [], [], {}
     cases = progress(plan) if progress else plan
-    for op, dims, dt, tag in cases:
-        if hasattr(cases, "set_postfix_str"):
-            cases.set_postfix_str(f"{op.name} {','.join(f'{k}={v}' for k, v in dims.items())} {dt} {tag}".strip())
-        try:
-            result = tune(op, target, parse_dtype(dt), dims, quick=quick, tag=tag)
-        except Exception as exc:
-            if target.device_type == "cuda":
-                torch.cuda.empty_cache()
-            skipped.append({"op": op.name, "dims": dims, "dtype": dt, "tag": tag,
-                            "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"})
+    for case in cases:
+        result, skip = _sweep_case(case, target, quick, cases)
+        if skip is not None:
+            skipped.append(skip)
             continue
-        persist(op, result, store, origin=origin)
-        ops[op.name] = op
+        persist(case[0], result, store, origin=origin)
+        ops[case[0].name] = case[0]
         results.append(result)
+    rows = _persist_crossovers(results, ops, target, store, origin)
+    return {"results": results, "skipped": skipped, "crossovers": rows}
+
+
+def _sweep_case(case, target, quick: bool, bar=None) -> tuple[dict | None, dict | None]:
+    """(tune's result, None) for one plan case, or (None, the skipped record) when it cannot be
+    measured."""
+    from .kernels._common import parse_dtype
+    op, dims, dt, tag = case
+    if hasattr(bar, "set_postfix_str"):
+        bar.set_postfix_str(f"{op.name} {','.join(f'{k}={v}' for k, v in dims.items())} {dt} {tag}".strip())
+    try:
+        return tune(op, target, parse_dtype(dt), dims, quick=quick, tag=tag), None
+    except Exception as exc:
+        if target.device_type == "cuda":
+            torch.cuda.empty_cache()
+        return None, {"op": op.name, "dims": dims, "dtype": dt, "tag": tag,
+                      "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
+
+
+def _persist_crossovers(results: list[dict], ops: dict, target, store, origin: str) -> list[dict]:
     rows = crossovers(results, ops)
     with store.transaction():
         for row in rows:
             store.put_crossover({**row, "origin": origin, **fingerprint(target.arch, ops[row["op"]].source_hash)})
-    return {"results": results, "skipped": skipped, "crossovers": rows}
+    return rows
+
+
+class ShardedSweepError(RuntimeError):
+    """A rank of a sharded sweep failed outside a case (every rank raises it, naming the rank)."""
+
+
+def _one_line_error(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+
+
+def sweep_sharded(plan: list, target, open_store: Callable[[], object], *, quick: bool = False,
+                  origin: str = "sweep", progress=None, group=None) -> dict | None:
+    """`sweep` split across the ranks of a torch.distributed job (a collective: every rank calls it
+    with the same plan): case i goes to rank i % world, in rounds of one case per rank; after each
+    round the results are all-gathered and rank 0 persists them in plan order, one transaction per
+    case, through the code `sweep` uses (`persist`), then the crossovers of all of them.  Only rank 0
+    calls `open_store` (before the first exchange, so that its failure stops every rank) and closes it.
+    Returns sweep's {"results", "skipped", "crossovers"} (plan order) on rank 0, None elsewhere.
+
+    Neighbouring cases of a plan are alike (same op, dtype, nearby shapes), so a round costs about
+    one case; a sweep cut short keeps the rounds already persisted.  A case that cannot be measured
+    is skipped as in `sweep`; any other failure of a rank (its setup, rank 0's DB) is exchanged at
+    the next round and every rank raises ShardedSweepError naming it: no rank waits for a dead one."""
+    import hashlib
+    import pickle
+
+    import torch.distributed as dist
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    digest = hashlib.sha256(json.dumps([(op.name, dims, dt, tag) for op, dims, dt, tag in plan],
+                                       sort_keys=True).encode()).hexdigest()
+    rounds = range(-(-len(plan) // world))
+    results, skipped, ops, rows = [], [], {}, []
+    state = {"store": None, "error": None}
+
+    def exchange(payload: dict) -> list[dict]:
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, {**payload, "error": state["error"], "plan": digest,
+                                          "persisted": len(results)}, group=group)
+        bad = [f"rank {r}: {p['error']}" for r, p in enumerate(gathered) if p["error"]]
+        bad += [f"rank {r} has another plan than rank 0 (the same command line on every rank?)"
+                for r, p in enumerate(gathered) if p["plan"] != gathered[0]["plan"]]
+        if bad:
+            raise ShardedSweepError(f"sharded sweep stopped: {'; '.join(bad)} "
+                                    f"({gathered[0]['persisted']} of {len(plan)} cases persisted)")
+        return gathered
+
+    try:
+        if rank == 0:
+            try:
+                state["store"] = open_store()
+            except Exception as exc:
+                state["error"] = _one_line_error(exc)
+            if progress:
+                rounds = progress(rounds)
+        for rnd in rounds:
+            i, payload = rnd * world + rank, {"index": None}
+            if state["error"] is None and i < len(plan):
+                try:
+                    payload.update(index=i, out=_sweep_case(plan[i], target, quick, rounds))
+                    pickle.dumps(payload)    # here, not inside the collective that the other ranks wait in
+                except Exception as exc:    # _sweep_case catches a case's own failures: this is the rank's
+                    state["error"], payload = _one_line_error(exc), {"index": None}
+            for p in exchange(payload):
+                if rank != 0 or p["index"] is None or state["error"] is not None:
+                    continue
+                (op, *_), (result, skip) = plan[p["index"]], p["out"]
+                if skip is not None:
+                    skipped.append(skip)
+                    continue
+                try:
+                    persist(op, result, state["store"], origin=origin)
+                except Exception as exc:    # told to every rank at the next exchange
+                    state["error"] = _one_line_error(exc)
+                    continue
+                ops[op.name] = op
+                results.append(result)
+        if rank == 0 and state["error"] is None:
+            try:
+                rows = _persist_crossovers(results, ops, target, state["store"], origin)
+            except Exception as exc:
+                state["error"] = _one_line_error(exc)
+        exchange({"index": None})    # the closing barrier: a failure anywhere fails every rank
+    finally:
+        if state["store"] is not None:
+            state["store"].close()
+    return {"results": results, "skipped": skipped, "crossovers": rows} if rank == 0 else None
 
 
 def _dist_world() -> tuple[int, int]:

@@ -79,7 +79,8 @@ def _library_errors() -> tuple:
     """Errors that carry a message for the user (a bad value, an unusable file, a refusal)."""
     from liger_rt import autotune, env
     from liger_rt.tuning_db import RowError, TuningDBError
-    return (env.EnvError, TuningDBError, RowError, autotune.ArchMismatchError, ValueError, OSError)
+    return (env.EnvError, TuningDBError, RowError, autotune.ArchMismatchError, autotune.ShardedSweepError,
+            ValueError, OSError)
 
 
 class _Group(click.Group):
@@ -313,6 +314,7 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
 
     from liger_rt import autotune, dispatch
     from liger_rt.kernels._common import parse_dtype
+    from liger_rt.tools import distributed
     arch_name = _check_arch(arch_name)
     ops = _check_ops(ops) if ops else list(dispatch.OP_MODULES)
     if shapes and len(ops) != 1:
@@ -324,6 +326,9 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
             parse_dtype(d)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--dtype")
+    sharded = not dry_run and distributed.launched()     # under torchrun: autotune.sweep_sharded
+    if sharded:
+        _, world = distributed.init_from_env("cpu" if arch_name == "cpu" else "cuda")
     if dry_run:
         target = dispatch.target_for_arch(arch_name)
     else:
@@ -349,13 +354,25 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
         return
     from tqdm import tqdm
 
-    store = _open_user(db_path, readonly=False)
-    click.echo(f"sweeping {len(plan)} cases on {target.arch.name} ({target.arch.device_name}) into {store.path}", err=True)
-    try:
-        out = autotune.sweep([(dispatch.get_op(n), d, dt, tag) for n, d, dt, tag in plan], target, store, quick=quick,
-                             progress=lambda p: tqdm(p, unit="case", file=sys.stderr, dynamic_ncols=True))
-    finally:
-        store.close()
+    def open_store():
+        store = _open_user(db_path, readonly=False)
+        click.echo(f"sweeping {len(plan)} cases on {target.arch.name} ({target.arch.device_name}) into {store.path}"
+                   + (f", split across {world} ranks" if sharded else ""), err=True)
+        return store
+
+    cases = [(dispatch.get_op(n), d, dt, tag) for n, d, dt, tag in plan]
+    shown = {"unit": "round", "desc": f"{world} ranks"} if sharded else {"unit": "case"}   # rank 0's case shown
+    bar = (lambda p: tqdm(p, file=sys.stderr, dynamic_ncols=True, **shown))
+    if sharded:
+        out = autotune.sweep_sharded(cases, target, open_store, quick=quick, progress=bar)
+        if out is None:      # not rank 0: rank 0 prints
+            return
+    else:
+        store = open_store()
+        try:
+            out = autotune.sweep(cases, target, store, quick=quick, progress=bar)
+        finally:
+            store.close()
     summary = []
     for res in out["results"]:
         win = res["winner"] or {}

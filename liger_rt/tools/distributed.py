@@ -14,6 +14,9 @@ are gated by the parity tool's table (``parity.TOLERANCES``).
 With LIGER_RT_AUTOTUNE=1 rank 0 tunes a DB miss and broadcasts the winner (autotune.tune_online);
 every rank must then read one DB file (LIGER_RT_TUNING_DB on a filesystem all ranks share), or a
 later lookup can hit on one rank and miss on another.  `check_decisions_agree` is the check.
+
+`liger-tune sweep` under torchrun is a sharded sweep (`autotune.sweep_sharded`): `launched()` tells
+the CLI so, and `init_from_env` joins the job (one GPU per rank).
 """
 from __future__ import annotations
 
@@ -64,6 +67,37 @@ def check_decisions_agree(group=None) -> list[str]:
             diffs.append(f"rank {r}: only on rank 0 {sorted(ref - other)[:3]}, only here {sorted(other - ref)[:3]}")
         raise RuntimeError("liger_rt decisions differ across ranks: " + "; ".join(diffs))
     return digests
+
+
+# -- a sharded sweep ----------------------------------------------------------------------------------
+
+def launched() -> bool:
+    """Whether this process is one rank of several started by torchrun (WORLD_SIZE > 1, RANK set)."""
+    import os
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+    except ValueError:
+        raise ValueError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not an integer") from None
+
+
+def init_from_env(device_type: str) -> tuple[int, int]:
+    """(rank, world size) of the torchrun job, joined if not yet (env:// rendezvous).  On CUDA the
+    current device becomes LOCAL_RANK (one GPU per rank).  The group is gloo whatever the device:
+    a sweep exchanges only Python objects between cases, and a gloo wait is bounded by its 30-minute
+    timeout rather than NCCL's watchdog (10 minutes), nor does it hold GPU memory being measured."""
+    import os
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    if device_type == "cuda":
+        local, count = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+        if local >= count:
+            raise ValueError(f"LOCAL_RANK={local} but this machine has {count} GPUs: "
+                             f"--nproc-per-node at most {count}")
+        torch.cuda.set_device(local)
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method="env://", timeout=timedelta(minutes=30))
+    return dist.get_rank(), dist.get_world_size()
 
 
 # -- wrapping --------------------------------------------------------------------------------------------
