@@ -26,7 +26,7 @@ import triton.language as tl
 from ..dispatch import register
 from ..opspec import Case, Impl, Op
 from ._common import RowNormConfig as LayerNormConfig
-from ._common import (interpreter_on, launch_memo, next_pow2, norm_bwd, norm_candidates, norm_fwd, partial_sum_tile,
+from ._common import (bind, interpreter_on, launch_memo, next_pow2, norm_bwd, norm_candidates, norm_fwd, partial_sum_tile,
                       persistent_grid, row_layout, row_plan, to_dtype, triton_available)
 
 # One row lives in registers (see rms_norm.py); the backward holds two accumulators here.
@@ -167,20 +167,21 @@ def _check_hidden(n: int) -> None:
 
 @launch_memo
 def _fwd_launch(config, m: int, n: int, has_bias: bool):
-    """(grid, meta) of the forward at m rows of n."""
-    return (triton.cdiv(m, config.ROWS),), dict(BLOCK_N=next_pow2(n), ROWS=config.ROWS, HAS_BIAS=has_bias,
-                                                 RNE_BF16=interpreter_on(), num_warps=config.num_warps)
+    """The forward kernel bound to its grid and meta-parameters at m rows of n."""
+    return bind(_layer_norm_fwd_kernel, (triton.cdiv(m, config.ROWS),), BLOCK_N=next_pow2(n), ROWS=config.ROWS,
+                HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=config.num_warps)
 
 
 @launch_memo
 def _bwd_launch(config, m: int, n: int, has_bias: bool, device: torch.device):
-    """(programs, meta, dW/dB-sum grid, dW/dB-sum meta) of the backward at m rows of n on `device`."""
+    """(programs, the backward kernel, the dW/dB-sum kernel), bound, at m rows of n on `device`."""
+    grid = persistent_grid(m, device, config.bwd_progs_per_sm)
     block_r, block_g = partial_sum_tile(device)
-    return (persistent_grid(m, device, config.bwd_progs_per_sm),
-            dict(BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch), HAS_BIAS=has_bias,
-                 RNE_BF16=interpreter_on(), num_warps=config.bwd_num_warps),
-            (triton.cdiv(n, block_r),),
-            dict(BLOCK_G=block_g, BLOCK_R=block_r, HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=4))
+    return (grid,
+            bind(_layer_norm_bwd_kernel, (grid,), BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch),
+                 HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=config.bwd_num_warps),
+            bind(_layer_norm_dwdb_kernel, (triton.cdiv(n, block_r),), BLOCK_G=block_g, BLOCK_R=block_r,
+                 HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=4))
 
 
 def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
@@ -193,9 +194,8 @@ def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     mean = torch.empty(m, dtype=torch.float32, device=x.device)
     rstd = torch.empty(m, dtype=torch.float32, device=x.device)
     if m > 0:
-        grid, meta = _fwd_launch(config, m, n, bias is not None)
-        _layer_norm_fwd_kernel[grid](x2, weight, bias if bias is not None else weight, y, mean, rstd, stride_x, n, m,
-                                     n, float(eps), **meta)
+        _fwd_launch(config, m, n, bias is not None)(x2, weight, bias if bias is not None else weight, y, mean, rstd,
+                                                    stride_x, n, m, n, float(eps))
     return y, mean, rstd
 
 
@@ -209,14 +209,13 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)   # rows of n
     if m == 0:
         return dx, torch.zeros_like(weight), (torch.zeros_like(bias) if has_bias else None)
-    grid, meta, sum_grid, sum_meta = _bwd_launch(config, m, n, has_bias, x.device)
+    grid, bwd_kernel, sum_kernel = _bwd_launch(config, m, n, has_bias, x.device)
     part = torch.empty((2 if has_bias else 1, grid, n), dtype=torch.float32, device=x.device)
     part_b = part[1] if has_bias else part[0]
-    _layer_norm_bwd_kernel[(grid,)](dy2, x2, weight, mean, rstd, dx, part[0], part_b, stride_dy, stride_x, n, m, n,
-                                    **meta)
+    bwd_kernel(dy2, x2, weight, mean, rstd, dx, part[0], part_b, stride_dy, stride_x, n, m, n)
     dw = torch.empty_like(weight, memory_format=torch.contiguous_format)
     db = torch.empty_like(bias, memory_format=torch.contiguous_format) if has_bias else None
-    _layer_norm_dwdb_kernel[sum_grid](part[0], part_b, dw, db if has_bias else dw, grid, n, **sum_meta)
+    sum_kernel(part[0], part_b, dw, db if has_bias else dw, grid, n)
     return dx, dw, db
 
 

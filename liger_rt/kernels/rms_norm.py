@@ -31,7 +31,7 @@ import triton.language as tl
 from ..dispatch import register
 from ..opspec import Case, Impl, Op
 from ._common import RowNormConfig as RMSNormConfig
-from ._common import (interpreter_on, launch_memo, next_pow2, norm_bwd, norm_candidates, norm_fwd,
+from ._common import (bind, interpreter_on, launch_memo, next_pow2, norm_bwd, norm_candidates, norm_fwd,
                       partial_sum_tile, persistent_grid, row_layout, to_dtype, triton_available)
 
 # One row lives in registers: BLOCK_N 32768 over 1024 threads is 32 fp32 values per thread and
@@ -142,19 +142,21 @@ def _check_hidden(n: int) -> None:
 
 @launch_memo
 def _fwd_launch(config, m: int, n: int):
-    """(grid, meta) of the forward at m rows of n."""
-    return (triton.cdiv(m, config.ROWS),), dict(BLOCK_N=next_pow2(n), ROWS=config.ROWS, RNE_BF16=interpreter_on(),
-                                                 num_warps=config.num_warps)
+    """The forward kernel bound to its grid and meta-parameters at m rows of n."""
+    return bind(_rms_norm_fwd_kernel, (triton.cdiv(m, config.ROWS),), BLOCK_N=next_pow2(n), ROWS=config.ROWS,
+                RNE_BF16=interpreter_on(), num_warps=config.num_warps)
 
 
 @launch_memo
 def _bwd_launch(config, m: int, n: int, device: torch.device):
-    """(programs, meta, dW-sum grid, dW-sum meta) of the backward at m rows of n on `device`."""
+    """(programs, the backward kernel, the dW-sum kernel), bound, at m rows of n on `device`."""
+    grid = persistent_grid(m, device, config.bwd_progs_per_sm)
     block_r, block_g = partial_sum_tile(device)
-    return (persistent_grid(m, device, config.bwd_progs_per_sm),
-            dict(BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch), RNE_BF16=interpreter_on(),
-                 num_warps=config.bwd_num_warps),
-            (triton.cdiv(n, block_r),), dict(BLOCK_G=block_g, BLOCK_R=block_r, RNE_BF16=interpreter_on(), num_warps=4))
+    return (grid,
+            bind(_rms_norm_bwd_kernel, (grid,), BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch),
+                 RNE_BF16=interpreter_on(), num_warps=config.bwd_num_warps),
+            bind(_rms_norm_dw_kernel, (triton.cdiv(n, block_r),), BLOCK_G=block_g, BLOCK_R=block_r,
+                 RNE_BF16=interpreter_on(), num_warps=4))
 
 
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, config) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,8 +170,7 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: floa
     y = torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format)    # rows of n
     rstd = torch.empty(m, dtype=torch.float32, device=x.device)
     if m > 0:
-        grid, meta = _fwd_launch(config, m, n)
-        _rms_norm_fwd_kernel[grid](x2, weight, y, rstd, stride_x, n, m, n, float(eps), float(offset), **meta)
+        _fwd_launch(config, m, n)(x2, weight, y, rstd, stride_x, n, m, n, float(eps), float(offset))
     return y, rstd
 
 
@@ -182,11 +183,11 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: 
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)    # rows of n
     if m == 0:
         return dx, torch.zeros_like(weight)
-    grid, meta, dw_grid, dw_meta = _bwd_launch(config, m, n, x.device)
+    grid, bwd_kernel, dw_kernel = _bwd_launch(config, m, n, x.device)
     part = torch.empty((grid, n), dtype=torch.float32, device=x.device)
-    _rms_norm_bwd_kernel[(grid,)](dy2, x2, weight, rstd, dx, part, stride_dy, stride_x, n, m, n, float(offset), **meta)
+    bwd_kernel(dy2, x2, weight, rstd, dx, part, stride_dy, stride_x, n, m, n, float(offset))
     dw = torch.empty_like(weight, memory_format=torch.contiguous_format)
-    _rms_norm_dw_kernel[dw_grid](part, dw, grid, n, **dw_meta)
+    dw_kernel(part, dw, grid, n)
     return dx, dw
 
 

@@ -113,11 +113,12 @@ def dispatch_overhead(calls: int = 200_000, echo: Callable = print) -> list[dict
 # -- the CPU stub: the Python path of a call with every Triton launch a no-op ---------------------------
 
 class StubbedLaunches:
-    """Within the block, `kernel[grid](...)` of every Triton kernel in `modules` does nothing but
-    count itself: the JIT function's own `run` (where the launch starts: argument binding, the
-    compiled-kernel cache, the driver call) is replaced on the instance, so everything above it
-    (the functional, dispatch, the autograd Function, the launchers, `kernel[grid]`) is the real
-    code.  `launches` counts the stubbed calls."""
+    """Within the block, a launch of every Triton kernel in `modules` does nothing but count itself:
+    the JIT function's own `run` (where the launch starts: argument binding, the compiled-kernel
+    cache, the driver call) is replaced on the instance, so everything above it (the functional,
+    dispatch, the autograd Function, the launchers, `kernel[grid]` or the memoised bound run) is the
+    real code.  The launch memos are cleared on entry and exit (they hold bound runs).  `launches`
+    counts the stubbed calls."""
 
     def __init__(self, *modules):
         from triton.runtime.jit import KernelInterface     # JITFunction and the interpreter's InterpretedFunction
@@ -129,13 +130,17 @@ class StubbedLaunches:
         self.launches += 1
 
     def __enter__(self):
+        from liger_rt.kernels._common import clear_launch_memos
+        clear_launch_memos()           # launchers memoised with the real run bound
         for k in self.kernels:
             k.run = self._run
         return self
 
     def __exit__(self, *exc):
+        from liger_rt.kernels._common import clear_launch_memos
         for k in self.kernels:
             del k.run
+        clear_launch_memos()           # ... and with the stub bound
 
 
 def cpu_stub(repeats: int = 7, calls: int = 2000, rows: int = 16, hidden: int = 1024,
