@@ -83,8 +83,9 @@ for s in "$@"; do
               for p in ${MULTIGPU_PARTS:-parity throughput consistency}; do
                 stage mg_$p ${MULTIGPU_S:-360} python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/multi_gpu.py --part $p ${MULTIGPU_ARGS:-}
               done ;;
-    mgsweep)  # TODO(issue 21 item 4): needs the sharded sweep of issue 20 item 5 (ranks split the plan, rank 0 writes one DB),
-              # not in liger_rt.tools.cli yet: until it lands every rank sweeps the whole plan. Then compare with `sweep` above.
+    mgsweep)  # issue 21 item 4: the sharded sweep (issue 20 item 5, docs/cli.md): one GPU and every 2nd case per rank,
+              # rank 0 writes one DB; compare its time and rows with `sweep` above (keep the DBs apart:
+              # SWEEP_ARGS="--quick --db benchmarks/results/hopper_mgsweep.db"). The ranks exchange results over gloo.
               export NCCL_NVLS_ENABLE=0
               stage mg_sweep ${SWEEP_S:-420} python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m liger_rt.tools.cli sweep --arch hopper ${SWEEP_ARGS:---quick} ;;
     *) echo "unknown stage $s" | tee -a "$LOG" ;;

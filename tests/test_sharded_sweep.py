@@ -118,7 +118,12 @@ def test_a_failing_rank_stops_every_rank_in_one_line(tmp_path, failure):
                                        MASTER_PORT=port, FAIL_RANK="1"
                                        if failure == "rank 1 fails" else ""),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    outs = [p.communicate(timeout=200) for p in procs]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:                 # a rank left waiting for the other fails the test instead of outliving it
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
     failing = "rank 1: RuntimeError: simulated failure of this rank" if failure == "rank 1 fails" else "rank 0: "
     for r, (p, (stdout, stderr)) in enumerate(zip(procs, outs)):
         lines = [ln for ln in stderr.splitlines() if "liger-tune" in ln]

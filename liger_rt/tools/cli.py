@@ -339,6 +339,8 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
     except ValueError as exc:
         raise click.UsageError(str(exc))
     if dry_run:
+        if distributed.launched() and os.environ["RANK"] != "0":
+            return           # under torchrun the plan is printed once
         rows = []
         for name, dims, dt, tag in plan:
             op = dispatch.get_op(name)
