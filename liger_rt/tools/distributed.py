@@ -89,7 +89,7 @@ def init_from_env(device_type: str) -> tuple[int, int]:
     from datetime import timedelta
 
     import torch.distributed as dist
-    if device_type == "cuda":
+    if device_type == "cuda" and torch.cuda.device_count():    # none: the sweep's arch check says so
         local, count = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
         if local >= count:
             raise ValueError(f"LOCAL_RANK={local} but this machine has {count} GPUs: "
