@@ -313,3 +313,15 @@ def test_host_syncing_candidates_are_timed_without_a_capture(monkeypatch):
     with pytest.raises(RuntimeError, match="illegal memory access"):
         autotune.host_syncs(broken)
     assert modes == ["error", 0] * 3
+
+
+def test_every_shipped_hopper_row_is_fresh_for_this_code():
+    """Issue 15 item 4: the shipped rows were swept from the current kernels (a kernel edit that
+    changes a launch stales them: re-sweep on the H200, `liger-tune export`, replace the file)."""
+    from liger_rt.tuning_db.store import shipped_defaults
+    shipped = shipped_defaults()
+    rows = shipped.select("tuning", "arch = ?", ["hopper"]) + shipped.select("crossover", "arch = ?", ["hopper"])
+    stale = sorted({r["op"] for r in rows if r["source_hash"] != dispatch.get_op(r["op"]).source_hash})
+    assert not stale, f"shipped hopper rows stale for: {stale}"
+    for r in shipped.select("tuning", "arch = ?", ["hopper"]):
+        dispatch.get_op(r["op"]).parse_config(r["config"], r["impl"])   # raises on a row the spec refuses
