@@ -22,6 +22,10 @@ from liger_rt.tools.parity import make_inputs
 from liger_rt.tools.presets import get_preset
 from routing import record_impls
 
+# dynamo and AOTAutograd with inductor's decompositions and partitioner, graphs run eagerly (no codegen);
+# plain aot_eager fails the unpatched Qwen3.5 backward (a view of softplus_backward's output)
+BACKEND = "aot_eager_decomp_partition"
+
 pytestmark = pytest.mark.filterwarnings("ignore:.*(causal_conv1d|flash-linear-attention|overflow encountered).*")
 
 
@@ -41,12 +45,15 @@ def _clean():
     assert not _swaps.LEDGER
 
 
-def _ops(model_type: str, flags: dict[str, bool]) -> set[str]:
+def _ops(model_type: str, flags, keep_logits: bool = False) -> set[str]:
     """The ops the flags route through (every one of them must run a Triton kernel)."""
     spec = specs.SPECS[model_type]
     rows = specs.rows(spec) + specs.function_rows(spec)
     ops = {row.op for _, _, row in rows if row.op and flags.get(row.flag)}
-    return ops | {op for flag, op in specs.LOSS_OPS.items() if flags.get(flag)}
+    ops |= {op for flag, op in specs.LOSS_OPS.items() if flags.get(flag)}
+    if keep_logits:                            # the host forward runs, the fused heads stay idle
+        ops -= {"fused_linear_cross_entropy", "fused_linear_logprobs"}
+    return ops
 
 
 def _preset(model_type):
@@ -74,20 +81,52 @@ def _grads(model):
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("model_type", [_family(m) for m in specs.ALLOWLIST])
-def test_compiled_training_step_matches_eager(model_type, monkeypatch):
-    flags = specs.parity_flags(model_type)
+def _every_flag(model_type: str) -> dict[str, bool]:
+    """specs.parity_flags (the defaults, rope where the family has a rope row, the fused loss) plus
+    the layer flags that are off by default (LFM2-VL's vision LayerNorm)."""
+    spec = specs.SPECS[model_type]
+    layers = [f for f in specs.flags(spec) if f not in specs.COMMON_FLAGS]
+    return {**dict.fromkeys(layers, True), **specs.parity_flags(model_type)}
+
+
+def _hf_loss(model, inputs):
+    return model(**inputs).loss
+
+
+def _rl_loss(logprobs, entropy, labels):
+    return -(logprobs.sum() + 0.1 * entropy.sum()) / (labels[:, 1:] != -100).sum()
+
+
+def _patched_rl_loss(model, inputs):
+    out = model(**inputs)
+    return _rl_loss(out.logprobs, out.entropy, inputs["labels"])
+
+
+def _hf_rl_loss(model, inputs):
+    """The same scalar from the host's logits (log-softmax at the next token)."""
+    labels = inputs["labels"]
+    lp = torch.log_softmax(model(**{k: v for k, v in inputs.items() if k != "labels"}).logits[:, :-1].float(), -1)
+    target = labels[:, 1:]
+    valid = target != -100
+    logprobs = lp.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1) * valid
+    entropy = -(lp.exp() * lp).sum(-1) * valid
+    return _rl_loss(logprobs, entropy, labels)
+
+
+def _check_compiled_step(model_type, flags, loss_of, reference, monkeypatch):
+    """Patch with `flags`; eager loss and gradients; then the compiled model: one graph (fullgraph),
+    the same loss and gradients, every op the patch routes through ran its Triton kernel, a second
+    call of the same shapes reuses the graph, and both losses match `reference` on HF's model."""
     preset = _preset(model_type)
     base = build_model(preset)
     model = build_model(preset)                                 # same seed: the same weights
     liger_rt.patch(model, **flags)
     patched = liger_rt.patch.describe(model)["patched"]
-    assert set(patched) <= set(flags) and "fused_linear_cross_entropy" in patched, patched
+    assert set(patched) <= {flag for flag, on in flags.items() if on}, patched
     inputs = _inputs(model, seed=0)
 
-    eager = model(**inputs)
-    eager.loss.backward()
+    eager = loss_of(model, inputs)
+    eager.backward()
     want = _grads(model)
     model.zero_grad(set_to_none=True)
 
@@ -96,27 +135,46 @@ def test_compiled_training_step_matches_eager(model_type, monkeypatch):
     other = build_model(get_preset("tiny", "llama" if model_type != "llama" else "qwen3"))
     liger_rt.patch(other, rope=True)
 
-    ran = {name: record_impls(monkeypatch, dispatch.get_op(name)) for name in _ops(model_type, patched)}
+    ran = {name: record_impls(monkeypatch, dispatch.get_op(name)) for name in _ops(model_type, patched, flags.get("keep_logits", False))}
     graphs = []
 
     def backend(gm, example_inputs):
         graphs.append(gm)
-        return lookup_backend("aot_eager_decomp_partition")(gm, example_inputs)
+        return lookup_backend(BACKEND)(gm, example_inputs)
 
     compiled = torch.compile(model, backend=backend, fullgraph=True)     # fullgraph: a break raises
-    out = compiled(**inputs)
-    out.loss.backward()
+    loss = loss_of(compiled, inputs)
+    loss.backward()
     assert len(graphs) == 1
     assert {name: "triton" in impls for name, impls in ran.items()} == dict.fromkeys(ran, True), ran
-    torch.testing.assert_close(out.loss, eager.loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-6)
     got = _grads(model)
     assert got.keys() == want.keys()
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
     liger_rt.unpatch(other)
     second = _inputs(model, seed=1)                             # same shapes, other tokens: no recompile
-    loss2 = compiled(**second).loss
+    loss2 = loss_of(compiled, second)
     assert len(graphs) == 1
     with torch.no_grad():                                       # independent reference: Hugging Face's model
-        torch.testing.assert_close(out.loss.detach(), base(**inputs).loss, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(loss2.detach(), base(**second).loss, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(loss.detach(), reference(base, inputs), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(loss2.detach(), reference(base, second), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", [_family(m) for m in specs.ALLOWLIST])
+def test_compiled_training_step_matches_eager(model_type, monkeypatch):
+    flags = _every_flag(model_type)
+    _check_compiled_step(model_type, flags, _hf_loss, _hf_loss, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss_flags,loss_of,reference", [
+    # logits kept (keep_logits): the host forward runs and its loss goes through ops.cross_entropy
+    (dict(fused_linear_cross_entropy=True, keep_logits=True, cross_entropy=True), _hf_loss, _hf_loss),
+    (dict(fused_linear_cross_entropy=False, logprobs=True), _patched_rl_loss, _hf_rl_loss),   # RL: log-probs, entropy
+], ids=["cross_entropy-keep_logits", "logprobs"])
+def test_compiled_loss_heads_match_eager(loss_flags, loss_of, reference, monkeypatch):
+    """The other loss flags, on Qwen3 with its layer flags and rope."""
+    flags = {**specs.parity_flags("qwen3"), **loss_flags}
+    _check_compiled_step("qwen3", flags, loss_of, reference, monkeypatch)

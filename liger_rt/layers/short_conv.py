@@ -32,6 +32,7 @@ import torch
 from .. import ops
 from .._swaps import original_function
 from ..kernels.short_conv import seq_idx_from_position_ids, short_conv_ref
+from ..kernels.short_conv import short_conv as _short_conv_op      # takes seq_idx
 
 # the decoder layer passes position_ids to its conv under this key (popped before any HF call)
 POSITIONS_KWARG = "_liger_rt_position_ids"
@@ -71,7 +72,7 @@ def _conv(bcx, weight, bias, seq_idx):
     fn = ops.short_conv
     if seq_idx is None:
         return fn(bcx, weight, bias)
-    if _takes_seq_idx(fn):
+    if fn is _short_conv_op or _takes_seq_idx(fn):      # no signature read (lru_cache) under torch.compile
         return fn(bcx, weight, bias, seq_idx=seq_idx)
     if bool((seq_idx[:, -1] != seq_idx[:, 0]).any()):      # packed, and the op cannot see boundaries
         return short_conv_ref(bcx, weight, bias, seq_idx)
