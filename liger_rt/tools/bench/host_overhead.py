@@ -5,6 +5,9 @@ the GPU never holds the host back; the mean over many calls between two synchron
 at 16384 x 4096 the device time (CUDA-graph replay) beside do_bench's wall time, which measures
 the host whenever host time exceeds device time.  `dispatch`: a decision that hits the memo, on
 CPU (one tuple build and one dict lookup: no SQL, no env parsing; the target is < 5 us).
+`cpu_stub` (``python -m liger_rt.tools.bench.host_overhead --cpu-stub``): the whole Python path of
+an rms_norm forward+backward on CPU tensors with the Triton launches stubbed, beside the autograd
+floors; any machine, no GPU (docs/architecture.md, "The eager hot path").
 """
 from __future__ import annotations
 
