@@ -62,9 +62,9 @@ _LAUNCH_MEMOS: list = []
 def launch_memo(fn):
     """Memoise a launcher's launch constants per key, e.g. fn(config, rows, cols, device) -> the
     bound kernel (:func:`bind`): what the hot path would otherwise recompute per call for a few
-    microseconds each (the grid, block sizes, sm_count, the TRITON_INTERPRET read).  The key holds everything the value
-    depends on besides TRITON_INTERPRET; dispatch.reset() clears every memo, so a changed variable
-    applies after a reset, as for the dispatch memo."""
+    microseconds each (the grid, block sizes, sm_count, the TRITON_INTERPRET read).  The key holds
+    everything the value depends on besides TRITON_INTERPRET; dispatch.reset() clears every memo,
+    so a changed variable applies after a reset, as for the dispatch memo."""
     memo = functools.lru_cache(maxsize=4096)(fn)
     memo.fn = fn               # the freshness hash reads the launch code through .fn
     _LAUNCH_MEMOS.append(memo)

@@ -26,8 +26,8 @@ import triton.language as tl
 from ..dispatch import register
 from ..opspec import Case, Impl, Op
 from ._common import RowNormConfig as LayerNormConfig
-from ._common import (bind, interpreter_on, launch_memo, next_pow2, norm_bwd, norm_candidates, norm_fwd, partial_sum_tile,
-                      persistent_grid, row_layout, row_plan, to_dtype, triton_available)
+from ._common import (bind, interpreter_on, launch_memo, next_pow2, norm_bwd, norm_candidates, norm_fwd,
+                      partial_sum_tile, persistent_grid, row_layout, row_plan, to_dtype, triton_available)
 
 # One row lives in registers (see rms_norm.py); the backward holds two accumulators here.
 MAX_HIDDEN = 32768
