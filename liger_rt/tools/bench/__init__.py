@@ -75,11 +75,17 @@ def ceilings():
 
 
 @bench.command()
+@click.option("--cpu-stub", is_flag=True, help="The Python path of rms_norm fwd+bwd on CPU tensors with the "
+              "Triton launches stubbed (no GPU): host_overhead_cpu_stub.csv.")
 @_OUT
-def host(out_dir):
+def host(cpu_stub, out_dir):
     """Host microseconds per layer of a norm call, and device against wall time (GPU)."""
     from .harness import device_tag, write_csv
     from .host_overhead import host as probe
+    if cpu_stub:
+        from .host_overhead import cpu_stub as stub_probe
+        click.echo(f"wrote {write_csv(stub_probe(echo=click.echo), f'{out_dir}/host_overhead_cpu_stub.csv')}")
+        return
     _need_gpu("bench host")
     click.echo(f"wrote {write_csv(probe(echo=click.echo), f'{out_dir}/host_overhead_{device_tag()}.csv')}")
 
