@@ -119,9 +119,9 @@ def _hf_rl_loss(model, inputs):
 
 
 def _check_compiled_step(model_type, flags, loss_of, reference, monkeypatch):
-    """Patch with `flags`; eager loss and gradients; then the compiled model: one graph (fullgraph),
-    the same loss and gradients, every op the patch routes through ran its Triton kernel, a second
-    call of the same shapes reuses the graph, and both losses match `reference` on HF's model."""
+    """Patch with `flags`; the compiled model: one graph (fullgraph), every op the patch routes through
+    ran its Triton kernel, the loss and gradients of the eager model, a second call of the same shapes
+    reuses the graph, and both losses match `reference` on HF's model."""
     preset = _preset(model_type)
     base = build_model(preset)
     model = build_model(preset)                                 # same seed: the same weights
@@ -130,11 +130,6 @@ def _check_compiled_step(model_type, flags, loss_of, reference, monkeypatch):
     on = {flag for flag, value in flags.items() if value and flag != "keep_logits"}    # keep_logits replaces nothing
     assert set(patched) == on - NO_MODULE.get(model_type, set()), patched
     inputs = _inputs(model, seed=0)
-
-    eager = loss_of(model, inputs)
-    eager.backward()
-    want = _grads(model)
-    model.zero_grad(set_to_none=True)
 
     # another model patched with rope holds a module-wide swap in the ledger during the trace, and lets
     # go before the second call: a compiled model must not read (and guard on) the ledger
@@ -149,13 +144,19 @@ def _check_compiled_step(model_type, flags, loss_of, reference, monkeypatch):
         graphs.append(gm)
         return lookup_backend(BACKEND)(gm, example_inputs)
 
+    # compiled first: every dispatch decision is taken cold, at trace time
     compiled = torch.compile(model, backend=backend, fullgraph=True)     # fullgraph: a break raises
     loss = loss_of(compiled, inputs)
     loss.backward()
     assert len(graphs) == 1
     assert {name: "triton" in impls for name, impls in ran.items()} == dict.fromkeys(ran, True), ran
-    torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-6)
     got = _grads(model)
+    model.zero_grad(set_to_none=True)
+
+    eager = loss_of(model, inputs)
+    eager.backward()
+    want = _grads(model)
+    torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-6)
     assert got.keys() == want.keys()
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
