@@ -254,6 +254,7 @@ def compare(models: Callable[[], torch.nn.Module] | torch.nn.Module | tuple, *, 
     report = {"ok": all(r["ok"] for r in rows.values()), "dtype": str(run_dtype).replace("torch.", ""),
               "device": str(next(base.parameters()).device), "lr": lr, "rows": rows,
               "patched": describe(new), "fused_logprobs": fused_logprobs(new),
+              "softcapped_head": bool(getattr(getattr(new, "config", None), "final_logit_softcapping", None)),
               "model_class": type(new).__name__}
     return report
 
@@ -354,7 +355,9 @@ if click is not None:
         else:
             desc = report.get("patched") or {}
             what = ", ".join(f"{k} x{v}" for k, v in (desc.get("patched") or {}).items()) or "nothing"
-            via = "; action log-probs and entropy through fused_linear_logprobs" if report["fused_logprobs"] else ""
+            via = ("" if not report["fused_logprobs"] else "; action log-probs and entropy through the chunked "
+                   "torch path (softcapped head)" if report.get("softcapped_head") else
+                   "; action log-probs and entropy through fused_linear_logprobs")
             click.echo(f"liger-tune parity: {model_type} ({p.name}), {report['dtype']} on {report['device']}; "
                        f"patched: {what}{via}")
             click.echo(format_table(report))
