@@ -156,7 +156,7 @@ def class_original(cls: type, attr: str = "forward"):
         if attr not in klass.__dict__:
             continue
         value = klass.__dict__[attr]
-        if isinstance(value, types.FunctionType) and not value.__dict__.get(SWAPPED):
+        if isinstance(value, types.FunctionType) and not getattr(value, SWAPPED, False):
             # never a swap: no ledger read, which torch.compile would guard on (every patch or
             # unpatch of any model recompiled the graph, and one mid-trace failed its guards)
             return value
