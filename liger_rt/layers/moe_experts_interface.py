@@ -65,9 +65,19 @@ def _unsupported(module) -> str | None:
     return None
 
 
+_UNSET = object()
+_DEFAULT_GATE = _UNSET
+
+
 def _default_apply_gate():
-    from transformers.integrations import moe
-    return getattr(moe, "_default_apply_gate", None)
+    """transformers' ``_default_apply_gate`` (None where it has none), read once outside any trace:
+    register_experts_interface() reads it, since torch 2.11's dynamo cannot import from the lazy
+    ``transformers.integrations`` package inside a compiled forward ("Bad import result")."""
+    global _DEFAULT_GATE
+    if _DEFAULT_GATE is _UNSET:
+        from transformers.integrations import moe
+        _DEFAULT_GATE = getattr(moe, "_default_apply_gate", None)
+    return _DEFAULT_GATE
 
 
 def _eager_forward(module):
@@ -110,6 +120,7 @@ def register_experts_interface(name: str = NAME) -> bool:
         import transformers
         raise ImportError(f"transformers {transformers.__version__} has no ExpertsInterface; "
                           "liger_rt experts need transformers >= 5: pip install -U 'transformers>=5'") from exc
+    _default_apply_gate()
     if ExpertsInterface._global_mapping.get(name) is not liger_rt_experts_forward:
         ExpertsInterface.register(name, liger_rt_experts_forward)
     return True
