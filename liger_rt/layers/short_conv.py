@@ -16,8 +16,10 @@ When the fused op runs, and when the Hugging Face path does:
 
 Packed sequences: boundaries come from ``seq_idx`` (TransformersKwargs), else ``cu_seq_lens_q``
 (flash-attention packing, batch 1), else ``position_ids`` (a new sequence starts wherever the
-position does not follow the previous one), which the decoder-layer forward below hands to the
-conv.  The op receives ``seq_idx`` so no tap crosses a boundary; if the op cannot take
+position does not follow the previous one).  The decoder-layer forward below hands the last two
+to the conv as ``seq_idx=Packing(...)`` when the caller gave no ``seq_idx``: transformers 5.17's
+decoder layer passes its conv ``seq_idx`` and nothing else of its kwargs (5.24's passes them all),
+and the conv forward unwraps it, so the host's own forward never sees it.  The op receives ``seq_idx`` so no tap crosses a boundary; if the op cannot take
 ``seq_idx`` and the batch really is packed, the segment-aware ``short_conv_ref`` runs instead:
 sequences are never mixed (HF's own F.conv1d fallback does mix them).
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+from typing import NamedTuple
 
 import torch
 
@@ -34,8 +37,6 @@ from .._swaps import original_function
 from ..kernels.short_conv import seq_idx_from_position_ids, short_conv_ref
 from ..kernels.short_conv import short_conv as _short_conv_op      # takes seq_idx
 
-# the decoder layer passes position_ids to its conv under this key (popped before any HF call)
-POSITIONS_KWARG = "_liger_rt_position_ids"
 _CACHE_KWARGS = ("cache", "past_key_values", "past_key_value")
 
 
@@ -47,11 +48,16 @@ def seq_idx_from_cu_seqlens(cu: torch.Tensor, seq: int) -> torch.Tensor:
     return (torch.searchsorted(cu[1:].to(t.dtype), t, right=True)).to(torch.int32).unsqueeze(0)
 
 
-def _seq_idx(kwargs: dict, positions, batch: int, seq: int) -> torch.Tensor | None:
-    seq_idx = kwargs.get("seq_idx")
+class Packing(NamedTuple):
+    """What the decoder layer knows of packed-sequence boundaries, handed to its conv as ``seq_idx``
+    (see the module docstring); short_conv_forward pops it before any call of the host's forward."""
+    position_ids: torch.Tensor | None
+    cu_seq_lens_q: torch.Tensor | None
+
+
+def _seq_idx(seq_idx, cu, positions, batch: int, seq: int) -> torch.Tensor | None:
     if seq_idx is not None:
         return seq_idx.to(torch.int32).reshape(batch, seq) if seq_idx.numel() == batch * seq else None
-    cu = kwargs.get("cu_seq_lens_q")
     if cu is not None and batch == 1:
         return seq_idx_from_cu_seqlens(cu, seq)
     if positions is not None and positions.shape[-1] == seq:
@@ -81,6 +87,21 @@ def _conv(bcx, weight, bias, seq_idx):
 
 # -- cache handling ----------------------------------------------------------------------------------
 
+def _fresh_conv_state(cache, idx: int) -> bool | None:
+    """Whether a transformers cache holds no conv state for layer idx and records no past (a speculative
+    rollback keeps every column, not the last ``kernel``); None for a cache without these methods."""
+    if hasattr(cache, "get_conv_state"):                                     # transformers 5.24
+        if cache.get_conv_state(idx) is not None:
+            return False
+    elif hasattr(cache, "has_previous_state") and isinstance(getattr(cache, "layers", None), (list, tuple)):
+        if idx >= len(cache.layers) or cache.has_previous_state(idx):       # transformers 5.17
+            return False
+    else:
+        return None
+    recording = getattr(cache, "is_recording_past", None)                     # 5.24; 5.17: layers[i].record_past
+    return not (recording(idx) if recording is not None else getattr(cache.layers[idx], "record_past", False))
+
+
 def _fresh_prefill(self, cache, kwargs: dict, seq: int):
     """How to write the conv state when the fused op runs with a cache: a callable(bcx), or None
     when the HF path must run (decode, continuation, recorded past, unknown cache API)."""
@@ -88,11 +109,9 @@ def _fresh_prefill(self, cache, kwargs: dict, seq: int):
     if idx is None or seq < 2:
         return None
     kernel = self.conv.weight.shape[-1]
-    if hasattr(cache, "get_conv_state") and hasattr(cache, "update_conv_state"):      # transformers >= 5.2x
-        if cache.get_conv_state(idx) is not None:
-            return None
-        recording = getattr(cache, "is_recording_past", None)
-        if recording is not None and recording(idx):
+    fresh = _fresh_conv_state(cache, idx)
+    if fresh is not None and hasattr(cache, "update_conv_state"):
+        if not fresh:
             return None
 
         def write(bcx):
@@ -129,7 +148,7 @@ def conv_compatible(module) -> str | None:
 
 def short_conv_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """Lfm2ShortConv.forward through liger_rt.ops.short_conv; hidden_states (batch, seq, hidden)."""
-    positions = kwargs.pop(POSITIONS_KWARG, None)
+    packing = kwargs.pop("seq_idx") if isinstance(kwargs.get("seq_idx"), Packing) else None
     cache = next((kwargs[k] for k in _CACHE_KWARGS if kwargs.get(k) is not None), None)
     write_state = None
     if cache is not None:
@@ -147,7 +166,10 @@ def short_conv_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> to
             hidden_states = (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
     bcx = self.in_proj(hidden_states)
     batch, seq = bcx.shape[:2]
-    seq_idx = _seq_idx(kwargs, positions, batch, seq)
+    if packing is not None:
+        seq_idx = _seq_idx(None, packing.cu_seq_lens_q, packing.position_ids, batch, seq)
+    else:
+        seq_idx = _seq_idx(kwargs.get("seq_idx"), kwargs.get("cu_seq_lens_q"), None, batch, seq)
     y = _conv(bcx, self.conv.weight.squeeze(1), self.conv.bias, seq_idx)
     if write_state is not None:
         write_state(bcx)
@@ -165,14 +187,15 @@ def _runs_ours(conv) -> bool:
 
 def decoder_layer_forward(self, *args, **kwargs):
     """Lfm2DecoderLayer.forward unchanged, except that a conv layer's conv also receives the
-    layer's position_ids (under POSITIONS_KWARG) so packed sequences keep their boundaries.
+    layer's position_ids and cu_seq_lens_q (as ``seq_idx=Packing(...)``, where the caller gave no
+    seq_idx) so packed sequences keep their boundaries.
 
     It calls the forward it replaced as a function (``original_function``): at instance level that
     is transformers' checkpointing wrapper, still ``type(self).forward``, so gradient checkpointing
     works; at class level the patch wraps this forward in that same wrapper."""
-    positions = kwargs.get("position_ids")
+    positions, cu = kwargs.get("position_ids"), kwargs.get("cu_seq_lens_q")
     conv = getattr(self, "conv", None)
-    if positions is not None and conv is not None and not getattr(self, "is_attention_layer", False) \
-            and _runs_ours(conv):
-        kwargs[POSITIONS_KWARG] = positions
+    if (positions is not None or cu is not None) and kwargs.get("seq_idx") is None and conv is not None \
+            and not getattr(self, "is_attention_layer", False) and _runs_ours(conv):
+        kwargs["seq_idx"] = Packing(positions, cu)
     return original_function(self)(self, *args, **kwargs)
