@@ -19,9 +19,10 @@ Packed sequences: boundaries come from ``seq_idx`` (TransformersKwargs), else ``
 position does not follow the previous one).  The decoder-layer forward below hands the last two
 to the conv as ``seq_idx=Packing(...)`` when the caller gave no ``seq_idx``: transformers 5.17's
 decoder layer passes its conv ``seq_idx`` and nothing else of its kwargs (5.24's passes them all),
-and the conv forward unwraps it, so the host's own forward never sees it.  The op receives ``seq_idx`` so no tap crosses a boundary; if the op cannot take
-``seq_idx`` and the batch really is packed, the segment-aware ``short_conv_ref`` runs instead:
-sequences are never mixed (HF's own F.conv1d fallback does mix them).
+and the conv forward unwraps it, so the host's own forward never sees it.  The op receives
+``seq_idx`` so no tap crosses a boundary; if the op cannot take ``seq_idx`` and the batch really
+is packed, the segment-aware ``short_conv_ref`` runs instead: sequences are never mixed (HF's own
+F.conv1d fallback does mix them).
 """
 from __future__ import annotations
 
