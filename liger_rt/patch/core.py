@@ -343,21 +343,17 @@ def _patch_instance(model, given: dict[str, Any]):
 
 
 def _patch_loss_instance(record: InstanceRecord, module, flags: dict[str, bool]) -> None:
-    from ..layers import loss
-    if flags["fused_linear_cross_entropy"]:
-        # read the host forward's parameters and output class now, not in the (traced) forward
-        opts = loss.loss_options(inspect.signature(original(module)), type(module).__module__,
-                                 keep_logits=flags["keep_logits"])
-        _bind(record, module, loss.causal_lm_forward)
-        _set(record, module, "_liger_rt_loss", opts)
-        record.counts["fused_linear_cross_entropy"] = record.counts.get("fused_linear_cross_entropy", 0) + 1
-    if flags["logprobs"]:
-        from ..layers import logprobs
-        opts = loss.loss_options(inspect.signature(original(module)), type(module).__module__,
-                                 keep_logits=flags["keep_logits"])
-        _bind(record, module, logprobs.causal_lm_logprobs_forward)
-        _set(record, module, "_liger_rt_logprobs", opts)
-        record.counts["logprobs"] = record.counts.get("logprobs", 0) + 1
+    from ..layers import logprobs, loss
+    heads = (("fused_linear_cross_entropy", loss.causal_lm_forward, "_liger_rt_loss"),
+             ("logprobs", logprobs.causal_lm_logprobs_forward, "_liger_rt_logprobs"))
+    for flag, forward, attr in heads:        # at most one: _flags refuses both together
+        if flags[flag]:
+            # read the host forward's parameters and output class now, not in the (traced) forward
+            opts = loss.loss_options(inspect.signature(original(module)), type(module).__module__,
+                                     keep_logits=flags["keep_logits"])
+            _bind(record, module, forward)
+            _set(record, module, attr, opts)
+            record.counts[flag] = record.counts.get(flag, 0) + 1
     if flags["cross_entropy"]:
         from transformers.loss.loss_utils import LOSS_MAPPING
         if module.loss_function is not LOSS_MAPPING.get("ForCausalLM"):
