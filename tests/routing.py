@@ -37,3 +37,28 @@ def assert_fakes_match(op, case, config) -> None:
     bwd = getattr(torch.ops.liger_rt, f"{op.name}_bwd").default
     torch.library.opcheck(bwd, (tensors, list(saved), list(case.grads), *scalars, [True] * len(tensors), decision),
                           test_utils=("test_faketensor",))
+
+
+class OpCalls:
+    """Counts calls of liger_rt.ops.<name> (the patched layers look the op up at call time)."""
+
+    def __init__(self, monkeypatch, name):
+        import liger_rt.ops
+        self.fn, self.n = getattr(liger_rt.ops, name), 0
+        monkeypatch.setattr(liger_rt.ops, name, self)
+
+    def __call__(self, *args, **kwargs):
+        self.n += 1
+        return self.fn(*args, **kwargs)
+
+
+def release_patches() -> None:
+    """Unpatch every class-level patch and check no module-wide swap is left (an autouse teardown)."""
+    import gc
+
+    from liger_rt import _swaps
+    from liger_rt.patch import core
+    for model_type in list(core._CLASS_RECORDS):
+        core.unpatch(model_type)
+    gc.collect()                 # instance patches hold module-wide swaps (rope) until their model dies
+    assert not _swaps.LEDGER

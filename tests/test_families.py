@@ -10,20 +10,18 @@ Hugging Face model (parity) and the HF modules themselves (layer tests).
 from __future__ import annotations
 
 import dataclasses
-import gc
 import importlib
 
 import pytest
 import torch
 
 import liger_rt
-from liger_rt import _swaps
 from liger_rt.kernels import moe_experts
-from liger_rt.patch import core, specs
+from liger_rt.patch import specs
 from liger_rt.tools import parity as P
 from liger_rt.tools.models import build_model
 from liger_rt.tools.presets import PRESETS, TINY_FOR_MODEL, get_preset
-from routing import record_impls
+from routing import record_impls, release_patches
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*(causal_conv1d|flash-linear-attention|overflow encountered).*")
 
@@ -43,10 +41,7 @@ FAMILIES = [_available(m) for m in NEW]
 @pytest.fixture(autouse=True)
 def _no_class_patches():
     yield
-    for model_type in list(core._CLASS_RECORDS):
-        core.unpatch(model_type)
-    gc.collect()                 # instance patches hold module-wide swaps (rope) until their model dies
-    assert not _swaps.LEDGER
+    release_patches()
 
 
 def _tiny(model_type):

@@ -17,6 +17,7 @@ import liger_rt
 from liger_rt.integrations import AutoLigerRTModelForCausalLM, LigerRTCallback, ShadowWarning
 from liger_rt.patch import core
 from liger_rt.tools.models import build_config, build_model
+from routing import OpCalls
 
 FLAGS = {"defaults": {}, "fused_loss": {"fused_linear_cross_entropy": True}}
 
@@ -64,16 +65,6 @@ def _unpatched_loss(preset: str, tmp_path_factory) -> float:
     return _UNPATCHED[preset]
 
 
-class _Calls:
-    """Counts calls of liger_rt.ops.<name> (the patched layers look the op up at call time)."""
-
-    def __init__(self, monkeypatch, name):
-        self.fn, self.n = getattr(liger_rt.ops, name), 0
-        monkeypatch.setattr(liger_rt.ops, name, self)
-
-    def __call__(self, *args, **kwargs):
-        self.n += 1
-        return self.fn(*args, **kwargs)
 
 
 @pytest.mark.slow
@@ -83,7 +74,7 @@ class _Calls:
 def test_hf_trainer_trains_a_patched_model(preset, flags, level, tmp_path, tmp_path_factory, monkeypatch, fallback):
     pytest.importorskip("liger_rt.kernels.fused_linear_cross_entropy")
     want = _unpatched_loss(preset, tmp_path_factory)
-    fused, norms = _Calls(monkeypatch, "fused_linear_cross_entropy"), _Calls(monkeypatch, "rms_norm")
+    fused, norms = OpCalls(monkeypatch, "fused_linear_cross_entropy"), OpCalls(monkeypatch, "rms_norm")
     with warnings.catch_warnings():
         warnings.simplefilter("error", core.PatchWarning)
         if level == "class":                              # patch the model type, then load
@@ -105,7 +96,7 @@ def test_callback_patches_the_trainers_model(tmp_path, tmp_path_factory, monkeyp
     """Trainer(callbacks=[LigerRTCallback(...)]) patches at init, before accelerate prepares the model."""
     from transformers import Trainer
     want = _unpatched_loss("qwen3-tiny", tmp_path_factory)
-    fused = _Calls(monkeypatch, "fused_linear_cross_entropy")
+    fused = OpCalls(monkeypatch, "fused_linear_cross_entropy")
     model = build_model("qwen3-tiny")
     callback = LigerRTCallback(fused_linear_cross_entropy=True)
     trainer = Trainer(model=model, args=_args(tmp_path), callbacks=[callback], train_dataset=_dataset(160))
@@ -124,7 +115,7 @@ def test_callback_patches_a_model_init_model_when_training_starts(tmp_path, monk
     def model_init():
         built.append(build_model("qwen3-tiny"))
         return built[-1]
-    norms = _Calls(monkeypatch, "rms_norm")
+    norms = OpCalls(monkeypatch, "rms_norm")
     _, steps = _train(None, tmp_path, callbacks=[LigerRTCallback()], model_init=model_init)
     assert steps == 2 and norms.n > 0
     assert liger_rt.patch.describe(built[-1])["patched"]["rms_norm"] > 0
@@ -218,7 +209,7 @@ def _accelerate_losses(patch: bool) -> list[float]:
 @pytest.mark.slow
 def test_accelerate_loop_trains_a_patched_model(monkeypatch, fallback):
     want = _accelerate_losses(patch=False)
-    fused = _Calls(monkeypatch, "fused_linear_cross_entropy")
+    fused = OpCalls(monkeypatch, "fused_linear_cross_entropy")
     got = _accelerate_losses(patch=True)
     assert fused.n == 2 and len(got) == 2
     assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5, (got, want)
@@ -234,7 +225,7 @@ def test_torch_compile_of_a_patched_model_trains_like_eager(monkeypatch, fallbac
     inputs = make_inputs(base)
     want = base(**inputs).loss
     want.backward()
-    fused = _Calls(monkeypatch, "fused_linear_cross_entropy")
+    fused = OpCalls(monkeypatch, "fused_linear_cross_entropy")
     loss = torch.compile(model, backend="aot_eager")(**inputs).loss
     loss.backward()
     assert fused.n == 1 and abs(loss.item() - want.item()) < 1e-6

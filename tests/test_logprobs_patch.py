@@ -9,19 +9,17 @@ Tiny presets, fp32, Triton interpreter.
 """
 from __future__ import annotations
 
-import gc
 
 import pytest
 import torch
 
 import liger_rt
-from liger_rt import _swaps
 from liger_rt.kernels import fused_linear_logprobs as K
 from liger_rt.layers import logprobs as L
 from liger_rt.patch import core, specs
 from liger_rt.tools.models import build_model
 from liger_rt.tools.presets import get_preset
-from routing import record_impls
+from routing import record_impls, release_patches
 
 T = 0.7
 ENT_COEF = 0.01
@@ -30,10 +28,7 @@ ENT_COEF = 0.01
 @pytest.fixture(autouse=True)
 def _no_class_patches():
     yield
-    for model_type in list(core._CLASS_RECORDS):
-        core.unpatch(model_type)
-    gc.collect()                 # instance patches hold module-wide swaps (rope) until their model dies
-    assert not _swaps.LEDGER
+    release_patches()
 
 
 def _batch(vocab: int, seed: int = 0):

@@ -21,6 +21,7 @@ from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 import liger_rt
 from liger_rt.integrations import LigerRTCallback, ShadowWarning, shadows, trl_fused_head
 from liger_rt.tools.models import build_model
+from routing import OpCalls
 
 VOCAB = 160                                        # qwen3-tiny's
 
@@ -33,16 +34,6 @@ def _tokenizer(padding_side="right"):
                                    padding_side=padding_side)
 
 
-class _Calls:
-    """Counts calls of liger_rt.ops.<name> (the patched layers look the op up at call time)."""
-
-    def __init__(self, monkeypatch, name):
-        self.fn, self.n = getattr(liger_rt.ops, name), 0
-        monkeypatch.setattr(liger_rt.ops, name, self)
-
-    def __call__(self, *args, **kwargs):
-        self.n += 1
-        return self.fn(*args, **kwargs)
 
 
 def _sft(model, out, callbacks=(), train=True):
@@ -72,7 +63,7 @@ def _grpo(model, out, callbacks=()):
 def test_sft_trainer_runs_the_layer_kernels_and_warns_that_its_head_shadows_the_fused_loss(
         tmp_path, monkeypatch, fallback):
     _, want = _sft(build_model("qwen3-tiny"), tmp_path / "unpatched")
-    norms, fused = _Calls(monkeypatch, "rms_norm"), _Calls(monkeypatch, "fused_linear_cross_entropy")
+    norms, fused = OpCalls(monkeypatch, "rms_norm"), OpCalls(monkeypatch, "fused_linear_cross_entropy")
     model = build_model("qwen3-tiny")
     with pytest.warns(ShadowWarning, match="TRL's fused LM head .* fused_linear_cross_entropy"):
         trainer, got = _sft(model, tmp_path / "patched", [LigerRTCallback(fused_linear_cross_entropy=True)])
@@ -89,7 +80,7 @@ def test_a_fused_loss_patched_before_sft_trainer_is_bypassed_and_the_callback_sa
         tmp_path, monkeypatch, fallback):
     """The case of the issue: patch(model, fused_linear_cross_entropy=True), then SFTTrainer. TRL's
     head wraps the patched forward and computes the loss itself: the fused op never runs."""
-    fused = _Calls(monkeypatch, "fused_linear_cross_entropy")
+    fused = OpCalls(monkeypatch, "fused_linear_cross_entropy")
     model = liger_rt.patch(build_model("qwen3-tiny"), fused_linear_cross_entropy=True)
     with pytest.warns(ShadowWarning, match="fused_linear_cross_entropy=False to silence"):
         trainer, got = _sft(model, tmp_path, [LigerRTCallback()])
@@ -104,7 +95,7 @@ def test_grpo_trainer_trains_a_patched_model(tmp_path, monkeypatch, fallback):
     """One GRPO step (2 generations of 4 tokens per prompt, sampled under the trainer's seed): the
     same completions, rewards and entropy as the unpatched run; `logprobs` is shadowed like the loss."""
     _, want = _grpo(build_model("qwen3-tiny"), tmp_path / "unpatched")
-    norms = _Calls(monkeypatch, "rms_norm")
+    norms = OpCalls(monkeypatch, "rms_norm")
     model = build_model("qwen3-tiny")
     with pytest.warns(ShadowWarning, match="liger_rt's logprobs does not run"):
         _, got = _grpo(model, tmp_path / "patched", [LigerRTCallback(logprobs=True)])
