@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What we run on the H200 (the device tool here): stages by name, each under its own time limit.
 #   bash benchmarks/h200_run.sh gputests norms lfm2 losses moe host sweep parity model
-#   bash benchmarks/h200_run.sh logprobs famparity fammodel      (issues 16, 17)
+#   bash benchmarks/h200_run.sh logprobs famparity fammodel      (issues 16, 17; LOGPROBS_ARGS="--rounds 3": counterbalanced medians)
 #   bash benchmarks/h200_run.sh compiled      (issue 19 item 4; COMPILED_ARGS="--compile-mode reduce-overhead" for CUDA graphs)
 #   bash benchmarks/h200_run.sh multigpu          (on nvidia-h200-x2: issue 21, benchmarks/multi_gpu.py)
 # A stage's extra arguments come from NORMS_ARGS, LFM2_ARGS, ... (e.g. MOE_ARGS="--where experts=32").

@@ -172,7 +172,10 @@ def _rel(a, b) -> float:
     return float((a.double() - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def measure(spec: dict, *, quick: bool, compile_: bool, device: str = "cuda", echo=print) -> list[dict]:
+def measure(spec: dict, *, quick: bool, compile_: bool, device: str = "cuda", echo=print, rnd: int = 0,
+            arm_set: dict | None = None) -> list[dict]:
+    """Every arm on one case, in the arms' order on even rounds and reversed on odd ones (counterbalanced
+    repeats); `arm_set` reuses the arms of an earlier round (a compiled arm compiles once)."""
     from liger_rt import dispatch
     from liger_rt.kernels._common import dtype_name
     dims = {k: spec[k] for k in ("tokens", "hidden", "vocab")}
@@ -180,9 +183,10 @@ def measure(spec: dict, *, quick: bool, compile_: bool, device: str = "cuda", ec
                                      device=device)
     ref_lp, ref_ent, ref_dx, ref_dw = reference(x, w, t, g_lp, g_h)
     d = dispatch.select(OP, dtype=dtype_name(x.dtype), arch=None if device == "cuda" else "cpu", **dims)
-    label = {"op": OP, **dims, "dtype": d.dtype, "temperature": TEMPERATURE, "quick": quick}
+    label = {"op": OP, **dims, "dtype": d.dtype, "temperature": TEMPERATURE, "quick": quick, "round": rnd}
     rows = []
-    for name, fn in arms(compile_, echo).items():
+    order = list((arm_set or arms(compile_, echo)).items())
+    for name, fn in (order[::-1] if rnd % 2 else order):
         if isinstance(fn, str):
             rows += [{**label, "impl": name, "pass": p, "error": f"skipped: {fn}"} for p in PASSES]
             continue
@@ -226,7 +230,7 @@ def measure(spec: dict, *, quick: bool, compile_: bool, device: str = "cuda", ec
 
 
 def _relative(rows: list[dict]) -> None:
-    """vs_compile (compile ms / ms) and peak_vs_compile per pass, where both ran."""
+    """vs_compile (compile ms / ms) and peak_vs_compile per pass, where both ran (rows of one round)."""
     for p in PASSES:
         base = next((r for r in rows if r["impl"] == "compile" and r["pass"] == p and r.get("ms")), None)
         for r in rows:
@@ -235,13 +239,25 @@ def _relative(rows: list[dict]) -> None:
                 r["peak_vs_compile"] = r["peak_GB"] / base["peak_GB"] if base.get("peak_GB") and r.get("peak_GB") else None
 
 
+def _median_rows(rows: list[dict]) -> dict[str, dict]:
+    """impl -> its row with the median ms over the rounds (the middle one of an odd count), with the
+    spread (min..max ms) of all rounds."""
+    out = {}
+    for impl in dict.fromkeys(r["impl"] for r in rows):
+        runs = sorted((r for r in rows if r["impl"] == impl), key=lambda r: r["ms"])
+        out[impl] = {**runs[(len(runs) - 1) // 2], "runs": len(runs),
+                     "spread": f"{runs[0]['ms']:.4g}..{runs[-1]['ms']:.4g}"}
+    return out
+
+
 def verdicts(rows: list[dict]) -> list[str]:
     """The issue's targets for the liger_rt fwdbwd row of each case: time <= torch.compile's, peak
-    memory <= 1/4 of it, faster than TRL and Liger-Kernel (in the same run)."""
+    memory <= 1/4 of it, faster than TRL and Liger-Kernel (in the same run; the median over the
+    counterbalanced rounds where there are several)."""
     lines = []
     for key in dict.fromkeys((r["tokens"], r["hidden"], r["vocab"]) for r in rows):
-        by = {r["impl"]: r for r in rows if (r["tokens"], r["hidden"], r["vocab"]) == key
-              and r["pass"] == "fwdbwd" and r.get("ms")}
+        by = _median_rows([r for r in rows if (r["tokens"], r["hidden"], r["vocab"]) == key
+                           and r["pass"] == "fwdbwd" and r.get("ms")])
         ours_row, name = by.get("liger_rt"), "T{} H{} V{}".format(*key)
         if ours_row is None:
             lines.append(f"{name}: liger_rt did not run")
@@ -251,7 +267,8 @@ def verdicts(rows: list[dict]) -> list[str]:
             if peer_name in by:
                 ok = ours_row["ms"] <= by[peer_name]["ms"]
                 parts.append(f"{'ok' if ok else 'MISSED'} time vs {peer_name} "
-                             f"({ours_row['ms']:.4g} vs {by[peer_name]['ms']:.4g} ms)")
+                             f"({ours_row['ms']:.4g} vs {by[peer_name]['ms']:.4g} ms; median of {ours_row['runs']}, "
+                             f"spread {ours_row['spread']} vs {by[peer_name]['spread']})")
         if "compile" in by and by["compile"].get("peak_GB") and ours_row.get("peak_GB"):
             ok = ours_row["peak_GB"] <= by["compile"]["peak_GB"] / 4
             parts.append(f"{'ok' if ok else 'MISSED'} peak <= 1/4 compile "
@@ -270,13 +287,14 @@ def peer_versions() -> dict:
     return out
 
 
-COLUMNS = ["tokens", "hidden", "vocab", "impl", "pass", "ms", "dev_ms", "dev_ms_method", "peak_GB", "vs_compile",
+COLUMNS = ["tokens", "hidden", "vocab", "round", "impl", "pass", "ms", "dev_ms", "dev_ms_method", "peak_GB", "vs_compile",
            "err_lp", "err_ent", "err_dx", "err_dw", "error"]
 
 
 def run(*, quick: bool = False, compile_: bool = True, tokens: tuple[int, ...] = (), out_dir="benchmarks/results",
-        specs: list[dict] | None = None, device: str = "cuda", echo: Callable = print) -> list[dict]:
-    """Every selected case, one CSV rewritten after each (a run cut short keeps what it measured)."""
+        specs: list[dict] | None = None, device: str = "cuda", echo: Callable = print, rounds: int = 1) -> list[dict]:
+    """Every selected case `rounds` times, the arm order reversed every other round; one CSV rewritten
+    after each round (a run cut short keeps what it measured)."""
     specs = [s for s in (specs or SPECS) if (s.get("quick") or not quick) and (not tokens or s["tokens"] in tokens)]
     if not specs:
         raise ValueError(f"no case has tokens in {list(tokens)}; cases: {', '.join(str(s['tokens']) for s in SPECS)}")
@@ -285,10 +303,13 @@ def run(*, quick: bool = False, compile_: bool = True, tokens: tuple[int, ...] =
     path = Path(out_dir) / f"logprobs_{device_tag()}{'_quick' if quick else ''}.csv"
     rows: list[dict] = []
     for spec in specs:
-        echo(f"[logprobs] tokens={spec['tokens']} hidden={spec['hidden']} vocab={spec['vocab']}")
-        rows += [{**r, **peer_versions()} for r in measure(spec, quick=quick, compile_=compile_ and not quick,
-                                                           device=device, echo=echo)]
-        write_csv(rows, path)
+        arm_set = arms(compile_ and not quick, echo)
+        for rnd in range(rounds):
+            echo(f"[logprobs] tokens={spec['tokens']} hidden={spec['hidden']} vocab={spec['vocab']} "
+                 f"round {rnd + 1}/{rounds}")
+            rows += [{**r, **peer_versions()} for r in measure(spec, quick=quick, compile_=compile_ and not quick,
+                                                               device=device, echo=echo, rnd=rnd, arm_set=arm_set)]
+            write_csv(rows, path)
     echo(format_table(rows, COLUMNS))
     echo("\n".join(verdicts(rows)))
     echo(f"wrote {path}")
@@ -299,14 +320,17 @@ def run(*, quick: bool = False, compile_: bool = True, tokens: tuple[int, ...] =
 @click.option("--quick", is_flag=True, help="The (8192, 2048, 65536) case only, shorter timing, no torch.compile.")
 @click.option("--no-compile", is_flag=True, help="Leave the torch.compile arm out.")
 @click.option("--tokens", multiple=True, type=int, help="Only the case(s) with these token counts (repeatable).")
+@click.option("--rounds", default=1, show_default=True, type=click.IntRange(1, 9),
+              help="Measure every case this many times, the arm order reversed every other round (medians).")
 @click.option("--out", "out_dir", default="benchmarks/results", show_default=True, type=click.Path(file_okay=False),
               help="Folder for the CSV.")
-def main(quick, no_compile, tokens, out_dir):
+def main(quick, no_compile, tokens, rounds, out_dir):
     """fused_linear_logprobs fwd+bwd and no-grad forward vs the materialised path, TRL and Liger-Kernel."""
     if not torch.cuda.is_available():
         raise click.ClickException(no_gpu_message("the log-probs benchmark"))
     try:
-        run(quick=quick, compile_=not no_compile, tokens=tuple(tokens), out_dir=out_dir, echo=click.echo)
+        run(quick=quick, compile_=not no_compile, tokens=tuple(tokens), out_dir=out_dir, echo=click.echo,
+            rounds=rounds)
     except ValueError as exc:
         raise click.UsageError(str(exc))
 
