@@ -4,6 +4,7 @@
 #   bash benchmarks/h200_run.sh logprobs famparity fammodel      (issues 16, 17; LOGPROBS_ARGS="--rounds 3": counterbalanced medians)
 #   bash benchmarks/h200_run.sh compiled      (issue 19 item 4; COMPILED_ARGS="--compile-mode reduce-overhead" for CUDA graphs)
 #   bash benchmarks/h200_run.sh multigpu          (on nvidia-h200-x2: issue 21, benchmarks/multi_gpu.py)
+# GPUTEST_K="expr" selects gpu tests by pytest -k (e.g. "not test_parity_bf16 or a3b": families' slow cases out).
 # A stage's extra arguments come from NORMS_ARGS, LFM2_ARGS, ... (e.g. MOE_ARGS="--where experts=32").
 # Results: benchmarks/results/*.csv in the tree, everything packed into $OUT/results.tgz, and the
 # whole log in $OUT/log.txt. The GPU image lacks sqlite-utils: the wheels in .whl/ are installed
@@ -31,7 +32,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv 2>&1 | tee -a "$
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$LOG"
 for s in "$@"; do
   case $s in
-    gputests) stage gputests ${GPUTEST_S:-300} python3 -m pytest -m gpu ${GPUTESTS:-tests/gpu} ${GPUTEST_FLAGS:--q} -p no:cacheprovider -rfE ;;
+    gputests) stage gputests ${GPUTEST_S:-300} python3 -m pytest -m gpu ${GPUTESTS:-tests/gpu} ${GPUTEST_FLAGS:--q} ${GPUTEST_K:+-k "$GPUTEST_K"} -p no:cacheprovider -rfE ;;
     norms)    stage norms ${NORMS_S:-240} $B kernels --op norms $Q ${NORMS_ARGS:-} ;;
     lfm2)     stage lfm2 200 $B kernels --op lfm2_ops $Q ${LFM2_ARGS:-} ;;
     losses)   stage losses 240 $B kernels --op losses $Q ${LOSSES_ARGS:-} ;;
