@@ -5,32 +5,10 @@
     report = compare((baseline, my_patched_model), patch=False)    # your own pair, already patched
     report["ok"], report["rows"]["logits"]["linf_over_baseline_max"]
 
-    liger-tune parity --model qwen3 --preset qwen3-4b --dtype bf16 --device cuda [--json]
-
-The input is the one of seed 000: two samples of eight tokens, the second right-padded (attention
-mask, labels -100 there), through SDPA; LFM2-VL gets one small image in the first sample.  Rows:
-
-- logits (valid positions), action log-probs (log-softmax gathered at the next token, where both
-  positions are valid and the next label is not -100), entropy (same positions) — from a forward
-  without labels (what RL reads);
-- optimisation loss (the ``loss`` the forward with labels returns, backpropagated) and reported
-  loss (the token-sum path: ``num_items_in_batch`` given, as a trainer with gradient accumulation
-  logs it);
-- a model patched with the fused log-probs head (``logprobs=True``: it carries
-  ``_liger_rt_logprobs`` and returns ``logprobs``/``entropy`` instead of logits when given labels)
-  gets its action log-probs and entropy from that forward, i.e. through
-  ``liger_rt.ops.fused_linear_logprobs``, and its losses from them: optimisation loss
-  ``-sum(logprobs) / count(labels)`` (HF's mean cross-entropy by definition), reported loss
-  ``-sum(logprobs) / num_items_in_batch``, so the gradient rows test the op's backward through
-  the model; ``report["fused_logprobs"]`` says whether that path ran;
-- gradients and one AdamW update (lr 1e-3): the worst tensor, by max abs difference, named.
-
-Each row gives max abs, mean abs and L-inf / baseline max (max abs difference over the largest
-baseline magnitude).  Gates come from one per-dtype table (``TOLERANCES``): every row is gated on
-L-inf / baseline max except the AdamW update, gated on mean |diff| / mean |baseline|: a first AdamW
-step is about lr * sign(grad), so a near-zero gradient whose sign flips moves that element by up
-to 2 lr whatever the precision (seed 000 saw 0.89 lr in bf16), and only the mean says whether the
-step as a whole moved.
+The rows, the input (seed 000) and the gates are described in docs/patching.md ("Parity").  Every
+row is gated on L-inf / baseline max except the AdamW update, gated on mean |diff| / mean
+|baseline|: a first AdamW step is about lr * sign(grad), so a near-zero gradient whose sign flips
+moves that element by up to 2 lr whatever the precision (seed 000 saw 0.89 lr in bf16).
 """
 from __future__ import annotations
 
@@ -39,6 +17,7 @@ import json
 import math
 from typing import Any, Callable
 
+import click
 import torch
 
 # gate per row and dtype (STYLE 8: one table).  fp32 runs compare reassociation-level differences;
@@ -114,6 +93,9 @@ def fused_logprobs(model) -> bool:
 
 
 def _run(model, inputs: dict, lr: float) -> dict[str, Any]:
+    """Every row's quantities of one model.  A model patched with ``logprobs=True`` gets its
+    log-probs and entropy from that forward (``liger_rt.ops.fused_linear_logprobs``) and its losses
+    from them: -sum(logprobs) / count(labels) (HF's mean cross-entropy), -sum / num_items_in_batch."""
     model.train()
     labels = inputs["labels"]
     no_labels = {k: v for k, v in inputs.items() if k != "labels"}
@@ -135,16 +117,19 @@ def _run(model, inputs: dict, lr: float) -> dict[str, Any]:
             res["reported_loss"] = model(**inputs, num_items_in_batch=n_items).loss.detach().float()
     model.zero_grad(set_to_none=True)
     loss = -model(**inputs).logprobs.sum() / n_items if fused else model(**inputs).loss
+    return {**res, **adamw_step(model, loss, lr)}
+
+
+def adamw_step(model, loss: torch.Tensor, lr: float) -> dict[str, Any]:
+    """Backpropagate `loss` and take one AdamW(lr) step: optimisation_loss, gradients, before, after."""
     loss.backward()
-    res["optimisation_loss"] = loss.detach().float()
     # kept in the parameters' dtype (a bf16 4B model: 8 GB each); differences are taken in fp32
     # one tensor at a time, so a Qwen3-4B comparison fits one H200 with both models resident
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    res["gradients"] = {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
-    res["before"] = {n: p.detach().clone() for n, p in params}
-    opt = torch.optim.AdamW([p for _, p in params], lr=lr)
-    opt.step()
-    del opt
+    res = {"optimisation_loss": loss.detach().float(),
+           "gradients": {n: p.grad.detach().clone() for n, p in params if p.grad is not None},
+           "before": {n: p.detach().clone() for n, p in params}}
+    torch.optim.AdamW([p for _, p in params], lr=lr).step()
     model.zero_grad(set_to_none=True)
     res["after"] = {n: p.detach().clone() for n, p in params}
     return res
@@ -190,13 +175,13 @@ def _factory(models):
     if isinstance(models, (tuple, list)):
         if len(models) != 2:
             raise ValueError("compare takes a model factory, a model, or a (baseline, patched) pair")
-        return models[0], models[1], True
+        return models[0], models[1]
     if isinstance(models, torch.nn.Module):
-        return models, copy.deepcopy(models), False
+        return models, copy.deepcopy(models)
     if callable(models):
         base, new = models(), models()
         new.load_state_dict(base.state_dict())
-        return base, new, False
+        return base, new
     raise TypeError(f"compare takes a model factory, a model, or a (baseline, patched) pair; got {type(models).__name__}")
 
 
@@ -214,7 +199,7 @@ def compare(models: Callable[[], torch.nn.Module] | torch.nn.Module | tuple, *, 
     tolerance, gate, ok; tensor for the worst-tensor rows), ``ok``, ``patched`` (what was patched).
     """
     from liger_rt.kernels._common import parse_dtype
-    base, new, _ = _factory(models)
+    base, new = _factory(models)
     if dtype is not None:
         dtype = parse_dtype(dtype)
         base.to(dtype=dtype)
@@ -229,34 +214,42 @@ def compare(models: Callable[[], torch.nn.Module] | torch.nn.Module | tuple, *, 
         core.patch(new, **patch)
     elif callable(patch):
         patch(new)
-    run_dtype = next(base.parameters()).dtype
     inputs = inputs if inputs is not None else make_inputs(base, seed=seed)
     torch.manual_seed(seed)
     rb = _run(base, inputs, lr)
     torch.manual_seed(seed)
     rn = _run(new, inputs, lr)
-    tol = dict(TOLERANCES.get(run_dtype, TOLERANCES[torch.float32]))
-    tol.update(tolerances or {})
+    return {**build_report(base, new, rb, rn, lr=lr, tolerances=tolerances), "fused_logprobs": fused_logprobs(new),
+            "softcapped_head": bool(getattr(getattr(new, "config", None), "final_logit_softcapping", None))}
+
+
+def build_report(base, new, rb: dict, rn: dict, *, lr: float, tolerances: dict | None = None,
+           full: Callable = lambda t: t, inner=None) -> dict:
+    """The gated rows of two runs and what was compared.  `full` gathers a sharded tensor whole (a
+    collective: the rows go in ROWS order on every rank); `inner` is `new` unwrapped."""
+    dtype = next(base.parameters()).dtype
+    tol = {**TOLERANCES.get(dtype, TOLERANCES[torch.float32]), **(tolerances or {})}
+
+    def update(res):
+        return lambda n: None if n not in res["after"] else full(res["after"][n]).float() - full(res["before"][n]).float()
     rows: dict[str, dict] = {}
     for name in ROWS:
         if name == "gradients":
-            row = _tensor_row(rb["gradients"], rb["gradients"].get, rn["gradients"].get)
+            row = _tensor_row(rb["gradients"], lambda n: full(rb["gradients"][n]), lambda n: full(rn["gradients"].get(n)))
         elif name == "adamw_update":
-            def update(res):
-                return lambda n: None if n not in res["after"] else res["after"][n].float() - res["before"][n].float()
             row = _tensor_row(rb["after"], update(rb), update(rn))
-        else:
+        elif name in rb:
             row = _stats(rn[name] - rb[name], rb[name])
+        else:
+            continue
         gate = GATE_STAT[name]
         row.update(tolerance=tol[name], gate=gate, ok=bool(row[gate] <= tol[name]))
         rows[name] = row
     from liger_rt.patch import describe
-    report = {"ok": all(r["ok"] for r in rows.values()), "dtype": str(run_dtype).replace("torch.", ""),
-              "device": str(next(base.parameters()).device), "lr": lr, "rows": rows,
-              "patched": describe(new), "fused_logprobs": fused_logprobs(new),
-              "softcapped_head": bool(getattr(getattr(new, "config", None), "final_logit_softcapping", None)),
-              "model_class": type(new).__name__}
-    return report
+    inner = new if inner is None else inner
+    return {"ok": all(r["ok"] for r in rows.values()), "dtype": str(dtype).replace("torch.", ""),
+            "device": str(next(base.parameters()).device), "lr": lr, "rows": rows,
+            "patched": describe(inner), "model_class": type(inner).__name__}
 
 
 # -- presentation ------------------------------------------------------------------------------------
@@ -285,83 +278,69 @@ def _json_safe(obj):
     return obj
 
 
-def _parse_flags(text: str | None) -> dict[str, bool]:
-    import click
-    flags: dict[str, bool] = {}
-    for part in filter(None, (p.strip() for p in (text or "").split(","))):
-        key, _, value = part.partition("=")
-        value = value.strip().lower() or "1"
-        if value not in ("0", "1", "true", "false", "on", "off", "yes", "no"):
-            raise click.BadParameter(f"{part!r}: expected FLAG=0|1")
-        flags[key.strip()] = value in ("1", "true", "on", "yes")
-    return flags
+@click.command("parity")
+@click.option("--model", "model_type", required=True,
+              help="Model type: qwen3, llama, qwen3_moe, lfm2, lfm2_moe, lfm2_vl.")
+@click.option("--preset", default="tiny", show_default=True,
+              help="tiny (the model type's tiny preset), a preset name (e.g. qwen3-4b) or a PATH.json.")
+@click.option("--dtype", "dtype_name", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32",
+              show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--flags", "flags_text", default=None,
+              help="liger_rt.patch flags on top of the family defaults, e.g. fused_linear_cross_entropy=1,layer_norm=1.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--lr", default=1e-3, show_default=True, type=float, help="AdamW learning rate of the one step.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def parity(model_type, preset, dtype_name, device, flags_text, seed, lr, as_json):
+    """Patched vs unpatched model from a config (random weights, no hub): logits, log-probs, entropy, losses, grads, AdamW step."""
+    import os
+    if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
+        os.environ["TRITON_INTERPRET"] = "1"      # like every liger-tune verb: CPU runs the kernels interpreted
+    from liger_rt.kernels._common import parse_dtype
+    from liger_rt.tools.models import build_model
+    from liger_rt.tools.presets import get_preset
+    from liger_rt.patch import core
+    try:
+        core._spec(model_type)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--model") from None
+    try:
+        p = get_preset(preset, model_type)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--preset") from None
+    if p.model_type != model_type:
+        raise click.BadParameter(f"preset {p.name} is a {p.model_type} model, not {model_type}",
+                                 param_hint="--preset")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise click.BadParameter("no CUDA/ROCm device here", param_hint="--device")
+    dtype = parse_dtype(dtype_name)
+    from liger_rt.tools.bench.model import parse_flags
+    try:
+        flags = parse_flags(flags_text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--flags") from None
 
-
-try:
-    import click
-except ImportError:  # pragma: no cover - click is a dependency
-    click = None
-
-if click is not None:
-    @click.command("parity")
-    @click.option("--model", "model_type", required=True,
-                  help="Model type: qwen3, llama, qwen3_moe, lfm2, lfm2_moe, lfm2_vl.")
-    @click.option("--preset", default="tiny", show_default=True,
-                  help="tiny (the model type's tiny preset), a preset name (e.g. qwen3-4b) or a PATH.json.")
-    @click.option("--dtype", "dtype_name", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32",
-                  show_default=True)
-    @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
-    @click.option("--flags", "flags_text", default=None,
-                  help="liger_rt.patch flags on top of the family defaults, e.g. fused_linear_cross_entropy=1,layer_norm=1.")
-    @click.option("--seed", default=0, show_default=True, type=int)
-    @click.option("--lr", default=1e-3, show_default=True, type=float, help="AdamW learning rate of the one step.")
-    @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-    def parity(model_type, preset, dtype_name, device, flags_text, seed, lr, as_json):
-        """Patched vs unpatched model from a config (random weights, no hub): logits, log-probs, entropy, losses, grads, AdamW step."""
-        import os
-        if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
-            os.environ["TRITON_INTERPRET"] = "1"      # like every liger-tune verb: CPU runs the kernels interpreted
-        from liger_rt.kernels._common import parse_dtype
-        from liger_rt.tools.models import build_model
-        from liger_rt.tools.presets import get_preset
-        from liger_rt.patch import core
-        try:
-            core._spec(model_type)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--model") from None
-        try:
-            p = get_preset(preset, model_type)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--preset") from None
-        if p.model_type != model_type:
-            raise click.BadParameter(f"preset {p.name} is a {p.model_type} model, not {model_type}",
-                                     param_hint="--preset")
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device == "cuda" and not torch.cuda.is_available():
-            raise click.BadParameter("no CUDA/ROCm device here", param_hint="--device")
-        dtype = parse_dtype(dtype_name)
-        flags = _parse_flags(flags_text)
-
-        def factory():
-            return build_model(p, dtype=dtype, device=device, seed=seed)
-        try:
-            report = compare(factory, patch=flags, lr=lr, seed=seed)
-        except (ValueError, TypeError, NotImplementedError, ImportError) as exc:
-            raise click.ClickException(str(exc)) from None
-        report.update(model_type=model_type, preset=p.name, flags=flags)
-        if as_json:
-            click.echo(json.dumps(_json_safe(report), indent=1, default=str))
-        else:
-            desc = report.get("patched") or {}
-            what = ", ".join(f"{k} x{v}" for k, v in (desc.get("patched") or {}).items()) or "nothing"
-            via = ("" if not report["fused_logprobs"] else "; action log-probs and entropy through the chunked "
-                   "torch path (softcapped head)" if report.get("softcapped_head") else
-                   "; action log-probs and entropy through fused_linear_logprobs")
-            click.echo(f"liger-tune parity: {model_type} ({p.name}), {report['dtype']} on {report['device']}; "
-                       f"patched: {what}{via}")
-            click.echo(format_table(report))
-            click.echo("PASS" if report["ok"] else
-                       "FAIL: " + ", ".join(LABELS[n] for n, r in report["rows"].items() if not r["ok"]))
-        if not report["ok"]:
-            raise SystemExit(1)
+    def factory():
+        return build_model(p, dtype=dtype, device=device, seed=seed)
+    try:
+        report = compare(factory, patch=flags, lr=lr, seed=seed)
+    except (ValueError, TypeError, NotImplementedError, ImportError) as exc:
+        raise click.ClickException(str(exc)) from None
+    report.update(model_type=model_type, preset=p.name, flags=flags)
+    if as_json:
+        click.echo(json.dumps(_json_safe(report), indent=1, default=str))
+    else:
+        desc = report.get("patched") or {}
+        what = ", ".join(f"{k} x{v}" for k, v in (desc.get("patched") or {}).items()) or "nothing"
+        via = ("" if not report["fused_logprobs"] else "; action log-probs and entropy through the chunked "
+               "torch path (softcapped head)" if report.get("softcapped_head") else
+               "; action log-probs and entropy through fused_linear_logprobs")
+        click.echo(f"liger-tune parity: {model_type} ({p.name}), {report['dtype']} on {report['device']}; "
+                   f"patched: {what}{via}")
+        click.echo(format_table(report))
+        click.echo("PASS" if report["ok"] else
+                   "FAIL: " + ", ".join(LABELS[n] for n, r in report["rows"].items() if not r["ok"]))
+    if not report["ok"]:
+        raise SystemExit(1)
