@@ -43,9 +43,9 @@ def decisions() -> list[dict]:
     return out
 
 
-def decisions_digest() -> str:
+def decisions_digest(found: list[dict] | None = None) -> str:
     """sha256 (hex) of `decisions()`: equal on two processes iff they decided the same for the same calls."""
-    text = json.dumps(decisions(), sort_keys=True, separators=(",", ":"))
+    text = json.dumps(decisions() if found is None else found, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -56,8 +56,7 @@ def check_decisions_agree(group=None) -> list[str]:
     mine = decisions()
     gathered: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, mine, group=group)
-    digests = [hashlib.sha256(json.dumps(g, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-               for g in gathered]
+    digests = [decisions_digest(g) for g in gathered]
     bad = [r for r, d in enumerate(digests) if d != digests[0]]
     if bad:
         ref = {json.dumps(d, sort_keys=True) for d in gathered[0]}
@@ -146,20 +145,11 @@ def full(t: torch.Tensor | None) -> torch.Tensor | None:
 # -- parity --------------------------------------------------------------------------------------------
 
 def train_step(model, inputs: dict, lr: float) -> dict[str, Any]:
-    """One training step as the parity tool runs it, without its label-free forwards: loss with
-    labels, backward, AdamW(lr).  Returns optimisation_loss, gradients, before, after."""
+    """The parity tool's step without its label-free forwards: loss with labels, backward, AdamW(lr)."""
+    from .parity import adamw_step
     model.train()
     model.zero_grad(set_to_none=True)
-    loss = model(**inputs).loss
-    loss.backward()
-    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    res = {"optimisation_loss": loss.detach().float(),
-           "gradients": {n: p.grad.detach().clone() for n, p in params if p.grad is not None},
-           "before": {n: p.detach().clone() for n, p in params}}
-    torch.optim.AdamW([p for _, p in params], lr=lr).step()
-    model.zero_grad(set_to_none=True)
-    res["after"] = {n: p.detach().clone() for n, p in params}
-    return res
+    return adamw_step(model, model(**inputs).loss, lr)
 
 
 def compare_wrapped(base, new, inputs: dict | None = None, *, lr: float = 1e-3, seed: int = 0,
@@ -168,7 +158,6 @@ def compare_wrapped(base, new, inputs: dict | None = None, *, lr: float = 1e-3, 
     same inputs on each: the averaged gradients are then those of one process).  all_rows=False
     measures only the optimisation loss, gradients and AdamW update (one forward; `train_step`).
     Returns the parity report ({"ok", "rows", "dtype", ...}); `parity.format_table` prints it."""
-    from liger_rt.patch import describe
     from . import parity
     inputs = inputs if inputs is not None else parity.make_inputs(unwrapped(base), seed=seed)
     run = parity._run if all_rows else train_step
@@ -176,28 +165,4 @@ def compare_wrapped(base, new, inputs: dict | None = None, *, lr: float = 1e-3, 
     rb = run(base, inputs, lr)
     torch.manual_seed(seed)
     rn = run(new, inputs, lr)
-    dtype = next(base.parameters()).dtype
-    tol = dict(parity.TOLERANCES.get(dtype, parity.TOLERANCES[torch.float32]))
-    tol.update(tolerances or {})
-
-    def update(res):
-        def delta(n):
-            return None if n not in res["after"] else full(res["after"][n]).float() - full(res["before"][n]).float()
-        return delta
-    rows: dict[str, dict] = {}
-    for name in parity.ROWS:     # the same order on every rank: `full` is a collective
-        if name == "gradients":
-            row = parity._tensor_row(rb["gradients"], lambda n: full(rb["gradients"][n]),
-                                     lambda n: full(rn["gradients"].get(n)))
-        elif name == "adamw_update":
-            row = parity._tensor_row(rb["after"], update(rb), update(rn))
-        elif name in rb:
-            row = parity._stats(rn[name] - rb[name], rb[name])
-        else:
-            continue
-        gate = parity.GATE_STAT[name]
-        row.update(tolerance=tol[name], gate=gate, ok=bool(row[gate] <= tol[name]))
-        rows[name] = row
-    return {"ok": all(r["ok"] for r in rows.values()), "dtype": str(dtype).replace("torch.", ""),
-            "device": str(next(base.parameters()).device), "lr": lr, "rows": rows,
-            "patched": describe(unwrapped(new)), "model_class": type(unwrapped(new)).__name__}
+    return parity.build_report(base, new, rb, rn, lr=lr, tolerances=tolerances, full=full, inner=unwrapped(new))
