@@ -1,15 +1,10 @@
-"""Every LIGER_* environment variable, parsed and validated in one place.
+"""Every LIGER_* environment variable, parsed and validated in one place (docs/env.md lists them).
 
-Each function reads ``os.environ`` when called: nothing is read at import time.  Every accessor
-first runs :func:`check`, which validates *all* the variables set (so a bad value raises
-:class:`EnvError` on every path that reads the environment, whichever variable that path needs)
-and warns once about an unknown ``LIGER_RT_*`` name, naming the nearest valid one.  ``check()``
-scans the environment once and does nothing more while the ``LIGER_*`` variables are unchanged.
-
-The dispatcher reads these only when it makes a new decision (a memo miss), so a changed variable
-applies to decisions made afterwards; ``liger_rt.dispatch.reset()`` forgets earlier decisions.
-This module imports nothing from liger_rt (it is a leaf: backend, dispatch and the store import
-it).  docs/env.md documents each variable.
+Nothing is read at import time.  Every accessor first runs :func:`check`, which validates *all*
+the variables set, so a bad value raises :class:`EnvError` on every path that reads the
+environment, whichever variable that path needs; an unknown ``LIGER_RT_*`` name warns once,
+naming the nearest valid one.  This module imports nothing from liger_rt (backend, dispatch and
+the store import it).
 """
 from __future__ import annotations
 
@@ -118,14 +113,15 @@ def _impl(op: str, valid) -> str | None:
     return raw
 
 
+# variable -> (its key in `snapshot`, parser)
 _PARSERS = {
-    "LIGER_RT_TUNING_DB": _tuning_db_path,
-    "LIGER_RT_ARCH": _arch,
-    "LIGER_RT_AUTOTUNE": lambda: _flag("LIGER_RT_AUTOTUNE", False),
-    "LIGER_RT_LOG": _log,
-    "LIGER_RT_DISABLE": lambda: _flag("LIGER_RT_DISABLE", False),
-    "LIGER_FUSED_MOE_AUTOTUNE": lambda: _flag("LIGER_FUSED_MOE_AUTOTUNE", True),
-    "LIGER_RT_DB_TIMEOUT": _timeout,
+    "LIGER_RT_TUNING_DB": ("tuning_db", _tuning_db_path),
+    "LIGER_RT_ARCH": ("arch", _arch),
+    "LIGER_RT_AUTOTUNE": ("autotune", lambda: _flag("LIGER_RT_AUTOTUNE", False)),
+    "LIGER_RT_LOG": ("log_decisions", _log),
+    "LIGER_RT_DISABLE": ("disable", lambda: _flag("LIGER_RT_DISABLE", False)),
+    "LIGER_FUSED_MOE_AUTOTUNE": ("fused_moe_autotune", lambda: _flag("LIGER_FUSED_MOE_AUTOTUNE", True)),
+    "LIGER_RT_DB_TIMEOUT": ("db_timeout", _timeout),
 }
 
 
@@ -157,11 +153,13 @@ def check() -> None:
     for name, _ in items:
         op = name[len(IMPL_PREFIX):].lower()
         if name in _PARSERS:
-            _PARSERS[name]()
+            _PARSERS[name][1]()
         elif name.startswith(IMPL_PREFIX) and op in ops:
             _impl(op, ops[op])
-        elif name.startswith("LIGER_RT_") and (ops or not name.startswith(IMPL_PREFIX)):
-            _warn_unknown(name, ops)
+        elif name.startswith("LIGER_RT_") and (ops or not name.startswith(IMPL_PREFIX)) and name not in _warned:
+            _warned.add(name)
+            warnings.warn(f"liger_rt: unknown environment variable {name} is ignored; {_hint(name, ops)}",
+                          RuntimeWarning, stacklevel=3)
     _checked = key
 
 
@@ -176,38 +174,31 @@ def _hint(key: str, ops) -> str:
     return f"did you mean {near[0]}?" if near else f"known: {', '.join(known)}"
 
 
-def _warn_unknown(key: str, ops) -> None:
-    if key in _warned:
-        return
-    _warned.add(key)
-    hint = _hint(key, ops)
-    warnings.warn(f"liger_rt: unknown environment variable {key} is ignored; {hint}", RuntimeWarning, stacklevel=3)
-
-
 # -- accessors (each validates the whole environment first) ----------------------------------------
+
+def _get(name: str):
+    check()
+    return _PARSERS[name][1]()
+
 
 def tuning_db_path() -> Path:
     """LIGER_RT_TUNING_DB: the writable tuning DB (default: $XDG_CACHE_HOME/liger_rt/tuning.db)."""
-    check()
-    return _tuning_db_path()
+    return _get("LIGER_RT_TUNING_DB")
 
 
 def arch_override() -> str | None:
     """LIGER_RT_ARCH: force an arch profile by name."""
-    check()
-    return _arch()
+    return _get("LIGER_RT_ARCH")
 
 
 def autotune() -> bool:
     """LIGER_RT_AUTOTUNE: 1 tunes on a DB miss and persists the winner; default 0."""
-    check()
-    return _flag("LIGER_RT_AUTOTUNE", False)
+    return _get("LIGER_RT_AUTOTUNE")
 
 
 def log_decisions() -> bool:
     """LIGER_RT_LOG=decisions: log each new dispatch decision once."""
-    check()
-    return _log()
+    return _get("LIGER_RT_LOG")
 
 
 def impl_override(op: str, valid: tuple[str, ...] | None = None) -> str | None:
@@ -218,43 +209,37 @@ def impl_override(op: str, valid: tuple[str, ...] | None = None) -> str | None:
 
 def disabled() -> bool:
     """LIGER_RT_DISABLE: 1 makes every op use its torch reference."""
-    check()
-    return _flag("LIGER_RT_DISABLE", False)
+    return _get("LIGER_RT_DISABLE")
 
 
 def fused_moe_autotune() -> bool:
     """LIGER_FUSED_MOE_AUTOTUNE: 0 pins MoE kernels to fixed configs (HIP-safe on AMD); default 1."""
-    check()
-    return _flag("LIGER_FUSED_MOE_AUTOTUNE", True)
+    return _get("LIGER_FUSED_MOE_AUTOTUNE")
 
 
 def db_timeout() -> float:
     """LIGER_RT_DB_TIMEOUT: seconds to wait for a locked tuning DB before falling back (default 10)."""
-    check()
-    return _timeout()
+    return _get("LIGER_RT_DB_TIMEOUT")
+
+
+def _or_error(fn, *args):
+    try:
+        return fn(*args)
+    except EnvError as exc:
+        return f"error: {exc}"
 
 
 def snapshot() -> dict:
     """Every LIGER_* variable set now (for `liger-tune doctor`), raw, plus what was parsed; a bad
     value shows as "error: ..." instead of raising, and unknown names are listed."""
     raw = {k: v for k, v in sorted(os.environ.items()) if k.startswith("LIGER_")}
-    parsed = {}
-    for key, fn in (("tuning_db", lambda: str(_tuning_db_path())), ("arch", _arch),
-                    ("autotune", _PARSERS["LIGER_RT_AUTOTUNE"]), ("log_decisions", _log),
-                    ("disable", _PARSERS["LIGER_RT_DISABLE"]),
-                    ("fused_moe_autotune", _PARSERS["LIGER_FUSED_MOE_AUTOTUNE"]), ("db_timeout", _timeout)):
-        try:
-            parsed[key] = fn()
-        except EnvError as exc:
-            parsed[key] = f"error: {exc}"
+    parsed = {key: _or_error(fn) for key, fn in _PARSERS.values()}
+    parsed["tuning_db"] = str(parsed["tuning_db"])
     ops = _ops()
     for key in raw:
         op = key[len(IMPL_PREFIX):].lower()
         if key.startswith(IMPL_PREFIX) and op in ops:
-            try:
-                parsed[key] = _impl(op, ops[op])
-            except EnvError as exc:
-                parsed[key] = f"error: {exc}"
+            parsed[key] = _or_error(_impl, op, ops[op])
     known = set(known_names(ops))
     unknown = {k: _hint(k, ops) for k in raw if k.startswith("LIGER_RT_") and k not in known}
     return {"set": raw, "parsed": parsed, "unknown": unknown}
