@@ -100,12 +100,8 @@ def arch_from_properties(device_name: str, *, capability: tuple[int, int] | None
             return _generic("amd", device_name, gcn_arch, sm_count)
     elif capability is not None:
         major, minor = capability
-        if major == 9:
-            name = "hopper"
-        elif major == 10:
-            name = "blackwell"
-        elif major == 8:
-            name = "ampere"
+        name = {9: "hopper", 10: "blackwell", 8: "ampere"}.get(major)
+        if name == "ampere":
             extra["capability"] = f"sm{major}{minor}"
             if minor != 0:  # sm86/sm89 have 99 KiB of shared memory per block, not 163
                 extra["smem_bytes"] = 101376
@@ -151,55 +147,42 @@ def gpu_present() -> bool:
         return False
 
 
-def detect(device: torch.device | str | int | None = None) -> Arch:
-    """The Arch of `device` (default: the current CUDA/ROCm device, else cpu).
+def _index(device: torch.device | str | int | None) -> int | None:
+    """The CUDA/ROCm device index of `device` (None: the current GPU); None for a cpu device or none."""
+    if device is None:
+        return torch.cuda.current_device() if gpu_present() else None
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type == "cpu":
+        return None
+    return device.index if device.index is not None else torch.cuda.current_device()
 
-    ``LIGER_RT_ARCH`` forces a profile; the device's SM count is kept when a device is present.
-    """
+
+def detect(device: torch.device | str | int | None = None) -> Arch:
+    """The Arch of `device` (default: the current CUDA/ROCm device, else cpu); ``LIGER_RT_ARCH``
+    forces a profile."""
     forced = env.arch_override()
-    if device is not None and not isinstance(device, int):
-        device = torch.device(device)
-        if device.type == "cpu":
-            return profile(forced, forced=True) if forced else profile("cpu")
-        index = device.index if device.index is not None else torch.cuda.current_device()
-    elif isinstance(device, int):
-        index = device
-    else:
-        index = torch.cuda.current_device() if gpu_present() else None
+    index = _index(device)
     if forced:
         return profile(forced, forced=True)
-    if index is None:
-        return profile("cpu")
-    return _detect_device(index)
+    return profile("cpu") if index is None else _detect_device(index)
 
 
 def detect_hardware() -> Arch:
     """The Arch of the device actually present (the current CUDA/ROCm device, else cpu), whatever
     ``LIGER_RT_ARCH`` says: what a measurement runs on."""
-    if not gpu_present():
-        return profile("cpu")
-    return _detect_device(torch.cuda.current_device())
-
-
-# The interpreter runs a grid's programs one after another: the cpu profile's "SM" count only sizes
-# persistent grids there.
-_CPU_SM_COUNT = _PROFILES["cpu"]["sm_count"]
+    index = _index(None)
+    return profile("cpu") if index is None else _detect_device(index)
 
 
 def sm_count(device: torch.device | str | int | None = None) -> int:
     """SMs (NVIDIA) or CUs (AMD) of `device` (default: the current GPU, else cpu): the one source
-    of this count for grid sizing.  Cached per device; a cpu device gives the cpu profile's 2."""
-    if device is None:
-        if not gpu_present():
-            return _CPU_SM_COUNT
-        index = torch.cuda.current_device()
-    elif isinstance(device, int):
-        index = device
-    else:
-        device = torch.device(device)
-        if device.type == "cpu":
-            return _CPU_SM_COUNT
-        index = device.index if device.index is not None else torch.cuda.current_device()
+    of this count for grid sizing.  Cached per device; a cpu device gives the cpu profile's 2 (the
+    interpreter runs a grid's programs one after another: it only sizes persistent grids there)."""
+    index = _index(device)
+    if index is None:
+        return _PROFILES["cpu"]["sm_count"]
     return int(getattr(_properties(index), "multi_processor_count", 0) or 0)
 
 
