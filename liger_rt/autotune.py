@@ -1,20 +1,8 @@
-"""Benchmark candidate configs safely and persist the winners.
+"""Benchmark candidate configs safely and persist the winners (docs/cli.md, "sweep").
 
-For one (op, dims, dtype) on one target: every available implementation and every candidate
-config the arch admits is run once and validated against the torch reference (a config that
-computes wrong can never win), then timed by one method per case, recorded in every row:
-"cuda-graph" (device time of a CUDA-graph replay) on a GPU, "do_bench" (wall time between events,
-host launch cost included) where a capture fails, in which case the whole case is re-timed that way
-so that no two methods are ever compared, and "cpu-wall" (a few wall-clock runs) under the
-interpreter.  Host cost per call (wall time of back-to-back eager calls) is stored beside it.  A
-candidate that fails to compile, runs out of shared memory or registers, or hits a CUDA OOM is
-recorded and skipped, never fatal.  The fastest implementation/config per bucket is upserted with
-the torch time as its baseline and the fingerprint it was measured on, and every raw measurement
-is kept; a sweep derives its crossovers from its own measurements.
-
-In a torch.distributed job only rank 0 tunes; the decision is broadcast so every rank uses the
-same config.  This needs every rank to reach the same miss at the same time (the usual case of
-fixed-shape data-parallel steps); it is only used with LIGER_RT_AUTOTUNE=1.
+Every candidate is validated against the torch reference before it is timed, so a config that
+computes wrong can never win; a case is timed by one method (`time_fn`), never two compared; a
+candidate that fails to compile or runs out of resources or memory is recorded and skipped.
 """
 from __future__ import annotations
 
@@ -40,10 +28,9 @@ class ArchMismatchError(RuntimeError):
 
 
 def graph_ms(fn: Callable[[], object], *, rep_ms: float = 30.0, replays: int = 10) -> float:
-    """Device milliseconds per fn(): median over `replays` replays of one CUDA graph holding enough
-    unrolled calls to fill ~rep_ms, captured on a side stream after three warm calls there (the
-    recipe torch documents for whole-network capture, autograd included).  No host launch cost
-    and no L2 flush between calls: the kernels' own time."""
+    """Device milliseconds per fn(): median over `replays` replays of one CUDA graph of enough
+    unrolled calls to fill ~rep_ms, captured on a side stream after three warm calls there (torch's
+    recipe for whole-network capture).  No host launch cost, no L2 flush: the kernels' own time."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -56,8 +43,7 @@ def graph_ms(fn: Callable[[], object], *, rep_ms: float = 30.0, replays: int = 1
     torch.cuda.synchronize()
     reps = int(min(200, max(3, rep_ms / max(a.elapsed_time(b), 1e-3))))
     # a one-call probe first: a failed capture keeps its private pool, so an uncapturable candidate
-    # (a host sync, e.g. the eager MoE loop) must fail here holding one call's memory, not `reps`
-    # calls' (the H200 sweep of session 3 held 138 GB after four MoE cases and went OOM)
+    # must fail holding one call's memory, not `reps` calls' (see host_syncs)
     probe = torch.cuda.CUDAGraph()
     with torch.cuda.graph(probe, stream=s):
         fn()
@@ -106,15 +92,13 @@ def host_syncs(fn: Callable[[], object]) -> bool:
 
 def time_fn(fn: Callable[[], object], device_type: str, *, quick: bool = False,
             method: str | None = None) -> tuple[float, str]:
-    """(milliseconds per fn(), method).  On a GPU: `graph_ms` ("cuda-graph", device time) where
-    the candidate can be captured, else (or with method="do_bench") the median of
-    `triton.testing.do_bench` ("do_bench": wall time between events, host launch cost included),
-    with one warning per kind of capture failure.  On CPU: the median wall time ("cpu-wall").
+    """(milliseconds per fn(), method): "cuda-graph" (`graph_ms`) where the candidate can be
+    captured, else (or with method="do_bench") the median of triton's do_bench (host launch cost
+    included; one warning per kind of capture failure); "cpu-wall" on CPU.
 
-    Device time is what an op costs inside a training step whose host runs ahead of the GPU, and
-    the only fair ranking of configs of a launch-bound op: on the H200 here an RMSNorm fwd+bwd at
-    4096 x 4096 takes ~50 us of kernels and ~300 us of host time, so wall-clock timing ranks
-    configs by noise.
+    Device time is what an op costs in a training step whose host runs ahead of the GPU, and the
+    only fair ranking of a launch-bound op's configs: on the H200 an RMSNorm fwd+bwd at 4096 x 4096
+    takes ~50 us of kernels and ~300 us of host time, so wall-clock timing ranks configs by noise.
     """
     if device_type == "cuda":
         import triton.testing
@@ -129,7 +113,7 @@ def time_fn(fn: Callable[[], object], device_type: str, *, quick: bool = False,
                     return graph_ms(fn, rep_ms=rep), "cuda-graph"
                 except Exception as exc:
                     torch.cuda.synchronize()
-                    why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                    why = _why(exc)
                     if why not in _GRAPH_FAILURES:
                         _GRAPH_FAILURES.add(why)
                         warnings.warn(f"liger_rt: CUDA-graph timing failed ({why}); timing this case with "
@@ -173,13 +157,9 @@ def _sync(device_type: str) -> None:
         torch.cuda.synchronize()
 
 
-def _is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
-
-
-def candidates(op, impl, arch, dims: dict, dtype: torch.dtype) -> list:
-    """The configs a sweep measures for `impl`, pruned to what the arch runs."""
-    return op.candidates_for(impl, arch, dims, dtype)
+def _why(exc: BaseException, limit: int = 200) -> str:
+    """"TypeName: the first line of the message" (at most `limit` characters of it)."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:limit] if str(exc) else ''}"
 
 
 def unavailable(op, target, dims: dict, dtype: torch.dtype) -> dict[str, str]:
@@ -217,7 +197,7 @@ def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag
     case_method = None       # "do_bench" once a capture failed: the case is re-timed that way anyway
     for name in names:
         impl = op.impl(name)
-        for cfg in candidates(op, impl, arch, dims, dtype):
+        for cfg in op.candidates_for(impl, arch, dims, dtype):
             rec = dict(op=op.name, variant=op.variant, arch=arch.name, dtype=dname, static_key=static_key,
                        dims=json.dumps(dims, sort_keys=True), axis=axis, tag=tag, impl=name,
                        config=config_dict(cfg), median_ms=None, ok=0, error="", method="")
@@ -239,8 +219,9 @@ def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag
                     rec["ok"] = 1
                     runs.append((rec, run, cfg))
             except Exception as exc:  # compile errors, OutOfResources, CUDA OOM: skip the candidate
-                rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
-                if _is_oom(exc) and device == "cuda":
+                rec["error"] = _why(exc, 500)[:500]
+                if device == "cuda" and (isinstance(exc, torch.cuda.OutOfMemoryError)
+                                         or "out of memory" in str(exc).lower()):
                     torch.cuda.empty_cache()
             finally:
                 outs = None
@@ -331,11 +312,9 @@ def crossovers(results: list[dict], ops: dict, margin: float = 0.05) -> list[dic
 
 def sweep(plan: list, target, store, *, quick: bool = False, origin: str = "sweep", progress=None) -> dict:
     """Measure and persist each case of `plan` ([(op, dims, dtype, tag)], op objects), one
-    transaction per case, then the crossovers derived from this sweep's own measurements.
-
-    A case that cannot be measured (e.g. its inputs do not fit in memory) is reported and skipped;
-    a DB that cannot be written (TuningDBError) stops the sweep.  `progress` wraps the plan
-    (e.g. tqdm) and may take set_postfix_str.  Returns {"results", "skipped", "crossovers"}."""
+    transaction per case, then the crossovers derived from these measurements.  A case that cannot
+    be measured is reported and skipped; a DB that cannot be written stops the sweep.  `progress`
+    wraps the plan (e.g. tqdm).  Returns {"results", "skipped", "crossovers"}."""
     results, skipped, ops = [], [], {}
     cases = progress(plan) if progress else plan
     for case in cases:
@@ -351,8 +330,7 @@ def sweep(plan: list, target, store, *, quick: bool = False, origin: str = "swee
 
 
 def _sweep_case(case, target, quick: bool, bar=None) -> tuple[dict | None, dict | None]:
-    """(tune's result, None) for one plan case, or (None, the skipped record) when it cannot be
-    measured."""
+    """(tune's result, None) for one plan case, or (None, the skipped record)."""
     from .kernels._common import parse_dtype
     op, dims, dt, tag = case
     if hasattr(bar, "set_postfix_str"):
@@ -363,7 +341,7 @@ def _sweep_case(case, target, quick: bool, bar=None) -> tuple[dict | None, dict 
         if target.device_type == "cuda":
             torch.cuda.empty_cache()
         return None, {"op": op.name, "dims": dims, "dtype": dt, "tag": tag,
-                      "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
+                      "error": _why(exc)}
 
 
 def _persist_crossovers(results: list[dict], ops: dict, target, store, origin: str) -> list[dict]:
@@ -384,17 +362,12 @@ def _one_line_error(exc: BaseException) -> str:
 
 def sweep_sharded(plan: list, target, open_store: Callable[[], object], *, quick: bool = False,
                   origin: str = "sweep", progress=None, group=None) -> dict | None:
-    """`sweep` split across the ranks of a torch.distributed job (a collective: every rank calls it
-    with the same plan): case i goes to rank i % world, in rounds of one case per rank; after each
-    round the results are all-gathered and rank 0 persists them in plan order, one transaction per
-    case, through the code `sweep` uses (`persist`), then the crossovers of all of them.  Only rank 0
-    calls `open_store` (before the first exchange, so that its failure stops every rank) and closes it.
-    Returns sweep's {"results", "skipped", "crossovers"} (plan order) on rank 0, None elsewhere.
-
-    Neighbouring cases of a plan are alike (same op, dtype, nearby shapes), so a round costs about
-    one case; a sweep cut short keeps the rounds already persisted.  A case that cannot be measured
-    is skipped as in `sweep`; any other failure of a rank (its setup, rank 0's DB) is exchanged at
-    the next round and every rank raises ShardedSweepError naming it: no rank waits for a dead one."""
+    """`sweep` split across the ranks of a torch.distributed job (a collective; docs/cli.md,
+    "Sharded sweep"): case i on rank i % world, in rounds of one case per rank (neighbouring cases
+    are alike, so a round costs about one case); rank 0 persists each round in plan order.  Only
+    rank 0 calls `open_store`, before the first exchange so that its failure stops every rank.  Any
+    failure of a rank outside a case is exchanged at the next round and every rank raises
+    ShardedSweepError naming it: no rank waits for a dead one.  Returns sweep's dict on rank 0."""
     import hashlib
     import pickle
 
@@ -470,13 +443,11 @@ def _dist_world() -> tuple[int, int]:
 def tune_online(op, target, dtype, dims) -> dict | None:
     """LIGER_RT_AUTOTUNE=1 on a DB miss: tune (rank 0 only), broadcast the winner, persist it.
 
-    In a torch.distributed job every rank reaches this miss at the same time (see the module
-    docstring) and must keep deciding alike afterwards, so the DB view changes on every rank at
-    once: rank 0 persists only after the broadcast (once every rank has done its lookups for this
-    call), a barrier follows, and every rank re-opens the DB.  Before this, rank 0 alone re-opened
-    it: its next lookups found the new row (same or nearest bucket) while the other ranks missed and
-    waited in a broadcast that rank 0 never joined (a hang, or a decision of another op).  Ranks on
-    other hosts see the row only when LIGER_RT_TUNING_DB is one shared file.
+    In a torch.distributed job every rank reaches this miss at the same time (fixed-shape
+    data-parallel steps) and must keep deciding alike, so the DB view changes on every rank at once:
+    rank 0 persists only after the broadcast, a barrier follows, and every rank re-opens the DB.
+    (When rank 0 alone re-opened it, its next lookups hit while the others missed and waited in a
+    broadcast rank 0 never joined.)  Ranks on other hosts need LIGER_RT_TUNING_DB on a shared file.
     """
     rank, world = _dist_world()
     decision, result = None, None

@@ -346,7 +346,7 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
             op = dispatch.get_op(name)
             dtype = parse_dtype(dt)
             avail = op.available_impls(target, dims, dtype) or ["torch"]
-            n = sum(len(autotune.candidates(op, op.impl(i), target.arch, dims, dtype)) for i in avail)
+            n = sum(len(op.candidates_for(op.impl(i), target.arch, dims, dtype)) for i in avail)
             skipped = autotune.unavailable(op, target, dims, dtype)
             rows.append({"op": name, "dims": dims, "dtype": dt, "tag": tag, "impls": ",".join(avail), "candidates": n,
                          "not_measured": ", ".join(f"{k} ({v})" for k, v in skipped.items())})
