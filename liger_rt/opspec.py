@@ -372,9 +372,8 @@ class Op:
         impl = self._by_name[impl_name]
         if impl.fn is not None:
             return impl.fn(*args)
-        fwd = self._custom_ops()
-        out = fwd(*args, config_json)
-        return out[0] if self.outputs == 1 else tuple(out[:self.outputs])
+        out = self._custom_ops().apply(config_json, impl.keep, *args)
+        return out[0] if self.outputs == 1 else out
 
     def _custom_ops(self):
         if self._custom is None:
@@ -481,13 +480,20 @@ def _schema_args(schema: str) -> list[tuple[str, str]]:
     return [tuple(a.strip().rsplit(" ", 1)) for a in schema.split(",") if a.strip()]
 
 
+_LIB = torch.library.Library("liger_rt", "FRAGMENT")     # the namespace of every generated op
+
+
 def _build_custom_ops(op: Op):
     """liger_rt::<op>_fwd(args..., str config) -> Tensor[] (outputs then saved) and
-    liger_rt::<op>_bwd, with fakes and the autograd formula joining them."""
+    liger_rt::<op>_bwd, with fakes; returns the autograd.Function that joins them under dynamo.
+
+    Plain ``Library`` ops (no Autograd kernel) rather than ``torch.library.custom_op``: inside a
+    compiled graph every call of a custom_op goes through its Python autograd and redispatch
+    layers, ~6 us more per call on CPU (a compiled rms_norm fwd+bwd: 47 -> 30 us, CPU stub); the
+    autograd formula lives in the Function, which dynamo traces into the forward and backward graphs."""
     spec = _schema_args(op.schema)
     is_tensor = [t.startswith("Tensor") for t, _ in spec]
     scalars = [(t, n) for t, n in spec if not t.startswith("Tensor")]
-    n_args = len(spec)
 
     def parse(config_json: str):
         return _parse_decision(op.name, config_json)
@@ -502,10 +508,6 @@ def _build_custom_ops(op: Op):
         *args, config_json = a
         outs, saved = op.fake(parse(config_json)[1], *args)
         return [*outs, *saved]
-
-    fwd_op = torch.library.custom_op(f"liger_rt::{op.name}_fwd", fwd, mutates_args=(),
-                                     schema=f"({op.schema}, str _config) -> Tensor[]")
-    fwd_op.register_fake(fwd_fake)
 
     # the op's own scalar names sit beside these: prefixed so that none can clash (fused_linear_
     # cross_entropy has an `int grads`; a duplicate name broke inductor's lowering on the H200)
@@ -533,33 +535,43 @@ def _build_custom_ops(op: Op):
         return [t.new_empty(t.shape) if need and t is not None else like.new_empty(0)
                 for t, need in zip(tensors, needs)]
 
-    bwd_op = torch.library.custom_op(f"liger_rt::{op.name}_bwd", bwd, mutates_args=(),
-                                     schema=f"({bwd_schema}) -> Tensor[]")
-    bwd_op.register_fake(bwd_fake)
+    for half, schema, kernel, fake in (("fwd", f"({op.schema}, str _config)", fwd, fwd_fake),
+                                       ("bwd", f"({bwd_schema})", bwd, bwd_fake)):
+        _LIB.define(f"{op.name}_{half}{schema} -> Tensor[]")
+        _LIB.impl(f"{op.name}_{half}", kernel, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"liger_rt::{op.name}_{half}", fake, lib=_LIB)
+    fwd_op = getattr(torch.ops.liger_rt, f"{op.name}_fwd").default
+    bwd_op = getattr(torch.ops.liger_rt, f"{op.name}_bwd").default
+    n_out = op.outputs
 
-    def setup_context(ctx, inputs, output):
-        *args, config_json = inputs
-        keep = parse(config_json)[0].keep
-        tensors = [_kept(a, i, keep) for i, (a, flag) in enumerate(zip(args, is_tensor)) if flag]
-        ctx.save_for_backward(*tensors, *output[op.outputs:])
-        ctx.n_tensors = len(tensors)
-        ctx.scalars = [a for a, flag in zip(args, is_tensor) if not flag]
-        ctx.config_json = config_json
+    class TracedFunction(torch.autograd.Function):
+        """apply(config_json, keep, *args): the op's outputs (`keep`: the implementation's); traced
+        by dynamo, never run eagerly."""
 
-    def backward(ctx, grads):
-        saved = ctx.saved_tensors
-        tensors, extra = list(saved[:ctx.n_tensors]), list(saved[ctx.n_tensors:])
-        needs = [bool(n) for n, flag in zip(ctx.needs_input_grad[:n_args], is_tensor) if flag]
-        out = bwd_op(tensors, extra, list(grads[:op.outputs]), *ctx.scalars, needs, ctx.config_json)
-        it = iter(out)
-        dargs = []
-        for flag in is_tensor:
-            g = next(it) if flag else None
-            dargs.append(g if g is not None and g.numel() else None)
-        return (*dargs, None)
+        @staticmethod
+        def forward(ctx, config_json, keep, *args):
+            out = fwd_op(*args, config_json)
+            tensors = [_kept(a, i, keep) for i, (a, flag) in enumerate(zip(args, is_tensor)) if flag]
+            ctx.save_for_backward(*tensors, *out[n_out:])
+            ctx.n_tensors = len(tensors)
+            ctx.scalars = [a for a, flag in zip(args, is_tensor) if not flag]
+            ctx.config_json = config_json
+            return tuple(out[:n_out])
 
-    fwd_op.register_autograd(backward, setup_context=setup_context)
-    return fwd_op
+        @staticmethod
+        def backward(ctx, *grads):
+            saved = ctx.saved_tensors
+            tensors, extra = list(saved[:ctx.n_tensors]), list(saved[ctx.n_tensors:])
+            needs = [bool(n) for n, flag in zip(ctx.needs_input_grad[2:], is_tensor) if flag]
+            out = bwd_op(tensors, extra, list(grads), *ctx.scalars, needs, ctx.config_json)
+            it = iter(out)
+            dargs = []
+            for flag in is_tensor:
+                g = next(it) if flag else None
+                dargs.append(g if g is not None and g.numel() else None)
+            return (None, None, *dargs)
+
+    return TracedFunction
 
 
 @functools.lru_cache(maxsize=256)
