@@ -1,19 +1,12 @@
-"""SQLite tuning store and the layering of the user DB over the shipped defaults.
+"""SQLite tuning store and the layering of the user DB over the shipped defaults (docs/architecture.md,
+"The DB" and "Failure modes").
 
-Tables (columns in rows.py)
-- ``tuning``: the best config per (op, variant, arch, dtype, static key, bucket, impl): its
-  median time, timing method, host cost per call, the torch baseline, the fingerprint it was
-  measured on (device name, SM/CU count, torch, Triton and CUDA/ROCm versions, kernel hash), the
-  config schema, origin (sweep / bench / online / published) and creation time.  An upsert keeps
-  the faster of two comparable entries (same method and fingerprint) and otherwise the newer one.
-- ``measurements``: every raw candidate measurement (what crossovers are derived from).
-- ``crossover``: per (op, variant, arch, dtype, static key) the segments on the deciding axis.
-- ``meta``: the DB schema version (2; a schema-1 DB is migrated when opened for writing).
-
-Opening for reading never writes: no journal-mode change, no schema, nothing into a file that is
-not a liger_rt DB (that file is "unusable", with the reason).  Writers use WAL, a busy timeout and
-one transaction per logical write (a sweep case's rows and measurements together), so several
-processes writing at once lose nothing and a killed writer leaves no half-written case.
+Tables (columns in rows.py): ``tuning`` (the best config per op, variant, arch, dtype, static key,
+bucket and implementation, with its timing method and fingerprint), ``measurements`` (every raw
+candidate timing), ``crossover`` and ``meta`` (the DB schema version; a schema-1 DB is migrated
+when opened for writing).  Opening for reading never writes anything; writers use WAL, a busy
+timeout and one transaction per logical write, so concurrent writers lose nothing and a killed
+writer leaves no half-written case.
 """
 from __future__ import annotations
 
@@ -37,6 +30,19 @@ from .rows import (CROSSOVER_COLUMNS, CROSSOVER_PK, DB_SCHEMA, FINGERPRINT, MEAS
 
 MEASUREMENT_KEY = ("op", "variant", "arch", "dtype", "static_key", "dims", "tag", "impl", "config", "created")
 _SQL_TYPES = {str: "TEXT", float: "REAL", int: "INTEGER"}
+_STATIC = "op = ? AND variant = ? AND arch = ? AND dtype = ? AND static_key = ?"
+NAME_KEYS = ("op", "arch", "dtype", "static_key", "bucket", "impl")
+
+
+def row_name(row: dict) -> str:
+    """The row's key fields that are set, space-separated (for messages)."""
+    return " ".join(str(row.get(k)) for k in NAME_KEYS if row.get(k))
+
+
+def op_arch_where(op: str | None, arch: str | None) -> tuple[str | None, list]:
+    """(WHERE clause, args) selecting the rows of `op` and/or `arch` (None, []: every row)."""
+    conds = {"op = ?": op, "arch = ?": arch}
+    return " AND ".join(c for c, v in conds.items() if v) or None, [v for v in conds.values() if v]
 
 
 class TuningDBError(RuntimeError):
@@ -160,6 +166,8 @@ class Store:
         self.readonly = readonly
         self.timeout = timeout if timeout is not None else 0.0 if path is None else env.db_timeout()
         self.conn = None
+        if path is not None and path.is_dir():
+            raise TuningDBError(f"{path} is a directory, not a tuning DB file")
         try:
             if path is None:
                 self.conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
@@ -185,8 +193,6 @@ class Store:
     def _open_readonly(self, path: Path) -> None:
         if not path.exists():
             raise TuningDBError(f"{path} does not exist")
-        if path.is_dir():
-            raise TuningDBError(f"{path} is a directory, not a tuning DB file")
         self.conn = self._connect(f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro", uri=True)
         found = _inspect(self.conn, path)
         if found is None:
@@ -195,8 +201,6 @@ class Store:
         self.schema = found
 
     def _open_writable(self, path: Path, create: bool) -> None:
-        if path.is_dir():
-            raise TuningDBError(f"{path} is a directory, not a tuning DB file")
         if not path.exists():
             if not create:
                 raise TuningDBError(f"{path} does not exist")
@@ -352,12 +356,10 @@ class Store:
         return self.select(table, where, args)
 
     def tuning_rows(self, op: str, variant: str, arch: str, dtype: str, static_key: str) -> list[dict]:
-        return self.select("tuning", "op = ? AND variant = ? AND arch = ? AND dtype = ? AND static_key = ?",
-                           [op, variant, arch, dtype, static_key])
+        return self.select("tuning", _STATIC, [op, variant, arch, dtype, static_key])
 
     def crossover_row(self, op: str, variant: str, arch: str, dtype: str, static_key: str) -> dict | None:
-        rows = self.select("crossover", "op = ? AND variant = ? AND arch = ? AND dtype = ? AND static_key = ?",
-                           [op, variant, arch, dtype, static_key])
+        rows = self.select("crossover", _STATIC, [op, variant, arch, dtype, static_key])
         return rows[0] if rows else None
 
     def counts(self) -> dict:
@@ -369,12 +371,7 @@ class Store:
         """Remove (or with dry_run only list) rows: of `op` and/or `arch`, and among those the stale
         (`stale`) and/or invalid (`invalid`) ones; with neither flag every row of op/arch.
         Returns {"tuning": [(row, why)], "crossover": [...], "measurements": count}."""
-        conds, args = [], []
-        if op:
-            conds.append("op = ?"); args.append(op)  # noqa: E702
-        if arch:
-            conds.append("arch = ?"); args.append(arch)  # noqa: E702
-        where = " AND ".join(conds) or None
+        where, args = op_arch_where(op, arch)
         picked: dict[str, list] = {}
         for table in R.COLUMNS:
             chosen = []
@@ -463,7 +460,7 @@ def load_jsonl(store: Store, lines: Iterable[str], *, strict: bool = True) -> di
             try:
                 rec = R.check(table, rec)
             except RowError as exc:
-                raise TuningDBError(f"line {n}: {table} record {_name(rec)}: {exc}") from None
+                raise TuningDBError(f"line {n}: {table} record {row_name(rec)}: {exc}") from None
         else:
             rec = _coerce(table, rec)
         batches[table].append(rec)
@@ -472,10 +469,6 @@ def load_jsonl(store: Store, lines: Iterable[str], *, strict: bool = True) -> di
         for table, rows in batches.items():
             store.put_rows(table, rows, checked=True)
     return counts
-
-
-def _name(rec: dict) -> str:
-    return " ".join(str(rec.get(k)) for k in ("op", "arch", "dtype", "static_key", "bucket", "impl") if rec.get(k))
 
 
 def _coerce(table: str, rec: dict) -> dict:
@@ -573,9 +566,7 @@ class LayeredStore:
             return
         self._warned.add(key)
         self.skipped[store.layer] = self.skipped.get(store.layer, 0) + 1
-        where = " ".join(str(row.get(c)) for c in ("op", "arch", "dtype", "static_key", "bucket", "impl")
-                         if row.get(c) not in (None, ""))
-        warnings.warn(f"liger_rt: skipping a bad {table} row in the {store.layer} DB ({where}): {why}; "
+        warnings.warn(f"liger_rt: skipping a bad {table} row in the {store.layer} DB ({row_name(row)}): {why}; "
                       "`liger-tune doctor` counts them, `liger-tune prune --invalid` removes them",
                       RuntimeWarning, stacklevel=4)
 
