@@ -1,13 +1,8 @@
-"""`liger-tune`: fill and inspect the tuning database.
+"""`liger-tune`: fill and inspect the tuning database (docs/cli.md).
 
-Verbs: doctor, sweep, show, explain, export, import, prune, parity, bench (docs/cli.md).
-Kernel modules are imported only inside verbs: on a machine without a GPU the CLI turns the
-Triton interpreter on (TRITON_INTERPRET=1) before any kernel is defined, since the `cpu` arch
-means "kernels through the Triton interpreter".
-
-Every failure is one line on stderr ("liger-tune: error: ...") and a non-zero exit; `--debug`
-(anywhere on the command line) shows the traceback instead.  `--json` output is JSON alone on
-stdout: progress, warnings and notes go to stderr.
+Kernel modules are imported only inside verbs: without a GPU the CLI turns the Triton interpreter
+on (the `cpu` arch) before any kernel is defined.  Every failure is one line on stderr and a
+non-zero exit (`--debug`: the traceback); `--json` output is JSON alone on stdout.
 """
 from __future__ import annotations
 
@@ -148,17 +143,6 @@ def _open_user(db_path: str | None, *, readonly: bool, must_exist: bool = True, 
     return Store(path, layer="user", readonly=readonly, create=create)
 
 
-def _judge(store, table: str) -> list[tuple[dict, str, str]]:
-    """(row, status, why) for every row of `table`: status ok / stale / bad (rows.py, store.classify)."""
-    from liger_rt import dispatch  # noqa: F401  (the registry rows are judged against)
-    from liger_rt.tuning_db.store import classify
-    out = []
-    for row in store.select(table):
-        status, why = classify(table, row)
-        out.append((row, status, why))
-    return out
-
-
 # -- doctor ---------------------------------------------------------------------------------------
 
 @main.command()
@@ -201,16 +185,16 @@ def doctor(as_json):
 
 
 def _health(store) -> tuple[dict, list[str]]:
+    """Per table the count of ok / stale / bad rows (store.classify), and the first five bad ones."""
+    from liger_rt.tuning_db.store import classify, row_name
     counts, bad = {}, []
     for table in ("tuning", "crossover", "measurements"):
-        c = {"ok": 0, "stale": 0, "bad": 0}
-        for row, status, why in _judge(store, table):
+        c = counts[table] = {"ok": 0, "stale": 0, "bad": 0}
+        for row in store.select(table):
+            status, why = classify(table, row)
             c[status] += 1
             if status == "bad" and len(bad) < 5:
-                where = " ".join(str(row.get(k)) for k in ("op", "arch", "dtype", "static_key", "bucket", "impl")
-                                 if row.get(k))
-                bad.append(f"{table} {where}: {why}")
-        counts[table] = c
+                bad.append(f"{table} {row_name(row)}: {why}")
     return counts, bad
 
 
@@ -410,17 +394,12 @@ def show(op, arch_name, db_path, as_json):
     """List tuning entries and crossovers (user DB over shipped defaults), each ok / stale / bad."""
     _cpu_interpreter()
     from liger_rt import dispatch, tuning_db  # noqa: F401  (the registry rows are judged against)
-    from liger_rt.tuning_db.store import classify
+    from liger_rt.tuning_db.store import classify, op_arch_where
     if op:
         _check_ops([op])
     if arch_name:
         arch_name = _check_arch(arch_name)
-    conds, args = [], []
-    if op:
-        conds.append("op = ?"); args.append(op)  # noqa: E702
-    if arch_name:
-        conds.append("arch = ?"); args.append(arch_name)  # noqa: E702
-    where = " AND ".join(conds) or None
+    where, args = op_arch_where(op, arch_name)
     user_error, layers = None, [tuning_db.store.shipped_defaults()]
     try:
         user = _open_user(db_path, readonly=True, must_exist=False)
