@@ -1,11 +1,6 @@
-"""What a tuning-DB row may hold: the columns of each table and the validation every row passes
-where it enters (import, sweep, online tuning) and where it is read (lookups, `doctor`).
-
-A row is checked against its op's declaration: known op, arch, dtype and implementation; dims and
-buckets that parse into the op's static and dynamic dims; timings finite and positive; crossover
-segments well formed and naming implementations of that op; a timing method, an origin and a
-fingerprint of the known kinds; and (for rows measured on this code) a config the op accepts.
-A failure is a :class:`RowError` with a one-line reason.
+"""What a tuning-DB row may hold: the columns of each table and the validation (against the op's
+declaration) every row passes where it enters (import, sweep, online tuning) and where it is read
+(lookups, `doctor`).  A failure is a :class:`RowError` with a one-line reason.
 """
 from __future__ import annotations
 
@@ -69,9 +64,7 @@ class RowError(ValueError):
 
 
 def resolve_op(name: str):
-    """The op registered as `name`, or None.  Read from the dispatcher's registry, which exists
-    once the dispatcher is loaded (it imports the store, so the store does not import it: no op can
-    exist before it is)."""
+    """The op registered as `name`, or None (read from the dispatcher if loaded: it imports the store)."""
     dispatch = sys.modules.get("liger_rt.dispatch")
     if dispatch is None or not isinstance(name, str):
         return None
@@ -90,11 +83,7 @@ def op_names() -> list[str]:
 
 def fill_defaults(table: str, rec: dict) -> dict:
     """The row with every column of `table` (older rows lack the schema-2 ones)."""
-    out = {}
-    for col, typ in COLUMNS[table].items():
-        v = rec.get(col)
-        out[col] = DEFAULTS.get(col, None) if v is None else v
-    return out
+    return {col: DEFAULTS.get(col) if rec.get(col) is None else rec[col] for col in COLUMNS[table]}
 
 
 def number(rec: dict, col: str, *, positive: bool = False, optional: bool = False, integer: bool = False,
@@ -161,24 +150,11 @@ def _dims(op, obj: dict, names: tuple, col: str, pow2: bool = False) -> dict:
     return obj
 
 
-
-
 def parse_config(op, impl: str, data):
     """The config `impl` of `op` accepts for `data` (a dict or JSON text), else RowError."""
-    if isinstance(data, str):
-        try:
-            data = json.loads(data)
-        except ValueError:
-            raise RowError(f"config is not JSON: {data[:80]!r}") from None
-    if not isinstance(data, dict):
-        raise RowError(f"config must be a JSON object, got {type(data).__name__}")
-    parse = getattr(op, "parse_config", None)
-    if parse is None:      # ops registered before the op spec: a JSON object of scalars
-        if any(not isinstance(v, (int, float, str, bool, dict)) for v in data.values()):
-            raise RowError(f"config {json.dumps(data)[:120]} holds a value that is not a number")
-        return data
+    data = json_value({"config": data}, "config", dict)
     try:
-        return parse(data, impl)
+        return op.parse_config(data, impl)
     except (ValueError, TypeError) as exc:    # ConfigError is a ValueError
         raise RowError(f"config {json.dumps(data, sort_keys=True)[:160]} is not valid for {op.name}/{impl}: "
                        f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
@@ -191,18 +167,16 @@ def current_code(op, row: dict) -> bool:
     return row.get("source_hash", "") in ("", op.source_hash)
 
 
-def check(table: str, rec: dict, *, op=None, unknown_ok: bool = False) -> dict:
-    """The validated, canonical form of one row of `table` (RowError with the reason if not).
-
-    The config of a tuning row measured on this code is checked against the op's declaration; a
-    row of other code (stale) only needs a JSON object there."""
+def check(table: str, rec: dict, *, op=None) -> dict:
+    """The validated, canonical form of one row of `table` (RowError with the reason if not).  The
+    config of a tuning row measured on this code must parse; a stale row's needs to be a JSON object."""
     if table not in COLUMNS:
         raise RowError(f"unknown table {table!r}; valid: {', '.join(COLUMNS)}")
     if not isinstance(rec, dict):
         raise RowError(f"a record must be a JSON object, got {type(rec).__name__}")
     columns = COLUMNS[table]
     extra = sorted(set(rec) - set(columns))
-    if extra and not unknown_ok:
+    if extra:
         raise RowError(f"unknown field(s) {', '.join(extra)} (a row of a newer liger_rt?)")
     name = text(rec, "op")
     if op is None:
