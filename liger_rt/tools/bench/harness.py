@@ -1,15 +1,10 @@
 """What every benchmark shares: versions, CSV rows, ceilings, timers and the kernel-case loop.
 
-A kernel family (norms, lfm2_ops, losses, moe_experts) lists its cases as SPECS (op, the op's
-dims, `quick`, `target`) and `build`s a `Case` per spec; `measure_case` times its arms, each on
-its own copy of the inputs: `liger_rt` (the `liger_rt.ops` functional as dispatched), one per
-forced implementation (the functional under LIGER_RT_IMPL_<OP>=triton or grouped_mm), `eager`
-(the Hugging Face / PyTorch path; in fp32 also the reference of every error), `compile` and the
-peers (Liger-Kernel when importable).  fwd+bwd takes every input's gradient with autograd.grad.
-Rows name their timing: `ms` by `ms_method` ("do_bench": median wall time, host launch cost
-included; "cpu-wall" on CPU), `dev_ms` by `dev_ms_method` ("cuda-graph": device time of a graph
-replay).  GB/s and TFLOP/s count what an op cannot avoid moving or computing, against this
-device's copy and bf16 matmul ceilings measured in the same run.
+A kernel family (norms, lfm2_ops, losses, moe_experts) lists its cases as SPECS (op, the op's dims,
+`quick`, `target`) and `build`s a `Case` per spec; `measure_case` times its arms (`_arms`), each
+on its own copy of the inputs, fwd+bwd taking every input's gradient with autograd.grad.  GB/s and
+TFLOP/s count what an op cannot avoid moving or computing, against this device's copy and bf16
+matmul ceilings measured in the same run (docs/cli.md, "bench").
 """
 from __future__ import annotations
 
@@ -101,15 +96,16 @@ def write_csv(rows: list[dict], path: str | Path, merge_on: tuple[str, ...] | No
     return path
 
 
-def fmt(v) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(_cell(v))
+def fmt(v, none: str = "n/a") -> str:
+    return f"{v:.4g}" if isinstance(v, float) else none if v is None else str(_cell(v))
 
 
-def format_table(rows: list[dict], cols: list[str], headers: dict | None = None) -> str:
+def format_table(rows: list[dict], cols: list[str], headers: dict | None = None, *, none: str = "n/a",
+                 empty: str = "(no rows)") -> str:
     if not rows:
-        return "(no rows)"
+        return empty
     names = [(headers or {}).get(c, c) for c in cols]
-    cells = [[fmt(r.get(c)) for c in cols] for r in rows]
+    cells = [[fmt(r.get(c), none) for c in cols] for r in rows]
     widths = [max(len(n), *(len(row[i]) for row in cells)) for i, n in enumerate(names)]
     lines = [names, ["-" * w for w in widths], *cells]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
@@ -255,7 +251,9 @@ def _grads(fn, ins, dy):
 
 
 def _arms(case: Case, dtype: str, compile_: bool) -> dict[str, tuple[Arm, str | None]]:
-    """name -> (arm, the LIGER_RT_IMPL_<OP> value it runs under; None: no override)."""
+    """name -> (arm, the LIGER_RT_IMPL_<OP> value it runs under; None: no override): `eager` (the
+    Hugging Face / PyTorch path; in fp32 also the reference of every error), `compile`, the peers
+    (Liger-Kernel when importable), one per forced implementation and `liger_rt` as dispatched."""
     from liger_rt import dispatch
     arms = {"eager": (case.eager, None)}
     if compile_ and case.compile:
