@@ -52,18 +52,8 @@ def _check_ops(ops) -> list[str]:
 
 
 def _table(rows: list[dict], cols: list[str]) -> str:
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        if isinstance(v, (dict, list)):
-            return json.dumps(v, separators=(",", ":"))
-        return "" if v is None else str(v)
-    if not rows:
-        return "(none)"
-    widths = {c: max(len(c), *(len(fmt(r.get(c))) for r in rows)) for c in cols}
-    lines = ["  ".join(c.ljust(widths[c]) for c in cols), "  ".join("-" * widths[c] for c in cols)]
-    lines += ["  ".join(fmt(r.get(c)).ljust(widths[c]) for c in cols) for r in rows]
-    return "\n".join(lines)
+    from liger_rt.tools.bench.harness import format_table
+    return format_table(rows, cols, none="", empty="(none)")
 
 
 def _one_line(text: str) -> str:
