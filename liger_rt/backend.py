@@ -176,13 +176,25 @@ def detect_hardware() -> Arch:
     return profile("cpu") if index is None else _detect_device(index)
 
 
+# The interpreter runs a grid's programs one after another: the cpu profile's "SM" count only sizes
+# persistent grids there.
+_CPU_SM_COUNT = _PROFILES["cpu"]["sm_count"]
+
+
 def sm_count(device: torch.device | str | int | None = None) -> int:
     """SMs (NVIDIA) or CUs (AMD) of `device` (default: the current GPU, else cpu): the one source
-    of this count for grid sizing.  Cached per device; a cpu device gives the cpu profile's 2 (the
-    interpreter runs a grid's programs one after another: it only sizes persistent grids there)."""
-    index = _index(device)
-    if index is None:
-        return _PROFILES["cpu"]["sm_count"]
+    of this count for grid sizing.  Cached per device; a cpu device gives the cpu profile's 2."""
+    if device is None:
+        if not gpu_present():
+            return _CPU_SM_COUNT
+        index = torch.cuda.current_device()
+    elif isinstance(device, int):
+        index = device
+    else:
+        device = torch.device(device)
+        if device.type == "cpu":
+            return _CPU_SM_COUNT
+        index = device.index if device.index is not None else torch.cuda.current_device()
     return int(getattr(_properties(index), "multi_processor_count", 0) or 0)
 
 
