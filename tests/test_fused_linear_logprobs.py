@@ -176,16 +176,21 @@ def test_candidates_construct_and_respect_the_chunk_cap_on_every_arch():
         for dims in plans:
             cands = flp.OP.candidates_for(flp.OP.impl("triton"), arch, dims, torch.bfloat16)
             assert cands and all(isinstance(c, flp.LogProbsConfig) for c in cands), (name, dims)
-            cap = flp.chunk_cap(arch, dims)
+            cap, cand_cap = flp.chunk_cap(arch, dims), flp.chunk_cap(arch, dims, share=8)
             fixed = [flp._heuristic(arch, dims, torch.bfloat16), flp._pinned(arch, dims, torch.bfloat16)]
             assert all((cfg.chunk == 0) == (dims["tokens"] <= cap) for cfg in fixed), (name, dims, fixed)
-            for cfg in cands + fixed:
+            for cfg in fixed:
                 assert (cfg.chunk or dims["tokens"]) <= cap, (name, dims, cfg)
+            for cfg in cands + fixed:
+                assert (cfg.chunk or dims["tokens"]) <= cand_cap, (name, dims, cfg)
                 if arch.is_hip:
                     assert cfg.limits()[0] <= 8, cfg
             if name != "cpu":   # the memory target: one fp32 chunk <= 1/8 of the bf16 logits, or the floor
                 assert cap * 4 <= dims["tokens"] * 2 / 8 or cap == 256, (name, dims, cap)
+                # candidates: <= 1/4 of them (1/8 of torch.compile's bf16 logits and their gradient)
+                assert cand_cap * 4 <= dims["tokens"] * 2 / 4 or cand_cap == 256, (name, dims, cand_cap)
     assert flp.chunk_cap(backend.profile("hopper"), {"tokens": 16384, "vocab": 151936}) == 1024
+    assert flp.chunk_cap(backend.profile("hopper"), {"tokens": 16384, "vocab": 151936}, share=8) == 1536
 
 
 # -- the causal-LM forward and the parity rows (liger_rt.layers.logprobs) --------------------------
