@@ -355,9 +355,6 @@ class Store:
     def all_rows(self, table: str, where: str | None = None, args: list | None = None) -> list[dict]:
         return self.select(table, where, args)
 
-    def tuning_rows(self, op: str, variant: str, arch: str, dtype: str, static_key: str) -> list[dict]:
-        return self.select("tuning", _STATIC, [op, variant, arch, dtype, static_key])
-
     def crossover_row(self, op: str, variant: str, arch: str, dtype: str, static_key: str) -> dict | None:
         rows = self.select("crossover", _STATIC, [op, variant, arch, dtype, static_key])
         return rows[0] if rows else None
@@ -586,24 +583,24 @@ class LayeredStore:
         except RowError:
             return None               # measured on other code whose configs this code does not take
 
+    def _found(self, table: str, op, arch, dtype: str, dims: dict, keep=None) -> list[tuple]:
+        """(store, checked row, config, stale reason or None) of each usable row of the static dims."""
+        args = [op.name, op.variant, getattr(arch, "name", arch), dtype, op.static_key(dims)]
+        here = self.fingerprint(op, arch)
+        found = []
+        for store in self.layers():
+            for row in self._safe(lambda s: s.select(table, _STATIC, args), store) or []:
+                usable = (keep is None or keep(row)) and self._usable(store, table, op, row)
+                if usable:
+                    found.append((store, *usable, stale_reason(usable[0], here)))
+        return found
+
     def lookup(self, op, arch, dtype: str, dims: dict, *, impls: list[str], nearest: bool) -> dict | None:
         """The best usable tuning row of the exact (or with `nearest` the nearest) bucket.  Rows of
         another fingerprint ("stale") count only when no row of these static dims was measured on
         this one; the user DB before the shipped one; within the bucket one timing method
         (cuda-graph, do_bench, cpu-wall, unrecorded in that order of preference) and its fastest row."""
-        arch_name = getattr(arch, "name", arch)
-        static_key = op.static_key(dims)
-        here = self.fingerprint(op, arch)
-        found = []
-        for store in self.layers():
-            rows = self._safe(lambda s: s.tuning_rows(op.name, op.variant, arch_name, dtype, static_key), store) or []
-            for row in rows:
-                if row.get("impl") not in impls:
-                    continue
-                usable = self._usable(store, "tuning", op, row)
-                if usable is not None:
-                    checked, config = usable
-                    found.append((store, checked, config, stale_reason(checked, here)))
+        found = self._found("tuning", op, arch, dtype, dims, lambda row: row.get("impl") in impls)
         want = {d: dims[d] for d in op.dynamic}
         exact = op.bucket_key(dims)
         # stale rows only where nothing of these static dims was measured here (in any bucket)
@@ -640,19 +637,10 @@ class LayeredStore:
 
     def crossover(self, op, arch, dtype: str, dims: dict) -> dict | None:
         """The crossover row of (op, arch, dtype, static dims): exact fingerprint before stale."""
-        arch_name = getattr(arch, "name", arch)
-        static_key = op.static_key(dims)
-        here = self.fingerprint(op, arch)
-        found = []
-        for store in self.layers():
-            row = self._safe(lambda s: s.crossover_row(op.name, op.variant, arch_name, dtype, static_key), store)
-            usable = self._usable(store, "crossover", op, row) if row is not None else None
-            if usable is not None:
-                found.append((store, usable[0], stale_reason(usable[0], here)))
-        found.sort(key=lambda c: bool(c[2]))
+        found = sorted(self._found("crossover", op, arch, dtype, dims), key=lambda c: bool(c[3]))
         if not found:
             return None
-        store, row, why = found[0]
+        store, row, _, why = found[0]
         out = dict(row)
         out["segments"] = json.loads(row["segments"])
         out["layer"] = store.layer
