@@ -57,7 +57,7 @@ for s in "$@"; do
               stage export 60 python3 -m liger_rt.tools.cli export benchmarks/results/hopper.jsonl --arch hopper ;;
     profile)  stage profile 90 python3 benchmarks/profile_norms.py ;;
     profmoe)  stage profmoe 120 python3 benchmarks/profile_moe.py ;;
-    profmodel) stage profmodel 200 python3 benchmarks/profile_model.py ${PROFMODEL_ARGS:-} ;;
+    profmodel) stage profmodel ${PROFMODEL_S:-200} python3 benchmarks/profile_model.py ${PROFMODEL_ARGS:-} ;;   # host-bound case: PROFMODEL_ARGS="--arms baseline,liger_rt --batch 1 --seq 512 --host"
     parity)   stage parity 300 python3 -m liger_rt.tools.cli parity --model qwen3 --preset qwen3-4b --dtype bf16 --device cuda ;;
     model)    stage model ${MODEL_S:-540} $B model --target ${MODEL_TARGET:-all} $Q ${MODEL_ARGS:-} ;;
     regs)     stage regs 120 python3 benchmarks/profile_regs.py ;;

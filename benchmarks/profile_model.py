@@ -1,13 +1,17 @@
-"""Where one training step's GPU time goes, per arm (torch.profiler kernel table).
+"""Where one training step's time goes, per arm (torch.profiler tables).
 
-    python benchmarks/profile_model.py [--model qwen3 --preset qwen3-1.7b] [--arms liger_rt,liger_kernel]
-                                       [--flags rope=1]
+    python benchmarks/profile_model.py [--model qwen3 --preset qwen3-1.7b] [--arms baseline,liger_rt,liger_kernel]
+                                       [--flags rope=1] [--batch 1 --seq 512] [--host]
 
 Builds the preset with random weights (same seed per arm), patches it like `liger-tune bench model`
-does, runs three warm-up steps, then profiles two steps and prints the kernels by total CUDA time,
-so the step-time gap between two arms can be read kernel by kernel.
+does, runs three warm-up steps, times two steps by wall clock, then profiles two steps and prints
+the kernels by total CUDA time, so the step-time gap between two arms can be read kernel by kernel.
+Each arm's line gives wall ms per step, kernel ms per step and kernel launches per step: a step
+whose wall time far exceeds its kernel time is bound by the host. `--host` adds the CPU-side table
+(self CPU time per op, Python functions included), which says where that host time goes.
 """
 import argparse
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -24,6 +28,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--rows", type=int, default=25)
+    ap.add_argument("--host", action="store_true", help="also the CPU-side table (self CPU time, with Python stacks)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("profile_model needs a GPU")
@@ -50,13 +55,24 @@ def main() -> None:
         for _ in range(3):
             step()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(2):
+            step()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / 2 * 1e3
+        activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.host else [])
+        with profile(activities=activities) as prof:
             for _ in range(2):
                 step()
             torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         total = sum(e.self_device_time_total for e in prof.key_averages()) / 2e3
-        print(f"== {arm} ({args.preset}, flags {flags}): {total:.1f} ms of kernels per step")
+        print(f"== {arm} ({args.preset} B{args.batch}xT{args.seq}, flags {flags}): {wall:.1f} ms wall per step "
+              f"(unprofiled), {total:.1f} ms of kernels per step, {len(kernels) / 2:.0f} kernels per step")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=70))
+        if args.host:
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows,
+                                            max_name_column_width=70))
         if undo:
             undo()
         del model, opt
