@@ -1,24 +1,13 @@
-"""One SFT training step: baseline against liger_rt.patch (and Liger-Kernel's patch), counterbalanced.
+"""One SFT training step: baseline against liger_rt.patch (and Liger-Kernel's patch), counterbalanced
+(`arm_order`; docs/cli.md, "bench").
 
-Order: baseline, liger_rt, [liger_kernel, liger_kernel,] liger_rt, baseline; with `compile=True`
-the torch.compile arms join the middle: baseline, liger_rt, baseline+compile, liger_rt+compile,
-[liger_kernel x2,] then the same in reverse.  Each run builds a
-fresh model from the same seed (random weights, no hub download), runs warm-up + measured steps
-on the same random batch (labels = input_ids, AdamW, sdpa), and records the median of the
-synchronized step times, tokens/s = batch*seq/median, the peak allocated memory of the measured
-steps (reset after warm-up: weights, grads and optimizer state included) and every step's loss,
-so the loss curves of all runs must overlap.  An arm's tokens/s is the mean over its runs.  Model
-TFLOP/s is an estimate (6 * active matmul params * tokens + causal attention); mfu is its
-fraction of the bf16 matmul ceiling measured in the same process.  LFM2-VL runs text-only (the
-vision tower idles); MoE families use transformers' grouped_mm experts in every arm unless told
-otherwise.  `TARGETS` are issue 9's model runs (`liger-tune bench model --target all`).
-
-A compiled arm is torch.compile(model) after the arm's patch (`compile_backend`, `compile_mode`),
-with dynamo's state reset before it.  It records `graph_breaks` (dynamo's graph-break counter for
-the run), `graphs` (unique graphs compiled), the first break reasons, and `compile_s`: what the
-warm-up steps took beyond a steady step (compilation and, under reduce-overhead, CUDA-graph
-recording), never part of the timed steps.  A compiled arm that fails is a row with its `error`
-(its repeat is skipped) and the run goes on.
+Each run builds a fresh model from the same seed (random weights, no hub download) and runs warm-up
++ measured steps on the same random batch (labels = input_ids, AdamW, sdpa): the median of the
+synchronized step times, tokens/s, the peak allocated memory of the measured steps and every
+step's loss (the loss curves of all runs must overlap).  Model TFLOP/s is an estimate
+(`train_flops_per_step`); mfu is its fraction of the bf16 matmul ceiling measured in the same
+process.  A compiled arm records dynamo's graph breaks and unique graphs and `compile_s`, what the
+warm-up steps took beyond a steady step; one that fails is a row with its `error`.
 
     from liger_rt.tools.bench.model import run_model_bench
     rows = run_model_bench("qwen3", "tiny", batch=2, seq=16, steps=3, warmup=1, device="cpu")
