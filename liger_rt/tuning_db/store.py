@@ -257,10 +257,14 @@ class Store:
 
     def close(self) -> None:
         if self.conn is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.conn.close()
-            except Exception:
-                pass
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- transactions and errors ------------------------------------------------------------------
     @contextlib.contextmanager
