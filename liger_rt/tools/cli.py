@@ -231,12 +231,9 @@ def doctor_report() -> dict:
         except env.EnvError:
             timeout = 10.0
         try:
-            store = Store(path, layer="user", readonly=True, timeout=timeout)
-            try:
+            with Store(path, layer="user", readonly=True, timeout=timeout) as store:
                 db["user_schema"] = store.schema
                 db["user_health"], db["user_bad"] = _health(store)
-            finally:
-                store.close()
         except (TuningDBError, OSError) as exc:
             db["user_error"] = str(exc)
         except Exception as exc:     # e.g. locked while reading rows
@@ -344,11 +341,8 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
         if out is None:      # not rank 0: rank 0 prints
             return
     else:
-        store = open_store()
-        try:
+        with open_store() as store:
             out = autotune.sweep(cases, target, store, quick=quick, progress=bar)
-        finally:
-            store.close()
     summary = []
     for res in out["results"]:
         win = res["winner"] or {}
@@ -541,13 +535,11 @@ def import_cmd(file, db_path):
         text = sys.stdin.read() if file == "-" else open(file, encoding="utf-8").read()
     except (OSError, UnicodeDecodeError) as exc:
         raise click.ClickException(f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}") from None
-    store = _open_user(db_path, readonly=False)
-    try:
-        counts = load_jsonl(store, text.splitlines())
-    except TuningDBError as exc:
-        raise click.ClickException(f"{file}: {exc}; nothing imported") from None
-    finally:
-        store.close()
+    with _open_user(db_path, readonly=False) as store:
+        try:
+            counts = load_jsonl(store, text.splitlines())
+        except TuningDBError as exc:
+            raise click.ClickException(f"{file}: {exc}; nothing imported") from None
     click.echo(f"merged {counts['tuning']} tuning, {counts['crossover']} crossover, "
                f"{counts['measurements']} measurement records into {store.path}")
 
@@ -575,10 +567,8 @@ def prune(stale, invalid, op, arch_name, dry_run, db_path):
         store = _open_user(db_path, readonly=dry_run, create=False)
     except TuningDBError as exc:
         raise TuningDBError(f"{exc}; nothing to prune") from None
-    try:
+    with store:
         out = store.prune(stale=stale, invalid=invalid, op=op, arch=arch_name, dry_run=dry_run)
-    finally:
-        store.close()
     for table in ("tuning", "crossover"):
         for r, why in out[table]:
             click.echo(f"{table:10} {r['op']} {r['arch']} {r['dtype']} {r['static_key']} {r.get('bucket', '')} "
