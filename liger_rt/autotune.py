@@ -468,11 +468,8 @@ def tune_online(op, target, dtype, dims) -> dict | None:
     if rank == 0 and decision is not None:
         from .tuning_db import open_store
         try:
-            store = open_store()
-            try:
+            with open_store() as store:
                 persist(op, result, store, origin="online")
-            finally:
-                store.close()
         except Exception as exc:
             warnings.warn(f"liger_rt: could not persist the tuned {op.name} config ({exc})", RuntimeWarning)
     if world > 1:
