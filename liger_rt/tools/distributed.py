@@ -1,19 +1,11 @@
-"""liger_rt under torch.distributed: rank-consistent decisions and parity of wrapped models.
+"""liger_rt under torch.distributed: rank-consistent decisions and parity of wrapped models
+(docs/integrations.md, "FSDP2 and DDP").
 
     from liger_rt.tools.distributed import decisions_digest, check_decisions_agree, wrap, compare_wrapped
     model = wrap(liger_rt.patch(build_model("qwen3-tiny")), "fsdp2")   # or "ddp"
     ...train...
     decisions_digest()            # sha256 of every memoised decision (op, dims, dtype, impl, config)
     check_decisions_agree()       # all-gathers the decisions; raises naming those that differ
-
-`compare_wrapped(baseline, patched, inputs)` is `liger_rt.tools.parity.compare` for models wrapped
-in DDP or FSDP2 (``torch.distributed.fsdp.fully_shard``): every rank runs the same input through
-both, sharded gradients and parameters are gathered whole (``DTensor.full_tensor``), and the rows
-are gated by the parity tool's table (``parity.TOLERANCES``).
-
-With LIGER_RT_AUTOTUNE=1 rank 0 tunes a DB miss and broadcasts the winner (autotune.tune_online);
-every rank must then read one DB file (LIGER_RT_TUNING_DB on a filesystem all ranks share), or a
-later lookup can hit on one rank and miss on another.  `check_decisions_agree` is the check.
 
 `liger-tune sweep` under torchrun is a sharded sweep (`autotune.sweep_sharded`): `launched()` tells
 the CLI so, and `init_from_env` joins the job (one GPU per rank).
