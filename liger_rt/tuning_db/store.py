@@ -375,22 +375,16 @@ class Store:
         where, args = op_arch_where(op, arch)
         picked: dict[str, list] = {}
         for table in R.COLUMNS:
-            chosen = []
+            picked[table] = []
             for row in self.select(table, where, args, rowid=True):
-                if stale or invalid:
-                    status, why = classify(table, row)
-                    if not ((stale and status == "stale") or (invalid and status == "bad")):
-                        continue
-                else:
-                    why = "selected"
-                chosen.append((row, why))
-            picked[table] = chosen
+                status, why = classify(table, row) if stale or invalid else ("selected", "selected")
+                if status == "selected" or (stale and status == "stale") or (invalid and status == "bad"):
+                    picked[table].append((row, why))
         if not dry_run:
             with self.transaction():
                 for table, chosen in picked.items():
                     self.conn.executemany(f"DELETE FROM {table} WHERE rowid = ?", [[r["rowid"]] for r, _ in chosen])
-        return {"tuning": picked["tuning"], "crossover": picked["crossover"],
-                "measurements": len(picked["measurements"])}
+        return {**picked, "measurements": len(picked["measurements"])}
 
 
 def classify(table: str, row: dict, op=None) -> tuple[str, str]:
@@ -454,7 +448,6 @@ def load_jsonl(store: Store, lines: Iterable[str], *, strict: bool = True) -> di
     written.  Importing the same file twice changes nothing.  Rows of schema 1 (no method or
     fingerprint) enter with method "unrecorded", so they count as stale.  strict=False (the
     shipped defaults) stores rows unvalidated: lookups validate them when they are read."""
-    counts = {t: 0 for t in R.COLUMNS}
     batches: dict[str, list] = {t: [] for t in R.COLUMNS}
     for n, table, rec in _parse_lines(lines):
         if strict:
@@ -465,11 +458,10 @@ def load_jsonl(store: Store, lines: Iterable[str], *, strict: bool = True) -> di
         else:
             rec = _coerce(table, rec)
         batches[table].append(rec)
-        counts[table] += 1
     with store.transaction():
         for table, rows in batches.items():
             store.put_rows(table, rows, checked=True)
-    return counts
+    return {t: len(rows) for t, rows in batches.items()}
 
 
 def _coerce(table: str, rec: dict) -> dict:
