@@ -62,10 +62,10 @@ def _one_line(text: str) -> str:
 
 def _library_errors() -> tuple:
     """Errors that carry a message for the user (a bad value, an unusable file, a refusal)."""
-    from liger_rt import autotune, env
-    from liger_rt.tuning_db import RowError, TuningDBError
-    return (env.EnvError, TuningDBError, RowError, autotune.ArchMismatchError, autotune.ShardedSweepError,
-            ValueError, OSError)
+    from liger_rt import autotune
+    from liger_rt.tuning_db import TuningDBError
+    # EnvError and RowError are ValueErrors
+    return TuningDBError, autotune.ArchMismatchError, autotune.ShardedSweepError, ValueError, OSError
 
 
 class _Group(click.Group):
