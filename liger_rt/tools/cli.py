@@ -581,23 +581,17 @@ def prune(stale, invalid, op, arch_name, dry_run, db_path):
     click.echo(f"removed {n} entries and {out['measurements']} raw measurements from {store.path}")
 
 
-def _add_optional_commands() -> None:
+def _add_commands() -> None:
     # parity and bench import the patchers, hence the kernel modules: the interpreter switch must
     # be in place before any @triton.jit runs (it is read when a kernel is decorated)
     _cpu_interpreter()
-    try:
-        from liger_rt.tools.parity import parity
-        main.add_command(parity)
-    except ImportError:
-        pass
-    try:
-        from liger_rt.tools.bench import bench
-        main.add_command(bench)
-    except ImportError:
-        pass
+    from liger_rt.tools.bench import bench
+    from liger_rt.tools.parity import parity
+    main.add_command(parity)
+    main.add_command(bench)
 
 
-_add_optional_commands()
+_add_commands()
 
 if __name__ == "__main__":
     main()
