@@ -305,7 +305,7 @@ class Store:
         """A row put without a fingerprint was measured by this process: give it this one."""
         if all(k in row for k in FINGERPRINT[:-1]):
             return row
-        op = R.resolve_op(row.get("op", "")) if isinstance(row.get("op"), str) else None
+        op = R.resolve_op(row.get("op"))
         here = fingerprint(row.get("arch", ""), row.get("source_hash", op.source_hash if op else ""))
         return {**{k: v for k, v in here.items() if k != "source_hash"}, **row}
 
