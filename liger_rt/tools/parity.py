@@ -135,17 +135,18 @@ def adamw_step(model, loss: torch.Tensor, lr: float) -> dict[str, Any]:
     return res
 
 
+def _ratio(x: float, y: float) -> float:
+    return x / y if y > 0 else (0.0 if x == 0 else math.inf)
+
+
 def _stats(diff: torch.Tensor, base: torch.Tensor) -> dict[str, float]:
     d, b = diff.abs().float(), base.abs().float()
     bmax, bmean = float(b.max()) if b.numel() else 0.0, float(b.mean()) if b.numel() else 0.0
     dmax, dmean = float(d.max()) if d.numel() else 0.0, float(d.mean()) if d.numel() else 0.0
-
-    def ratio(x, y):
-        return x / y if y > 0 else (0.0 if x == 0 else math.inf)
     if not (math.isfinite(dmax) and torch.isfinite(diff).all()):
         dmax = dmean = math.inf
-    return {"max_abs": dmax, "mean_abs": dmean, "linf_over_baseline_max": ratio(dmax, bmax),
-            "mean_over_baseline_mean": ratio(dmean, bmean), "baseline_max": bmax}
+    return {"max_abs": dmax, "mean_abs": dmean, "linf_over_baseline_max": _ratio(dmax, bmax),
+            "mean_over_baseline_mean": _ratio(dmean, bmean), "baseline_max": bmax}
 
 
 def _tensor_row(names, base: Callable[[str], torch.Tensor | None], new: Callable[[str], torch.Tensor | None]) -> dict:
@@ -165,8 +166,7 @@ def _tensor_row(names, base: Callable[[str], torch.Tensor | None], new: Callable
         if worst is None or s["max_abs"] > worst["max_abs"] or math.isnan(s["max_abs"]):
             worst, worst_name = s, name
         del diff
-    mean_ratio = dsum / bsum if bsum > 0 else (0.0 if dsum == 0 else math.inf)
-    return {**worst, "tensor": worst_name, "mean_over_baseline_mean": mean_ratio,
+    return {**worst, "tensor": worst_name, "mean_over_baseline_mean": _ratio(dsum, bsum),
             "mean_abs_all": dsum / max(count, 1)}
 
 
