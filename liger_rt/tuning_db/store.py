@@ -68,20 +68,12 @@ def fingerprint(arch, source_hash: str) -> dict:
     from .. import backend
     if isinstance(arch, str):
         hw = backend.detect_hardware()
-        if hw.name == arch:
-            arch = hw
-        elif arch in backend.ARCH_NAMES:
-            arch = backend.profile(arch)
-        else:
-            arch = None
+        arch = hw if hw.name == arch else backend.profile(arch) if arch in backend.ARCH_NAMES else None
     tv, pv = _versions()
-    if arch is None:
-        device, sms, runtime = "", 0, ""
-    else:
-        device, sms = arch.device_name, arch.sm_count
-        runtime = "" if arch.vendor == "cpu" else backend.runtime_version()
-    return {"device_name": device, "sm_count": sms, "torch_version": pv, "triton_version": tv,
-            "runtime_version": runtime, "source_hash": source_hash}
+    return {"device_name": arch.device_name if arch else "", "sm_count": arch.sm_count if arch else 0,
+            "torch_version": pv, "triton_version": tv,
+            "runtime_version": backend.runtime_version() if arch and arch.vendor != "cpu" else "",
+            "source_hash": source_hash}
 
 
 _LABELS = {"device_name": "device", "sm_count": "SMs", "torch_version": "torch", "triton_version": "triton",
