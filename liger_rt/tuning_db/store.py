@@ -528,16 +528,16 @@ class LayeredStore:
         if self.user is not None:   # the shipped defaults are shared by the process: keep them open
             self.user.close()
 
-    def _safe(self, fn, store: Store):
+    def _select(self, store: Store, table: str, args: list) -> list[dict]:
         try:
-            return fn(store)
+            return store.select(table, _STATIC, args)
         except sqlite3.Error as exc:  # locked past the timeout, corrupted since opening...
             if store is self.user:
                 warnings.warn(f"liger_rt: tuning DB read failed ({exc}); using shipped defaults",
-                              RuntimeWarning, stacklevel=3)
+                              RuntimeWarning, stacklevel=4)
                 self.user_error = str(exc)
                 self.user = None
-            return None
+            return []
 
     def fingerprint(self, op, arch) -> dict:
         key = (getattr(arch, "name", arch), op.name, op.source_hash)
@@ -553,7 +553,7 @@ class LayeredStore:
         self.skipped[store.layer] = self.skipped.get(store.layer, 0) + 1
         warnings.warn(f"liger_rt: skipping a bad {table} row in the {store.layer} DB ({row_name(row)}): {why}; "
                       "`liger-tune doctor` counts them, `liger-tune prune --invalid` removes them",
-                      RuntimeWarning, stacklevel=4)
+                      RuntimeWarning, stacklevel=5)
 
     def _usable(self, store: Store, table: str, op, row: dict):
         """(checked row, config or None) when the row may be used, else None (a bad one warned)."""
@@ -577,7 +577,7 @@ class LayeredStore:
         here = self.fingerprint(op, arch)
         found = []
         for store in self.layers():
-            for row in self._safe(lambda s: s.select(table, _STATIC, args), store) or []:
+            for row in self._select(store, table, args):
                 usable = (keep is None or keep(row)) and self._usable(store, table, op, row)
                 if usable:
                     found.append((store, *usable, stale_reason(usable[0], here)))
