@@ -207,9 +207,7 @@ def doctor_report() -> dict:
         arch = backend.detect().to_dict()
     except Exception as exc:
         arch = {"name": "error", "error": str(exc)}
-    device = "cpu"
-    if backend.gpu_present():
-        device = f"{torch.cuda.get_device_name()} ({backend.runtime_version()})"
+    device = f"{torch.cuda.get_device_name()} ({backend.runtime_version()})" if backend.gpu_present() else "cpu"
     ops = []
     for name in dispatch.OP_MODULES:        # a kernel module that fails to import is reported, not fatal
         try:
@@ -257,14 +255,9 @@ def build_plan(arch, ops: list[str], preset_name: str | None, shapes: list[dict]
     plan = []
     for name in ops:
         op = dispatch.get_op(name)
-        if shapes:
-            dim_list = [op.check_dims(shape) for shape in shapes]
-        else:
-            dim_list = [op.check_dims(d) for d in op.plan(preset, arch, quick)]
-        for dims in dim_list:
-            for dt in dtypes:
-                for tag in op.tags:
-                    plan.append((name, dims, dt, tag))
+        for dims in shapes or op.plan(preset, arch, quick):
+            dims = op.check_dims(dims)
+            plan += [(name, dims, dt, tag) for dt in dtypes for tag in op.tags]
     return plan
 
 
