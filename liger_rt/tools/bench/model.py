@@ -398,15 +398,13 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
     rows = []
     for r in runs:
         flops, new = r.pop("flops_per_step"), {k: r.pop(k, None) for k in NEW_COLS}
-        if new["error"]:
-            rows.append({"kind": "run", **common, **r, "model_TFLOPs": None, "mfu": None, "max_loss_diff": None,
-                         **new, **compile_cols})
-            continue
-        tflops = flops / (r["median_step_ms"] * 1e-3) / 1e12
-        rows.append({"kind": "run", **common, **r, "model_TFLOPs": tflops,
-                     "mfu": ceilings and tflops / ceilings["bf16_matmul_TFLOPs"],
-                     "max_loss_diff": max(abs(a - b) for a, b in zip(r["losses"], runs[0]["losses"])),
-                     "losses": [round(x, 6) for x in r["losses"]], **new, **compile_cols})
+        derived = dict.fromkeys(("model_TFLOPs", "mfu", "max_loss_diff"))     # a failed run: none
+        if not new["error"]:
+            tflops = flops / (r["median_step_ms"] * 1e-3) / 1e12
+            derived = {"model_TFLOPs": tflops, "mfu": ceilings and tflops / ceilings["bf16_matmul_TFLOPs"],
+                       "max_loss_diff": max(abs(a - b) for a, b in zip(r["losses"], runs[0]["losses"])),
+                       "losses": [round(x, 6) for x in r["losses"]]}
+        rows.append({"kind": "run", **common, **r, **derived, **new, **compile_cols})
     return rows + summarize_runs(rows)
 
 
