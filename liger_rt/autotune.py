@@ -433,13 +433,6 @@ def sweep_sharded(plan: list, target, open_store: Callable[[], object], *, quick
     return {"results": results, "skipped": skipped, "crossovers": rows} if rank == 0 else None
 
 
-def _dist_world() -> tuple[int, int]:
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 def tune_online(op, target, dtype, dims) -> dict | None:
     """LIGER_RT_AUTOTUNE=1 on a DB miss: tune (rank 0 only), broadcast the winner, persist it.
 
@@ -449,7 +442,9 @@ def tune_online(op, target, dtype, dims) -> dict | None:
     (When rank 0 alone re-opened it, its next lookups hit while the others missed and waited in a
     broadcast rank 0 never joined.)  Ranks on other hosts need LIGER_RT_TUNING_DB on a shared file.
     """
-    rank, world = _dist_world()
+    import torch.distributed as dist
+    joined = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if joined else (0, 1)
     decision, result = None, None
     if rank == 0:
         try:
@@ -461,7 +456,6 @@ def tune_online(op, target, dtype, dims) -> dict | None:
         except Exception as exc:
             warnings.warn(f"liger_rt: online tuning of {op.name} failed ({exc}); using the heuristic", RuntimeWarning)
     if world > 1:
-        import torch.distributed as dist
         box = [decision]
         dist.broadcast_object_list(box, src=0)
         decision = box[0]
