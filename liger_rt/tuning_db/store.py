@@ -110,10 +110,9 @@ _INDEXES = [
 def _inspect(conn: sqlite3.Connection, path) -> int | None:
     """The liger_rt schema version of an open SQLite file, None when it has no tables at all, or
     TuningDBError saying why the file is not a liger_rt DB."""
-    tables = {}
-    for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
-        if not name.startswith("sqlite_"):
-            tables[name] = {r[1] for r in conn.execute(f'PRAGMA table_info("{name}")').fetchall()}
+    names = [n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()]
+    tables = {n: {r[1] for r in conn.execute(f'PRAGMA table_info("{n}")').fetchall()}
+              for n in names if not n.startswith("sqlite_")}
     if not tables:
         return None
     ours = {"meta", *R.COLUMNS}
