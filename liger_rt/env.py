@@ -71,13 +71,12 @@ def _tuning_db_path() -> Path:
     return home / ".cache" / "liger_rt" / "tuning.db"
 
 
-def _arch() -> str | None:
-    raw = _raw("LIGER_RT_ARCH").lower()
-    if not raw:
-        return None
-    if raw not in ARCH_CHOICES:
-        raise EnvError(f"LIGER_RT_ARCH={raw!r} is not a known arch; accepted values: {', '.join(ARCH_CHOICES)}")
-    return raw
+def _choice(name: str, choices, what: str) -> str | None:
+    """The lower-cased value of `name` (None when unset), one of `choices` (None: anything)."""
+    raw = _raw(name).lower()
+    if raw and choices is not None and raw not in choices:
+        raise EnvError(f"{name}={raw!r} is {what}; accepted values: {', '.join(choices)}")
+    return raw or None
 
 
 def _log() -> bool:
@@ -104,19 +103,13 @@ def _timeout() -> float:
 
 
 def _impl(op: str, valid) -> str | None:
-    name = IMPL_PREFIX + op.upper()
-    raw = _raw(name).lower()
-    if not raw:
-        return None
-    if valid is not None and raw not in valid:
-        raise EnvError(f"{name}={raw!r} is not an implementation of {op}; accepted values: {', '.join(valid)}")
-    return raw
+    return _choice(IMPL_PREFIX + op.upper(), valid, f"not an implementation of {op}")
 
 
 # variable -> (its key in `snapshot`, parser)
 _PARSERS = {
     "LIGER_RT_TUNING_DB": ("tuning_db", _tuning_db_path),
-    "LIGER_RT_ARCH": ("arch", _arch),
+    "LIGER_RT_ARCH": ("arch", lambda: _choice("LIGER_RT_ARCH", ARCH_CHOICES, "not a known arch")),
     "LIGER_RT_AUTOTUNE": ("autotune", lambda: _flag("LIGER_RT_AUTOTUNE", False)),
     "LIGER_RT_LOG": ("log_decisions", _log),
     "LIGER_RT_DISABLE": ("disable", lambda: _flag("LIGER_RT_DISABLE", False)),
