@@ -6,6 +6,7 @@ non-zero exit (`--debug`: the traceback); `--json` output is JSON alone on stdou
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -483,12 +484,6 @@ def export_cmd(file, arch_name, shipped, db_path):
     if arch_name:
         arch_name = _check_arch(arch_name)
     user = _open_user(db_path, readonly=True, must_exist=not shipped)
-    try:
-        out = sys.stdout if file == "-" else open(file, "w")     # fail before any warning
-    except OSError as exc:
-        if user is not None:
-            user.close()
-        raise click.ClickException(f"cannot write {file}: {exc.strerror or exc}") from None
     layers = ([user] if user is not None else []) + ([tuning_db.store.shipped_defaults()] if shipped else [])
     bad = []
 
@@ -498,11 +493,12 @@ def export_cmd(file, arch_name, shipped, db_path):
             bad.append(why)
         return status != "bad"
 
-    try:
+    with user or contextlib.nullcontext():
+        try:
+            out = sys.stdout if file == "-" else open(file, "w")     # fail before any warning
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {file}: {exc.strerror or exc}") from None
         lines = list(dump_jsonl(layers, arch_name, keep=keep))
-    finally:
-        if user is not None:
-            user.close()
     text = "".join(line + "\n" for line in lines)
     if file == "-":
         click.echo(text, nl=False)
