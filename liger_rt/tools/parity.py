@@ -200,13 +200,9 @@ def compare(models: Callable[[], torch.nn.Module] | torch.nn.Module | tuple, *, 
     """
     from liger_rt.kernels._common import parse_dtype
     base, new = _factory(models)
-    if dtype is not None:
-        dtype = parse_dtype(dtype)
-        base.to(dtype=dtype)
-        new.to(dtype=dtype)
-    if device is not None:
-        base.to(device)
-        new.to(device)
+    dtype = parse_dtype(dtype) if dtype is not None else None
+    for model in (base, new):
+        model.to(device=device, dtype=dtype)
     from liger_rt.patch import core
     if patch is True:
         core.patch(new)
