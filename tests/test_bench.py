@@ -426,3 +426,23 @@ def test_bench_model_cuda_tiny(model_type):
     assert all(r["mfu"] is not None for r in runs)
     summ = {r["arm"]: r for r in rows if r["kind"] == "summary"}
     assert summ["liger_rt"]["loss_curves_overlap"], summ["liger_rt"]["loss_rel_diff"]
+
+
+def test_source_version_marks_a_tree_that_differs_from_its_head(monkeypatch):
+    """The liger_rt column of a CSV: version+commit, and `.dirty` where liger_rt/ differs from HEAD
+    (the H200's copy of a working tree carried an older HEAD under newer files)."""
+    import subprocess
+    import types
+
+    from liger_rt.tools.bench import harness
+
+    def fake(dirty):
+        def run(cmd, **kw):
+            if "rev-parse" in cmd:
+                return types.SimpleNamespace(stdout="abc1234\n", returncode=0)
+            return types.SimpleNamespace(stdout="", returncode=1 if dirty else 0)
+        return run
+    monkeypatch.setattr(subprocess, "run", fake(True))
+    assert harness.source_version().endswith("+abc1234.dirty")
+    monkeypatch.setattr(subprocess, "run", fake(False))
+    assert harness.source_version().endswith("+abc1234")

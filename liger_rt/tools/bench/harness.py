@@ -55,6 +55,10 @@ def source_version() -> str:
     try:
         rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, timeout=5).stdout.strip()
+        # a tree whose tracked files differ from HEAD (a copied working tree, local edits) says so
+        if rev and subprocess.run(["git", "-C", str(root), "diff", "--quiet", "HEAD", "--", "liger_rt"],
+                                  capture_output=True, timeout=10).returncode == 1:
+            rev += ".dirty"
     except (OSError, subprocess.SubprocessError):
         rev = ""
     return f"{liger_rt.__version__}+{rev}" if rev else f"{liger_rt.__version__} (source)"
