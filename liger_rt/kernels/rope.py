@@ -35,7 +35,7 @@ import triton.language as tl
 
 from ..dispatch import register
 from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
-from ._common import DTYPES, interpreter_on, next_pow2, to_dtype, triton_available, warps_for
+from ._common import DTYPES, bind, interpreter_on, launch_memo, next_pow2, to_dtype, triton_available, warps_for
 
 # A position's (BLOCK_H, D/2) half-tiles live in registers.  BLOCK_H * next_pow2(D/2) is capped at
 # MAX_TILE fp32 (32 heads at D 256: 16 values per thread at 8 warps, twice for the two halves);
@@ -150,39 +150,71 @@ def _new_out(x: torch.Tensor, dtype: torch.dtype, unsqueeze_dim: int) -> torch.T
     return torch.empty(x.shape, dtype=dtype, device=x.device)
 
 
+def _bshd_strides(x: torch.Tensor, unsqueeze_dim: int) -> tuple[torch.Tensor, tuple]:
+    """(x, or _bshd's copy when its head-dim stride is not 1; its (batch, seq, head) strides): what
+    the kernel reads, without building the (B, S, H, D) view."""
+    st = x.stride()
+    if st[3] != 1:
+        x = _bshd(x, unsqueeze_dim)
+        return x, x.stride()[:3]
+    return x, ((st[0], st[2], st[1]) if unsqueeze_dim == 1 else st[:3])
+
+
+def _empty_out(x: torch.Tensor, dtype: torch.dtype, h: int, s: int, unsqueeze_dim: int) -> tuple[torch.Tensor, tuple]:
+    """(_new_out(x, dtype, unsqueeze_dim) in one allocation, its (batch, seq, head) strides): the
+    strides of a contiguous (B, S, H, D), torch's rule (a size-0 dim counts as 1)."""
+    sd = max(x.shape[3], 1)
+    sh = max(h, 1) * sd
+    ss = max(s, 1) * sh
+    out = torch.empty_strided(x.shape, (ss, sd, sh, 1) if unsqueeze_dim == 1 else (ss, sh, sd, 1), dtype=dtype,
+                              device=x.device)
+    return out, (ss, sh, sd)
+
+
 def _cs(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     """cos/sin (B or 1, S, D) -> (tensor with unit last stride, batch stride (0: broadcast), seq stride)."""
-    if t.stride(-1) != 1:
+    st = t.stride()
+    if st[2] != 1:
         t = t.contiguous()
-    return t, (t.stride(0) if t.shape[0] > 1 else 0), t.stride(1)
+        st = t.stride()
+    return t, (st[0] if t.shape[0] > 1 else 0), st[1]
+
+
+@launch_memo
+def _kernel(config, t: int, hq: int, hk: int, d: int, backward: bool):
+    """The kernel bound to its grid and meta-parameters at t positions of hq + hk heads of d."""
+    return bind(_rope_kernel, (triton.cdiv(t, config.POS),), BLOCK_HQ=min(next_pow2(hq), config.BLOCK_H),
+                BLOCK_HK=min(next_pow2(hk), config.BLOCK_H), BLOCK_D=next_pow2(d // 2), POS=config.POS,
+                BACKWARD=backward, RNE_BF16=interpreter_on(), num_warps=config.num_warps)
 
 
 def _launch(xq, xk, cos, sin, unsqueeze_dim: int, q_dtype, k_dtype, backward: bool, config):
-    _check_layout(xq, xk, cos, sin, unsqueeze_dim)
-    qv, kv = _bshd(xq, unsqueeze_dim), _bshd(xk, unsqueeze_dim)
-    b, s, hq, d = qv.shape
-    hk = kv.shape[2]
+    """Rotate xq, xk (shapes checked by the caller) into fresh outputs laid out (B, S, H, D)."""
+    if unsqueeze_dim == 1:
+        b, hq, s, d = xq.shape
+        hk = xk.shape[1]
+    else:
+        b, s, hq, d = xq.shape
+        hk = xk.shape[2]
     _check_head_dim(d)
-    qo, ko = _new_out(xq, q_dtype, unsqueeze_dim), _new_out(xk, k_dtype, unsqueeze_dim)
+    qo, (sqob, sqos, sqoh) = _empty_out(xq, q_dtype, hq, s, unsqueeze_dim)
+    ko, (skob, skos, skoh) = _empty_out(xk, k_dtype, hk, s, unsqueeze_dim)
     t = b * s
     if t == 0 or d == 0:
         return qo, ko
-    qov, kov = _bshd(qo, unsqueeze_dim), _bshd(ko, unsqueeze_dim)
+    qv, (sqb, sqs, sqh) = _bshd_strides(xq, unsqueeze_dim)
+    kv, (skb, sks, skh) = _bshd_strides(xk, unsqueeze_dim)
     c, scb, scs = _cs(cos)
     sn, ssb, sss = _cs(sin)
-    _rope_kernel[(triton.cdiv(t, config.POS),)](
-        qv, kv, c, sn, qov, kov, qv.stride(0), qv.stride(1), qv.stride(2), kv.stride(0), kv.stride(1), kv.stride(2),
-        qov.stride(0), qov.stride(1), qov.stride(2), kov.stride(0), kov.stride(1), kov.stride(2),
-        scb, scs, ssb, sss, t, s, hq, hk, d // 2,
-        BLOCK_HQ=min(next_pow2(hq), config.BLOCK_H), BLOCK_HK=min(next_pow2(hk), config.BLOCK_H),
-        BLOCK_D=next_pow2(d // 2), POS=config.POS, BACKWARD=backward, RNE_BF16=interpreter_on(),
-        num_warps=config.num_warps)
+    _kernel(config, t, hq, hk, d, backward)(qv, kv, c, sn, qo, ko, sqb, sqs, sqh, skb, sks, skh, sqob, sqos, sqoh,
+                                           skob, skos, skoh, scb, scs, ssb, sss, t, s, hq, hk, d // 2)
     return qo, ko
 
 
 def rope_fwd(q, k, cos, sin, unsqueeze_dim: int, config) -> tuple[torch.Tensor, torch.Tensor]:
     """q (B, Hq, S, D), k (B, Hk, S, D) (unsqueeze_dim 1) or (B, S, H, D) (2), cos/sin (B|1, S, D)
     -> (q_embed, k_embed), fresh tensors laid out (B, S, H, D) in memory."""
+    _check_layout(q, k, cos, sin, unsqueeze_dim)
     return _launch(q, k, cos, sin, unsqueeze_dim, _out_dtype(q, cos, sin), _out_dtype(k, cos, sin), False, config)
 
 

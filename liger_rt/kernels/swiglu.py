@@ -25,8 +25,8 @@ import triton.language as tl
 
 from ..dispatch import register
 from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
-from ._common import (DTYPES, as_rows, interpreter_on, next_pow2, row_plan, to_dtype, triton_available,
-                      warps_for)
+from ._common import (DTYPES, as_rows, bind, interpreter_on, launch_memo, next_pow2, row_layout, row_plan, to_dtype,
+                      triton_available, warps_for)
 
 
 # -- reference ------------------------------------------------------------------------------------
@@ -82,38 +82,43 @@ def _swiglu_bwd_kernel(DY, G, U, DG, DU, stride_dy, stride_g, stride_u, stride_d
 
 # -- launchers --------------------------------------------------------------------------------------
 
-def _grid(m: int, n: int, config) -> tuple[int, int]:
+def _rows(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int, int]:
+    """row_layout(t, n); at n == 1 as_rows, which passes a one-element tensor's own stride."""
+    if n > 1:
+        return row_layout(t, n)
+    t2 = as_rows(t, n)
+    return t2, t2.shape[0], t2.stride(0)
+
+
+@launch_memo
+def _launch(kernel, config, num_warps: int, m: int, n: int):
+    """`kernel` bound to its grid and meta-parameters at m rows of n."""
     block_n = min(config.BLOCK_N, next_pow2(n))
-    return block_n, triton.cdiv(m, config.ROWS) * triton.cdiv(n, block_n)
+    return bind(kernel, (triton.cdiv(m, config.ROWS) * triton.cdiv(n, block_n),), BLOCK_N=block_n, ROWS=config.ROWS,
+                RNE_BF16=interpreter_on(), num_warps=num_warps)
 
 
 def swiglu_fwd(gate: torch.Tensor, up: torch.Tensor, config) -> torch.Tensor:
     """gate, up (..., N) of one shape -> y (..., N)."""
     n = gate.shape[-1]
-    g2, u2 = as_rows(gate, n), as_rows(up, n)
-    m = g2.shape[0]
-    y = torch.empty((m, n), dtype=torch.promote_types(gate.dtype, up.dtype), device=gate.device)
+    (g2, m, stride_g), (u2, _, stride_u) = _rows(gate, n), _rows(up, n)
+    dtype = gate.dtype if up.dtype == gate.dtype else torch.promote_types(gate.dtype, up.dtype)
+    y = torch.empty_like(gate, dtype=dtype, memory_format=torch.contiguous_format)    # rows of n
     if m > 0 and n > 0:
-        block_n, grid = _grid(m, n, config)
-        _swiglu_fwd_kernel[(grid,)](g2, u2, y, g2.stride(0), u2.stride(0), y.stride(0), m, n,
-                                    BLOCK_N=block_n, ROWS=config.ROWS, RNE_BF16=interpreter_on(),
-                                    num_warps=config.num_warps)
-    return y.view(gate.shape)
+        _launch(_swiglu_fwd_kernel, config, config.num_warps, m, n)(g2, u2, y, stride_g, stride_u, n, m, n)
+    return y
 
 
 def swiglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, config) -> tuple[torch.Tensor, torch.Tensor]:
     """dy, gate, up (..., N) -> (dgate in gate.dtype, dup in up.dtype), fresh contiguous tensors."""
     n = gate.shape[-1]
-    g2, u2, dy2 = as_rows(gate, n), as_rows(up, n), as_rows(dy, n)
-    m = g2.shape[0]
-    dg = torch.empty((m, n), dtype=gate.dtype, device=gate.device)
-    du = torch.empty((m, n), dtype=up.dtype, device=up.device)
+    (g2, m, stride_g), (u2, _, stride_u), (dy2, _, stride_dy) = _rows(gate, n), _rows(up, n), _rows(dy, n)
+    dg = torch.empty_like(gate, memory_format=torch.contiguous_format)    # rows of n
+    du = torch.empty_like(up, memory_format=torch.contiguous_format)
     if m > 0 and n > 0:
-        block_n, grid = _grid(m, n, config)
-        _swiglu_bwd_kernel[(grid,)](dy2, g2, u2, dg, du, dy2.stride(0), g2.stride(0), u2.stride(0), dg.stride(0),
-                                    du.stride(0), m, n, BLOCK_N=block_n, ROWS=config.ROWS, RNE_BF16=interpreter_on(),
-                                    num_warps=config.bwd_num_warps)
-    return dg.view(gate.shape), du.view(up.shape)
+        _launch(_swiglu_bwd_kernel, config, config.bwd_num_warps, m, n)(dy2, g2, u2, dg, du, stride_dy, stride_g,
+                                                                        stride_u, n, n, m, n)
+    return dg, du
 
 
 # -- the op: what the runtime needs besides the math ---------------------------------------------------
