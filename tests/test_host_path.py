@@ -10,6 +10,8 @@ from liger_rt import backend, dispatch, env, ops, tuning_db
 from liger_rt.kernels import _common
 from liger_rt.kernels import layer_norm as ln
 from liger_rt.kernels import rms_norm as rn
+from liger_rt.kernels import rope as rp
+from liger_rt.kernels import swiglu as sw
 from liger_rt.tools.bench.host_overhead import StubbedLaunches, cpu_stub
 
 
@@ -47,6 +49,8 @@ def triton_path(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("LIGER_RT_IMPL_RMS_NORM", "triton")
     monkeypatch.setenv("LIGER_RT_IMPL_LAYER_NORM", "triton")
+    monkeypatch.setenv("LIGER_RT_IMPL_SWIGLU", "triton")
+    monkeypatch.setenv("LIGER_RT_IMPL_ROPE", "triton")
     dispatch.reset()
 
 
@@ -69,22 +73,35 @@ def _count_slow_path(monkeypatch) -> dict:
     return calls
 
 
-@pytest.mark.parametrize("name", ["rms_norm", "layer_norm"])
+def _fwd_bwd_call(name):
+    """(a forward+backward through the functional, the kernel modules, launches per call)."""
+    if name in ("rms_norm", "layer_norm"):
+        x, w, dy = torch.randn(2, 3, 64, requires_grad=True), torch.randn(64, requires_grad=True), torch.randn(2, 3, 64)
+        fwd = (lambda: ops.rms_norm(x, w)) if name == "rms_norm" else (lambda: ops.layer_norm(x, w, None))
+        return (lambda: torch.autograd.grad(fwd(), (x, w), dy)), (rn, ln), 3   # forward, backward, the dW sum
+    if name == "swiglu":
+        g, u = torch.randn(2, 3, 64, requires_grad=True), torch.randn(2, 3, 64, requires_grad=True)
+        dy = torch.randn(2, 3, 64)
+        return (lambda: torch.autograd.grad(ops.swiglu(g, u), (g, u), dy)), (sw,), 2
+    q = torch.randn(2, 5, 4, 16).transpose(1, 2).requires_grad_()      # HF's views of (B, S, H, D)
+    k = torch.randn(2, 5, 2, 16).transpose(1, 2).requires_grad_()
+    cos, sin, dq, dk = torch.randn(1, 5, 16), torch.randn(1, 5, 16), torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+    return (lambda: torch.autograd.grad(ops.rope(q, k, cos, sin), (q, k), (dq, dk))), (rp,), 2
+
+
+@pytest.mark.parametrize("name", ["rms_norm", "layer_norm", "swiglu", "rope"])
 def test_memo_hit_reads_no_env_and_no_db(triton_path, monkeypatch, name):
-    x = torch.randn(2, 3, 64, requires_grad=True)
-    w = torch.randn(64, requires_grad=True)
-    dy = torch.randn(2, 3, 64)
-    call = (lambda: ops.rms_norm(x, w)) if name == "rms_norm" else (lambda: ops.layer_norm(x, w, None))
-    with StubbedLaunches(rn, ln) as stub:
-        torch.autograd.grad(call(), (x, w), dy)          # the miss: decision and launch constants
-        assert stub.launches == 3                         # forward, backward, the dW sum: the Triton path
+    call, modules, per_call = _fwd_bwd_call(name)
+    with StubbedLaunches(*modules) as stub:
+        call()                                            # the miss: decision and launch constants
+        assert stub.launches == per_call                  # the Triton path
         op = dispatch.get_op(name)
         assert [d.impl for d in op._memo.values()] == ["triton"]
         memo_misses = [m.cache_info().misses for m in _common._LAUNCH_MEMOS]
         calls = _count_slow_path(monkeypatch)
         for _ in range(3):
-            torch.autograd.grad(call(), (x, w), dy)
-        assert stub.launches == 12
+            call()
+        assert stub.launches == 4 * per_call
         assert [m.cache_info().misses for m in _common._LAUNCH_MEMOS] == memo_misses
     reads = calls.pop("environ")
     assert calls == {"get_store": 0, "decide": 0, "detect": 0, "env.check": 0}
@@ -129,7 +146,8 @@ def test_kernel_function_under_functorch_is_refused_as_before(triton_path):
 
 def test_cpu_stub_probe_rows():
     rows = cpu_stub(repeats=1, calls=3, echo=lambda s: None)
-    assert [r["what"] for r in rows] == ["ops.rms_norm fwd", "ops.rms_norm fwd+bwd (autograd.grad)",
-                                         "floor: identity Function fwd+bwd", "floor: eager x*2 fwd+bwd"]
+    assert [r["what"] for r in rows] == [f"ops.{op} fwd{bwd}" for op in ("rms_norm", "swiglu", "rope")
+                                         for bwd in ("", "+bwd (autograd.grad)")] + \
+        ["floor: identity Function fwd+bwd", "floor: eager x*2 fwd+bwd"]
     assert all(r["us"] > 0 and "CPU stub" in r["method"] for r in rows)
-    assert "LIGER_RT_IMPL_RMS_NORM" not in os.environ
+    assert not any(k in os.environ for k in ("LIGER_RT_IMPL_RMS_NORM", "LIGER_RT_IMPL_SWIGLU", "LIGER_RT_IMPL_ROPE"))

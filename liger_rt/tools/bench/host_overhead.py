@@ -6,8 +6,8 @@ at 16384 x 4096 the device time (CUDA-graph replay) beside do_bench's wall time,
 the host whenever host time exceeds device time.  `dispatch`: a decision that hits the memo, on
 CPU (one tuple build and one dict lookup: no SQL, no env parsing; the target is < 5 us).
 `cpu_stub` (``python -m liger_rt.tools.bench.host_overhead --cpu-stub``): the whole Python path of
-an rms_norm forward+backward on CPU tensors with the Triton launches stubbed, beside the autograd
-floors; any machine, no GPU (docs/architecture.md, "The eager hot path").
+an rms_norm, swiglu and rope forward+backward on CPU tensors with the Triton launches stubbed,
+beside the autograd floors; any machine, no GPU (docs/architecture.md, "The eager hot path").
 """
 from __future__ import annotations
 
@@ -146,43 +146,69 @@ class StubbedLaunches:
         clear_launch_memos()           # ... and with the stub bound
 
 
-def cpu_stub(repeats: int = 7, calls: int = 2000, rows: int = 16, hidden: int = 1024,
-             echo: Callable = print) -> list[dict]:
-    """Host microseconds of rms_norm forward+backward through the real Python path on CPU tensors,
-    the Triton launches stubbed (:class:`StubbedLaunches`); median over `repeats` of the mean of
-    `calls` calls, beside the floors (an identity autograd Function, eager x * 2).  Timed in this
-    thread's CPU time (time.thread_time: on CPU tensors the autograd engine runs the backward on
-    the calling thread), so other processes on a shared machine do not inflate it.  Sets
-    TRITON_INTERPRET=1 and LIGER_RT_IMPL_RMS_NORM=triton for the run (so dispatch takes the
-    Triton path on CPU; the decision is made once, on the first call) and restores both."""
-    import os
-    import statistics
+_STUB_ENV = ("TRITON_INTERPRET", "LIGER_RT_IMPL_RMS_NORM", "LIGER_RT_IMPL_SWIGLU", "LIGER_RT_IMPL_ROPE")
 
-    from liger_rt import dispatch, ops
-    from liger_rt.kernels import rms_norm as rms_mod
 
-    saved_env = {k: os.environ.get(k) for k in ("TRITON_INTERPRET", "LIGER_RT_IMPL_RMS_NORM")}
-    os.environ.update(TRITON_INTERPRET="1", LIGER_RT_IMPL_RMS_NORM="triton")
-    dispatch.reset()
+def _stub_probes(rows: int, hidden: int) -> dict[str, tuple[str | None, Callable]]:
+    """name -> (the op whose forward this is, or None; the call): rms_norm and swiglu on (rows,
+    hidden) bf16; rope as Qwen3-1.7B calls it (16 q / 8 kv heads, head_dim 128, `rows` positions;
+    q, k the transposed views of (1, S, H, D) projections, cos/sin (1, S, 128))."""
+    from liger_rt import ops
     x = torch.randn(rows, hidden, dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(hidden, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn_like(x)
-    probes = {"ops.rms_norm fwd": lambda: ops.rms_norm(x, w),
-              "ops.rms_norm fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(ops.rms_norm(x, w), (x, w), dy),
-              "floor: identity Function fwd+bwd": lambda: torch.autograd.grad(_Identity.apply(x), (x,), dy),
-              "floor: eager x*2 fwd+bwd": lambda: torch.autograd.grad(x * 2, (x,), dy)}
+    gate, up = torch.randn_like(x, requires_grad=True), torch.randn_like(x, requires_grad=True)
+    q = torch.randn(1, rows, 16, 128, dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+    k = torch.randn(1, rows, 8, 128, dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+    cos, sin = torch.randn(1, rows, 128, dtype=torch.bfloat16), torch.randn(1, rows, 128, dtype=torch.bfloat16)
+    dq, dk = torch.randn(q.shape, dtype=q.dtype), torch.randn(k.shape, dtype=k.dtype)
+    return {"ops.rms_norm fwd": ("rms_norm", lambda: ops.rms_norm(x, w)),
+            "ops.rms_norm fwd+bwd (autograd.grad)": (None, lambda: torch.autograd.grad(ops.rms_norm(x, w), (x, w), dy)),
+            "ops.swiglu fwd": ("swiglu", lambda: ops.swiglu(gate, up)),
+            "ops.swiglu fwd+bwd (autograd.grad)": (None, lambda: torch.autograd.grad(ops.swiglu(gate, up), (gate, up),
+                                                                                     dy)),
+            "ops.rope fwd": ("rope", lambda: ops.rope(q, k, cos, sin)),
+            "ops.rope fwd+bwd (autograd.grad)": (None, lambda: torch.autograd.grad(ops.rope(q, k, cos, sin), (q, k),
+                                                                                   (dq, dk))),
+            "floor: identity Function fwd+bwd": (None, lambda: torch.autograd.grad(_Identity.apply(x), (x,), dy)),
+            "floor: eager x*2 fwd+bwd": (None, lambda: torch.autograd.grad(x * 2, (x,), dy))}
+
+
+def cpu_stub(repeats: int = 7, calls: int = 2000, rows: int = 16, hidden: int = 1024,
+             echo: Callable = print) -> list[dict]:
+    """Host microseconds of rms_norm, swiglu and rope forward and forward+backward through the
+    real Python path on CPU tensors, the Triton launches stubbed (:class:`StubbedLaunches`);
+    median over `repeats` of the mean of `calls` calls, beside the floors (an identity autograd
+    Function, eager x * 2).  Timed in this thread's CPU time (time.thread_time: on CPU tensors the
+    autograd engine runs the backward on the calling thread), so other processes on a shared
+    machine do not inflate it.  Sets TRITON_INTERPRET=1 and LIGER_RT_IMPL_<OP>=triton for the run
+    (so dispatch takes the Triton path on CPU; each decision is made once, on the first call) and
+    restores them."""
+    import os
+    import statistics
+
+    from liger_rt import dispatch
+    from liger_rt.kernels import rms_norm, rope, swiglu
+
+    saved_env = {k: os.environ.get(k) for k in _STUB_ENV}
+    os.environ.update({k: "triton" for k in _STUB_ENV[1:]}, TRITON_INTERPRET="1")
+    dispatch.reset()
     rows_out = []
     try:
-        with StubbedLaunches(rms_mod) as stub:
-            ops.rms_norm(x, w)
-            decision = dispatch.get_op("rms_norm").select(x, rows=rows, hidden=hidden)
-            if decision.impl != "triton" or stub.launches != 1:
-                raise RuntimeError(f"cpu stub: rms_norm took {decision.impl} with {stub.launches} stubbed launches; "
-                                   "expected the triton path")
-            for name, fn in probes.items():
+        probes = _stub_probes(rows, hidden)
+        with StubbedLaunches(rms_norm, swiglu, rope) as stub:
+            for name, (op, fn) in probes.items():
+                if op is not None:          # each forward launches its one kernel: the triton path
+                    before = stub.launches
+                    fn()
+                    if stub.launches != before + 1:
+                        raise RuntimeError(f"cpu stub: {op} made {stub.launches - before} stubbed launches; "
+                                           "expected 1 (the triton path)")
+            for name, (_, fn) in probes.items():
                 samples = [_per_call_us(fn, calls, sync=False, clock=time.thread_time) for _ in range(repeats)]
+                shape = f"q 1x16x{rows}x128" if "rope" in name else f"{rows}x{hidden}"
                 rows_out.append({"what": name, "us": round(statistics.median(samples), 2),
-                                 "min_us": round(min(samples), 2), "shape": f"{rows}x{hidden}",
+                                 "min_us": round(min(samples), 2), "shape": shape,
                                  "python": platform.python_version(), "torch": torch.__version__,
                                  "cpu": platform.processor() or platform.machine(),
                                  "method": f"CPU stub (Triton launches no-ops): median of {repeats} means "
@@ -195,7 +221,7 @@ def cpu_stub(repeats: int = 7, calls: int = 2000, rows: int = 16, hidden: int = 
                 os.environ[k] = v
         dispatch.reset()
     for r in rows_out:
-        echo(f"{r['what']:45s} {r['shape']:>9s} {r['us']:8.2f} us (min {r['min_us']:.2f})  {r['method']}")
+        echo(f"{r['what']:45s} {r['shape']:>15s} {r['us']:8.2f} us (min {r['min_us']:.2f})  {r['method']}")
     return rows_out
 
 
@@ -203,7 +229,8 @@ def main(argv=None) -> int:
     """python -m liger_rt.tools.bench.host_overhead --cpu-stub [--repeats N --calls N --rows M --hidden N]"""
     import argparse
     p = argparse.ArgumentParser(prog="python -m liger_rt.tools.bench.host_overhead",
-                                description="Host microseconds of rms_norm fwd+bwd on CPU, Triton launches stubbed.")
+                                description="Host microseconds of rms_norm, swiglu and rope fwd+bwd on CPU, "
+                                            "Triton launches stubbed.")
     p.add_argument("--cpu-stub", action="store_true", required=True, help="the CPU stub probe (no GPU needed)")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--calls", type=int, default=2000)
