@@ -29,9 +29,9 @@ import triton.language as tl
 
 from ..dispatch import register
 from ..opspec import Impl, Op
-from ._common import DTYPES, as_rows, interpreter_on, to_dtype, triton_available
+from ._common import DTYPES, as_rows, interpreter_on, next_pow2, to_dtype, triton_available
 from .swiglu import SwiGLUConfig as GeGLUConfig
-from .swiglu import _configs, _fake, _grid, _heuristic, _make_case, _plan, _tile
+from .swiglu import _configs, _fake, _heuristic, _make_case, _plan, _tile
 from .swiglu import _dims as _swiglu_dims
 
 _K = math.sqrt(2.0 / math.pi)
@@ -87,6 +87,11 @@ def _geglu_bwd_kernel(DY, G, U, DG, DU, stride_dy, stride_g, stride_u, stride_dg
 
 
 # -- launchers --------------------------------------------------------------------------------------
+
+def _grid(m: int, n: int, config) -> tuple[int, int]:
+    block_n = min(config.BLOCK_N, next_pow2(n))
+    return block_n, triton.cdiv(m, config.ROWS) * triton.cdiv(n, block_n)
+
 
 def _launch(kernel, num_warps: int, config, *tensors) -> None:
     """One elementwise launch over the (rows, N) views of same-shaped (..., N) tensors, inputs then
