@@ -97,12 +97,13 @@ def test_memo_hit_reads_no_env_and_no_db(triton_path, monkeypatch, name):
         assert stub.launches == per_call                  # the Triton path
         op = dispatch.get_op(name)
         assert [d.impl for d in op._memo.values()] == ["triton"]
-        memo_misses = [m.cache_info().misses for m in _common._LAUNCH_MEMOS]
+        memos = [*_common._LAUNCH_MEMOS, rp._layout_memo]      # rope's layout check: memoised per shapes
+        memo_misses = [m.cache_info().misses for m in memos]
         calls = _count_slow_path(monkeypatch)
         for _ in range(3):
             call()
         assert stub.launches == 4 * per_call
-        assert [m.cache_info().misses for m in _common._LAUNCH_MEMOS] == memo_misses
+        assert [m.cache_info().misses for m in memos] == memo_misses
     reads = calls.pop("environ")
     assert calls == {"get_store": 0, "decide": 0, "detect": 0, "env.check": 0}
     assert [k for k in reads if "LIGER" in str(k) or "TRITON" in str(k) or k.startswith("<")] == []

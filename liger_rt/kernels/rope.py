@@ -28,6 +28,7 @@ The op spec at the bottom gives dispatch, tuning, autograd and the torch.compile
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import triton
@@ -35,7 +36,7 @@ import triton.language as tl
 
 from ..dispatch import register
 from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
-from ._common import DTYPES, bind, interpreter_on, launch_memo, next_pow2, to_dtype, triton_available, warps_for
+from ._common import DTYPE_NAMES, bind, interpreter_on, launch_memo, next_pow2, to_dtype, triton_available, warps_for
 
 # A position's (BLOCK_H, D/2) half-tiles live in registers.  BLOCK_H * next_pow2(D/2) is capped at
 # MAX_TILE fp32 (32 heads at D 256: 16 values per thread at 8 warps, twice for the two halves);
@@ -150,64 +151,65 @@ def _new_out(x: torch.Tensor, dtype: torch.dtype, unsqueeze_dim: int) -> torch.T
     return torch.empty(x.shape, dtype=dtype, device=x.device)
 
 
-def _bshd_strides(x: torch.Tensor, unsqueeze_dim: int) -> tuple[torch.Tensor, tuple]:
-    """(x, or _bshd's copy when its head-dim stride is not 1; its (batch, seq, head) strides): what
-    the kernel reads, without building the (B, S, H, D) view."""
-    st = x.stride()
-    if st[3] != 1:
-        x = _bshd(x, unsqueeze_dim)
-        return x, x.stride()[:3]
-    return x, ((st[0], st[2], st[1]) if unsqueeze_dim == 1 else st[:3])
+def _unit_d(x: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
+    """_bshd's copy of x (head-dim stride not 1) seen in x's own dims: the same pointer and strides."""
+    v = _bshd(x, unsqueeze_dim)
+    return v.transpose(1, 2) if unsqueeze_dim == 1 else v
 
 
-def _empty_out(x: torch.Tensor, dtype: torch.dtype, h: int, s: int, unsqueeze_dim: int) -> tuple[torch.Tensor, tuple]:
-    """(_new_out(x, dtype, unsqueeze_dim) in one allocation, its (batch, seq, head) strides): the
-    strides of a contiguous (B, S, H, D), torch's rule (a size-0 dim counts as 1)."""
-    sd = max(x.shape[3], 1)
+def _out_strides(h: int, s: int, d: int, unsqueeze_dim: int) -> tuple[tuple, tuple]:
+    """(the strides, in q's or k's dim order, of an output laid out (B, S, H, D) in memory like
+    _new_out's; its (batch, seq, head) strides): torch's contiguous rule (a size-0 dim counts as 1)."""
+    sd = max(d, 1)
     sh = max(h, 1) * sd
     ss = max(s, 1) * sh
-    out = torch.empty_strided(x.shape, (ss, sd, sh, 1) if unsqueeze_dim == 1 else (ss, sh, sd, 1), dtype=dtype,
-                              device=x.device)
-    return out, (ss, sh, sd)
-
-
-def _cs(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """cos/sin (B or 1, S, D) -> (tensor with unit last stride, batch stride (0: broadcast), seq stride)."""
-    st = t.stride()
-    if st[2] != 1:
-        t = t.contiguous()
-        st = t.stride()
-    return t, (st[0] if t.shape[0] > 1 else 0), st[1]
+    return (ss, sd, sh, 1) if unsqueeze_dim == 1 else (ss, sh, sd, 1), (ss, sh, sd)
 
 
 @launch_memo
-def _kernel(config, t: int, hq: int, hk: int, d: int, backward: bool):
-    """The kernel bound to its grid and meta-parameters at t positions of hq + hk heads of d."""
-    return bind(_rope_kernel, (triton.cdiv(t, config.POS),), BLOCK_HQ=min(next_pow2(hq), config.BLOCK_H),
-                BLOCK_HK=min(next_pow2(hk), config.BLOCK_H), BLOCK_D=next_pow2(d // 2), POS=config.POS,
-                BACKWARD=backward, RNE_BF16=interpreter_on(), num_warps=config.num_warps)
+def _launch_plan(config, backward: bool, unsqueeze_dim: int, q_shape, q_stride, k_shape, k_stride, cos_shape,
+                 cos_stride, sin_stride):
+    """Per (config, shapes, strides) of a launch: the two outputs' strides, the kernel bound to its
+    grid and meta-parameters (None: nothing to rotate) and its scalar arguments.  The inputs have
+    unit head-dim strides (_launch copies the others) and sin has cos's shape (rope_fwd checks)."""
+    if unsqueeze_dim == 1:
+        b, hq, s, d = q_shape
+        hk = k_shape[1]
+        sq, sk = (q_stride[0], q_stride[2], q_stride[1]), (k_stride[0], k_stride[2], k_stride[1])
+    else:
+        b, s, hq, d = q_shape
+        hk = k_shape[2]
+        sq, sk = q_stride[:3], k_stride[:3]
+    _check_head_dim(d)
+    qo_stride, sqo = _out_strides(hq, s, d, unsqueeze_dim)
+    ko_stride, sko = _out_strides(hk, s, d, unsqueeze_dim)
+    t = b * s
+    if t == 0 or d == 0:
+        return qo_stride, ko_stride, None, ()
+    batch = cos_shape[0] > 1           # else batch stride 0: cos/sin broadcast over the batch
+    kernel = bind(_rope_kernel, (triton.cdiv(t, config.POS),), BLOCK_HQ=min(next_pow2(hq), config.BLOCK_H),
+                  BLOCK_HK=min(next_pow2(hk), config.BLOCK_H), BLOCK_D=next_pow2(d // 2), POS=config.POS,
+                  BACKWARD=backward, RNE_BF16=interpreter_on(), num_warps=config.num_warps)
+    return qo_stride, ko_stride, kernel, (*sq, *sk, *sqo, *sko, cos_stride[0] if batch else 0, cos_stride[1],
+                                          sin_stride[0] if batch else 0, sin_stride[1], t, s, hq, hk, d // 2)
 
 
 def _launch(xq, xk, cos, sin, unsqueeze_dim: int, q_dtype, k_dtype, backward: bool, config):
     """Rotate xq, xk (shapes checked by the caller) into fresh outputs laid out (B, S, H, D)."""
-    if unsqueeze_dim == 1:
-        b, hq, s, d = xq.shape
-        hk = xk.shape[1]
-    else:
-        b, s, hq, d = xq.shape
-        hk = xk.shape[2]
-    _check_head_dim(d)
-    qo, (sqob, sqos, sqoh) = _empty_out(xq, q_dtype, hq, s, unsqueeze_dim)
-    ko, (skob, skos, skoh) = _empty_out(xk, k_dtype, hk, s, unsqueeze_dim)
-    t = b * s
-    if t == 0 or d == 0:
-        return qo, ko
-    qv, (sqb, sqs, sqh) = _bshd_strides(xq, unsqueeze_dim)
-    kv, (skb, sks, skh) = _bshd_strides(xk, unsqueeze_dim)
-    c, scb, scs = _cs(cos)
-    sn, ssb, sss = _cs(sin)
-    _kernel(config, t, hq, hk, d, backward)(qv, kv, c, sn, qo, ko, sqb, sqs, sqh, skb, sks, skh, sqob, sqos, sqoh,
-                                           skob, skos, skoh, scb, scs, ssb, sss, t, s, hq, hk, d // 2)
+    if xq.stride(-1) != 1:
+        xq = _unit_d(xq, unsqueeze_dim)
+    if xk.stride(-1) != 1:
+        xk = _unit_d(xk, unsqueeze_dim)
+    if cos.stride(-1) != 1:
+        cos = cos.contiguous()
+    if sin.stride(-1) != 1:
+        sin = sin.contiguous()
+    qo_stride, ko_stride, kernel, scalars = _launch_plan(config, backward, unsqueeze_dim, xq.shape, xq.stride(),
+                                                         xk.shape, xk.stride(), cos.shape, cos.stride(), sin.stride())
+    qo = torch.empty_strided(xq.shape, qo_stride, dtype=q_dtype, device=xq.device)
+    ko = torch.empty_strided(xk.shape, ko_stride, dtype=k_dtype, device=xk.device)
+    if kernel is not None:
+        kernel(xq, xk, cos, sin, qo, ko, *scalars)
     return qo, ko
 
 
@@ -227,25 +229,41 @@ class RoPEConfig(Config):
     num_warps: int = knob(4, WARPS)
 
 
-def _kernel_layout(q, k, cos, sin, unsqueeze_dim: int) -> int | None:
-    """1 or 2 (the normalised unsqueeze_dim) when the kernel can take these shapes, else None."""
-    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.shape != cos.shape:
+def _layout(q_shape, k_shape, cos_shape, sin_shape, q_dev, k_dev, cos_dev, sin_dev, unsqueeze_dim: int) -> int | None:
+    if len(q_shape) != 4 or len(k_shape) != 4 or len(cos_shape) != 3 or sin_shape != cos_shape:
         return None
     ud = unsqueeze_dim + 4 if unsqueeze_dim < 0 else unsqueeze_dim   # cos.unsqueeze(-3) is unsqueeze(1)
     if ud not in (1, 2):
         return None
     sd = 2 if ud == 1 else 1
-    b, s, d = q.shape[0], q.shape[sd], q.shape[-1]
-    if (k.shape[0], k.shape[sd], k.shape[-1]) != (b, s, d) or tuple(cos.shape[1:]) != (s, d) or cos.shape[0] not in (1, b):
+    b, s, d = q_shape[0], q_shape[sd], q_shape[-1]
+    if (k_shape[0], k_shape[sd], k_shape[-1]) != (b, s, d) or tuple(cos_shape[1:]) != (s, d) or cos_shape[0] not in (1, b):
         return None
-    if not (q.device == k.device == cos.device == sin.device):
+    if not (q_dev == k_dev == cos_dev == sin_dev):
         return None
     return ud
 
 
+_layout_memo = functools.lru_cache(maxsize=4096, typed=True)(_layout)   # typed: 1.0 stays 1.0, as unmemoised
+
+
+def _kernel_layout(q, k, cos, sin, unsqueeze_dim: int) -> int | None:
+    """1 or 2 (the normalised unsqueeze_dim) when the kernel can take these shapes, else None.
+    Memoised per (shapes, devices, unsqueeze_dim): the functional, the Op's dims and the launcher
+    each ask on every call."""
+    key = (q.shape, k.shape, cos.shape, sin.shape, q.device, k.device, cos.device, sin.device, unsqueeze_dim)
+    if not torch.compiler.is_compiling():
+        try:
+            return _layout_memo(*key)
+        except TypeError:   # symbolic shapes: a SymInt does not hash
+            pass
+    return _layout(*key)
+
+
 def _dims(q, k, cos, sin, unsqueeze_dim) -> dict:
     _check_layout(q, k, cos, sin, unsqueeze_dim)
-    if not all(t.dtype.is_floating_point for t in (q, k, cos, sin)):
+    if not (q.dtype.is_floating_point and k.dtype.is_floating_point and cos.dtype.is_floating_point
+            and sin.dtype.is_floating_point):
         raise TypeError(f"rope: unsupported dtypes q {q.dtype}, k {k.dtype}, cos {cos.dtype}, sin {sin.dtype}; "
                         f"accepted: floating point dtypes")
     h, s = (1, 2) if unsqueeze_dim == 1 else (2, 1)
@@ -271,6 +289,11 @@ def _fake(config, q, k, cos, sin, unsqueeze_dim):
     return (_new_out(q, _out_dtype(q, cos, sin), unsqueeze_dim), _new_out(k, _out_dtype(k, cos, sin), unsqueeze_dim)), ()
 
 
+def _other_float(dtype: torch.dtype) -> bool:
+    """A float dtype the kernels do not take (fp64, fp8): the functional runs the reference."""
+    return dtype.is_floating_point and dtype not in DTYPE_NAMES
+
+
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids=None,
          unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """apply_rotary_pos_emb: q (B, Hq, S, D), k (B, Hk, S, D), cos/sin (B|1, S, D) -> (q_embed,
@@ -280,8 +303,8 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         raise ValueError(f"rope: head_dim must be even (rotate_half pairs element i with i + D/2); "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
     ud = _kernel_layout(q, k, cos, sin, unsqueeze_dim)
-    other_float = any(t.dtype.is_floating_point and t.dtype not in DTYPES.values() for t in (k, cos, sin))
-    if ud is None or other_float or k.numel() == 0 or cos.requires_grad or sin.requires_grad:
+    if (ud is None or _other_float(k.dtype) or _other_float(cos.dtype) or _other_float(sin.dtype) or k.numel() == 0
+            or cos.requires_grad or sin.requires_grad):
         return OP.reference(q, k, cos, sin, int(unsqueeze_dim))
     return OP(q, k, cos, sin, ud)
 
