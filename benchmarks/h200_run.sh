@@ -8,7 +8,8 @@
 # A stage's extra arguments come from NORMS_ARGS, LFM2_ARGS, ... (e.g. MOE_ARGS="--where experts=32").
 # Results: benchmarks/results/*.csv in the tree, everything packed into $OUT/results.tgz, and the
 # whole log in $OUT/log.txt. The GPU image lacks sqlite-utils: the wheels in .whl/ are installed
-# offline first (shared/tools/device-wheels.sh fetches them, liger-kernel 0.8.5 included).
+# offline first (`pip download --no-deps -d .whl sqlite-utils==4.2.1 sqlite-fts4==1.0.3 click-default-group==1.2.4
+# liger-kernel==0.8.5 trl==1.16.0` fetches them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR=${OUT:-/tmp/out}; mkdir -p "$OUTDIR"
