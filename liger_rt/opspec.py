@@ -31,7 +31,7 @@ import json
 import textwrap
 import types
 import typing
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import torch
 
