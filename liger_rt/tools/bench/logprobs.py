@@ -172,10 +172,9 @@ def _rel(a, b) -> float:
     return float((a.double() - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def measure(spec: dict, *, quick: bool, compile_: bool, device: str = "cuda", echo=print, rnd: int = 0,
-            arm_set: dict | None = None) -> list[dict]:
-    """Every arm on one case, in the arms' order on even rounds and reversed on odd ones (counterbalanced
-    repeats); `arm_set` reuses the arms of an earlier round (a compiled arm compiles once)."""
+def measure(spec: dict, arm_set: dict, *, quick: bool, device: str = "cuda", rnd: int = 0, echo=print) -> list[dict]:
+    """Every arm of `arm_set` (from :func:`arms`, shared by the rounds: a compiled arm compiles once) on
+    one case, in its order on even rounds and reversed on odd ones (counterbalanced repeats)."""
     from liger_rt import dispatch
     from liger_rt.kernels._common import dtype_name
     dims = {k: spec[k] for k in ("tokens", "hidden", "vocab")}
@@ -185,7 +184,7 @@ def measure(spec: dict, *, quick: bool, compile_: bool, device: str = "cuda", ec
     d = dispatch.select(OP, dtype=dtype_name(x.dtype), arch=None if device == "cuda" else "cpu", **dims)
     label = {"op": OP, **dims, "dtype": d.dtype, "temperature": TEMPERATURE, "quick": quick, "round": rnd}
     rows = []
-    order = list((arm_set or arms(compile_, echo)).items())
+    order = list(arm_set.items())
     for name, fn in (order[::-1] if rnd % 2 else order):
         if isinstance(fn, str):
             rows += [{**label, "impl": name, "pass": p, "error": f"skipped: {fn}"} for p in PASSES]
@@ -298,8 +297,8 @@ def run(*, quick: bool = False, compile_: bool = True, tokens: tuple[int, ...] =
     specs = [s for s in (specs or SPECS) if (s.get("quick") or not quick) and (not tokens or s["tokens"] in tokens)]
     if not specs:
         raise ValueError(f"no case has tokens in {list(tokens)}; cases: {', '.join(str(s['tokens']) for s in SPECS)}")
-    info = {**versions(), **peer_versions()}
-    echo(f"versions: {info}")
+    peers = peer_versions()
+    echo(f"versions: {({**versions(), **peers})}")
     path = Path(out_dir) / f"logprobs_{device_tag()}{'_quick' if quick else ''}.csv"
     rows: list[dict] = []
     for spec in specs:
@@ -307,8 +306,7 @@ def run(*, quick: bool = False, compile_: bool = True, tokens: tuple[int, ...] =
         for rnd in range(rounds):
             echo(f"[logprobs] tokens={spec['tokens']} hidden={spec['hidden']} vocab={spec['vocab']} "
                  f"round {rnd + 1}/{rounds}")
-            rows += [{**r, **peer_versions()} for r in measure(spec, quick=quick, compile_=compile_ and not quick,
-                                                               device=device, echo=echo, rnd=rnd, arm_set=arm_set)]
+            rows += [{**r, **peers} for r in measure(spec, arm_set, quick=quick, device=device, rnd=rnd, echo=echo)]
             write_csv(rows, path)
     echo(format_table(rows, COLUMNS))
     echo("\n".join(verdicts(rows)))
