@@ -58,6 +58,7 @@ for s in "$@"; do
               stage export 60 python3 -m liger_rt.tools.cli export benchmarks/results/hopper.jsonl --arch hopper ;;
     profile)  stage profile 90 python3 benchmarks/profile_norms.py ;;
     profmoe)  stage profmoe 120 python3 benchmarks/profile_moe.py ;;
+    profhost) stage profhost ${PROFHOST_S:-120} python3 benchmarks/profile_host.py ${PROFHOST_ARGS:-} ;;
     profmodel) stage profmodel ${PROFMODEL_S:-200} python3 benchmarks/profile_model.py ${PROFMODEL_ARGS:-} ;;   # host-bound case: PROFMODEL_ARGS="--arms baseline,liger_rt --batch 1 --seq 512 --host"
     parity)   stage parity 300 python3 -m liger_rt.tools.cli parity --model qwen3 --preset qwen3-4b --dtype bf16 --device cuda ;;
     model)    stage model ${MODEL_S:-540} $B model --target ${MODEL_TARGET:-all} $Q ${MODEL_ARGS:-} ;;
@@ -74,11 +75,12 @@ for s in "$@"; do
                 stage parity_${mp%%:*} ${FAMPARITY_S:-150} python3 -m liger_rt.tools.cli parity --model ${mp%%:*} \
                   --preset ${mp#*:} --dtype bf16 --device cuda --flags rope=1,fused_linear_cross_entropy=1 --json
               done ;;
-    fammodel)   # issue 17: training steps of the new families (baseline, patched, patched, baseline)
-              for mpb in gemma3_text:gemma3-4b:2 mistral:mistral-7b-16L:4 mixtral:mixtral-8x7b-2L:4 qwen2:qwen2.5-7b-14L:2; do
+    fammodel)   # issue 17: training steps of the new families (baseline, patched, patched, baseline), rope patched
+              # like Liger-Kernel patches it; FAMMODELS="model:preset:batch ..." picks families
+              for mpb in ${FAMMODELS:-gemma3_text:gemma3-4b:2 mistral:mistral-7b-16L:4 mixtral:mixtral-8x7b-2L:4 qwen2:qwen2.5-7b-14L:2}; do
                 m=${mpb%%:*}; r=${mpb#*:}; p=${r%%:*}; b=${r#*:}
                 stage model_$p ${FAMMODEL_S:-150} $B model --model $m --preset $p --batch $b --seq 2048 --dtype bf16 \
-                  --device cuda --csv benchmarks/results/model_${p}_h200.csv ${FAMMODEL_ARGS:-}
+                  --device cuda --csv benchmarks/results/model_${p}_h200.csv ${FAMMODEL_ARGS:---flags rope=1}
               done ;;
     multigpu) # issue 21 items 1-3 on nvidia-h200-x2 (benchmarks/multi_gpu.py); MULTIGPU_PARTS picks parts, MULTIGPU_ARGS adds args
               export NCCL_NVLS_ENABLE=0

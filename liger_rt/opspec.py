@@ -193,7 +193,8 @@ class Op:
     lists the dims a sweep measures; reduce_len(dims) sizes the validation tolerance;
     crossover_axis(dims) is the quantity that decides between competing implementations.
     schema: the args of the custom op ("Tensor x, Tensor weight, float eps"); fake(config, *args)
-    -> (outputs, saved) as empty tensors; outputs: how many tensors the op returns.
+    -> (outputs, saved) as empty tensors; outputs: how many tensors the op returns; bwd_fake: the
+    backward op's fake where the gradients are not laid out like the inputs (default: contiguous).
     """
     name: str
     static: tuple[str, ...]
@@ -209,6 +210,7 @@ class Op:
     smem: Callable | None = None
     schema: str = ""
     fake: Callable | None = None
+    bwd_fake: Callable | None = None
     outputs: int = 1
     reduce_len: Callable[[dict], int] = lambda dims: 1
     heuristic_impl: Callable | None = None
@@ -536,7 +538,7 @@ def _build_custom_ops(op: Op):
                 for t, need in zip(tensors, needs)]
 
     for half, schema, kernel, fake in (("fwd", f"({op.schema}, str _config)", fwd, fwd_fake),
-                                       ("bwd", f"({bwd_schema})", bwd, bwd_fake)):
+                                       ("bwd", f"({bwd_schema})", bwd, op.bwd_fake or bwd_fake)):
         _LIB.define(f"{op.name}_{half}{schema} -> Tensor[]")
         _LIB.impl(f"{op.name}_{half}", kernel, "CompositeExplicitAutograd")
         torch.library.register_fake(f"liger_rt::{op.name}_{half}", fake, lib=_LIB)

@@ -375,17 +375,6 @@ def _plan(preset, arch, quick):
     return [{"heads_q": hq, "heads_k": hk, "head_dim": d, "tokens": t} for hq, hk, d in heads for t in tokens]
 
 
-OP = register(Op(
-    name="rope", static=("heads_q", "heads_k", "head_dim"), dynamic=("tokens",), dims=_dims,
-    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports,
-                keep=(2, 3)),   # the backward rotates the gradients by cos and sin: q and k are freed
-           Impl("torch", fn=_rope_torch)],
-    config=RoPEConfig, candidates=_configs, heuristic=_heuristic,
-    schema="Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim", fake=_fake, outputs=2,
-    make_case=_make_case, plan=_plan))
-
-
-@torch.library.register_fake("liger_rt::rope_bwd")
 def _bwd_fake(tensors, saved, grads, unsqueeze_dim, needs, config):
     """The runtime's backward fake promises contiguous gradients; this kernel writes dq and dk
     laid out (B, S, H, D) like HF's q and k (what the projections' backward reads without a copy),
@@ -393,3 +382,13 @@ def _bwd_fake(tensors, saved, grads, unsqueeze_dim, needs, config):
     q, k = tensors[0], tensors[1]
     return [_new_out(x, x.dtype, unsqueeze_dim) if need else q.new_empty(0) for x, need in zip((q, k), needs)] + \
         [q.new_empty(0), q.new_empty(0)]
+
+
+OP = register(Op(
+    name="rope", static=("heads_q", "heads_k", "head_dim"), dynamic=("tokens",), dims=_dims,
+    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports,
+                keep=(2, 3)),   # the backward rotates the gradients by cos and sin: q and k are freed
+           Impl("torch", fn=_rope_torch)],
+    config=RoPEConfig, candidates=_configs, heuristic=_heuristic,
+    schema="Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim", fake=_fake, bwd_fake=_bwd_fake, outputs=2,
+    make_case=_make_case, plan=_plan))

@@ -1,0 +1,106 @@
+"""Where the host time of one eager op call goes on a GPU, layer by layer, and cProfile's top functions.
+
+    python benchmarks/profile_host.py [--op rms_norm|swiglu|rope] [--calls 2000]
+
+Times (perf_counter mean of `calls` calls between two synchronisations, 256 rows: the kernels take
+a few microseconds, so the host is what is measured) each layer of the call from the bottom up:
+the allocations, the bound Triton run alone, the launcher with its allocations, the op under
+no_grad (dispatch, no autograd node), the op with an autograd node, and forward+backward with the
+autograd engine on the caller's thread; then cProfile's top functions by own time over the
+forward+backward on the caller's thread (cProfile sees one thread), which name the Python that
+the layers above cannot split.
+"""
+import argparse
+import cProfile
+import pstats
+import time
+
+import torch
+
+from liger_rt import dispatch, ops
+
+
+def per_call_us(fn, calls: int) -> float:
+    for _ in range(min(calls, 200)):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def caller_thread(fn):
+    def run():
+        with torch.autograd.set_multithreading_enabled(False):
+            return fn()
+    return run
+
+
+def layers(op_name: str):
+    dev, bf = "cuda", torch.bfloat16
+    if op_name == "rms_norm":
+        from liger_rt.kernels import rms_norm as k
+        x = torch.randn(256, 4096, device=dev, dtype=bf, requires_grad=True)
+        w = torch.randn(4096, device=dev, dtype=bf, requires_grad=True)
+        dy, xd, wd = torch.randn_like(x), x.detach(), w.detach()
+        cfg = dispatch.get_op("rms_norm").select(xd, rows=256, hidden=4096).config
+        y, rstd = k.rms_norm_fwd(xd, wd, 1e-6, 0.0, cfg)
+        run = k._fwd_launch(cfg, 256, 4096)
+        return {"torch.empty_like x2 (y, rstd)": lambda: (torch.empty_like(xd), torch.empty(256, device=dev)),
+                "bound Triton run (the forward kernel)": lambda: run(xd, wd, y, rstd, 4096, 4096, 256, 4096, 1e-6, 0.0),
+                "launcher rms_norm_fwd": lambda: k.rms_norm_fwd(xd, wd, 1e-6, 0.0, cfg),
+                "launcher rms_norm_bwd (2 kernels)": lambda: k.rms_norm_bwd(dy, xd, wd, rstd, 0.0, cfg),
+                "ops.rms_norm fwd, no_grad": lambda: _no_grad(lambda: ops.rms_norm(x, w)),
+                "ops.rms_norm fwd": lambda: ops.rms_norm(x, w),
+                "ops.rms_norm fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(ops.rms_norm(x, w), (x, w), dy),
+                "ops.rms_norm fwd+bwd, engine on the caller's thread": caller_thread(
+                    lambda: torch.autograd.grad(ops.rms_norm(x, w), (x, w), dy)),
+                "eager x*2 fwd+bwd, caller's thread": caller_thread(lambda: torch.autograd.grad(x * 2, (x,), dy))}
+    if op_name == "swiglu":
+        g = torch.randn(256, 8192, device=dev, dtype=bf, requires_grad=True)
+        u = torch.randn_like(g, requires_grad=True)
+        dy = torch.randn_like(g)
+        return {"ops.swiglu fwd": lambda: ops.swiglu(g, u),
+                "ops.swiglu fwd+bwd, engine on the caller's thread": caller_thread(
+                    lambda: torch.autograd.grad(ops.swiglu(g, u), (g, u), dy))}
+    q = torch.randn(1, 256, 16, 128, device=dev, dtype=bf).transpose(1, 2).requires_grad_()
+    kk = torch.randn(1, 256, 8, 128, device=dev, dtype=bf).transpose(1, 2).requires_grad_()
+    cos, sin = torch.randn(1, 256, 128, device=dev, dtype=bf), torch.randn(1, 256, 128, device=dev, dtype=bf)
+    dq, dk = torch.randn(q.shape, device=dev, dtype=bf), torch.randn(kk.shape, device=dev, dtype=bf)
+    return {"ops.rope fwd": lambda: ops.rope(q, kk, cos, sin),
+            "ops.rope fwd+bwd, engine on the caller's thread": caller_thread(
+                lambda: torch.autograd.grad(ops.rope(q, kk, cos, sin), (q, kk), (dq, dk)))}
+
+
+def _no_grad(fn):
+    with torch.no_grad():
+        return fn()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--op", default="rms_norm,swiglu,rope")
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--rows", type=int, default=22)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("profile_host needs a GPU")
+    for op_name in args.op.split(","):
+        probes = layers(op_name)
+        for name, fn in probes.items():
+            print(f"{op_name:9s} {name:55s} {per_call_us(fn, args.calls):8.1f} us")
+        last = list(probes.values())[-2 if op_name == "rms_norm" else -1]
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.calls // 4):
+            last()
+        torch.cuda.synchronize()
+        prof.disable()
+        print(f"-- cProfile, {op_name} fwd+bwd on the caller's thread, {args.calls // 4} calls, by own time")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(args.rows)
+
+
+if __name__ == "__main__":
+    main()
