@@ -152,3 +152,108 @@ def test_cpu_stub_probe_rows():
         ["floor: identity Function fwd+bwd", "floor: eager x*2 fwd+bwd"]
     assert all(r["us"] > 0 and "CPU stub" in r["method"] for r in rows)
     assert not any(k in os.environ for k in ("LIGER_RT_IMPL_RMS_NORM", "LIGER_RT_IMPL_SWIGLU", "LIGER_RT_IMPL_ROPE"))
+
+
+# -- BoundRun: a seen specialisation launches its compiled kernel without Triton's binding --------------
+
+class _Param:
+    def __init__(self, name, default=None):
+        self.name, self.default = name, default
+
+
+class _FakeCompiled:
+    """What the launch reads of a CompiledKernel; `launches` records each run's arguments."""
+
+    def __init__(self, tag):
+        self.tag, self.function, self.packed_metadata, self.launches = tag, f"fn-{tag}", f"meta-{tag}", []
+
+    def launch_metadata(self, grid, stream, *args):
+        return ("md", grid, stream, len(args))
+
+    def run(self, *args):
+        self.launches.append(args)
+
+
+class _FakeKernel:
+    """kernel(x, y, n, eps, BLOCK: constexpr, FLAG: constexpr = 7); run() compiles per
+    specialisation (Triton's, written out here) and returns the compiled kernel, as the JIT run does."""
+    params = [_Param("x"), _Param("y"), _Param("n"), _Param("eps"), _Param("BLOCK"), _Param("FLAG", 7)]
+
+    def __init__(self):
+        self.runs, self.cache = [], {}
+
+    def run(self, *args, grid, warmup, **meta):
+        self.runs.append(args)
+        spec = tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else
+                     ("1" if a == 1 else "D" if a % 16 == 0 else "i32" if abs(a) < 2**31 else "i64")
+                     if type(a) is int else type(a).__name__ for a in args)
+        return self.cache.setdefault(spec, _FakeCompiled(len(self.cache)))
+
+
+@pytest.fixture
+def fast_bound(monkeypatch):
+    """BoundRun's fast path on CPU: a GPU 'present' on device 0, stream 1234, no interpreter."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    device = {"index": 0}
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: device["index"])
+    monkeypatch.setattr(_common, "_current_stream", lambda d: 1234 + d)
+    kernel = _FakeKernel()
+    return kernel, _common.bind(kernel, (5,), BLOCK=64, num_warps=4), device
+
+
+def test_bound_run_launches_a_seen_specialisation_directly(fast_bound):
+    kernel, run, _ = fast_bound
+    x, y = torch.zeros(64), torch.zeros(64)
+    first = run(x, y, 48, 1e-6)
+    assert len(kernel.runs) == 1 and first.launches == []         # Triton's run launched it
+    second = run(x.clone(), y, 96, 2e-6)                             # same specialisation
+    assert second is first and len(kernel.runs) == 1
+    (launch,) = first.launches
+    # grid padded to 3, stream, function, packed metadata, launch metadata, the two hooks, then
+    # every bound arg in signature order: ours, the meta-parameter given, the default
+    assert launch[:6] == (5, 1, 1, 1234, "fn-0", "meta-0")
+    assert launch[6] == ("md", (5, 1, 1), 1234, 6)
+    assert launch[11:13] == (96, 2e-6) and launch[13:] == (64, 7)
+
+
+@pytest.mark.parametrize("change", ["unaligned tensor", "int equal to 1", "int not divisible by 16",
+                                    "int beyond i32", "bool for int", "dtype", "device"])
+def test_bound_run_a_new_specialisation_goes_through_triton(fast_bound, change):
+    kernel, run, device = fast_bound
+    x, y = torch.zeros(64), torch.zeros(64)
+    args = [x, y, 48, 1e-6]
+    run(*args)
+    run(*args)
+    assert len(kernel.runs) == 1
+    if change == "unaligned tensor":
+        args[0] = x[1:]
+    elif change == "int equal to 1":
+        args[2] = 1
+    elif change == "int not divisible by 16":
+        args[2] = 50
+    elif change == "int beyond i32":
+        args[2] = 2**33
+    elif change == "bool for int":
+        args[2] = True
+    elif change == "dtype":
+        args[1] = y.double()
+    else:
+        device["index"] = 1
+    run(*args)
+    assert len(kernel.runs) == 2          # not the kernel compiled for the first specialisation
+    run(*args)
+    assert len(kernel.runs) == 2          # ... and kept for the next call
+
+
+def test_bound_run_takes_tritons_run_for_unknown_args_and_the_interpreter(fast_bound, monkeypatch):
+    kernel, run, _ = fast_bound
+    x = torch.zeros(64)
+    for _ in range(3):
+        run(x, x, 48, object())
+    assert len(kernel.runs) == 3
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    interpreted = _common.bind(kernel, (5,), BLOCK=64)
+    for _ in range(3):
+        interpreted(x, x, 48, 1e-6)
+    assert len(kernel.runs) == 6
