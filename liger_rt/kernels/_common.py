@@ -72,71 +72,9 @@ def launch_memo(fn):
 
 
 def bind(kernel, grid: tuple, **meta):
-    """`kernel[grid](*args, **meta)` as one callable to memoise: the grid and meta-parameters bound,
-    each compiled specialisation launched directly once Triton has picked it (:class:`BoundRun`)."""
-    return BoundRun(kernel, grid, meta)
-
-
-class BoundRun:
-    """`kernel.run(*args, grid=grid, warmup=False, **meta)` without Triton's per-call binding once an
-    argument specialisation has been seen.
-
-    Triton's JIT run binds the arguments, specialises each one (a tensor's dtype and 16-byte
-    alignment; an int's equality to 1, divisibility by 16 and width), hashes that into a cache key,
-    looks the compiled kernel up and checks the kernel's globals: ~25 us of host time per launch on
-    the H200's host, against a few for the launch itself.  Here the first call with a specialisation
-    goes through that run (it compiles if needed, launches and returns the compiled kernel); later
-    calls with the same specialisation (:func:`_arg_key`, at least as fine as Triton's) launch that
-    kernel the way the run does: its launch metadata and the launch hooks as they are now, on the
-    current device's current stream.  The interpreter (no compiled kernel) and an argument of a type
-    the key does not know take Triton's run every time."""
-    __slots__ = ("kernel", "grid", "meta", "_fast", "_compiled", "_tail")
-
-    def __init__(self, kernel, grid: tuple, meta: dict):
-        self.kernel, self.grid, self.meta = kernel, tuple(grid) + (1,) * (3 - len(grid)), meta
-        self._fast = hasattr(triton, "knobs") and not interpreter_on() and torch.cuda.is_available()
-        self._compiled: dict = {}
-        self._tail = None
-
-    def __call__(self, *args):
-        key = _arg_key(args) if self._fast else None
-        compiled = self._compiled.get(key)
-        if compiled is None:
-            return self._run_and_keep(key, args)
-        stream, full, g, hooks = _current_stream(key[0]), (*args, *self._tail), self.grid, triton.knobs.runtime
-        compiled.run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata,
-                     compiled.launch_metadata(g, stream, *full), hooks.launch_enter_hook, hooks.launch_exit_hook, *full)
-        return compiled
-
-    def _run_and_keep(self, key, args):
-        compiled = self.kernel.run(*args, grid=self.grid, warmup=False, **self.meta)
-        if key is not None and all(hasattr(compiled, a) for a in ("function", "packed_metadata", "launch_metadata")):
-            if self._tail is None:
-                self._tail = tuple(self.meta[p.name] if p.name in self.meta else p.default
-                                   for p in self.kernel.params[len(args):])     # the run's bound args after ours
-            self._compiled[key] = compiled
-        return compiled
-
-
-def _arg_key(args: tuple):
-    """(current device, one entry per arg), or None where an arg's type is not one of these."""
-    key = [torch.cuda.current_device()]
-    for a in args:
-        t = type(a)
-        if t is int:
-            key.append((a == 1, a % 16 == 0, -0x80000000 <= a <= 0x7FFFFFFF, a < 0x8000000000000000))
-        elif t is float or t is bool or a is None:
-            key.append(t)
-        elif isinstance(a, torch.Tensor):
-            key.append((a.dtype, a.data_ptr() % 16 == 0))
-        else:
-            return None
-    return tuple(key)
-
-
-def _current_stream(device: int) -> int:
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)      # what Triton's driver reads
-    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    """`kernel[grid](*args, **meta)` as one callable to memoise: the JIT function's run with the grid
+    and meta-parameters bound (kernel[grid] builds a lambda around the same run on every call)."""
+    return functools.partial(kernel.run, grid=grid, warmup=False, **meta)
 
 
 def clear_launch_memos() -> None:
