@@ -76,10 +76,11 @@ for s in "$@"; do
                   --preset ${mp#*:} --dtype bf16 --device cuda --flags rope=1,fused_linear_cross_entropy=1 --json
               done ;;
     fammodel)   # issue 17: training steps of the new families (baseline, patched, patched, baseline), rope patched
-              # like Liger-Kernel patches it; FAMMODELS="model:preset:batch ..." picks families
-              for mpb in ${FAMMODELS:-gemma3_text:gemma3-4b:2 mistral:mistral-7b-16L:4 mixtral:mixtral-8x7b-2L:4 qwen2:qwen2.5-7b-14L:2}; do
-                m=${mpb%%:*}; r=${mpb#*:}; p=${r%%:*}; b=${r#*:}
-                stage model_$p ${FAMMODEL_S:-150} $B model --model $m --preset $p --batch $b --seq 2048 --dtype bf16 \
+              # like Liger-Kernel patches it; FAMMODELS="model:preset:batch[:seconds] ..." picks families
+              # (mixtral: Liger-Kernel's fused MoE autotunes on its first call, 150 s was not enough)
+              for mpb in ${FAMMODELS:-gemma3_text:gemma3-4b:2 mistral:mistral-7b-16L:4 mixtral:mixtral-8x7b-2L:4:300 qwen2:qwen2.5-7b-14L:2}; do
+                IFS=: read -r m p b secs <<< "$mpb"
+                stage model_$p ${secs:-${FAMMODEL_S:-150}} $B model --model $m --preset $p --batch $b --seq 2048 --dtype bf16 \
                   --device cuda --csv benchmarks/results/model_${p}_h200.csv ${FAMMODEL_ARGS:---flags rope=1}
               done ;;
     multigpu) # issue 21 items 1-3 on nvidia-h200-x2 (benchmarks/multi_gpu.py); MULTIGPU_PARTS picks parts, MULTIGPU_ARGS adds args
