@@ -36,10 +36,10 @@ def _parse_shape(text: str) -> dict:
     return dims
 
 
-def _check_arch(name: str) -> str:
+def _check_arch(name: str | None) -> str | None:
     from liger_rt import backend
-    name = name.lower()
-    if name not in backend.ARCH_NAMES:
+    name = name and name.lower()
+    if name and name not in backend.ARCH_NAMES:
         raise click.BadParameter(f"unknown arch {name!r}; valid: {', '.join(backend.ARCH_NAMES)}", param_hint="--arch")
     return name
 
@@ -117,6 +117,7 @@ class _Group(click.Group):
 @click.option("--debug", is_flag=True, help="Show the traceback of a failure (also accepted after the verb).")
 def main(debug):
     """Fill and inspect the liger_rt tuning database."""
+    _cpu_interpreter()      # before any verb imports a kernel module
 
 
 def _open_user(db_path: str | None, *, readonly: bool, must_exist: bool = True, create: bool = True):
@@ -140,7 +141,6 @@ def _open_user(db_path: str | None, *, readonly: bool, must_exist: bool = True, 
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def doctor(as_json):
     """Arch, device, versions, DB paths, sizes and row health (ok/stale/bad), env in force."""
-    _cpu_interpreter()
     info = doctor_report()
     if as_json:
         click.echo(json.dumps(info, indent=1, default=str))
@@ -237,8 +237,7 @@ def doctor_report() -> dict:
             db["user_error"] = str(exc)
         except Exception as exc:     # e.g. locked while reading rows
             db["user_error"] = f"{type(exc).__name__}: {exc}"
-    shipped = tuning_db.store.shipped_defaults()
-    db["shipped_health"], db["shipped_bad"] = _health(shipped)
+    db["shipped_health"], db["shipped_bad"] = _health(tuning_db.store.shipped_defaults())
     files = [p.name for p in (resources.files("liger_rt.tuning_db") / "defaults").iterdir() if p.name.endswith(".jsonl")]
     db["shipped_files"] = ", ".join(sorted(files)) or "none"
     return {"arch": arch, "device": device, "versions": versions, "db": db, "env": snap,
@@ -284,8 +283,6 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
     ops = _check_ops(ops) if ops else list(dispatch.OP_MODULES)
     if shapes and len(ops) != 1:
         raise click.UsageError("--shape needs exactly one --op")
-    if arch_name == "cpu":
-        _cpu_interpreter()
     for d in dtypes:
         try:
             parse_dtype(d)
@@ -370,13 +367,11 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def show(op, arch_name, db_path, as_json):
     """List tuning entries and crossovers (user DB over shipped defaults), each ok / stale / bad."""
-    _cpu_interpreter()
     from liger_rt import dispatch, tuning_db  # noqa: F401  (the registry rows are judged against)
     from liger_rt.tuning_db.store import classify, op_arch_where
     if op:
         _check_ops([op])
-    if arch_name:
-        arch_name = _check_arch(arch_name)
+    arch_name = _check_arch(arch_name)
     where, args = op_arch_where(op, arch_name)
     user_error, layers = None, [tuning_db.store.shipped_defaults()]
     try:
@@ -392,12 +387,9 @@ def show(op, arch_name, db_path, as_json):
                 status, why = classify(table, r)
                 r["layer"], r["status"], r["why"] = layer.layer, status, why
                 r["fresh"] = {"ok": "yes", "stale": "STALE", "bad": "BAD"}[status]
-                for col in ("config", "segments"):
-                    if col in r:
-                        try:
-                            r[col] = json.loads(r[col])
-                        except (TypeError, ValueError):
-                            pass
+                for col in r.keys() & {"config", "segments"}:
+                    with contextlib.suppress(TypeError, ValueError):
+                        r[col] = json.loads(r[col])
                 out.append(r)
     if as_json:
         click.echo(json.dumps({"tuning": tuning, "crossover": cross, "user_error": user_error}, indent=1, default=str))
@@ -428,11 +420,9 @@ def show(op, arch_name, db_path, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def explain(op, shape, dtype, arch_name, as_json):
     """Which implementation and config the dispatcher picks for a shape, and why."""
-    _cpu_interpreter()
     from liger_rt import dispatch
     _check_ops([op])
-    if arch_name:
-        arch_name = _check_arch(arch_name)
+    arch_name = _check_arch(arch_name)
     dims = _parse_shape(shape)
     try:
         d = dispatch.select(op, dtype=dtype, arch=arch_name, **dims)
@@ -444,12 +434,10 @@ def explain(op, shape, dtype, arch_name, as_json):
                               indent=1, default=str))
         return
     click.echo(f"{d.op} on {d.arch}, {d.dtype}, {', '.join(f'{k}={v}' for k, v in d.dims.items())}")
-    click.echo(f"  impl    {d.impl}")
-    click.echo(f"  config  {json.dumps(dispatch.config_dict(d.config))}")
-    click.echo(f"  origin  {d.origin}")
-    click.echo(f"  why     {d.reason}")
-    if note:
-        click.echo(f"  note    {note}")
+    for label, value in (("impl", d.impl), ("config", json.dumps(dispatch.config_dict(d.config))),
+                         ("origin", d.origin), ("why", d.reason), ("note", note)):
+        if label != "note" or note:
+            click.echo(f"  {label:7} {value}")
 
 
 def _crossover_note(op, d) -> str | None:
@@ -478,11 +466,9 @@ def _crossover_note(op, d) -> str | None:
 @click.option("--db", "db_path", default=None, help="DB to read (default: LIGER_RT_TUNING_DB or the user cache).")
 def export_cmd(file, arch_name, shipped, db_path):
     """Write the user DB (and with --shipped the shipped defaults) as JSON lines; '-' for stdout."""
-    _cpu_interpreter()
     from liger_rt import dispatch, tuning_db  # noqa: F401  (the registry rows are judged against)
     from liger_rt.tuning_db.store import classify, dump_jsonl
-    if arch_name:
-        arch_name = _check_arch(arch_name)
+    arch_name = _check_arch(arch_name)
     user = _open_user(db_path, readonly=True, must_exist=not shipped)
     layers = ([user] if user is not None else []) + ([tuning_db.store.shipped_defaults()] if shipped else [])
     bad = []
@@ -516,7 +502,6 @@ def export_cmd(file, arch_name, shipped, db_path):
 @click.option("--db", "db_path", default=None, help="DB to write (default: LIGER_RT_TUNING_DB or the user cache).")
 def import_cmd(file, db_path):
     """Merge an export into the user DB: all records or none, validated; importing twice changes nothing."""
-    _cpu_interpreter()
     from liger_rt import dispatch  # noqa: F401  (the registry records are validated against)
     from liger_rt.tuning_db import TuningDBError
     from liger_rt.tuning_db.store import load_jsonl
@@ -543,15 +528,13 @@ def import_cmd(file, db_path):
 @click.option("--db", "db_path", default=None, help="DB to prune (default: LIGER_RT_TUNING_DB or the user cache).")
 def prune(stale, invalid, op, arch_name, dry_run, db_path):
     """Remove stale (--stale) or invalid (--invalid) entries, or every entry of an op/arch."""
-    _cpu_interpreter()
     from liger_rt import dispatch  # noqa: F401  (the registry rows are judged against)
     from liger_rt.tuning_db import TuningDBError
     if not (stale or invalid or op or arch_name):
         raise click.UsageError("say what to prune: --stale, --invalid, --op OP and/or --arch ARCH")
     if op:
         _check_ops([op])
-    if arch_name:
-        arch_name = _check_arch(arch_name)
+    arch_name = _check_arch(arch_name)
     try:
         store = _open_user(db_path, readonly=dry_run, create=False)
     except TuningDBError as exc:
