@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import importlib
 import datetime
 import gc
+import importlib
 import json
 import os
 import re
 import shutil
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
@@ -31,19 +32,23 @@ FORCED = ("triton", "grouped_mm")          # our implementations forced by env: 
 
 # -- versions, CSV, tables ------------------------------------------------------------------------
 
+def dist_version(dist: str) -> str | None:
+    """The installed version of a distribution (package metadata), or None."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def versions() -> dict:
     """Device, date and the installed version of torch and of every peer (package metadata)."""
-    from importlib import metadata
     cuda = torch.version.cuda or (f"hip {torch.version.hip}" if torch.version.hip else "")
     out = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "cuda": cuda,
            "date": datetime.date.today().isoformat()}
     for col, dist in (("torch", "torch"), ("triton", "triton"), ("transformers", "transformers"),
-                      ("liger_kernel", "liger-kernel"), ("liger_rt", "liger-rt")):
-        try:
-            out[col] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[col] = source_version() if col == "liger_rt" else "not installed"
-    return out
+                      ("liger_kernel", "liger-kernel")):
+        out[col] = dist_version(dist) or "not installed"
+    return {**out, "liger_rt": dist_version("liger-rt") or source_version()}
 
 
 def source_version() -> str:
@@ -142,13 +147,18 @@ def measure_ceilings(*, quick: bool = False) -> dict:
     return {"copy_GBps": copy, "bf16_matmul_TFLOPs": mm, "device": torch.cuda.get_device_name()}
 
 
+def wall_ms(fn: Callable, quick: bool) -> float:
+    """Median wall ms of fn() by triton.testing.do_bench (CUDA)."""
+    from triton.testing import do_bench
+    return float(do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100, return_mode="median"))
+
+
 def time_fn(fn: Callable, device: str, quick: bool = False) -> tuple[float, float | None, str]:
     """(wall ms, device ms or None, how the device time was taken or why there is none)."""
     from liger_rt import autotune
     if device != "cuda":
         return autotune.measure(fn, device, quick=quick), None, "none: cpu"
-    from triton.testing import do_bench
-    wall = float(do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100, return_mode="median"))
+    wall = wall_ms(fn, quick)
     try:
         return wall, autotune.graph_ms(fn), "cuda-graph"
     except Exception as exc:        # an arm that cannot be captured keeps its wall time
@@ -178,20 +188,20 @@ def rel_err(a, b) -> float:
 
 
 @contextlib.contextmanager
-def impl_env(op: str, impl: str | None):
-    """Run under LIGER_RT_IMPL_<OP>=impl (None: the environment as it is), decisions re-made."""
+def dispatch_env(**values: str):
+    """Run with these environment variables set (restored after), dispatch decisions re-made."""
     from liger_rt import dispatch
-    key = f"LIGER_RT_IMPL_{op.upper()}"
-    old = os.environ.get(key)
-    if impl:
-        os.environ[key] = impl
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     dispatch.reset()
     try:
         yield
     finally:
-        if impl:
-            os.environ.pop(key)
-            os.environ.update({} if old is None else {key: old})
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         dispatch.reset()
 
 
@@ -289,7 +299,7 @@ def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: 
         ins, dy = tuple(_copy(t) for t in case.inputs), None if case.dy is None else case.dy.clone()
         fns = {"fwd": lambda: arm.fn(*ins), "fwdbwd": lambda: _grads(arm.fn, ins, dy)}
         try:
-            with impl_env(case.op, impl):
+            with dispatch_env(**({f"LIGER_RT_IMPL_{case.op.upper()}": impl} if impl else {})):
                 out, grads = _grads(arm.fn, ins, dy)
                 errs = [rel_err(g, r) for g, r in zip(grads, ref_grads) if g is not None and r is not None]
                 common = {**base, "config": arm.desc() if callable(arm.desc) else arm.desc,

@@ -17,19 +17,18 @@ from typing import Callable
 
 import torch
 
-from .harness import peer, time_fn
+from .harness import dispatch_env, peer, time_fn
 
 
 def _per_call_us(fn: Callable, calls: int, sync: bool, clock: Callable = time.perf_counter) -> float:
+    sync = torch.cuda.synchronize if sync else (lambda: None)
     for _ in range(min(calls, 1000)):
         fn()
-    if sync:
-        torch.cuda.synchronize()
+    sync()
     t0 = clock()
     for _ in range(calls):
         fn()
-    if sync:
-        torch.cuda.synchronize()
+    sync()
     return (clock() - t0) / calls * 1e6
 
 
@@ -146,9 +145,6 @@ class StubbedLaunches:
         clear_launch_memos()           # ... and with the stub bound
 
 
-_STUB_ENV = ("TRITON_INTERPRET", "LIGER_RT_IMPL_RMS_NORM", "LIGER_RT_IMPL_SWIGLU", "LIGER_RT_IMPL_ROPE")
-
-
 def _stub_probes(rows: int, hidden: int) -> dict[str, tuple[str | None, Callable]]:
     """name -> (the op whose forward this is, or None; the call): rms_norm and swiglu on (rows,
     hidden) bf16; rope as Qwen3-1.7B calls it (16 q / 8 kv heads, head_dim 128, `rows` positions;
@@ -176,50 +172,35 @@ def _stub_probes(rows: int, hidden: int) -> dict[str, tuple[str | None, Callable
 
 def cpu_stub(repeats: int = 7, calls: int = 2000, rows: int = 16, hidden: int = 1024,
              echo: Callable = print) -> list[dict]:
-    """Host microseconds of rms_norm, swiglu and rope forward and forward+backward through the
-    real Python path on CPU tensors, the Triton launches stubbed (:class:`StubbedLaunches`);
-    median over `repeats` of the mean of `calls` calls, beside the floors (an identity autograd
-    Function, eager x * 2).  Timed in this thread's CPU time (time.thread_time: on CPU tensors the
-    autograd engine runs the backward on the calling thread), so other processes on a shared
-    machine do not inflate it.  Sets TRITON_INTERPRET=1 and LIGER_RT_IMPL_<OP>=triton for the run
-    (so dispatch takes the Triton path on CPU; each decision is made once, on the first call) and
-    restores them."""
-    import os
+    """Host microseconds of rms_norm, swiglu and rope fwd and fwd+bwd through the real Python path on CPU
+    tensors, Triton launches stubbed (:class:`StubbedLaunches`), beside the floors (an identity autograd
+    Function, eager x * 2): the median over `repeats` of the mean of `calls` calls in this thread's CPU
+    time (on CPU tensors autograd runs the backward on the calling thread; other processes do not count).
+    TRITON_INTERPRET=1 and LIGER_RT_IMPL_<OP>=triton during the run: dispatch takes the Triton path."""
     import statistics
 
-    from liger_rt import dispatch
     from liger_rt.kernels import rms_norm, rope, swiglu
 
-    saved_env = {k: os.environ.get(k) for k in _STUB_ENV}
-    os.environ.update({k: "triton" for k in _STUB_ENV[1:]}, TRITON_INTERPRET="1")
-    dispatch.reset()
     rows_out = []
-    try:
+    with dispatch_env(TRITON_INTERPRET="1", LIGER_RT_IMPL_RMS_NORM="triton", LIGER_RT_IMPL_SWIGLU="triton",
+                      LIGER_RT_IMPL_ROPE="triton"), StubbedLaunches(rms_norm, swiglu, rope) as stub:
         probes = _stub_probes(rows, hidden)
-        with StubbedLaunches(rms_norm, swiglu, rope) as stub:
-            for name, (op, fn) in probes.items():
-                if op is not None:          # each forward launches its one kernel: the triton path
-                    before = stub.launches
-                    fn()
-                    if stub.launches != before + 1:
-                        raise RuntimeError(f"cpu stub: {op} made {stub.launches - before} stubbed launches; "
-                                           "expected 1 (the triton path)")
-            for name, (_, fn) in probes.items():
-                samples = [_per_call_us(fn, calls, sync=False, clock=time.thread_time) for _ in range(repeats)]
-                shape = f"q 1x16x{rows}x128" if "rope" in name else f"{rows}x{hidden}"
-                rows_out.append({"what": name, "us": round(statistics.median(samples), 2),
-                                 "min_us": round(min(samples), 2), "shape": shape,
-                                 "python": platform.python_version(), "torch": torch.__version__,
-                                 "cpu": platform.processor() or platform.machine(),
-                                 "method": f"CPU stub (Triton launches no-ops): median of {repeats} means "
-                                           f"of {calls} calls, this thread's CPU time"})
-    finally:
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        dispatch.reset()
+        for name, (op, fn) in probes.items():
+            if op is not None:          # each forward launches its one kernel: the triton path
+                before = stub.launches
+                fn()
+                if stub.launches != before + 1:
+                    raise RuntimeError(f"cpu stub: {op} made {stub.launches - before} stubbed launches; "
+                                       "expected 1 (the triton path)")
+        for name, (_, fn) in probes.items():
+            samples = [_per_call_us(fn, calls, sync=False, clock=time.thread_time) for _ in range(repeats)]
+            shape = f"q 1x16x{rows}x128" if "rope" in name else f"{rows}x{hidden}"
+            rows_out.append({"what": name, "us": round(statistics.median(samples), 2),
+                             "min_us": round(min(samples), 2), "shape": shape,
+                             "python": platform.python_version(), "torch": torch.__version__,
+                             "cpu": platform.processor() or platform.machine(),
+                             "method": f"CPU stub (Triton launches no-ops): median of {repeats} means "
+                                       f"of {calls} calls, this thread's CPU time"})
     for r in rows_out:
         echo(f"{r['what']:45s} {r['shape']:>15s} {r['us']:8.2f} us (min {r['min_us']:.2f})  {r['method']}")
     return rows_out
@@ -232,10 +213,8 @@ def main(argv=None) -> int:
                                 description="Host microseconds of rms_norm, swiglu and rope fwd+bwd on CPU, "
                                             "Triton launches stubbed.")
     p.add_argument("--cpu-stub", action="store_true", required=True, help="the CPU stub probe (no GPU needed)")
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--calls", type=int, default=2000)
-    p.add_argument("--rows", type=int, default=16)
-    p.add_argument("--hidden", type=int, default=1024)
+    for name, default in (("--repeats", 7), ("--calls", 2000), ("--rows", 16), ("--hidden", 1024)):
+        p.add_argument(name, type=int, default=default)
     a = p.parse_args(argv)
     if min(a.repeats, a.calls, a.rows, a.hidden) < 1:
         p.error("--repeats, --calls, --rows and --hidden must be positive")

@@ -2,39 +2,38 @@
 
     python -m liger_rt.tools.bench.logprobs [--quick] [--no-compile] [--tokens 8192] [--out DIR]
 
-Cases: bf16 (tokens, hidden, vocab) = (16384, 2560, 151936) and (8192, 2048, 65536), 10% ignored
-targets, temperature 1.  Passes:
-- `fwdbwd`: log-probs and entropy, then autograd.grad of sum(lp * g_lp + H * g_H) into x and W with
-  random upstream gradients g_lp, g_H (what a PPO/GRPO loss does to them);
+Cases: bf16 (tokens, hidden, vocab) = (16384, 2560, 151936) and (8192, 2048, 65536), 10% ignored targets,
+temperature 1.  Passes:
+- `fwdbwd`: log-probs and entropy, then autograd.grad of sum(lp * g_lp + H * g_H) into x and W with random
+  upstream gradients g_lp, g_H (what a PPO/GRPO loss does to them);
 - `fwd_nograd`: log-probs and entropy under torch.no_grad() (old-policy and reference-model log-probs).
 Arms:
 - `liger_rt`: liger_rt.ops.fused_linear_logprobs (whatever dispatch picks; the config is recorded);
-- `eager`: the materialised path RL code runs today: logits = x @ W.T (bf16), log_softmax of
-  logits.float() / T, gather, entropy = -(p * logp).sum(-1); `compile`: torch.compile of it;
-- `trl`: TRL's tiled fused LM head (trl.kernels.ChunkedLogProbFunction, as trl's add_fused_lm_head
-  calls it: valid rows compacted, 32768-wide vocab tiles, entropy requested);
-- `liger_kernel`: Liger-Kernel's selected-token log-probs (liger_kernel.ops.grpo_loss.
-  fused_selective_log_softmax) on materialised bf16 logits: no-grad and log-probs only, so it runs
-  in `fwd_nograd` and its `fwdbwd` row says why it is absent.
+- `eager`: the materialised path RL code runs today: logits = x @ W.T (bf16), log_softmax of logits.float() / T,
+  gather, entropy = -(p * logp).sum(-1); `compile`: torch.compile of it;
+- `trl`: TRL's tiled fused LM head (trl.kernels.ChunkedLogProbFunction, as trl's add_fused_lm_head calls it:
+  valid rows compacted, 32768-wide vocab tiles, entropy requested);
+- `liger_kernel`: Liger-Kernel's selected-token log-probs (liger_kernel.ops.grpo_loss.fused_selective_log_softmax)
+  on materialised bf16 logits: no-grad and log-probs only, so its `fwdbwd` row says why it is absent.
 An arm whose package does not import is skipped with the reason.  Columns: `ms` (median wall time,
-triton.testing.do_bench), `dev_ms` (liger_rt.autotune.time_fn: CUDA-graph device time, or do_bench
-where the arm cannot be captured; `dev_ms_method` says which), `peak_GB` (memory the call allocates
-beyond what is live before it, the gradients it returns included), `err_lp`/`err_ent` (max abs
-against an fp64 formula of the same bf16 inputs), `err_dx`/`err_dw` (relative L2 against fp64).
-The CSV (logprobs_<device>[_quick].csv) carries the version of every peer.
+triton.testing.do_bench), `dev_ms` (liger_rt.autotune.time_fn: CUDA-graph device time, or do_bench where the arm
+cannot be captured; `dev_ms_method` says which), `peak_GB` (memory the call allocates beyond what is live before
+it, the gradients it returns included), `err_lp`/`err_ent` (max abs against an fp64 formula of the same bf16
+inputs), `err_dx`/`err_dw` (relative L2 against fp64).  The CSV (logprobs_<device>[_quick].csv) carries the
+version of every peer.
 """
 from __future__ import annotations
 
 import gc
 import json
-from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
 import click
 import torch
 
-from .harness import device_tag, format_table, no_gpu_message, peak_extra_gb, peer, versions, write_csv
+from .harness import (device_tag, dist_version, format_table, no_gpu_message, peak_extra_gb, peer, versions, wall_ms,
+                      write_csv)
 
 OP = "fused_linear_logprobs"
 SPECS = [dict(op=OP, tokens=8192, hidden=2048, vocab=65536, quick=True),
@@ -158,8 +157,7 @@ def _timed(fn: Callable, quick: bool, device: str) -> dict:
     from liger_rt import autotune
     if device != "cuda":        # the plumbing check on CPU: wall time only
         return {"ms": autotune.measure(fn, device, quick=True), "dev_ms": None, "dev_ms_method": "n/a on cpu"}
-    from triton.testing import do_bench
-    wall = float(do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100, return_mode="median"))
+    wall = wall_ms(fn, quick)
     dev, method = autotune.time_fn(fn, "cuda", quick=quick)
     return {"ms": wall, "dev_ms": dev, "dev_ms_method": method, "peak_GB": peak_extra_gb(fn)}
 
@@ -276,16 +274,6 @@ def verdicts(rows: list[dict]) -> list[str]:
     return lines
 
 
-def peer_versions() -> dict:
-    out = {}
-    for col, dist in PEERS.items():
-        try:
-            out[col] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[col] = "not installed"
-    return out
-
-
 COLUMNS = ["tokens", "hidden", "vocab", "round", "impl", "pass", "ms", "dev_ms", "dev_ms_method", "peak_GB", "vs_compile",
            "err_lp", "err_ent", "err_dx", "err_dw", "error"]
 
@@ -297,7 +285,7 @@ def run(*, quick: bool = False, compile_: bool = True, tokens: tuple[int, ...] =
     specs = [s for s in (specs or SPECS) if (s.get("quick") or not quick) and (not tokens or s["tokens"] in tokens)]
     if not specs:
         raise ValueError(f"no case has tokens in {list(tokens)}; cases: {', '.join(str(s['tokens']) for s in SPECS)}")
-    peers = peer_versions()
+    peers = {col: dist_version(dist) or "not installed" for col, dist in PEERS.items()}
     echo(f"versions: {({**versions(), **peers})}")
     path = Path(out_dir) / f"logprobs_{device_tag()}{'_quick' if quick else ''}.csv"
     rows: list[dict] = []
