@@ -11,7 +11,6 @@ Config keyword names used here exist in transformers 5.17 and 5.24.
 """
 from __future__ import annotations
 
-import contextlib
 import importlib
 from typing import Any
 
@@ -27,11 +26,6 @@ def _resolve(preset: str | Preset) -> Preset:
     return preset if isinstance(preset, Preset) else get_preset(preset)
 
 
-def _lfm2_layer_types(p: Preset) -> list[str]:
-    # given explicitly: Lfm2MoeConfig with fewer layers than the default fails to build otherwise
-    return ["full_attention" if i in p.attention_layers else "conv" for i in range(p.layers)]
-
-
 def _text_kwargs(p: Preset) -> dict[str, Any]:
     common = dict(vocab_size=p.vocab, hidden_size=p.hidden, intermediate_size=p.intermediate,
                   num_hidden_layers=p.layers, num_attention_heads=p.heads, num_key_value_heads=p.kv_heads,
@@ -44,7 +38,9 @@ def _text_kwargs(p: Preset) -> dict[str, Any]:
         common.update(num_experts=p.experts, num_experts_per_tok=p.top_k, moe_intermediate_size=p.moe_intermediate,
                       decoder_sparse_step=1, norm_topk_prob=True)
     if p.model_type in ("lfm2", "lfm2_moe", "lfm2_vl"):
-        common.update(layer_types=_lfm2_layer_types(p), conv_L_cache=p.conv_kernel, conv_bias=False)
+        # layer_types given explicitly: Lfm2MoeConfig with fewer layers than the default fails to build otherwise
+        common.update(layer_types=["full_attention" if i in p.attention_layers else "conv" for i in range(p.layers)],
+                      conv_L_cache=p.conv_kernel, conv_bias=False)
         if p.model_type != "lfm2_moe":
             # presets hold the effective MLP width (HF's auto-adjust already applied)
             common.update(block_auto_adjust_ff_dim=False)
@@ -85,16 +81,6 @@ def build_config(preset: str | Preset, **overrides):
     return AutoConfig.for_model("lfm2_vl", **kwargs)
 
 
-@contextlib.contextmanager
-def _default_device(device):
-    prev = torch.get_default_device() if hasattr(torch, "get_default_device") else None
-    torch.set_default_device(device)
-    try:
-        yield
-    finally:
-        torch.set_default_device(prev)
-
-
 def model_class(model_type: str):
     """The class `build_model` instantiates for a model type."""
     if model_type == "lfm2_vl":
@@ -123,7 +109,7 @@ def build_model(preset: str | Preset, dtype: torch.dtype = torch.float32, device
         attn_implementation = "eager"       # Gemma 2: SDPA has no attention-logit softcapping
     config._attn_implementation = attn_implementation
     torch.manual_seed(seed)
-    with _default_device(device):
+    with torch.device(device):
         model = cls._from_config(config, dtype=torch.float32) if hasattr(cls, "_from_config") else cls(config)
     model = model.to(dtype=dtype)
     model.train()
