@@ -6,6 +6,7 @@ candidate that fails to compile or runs out of resources or memory is recorded a
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import statistics
@@ -16,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from . import backend
+from . import backend, tuning_db
 from .kernels._common import dtype_name, validation_report
 from .tuning_db.crossover import derive_crossover
 from .tuning_db.rows import config_dict
@@ -63,9 +64,7 @@ def graph_ms(fn: Callable[[], object], *, rep_ms: float = 30.0, replays: int = 1
         b.record()
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b) / reps)
-    del g
-    times.sort()
-    return float(times[len(times) // 2])
+    return float(sorted(times)[len(times) // 2])
 
 
 _GRAPH_FAILURES: set[str] = set()
@@ -92,14 +91,12 @@ def host_syncs(fn: Callable[[], object]) -> bool:
 
 def time_fn(fn: Callable[[], object], device_type: str, *, quick: bool = False,
             method: str | None = None) -> tuple[float, str]:
-    """(milliseconds per fn(), method): "cuda-graph" (`graph_ms`) where the candidate can be
-    captured, else (or with method="do_bench") the median of triton's do_bench (host launch cost
-    included; one warning per kind of capture failure); "cpu-wall" on CPU.
+    """(milliseconds per fn(), method): "cuda-graph" (`graph_ms`) where fn can be captured, else (or with
+    method="do_bench") triton's do_bench median, host launch cost included; "cpu-wall" on CPU.
 
-    Device time is what an op costs in a training step whose host runs ahead of the GPU, and the
-    only fair ranking of a launch-bound op's configs: on the H200 an RMSNorm fwd+bwd at 4096 x 4096
-    takes ~50 us of kernels and ~300 us of host time, so wall-clock timing ranks configs by noise.
-    """
+    Device time is what an op costs in a step whose host runs ahead of the GPU, and the only fair ranking
+    of a launch-bound op's configs: on the H200 an RMSNorm fwd+bwd at 4096 x 4096 takes ~50 us of kernels
+    and ~300 us of host time, so wall-clock timing ranks configs by noise."""
     if device_type == "cuda":
         import triton.testing
         warmup, rep = (10, 30) if quick else (25, 100)
@@ -124,12 +121,7 @@ def time_fn(fn: Callable[[], object], device_type: str, *, quick: bool = False,
             # graph is collected: without this an H200 sweep ran out of its 141 GB at the eighth op
             gc.collect()
             torch.cuda.empty_cache()
-    times = []
-    for _ in range(2 if quick else 3):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), "cpu-wall"
+    return _wall_ms(fn, device_type, 2 if quick else 3), "cpu-wall"
 
 
 def measure(fn: Callable[[], object], device_type: str, *, quick: bool = False) -> float:
@@ -138,10 +130,14 @@ def measure(fn: Callable[[], object], device_type: str, *, quick: bool = False) 
 
 
 def host_ms(fn: Callable[[], object], device_type: str, *, calls: int = 10, repeats: int = 3) -> float:
-    """Host cost per call: the median over `repeats` of the wall time of `calls` eager calls with
-    one synchronisation at the end, divided by `calls` (launch-bound when near the device time)."""
+    """Host cost per call after a warm call (launch-bound when near the device time): see `_wall_ms`."""
     fn()
     _sync(device_type)
+    return _wall_ms(fn, device_type, repeats, calls)
+
+
+def _wall_ms(fn: Callable[[], object], device_type: str, repeats: int, calls: int = 1) -> float:
+    """The median over `repeats` of the wall time of `calls` calls and one synchronisation, per call."""
     out = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -174,17 +170,15 @@ def unavailable(op, target, dims: dict, dtype: torch.dtype) -> dict[str, str]:
 
 
 def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag: str = "",
-         impls: list[str] | None = None, case=None) -> dict:
+         impls: list[str] | None = None) -> dict:
     """Measure every candidate of every available implementation; return the winner, the best
     row per implementation and the raw measurements (nothing persisted)."""
     dims = op.check_dims(dims)
     arch = target.arch
     device = "cuda" if target.device_type == "cuda" else "cpu"
-    if case is None:
-        case = op.new_case(dims, dtype, device, tag)
-    names = impls or op.available_impls(target, dims, dtype)
-    names = ["torch", *(n for n in names if n != "torch")]   # the baseline first: if it cannot be captured,
-    # every candidate is timed by do_bench from the start
+    case = op.new_case(dims, dtype, device, tag)
+    # the baseline first: if it cannot be captured, every candidate is timed by do_bench from the start
+    names = ["torch", *(n for n in impls or op.available_impls(target, dims, dtype) if n != "torch")]
     # detached: a live output would keep this run's autograd graph, whose AccumulateGrad nodes
     # belong to the default stream, and every CUDA-graph capture on a side stream would then fail
     # (seen on the H200: "AccumulateGrad node's stream does not match", then a broken capture)
@@ -234,29 +228,26 @@ def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag
                     rec["median_ms"], rec["method"] = time_fn(run, device, quick=quick, method="do_bench")
                 except Exception as exc:
                     rec.update(ok=0, median_ms=None, error=f"{type(exc).__name__} when re-timed"[:500])
-    best, config_objs = {}, {}
+    best = {}       # impl -> (its fastest rec, run, config)
     for rec, run, cfg in runs:
-        if rec["ok"] and (rec["impl"] not in best or rec["median_ms"] < best[rec["impl"]]["median_ms"]):
-            best[rec["impl"]], config_objs[rec["impl"]] = rec, (cfg, run)
-    for name, rec in best.items():        # host cost per call of each implementation's best config
+        if rec["ok"] and (rec["impl"] not in best or rec["median_ms"] < best[rec["impl"]][0]["median_ms"]):
+            best[rec["impl"]] = (rec, run, cfg)
+    for rec, run, _ in best.values():     # host cost per call of each implementation's best config
+        rec["host_ms"] = rec["median_ms"] if device == "cpu" else None    # on CPU the wall time is the host time
         if device == "cuda":
-            try:
-                rec["host_ms"] = host_ms(config_objs[name][1], device)
-            except Exception:
-                rec["host_ms"] = None
-        else:
-            rec["host_ms"] = rec["median_ms"]   # on CPU the wall time is the host time
+            with contextlib.suppress(Exception):
+                rec["host_ms"] = host_ms(run, device)
     method = next(iter(methods), "cpu-wall" if device == "cpu" else "cuda-graph")
     for rec in measurements:
         rec["method"] = rec["method"] or method
     del case, reference, runs
     if device == "cuda":
         torch.cuda.empty_cache()
-    baseline = best["torch"]["median_ms"] if "torch" in best else None
-    winner = min(best.values(), key=lambda r: r["median_ms"]) if best else None
+    baseline = best["torch"][0]["median_ms"] if "torch" in best else None
+    winner = min((v[0] for v in best.values()), key=lambda r: r["median_ms"]) if best else None
     return {"op": op.name, "dims": dims, "dtype": dname, "arch": arch.name, "tag": tag, "winner": winner,
-            "best": best, "configs": {k: v[0] for k, v in config_objs.items()}, "baseline_ms": baseline,
-            "measurements": measurements, "unavailable": unavailable(op, target, dims, dtype),
+            "best": {k: v[0] for k, v in best.items()}, "configs": {k: v[2] for k, v in best.items()},
+            "baseline_ms": baseline, "measurements": measurements, "unavailable": unavailable(op, target, dims, dtype),
             "fingerprint": fingerprint(arch, op.source_hash)}
 
 
@@ -264,13 +255,10 @@ def persist(op, result: dict, store, *, origin: str = "sweep") -> int:
     """Write the best row per implementation and every raw measurement of one tuning result in
     one transaction (a killed process leaves the case whole or absent).  Rows are validated."""
     dims, fp = result["dims"], result["fingerprint"]
-    rows = []
-    for name, rec in result["best"].items():
-        rows.append(dict(
-            op=op.name, variant=op.variant, arch=rec["arch"], dtype=rec["dtype"], static_key=rec["static_key"],
-            bucket=op.bucket_key(dims), impl=name, config=rec["config"], median_ms=rec["median_ms"],
-            baseline_ms=result["baseline_ms"], host_ms=rec.get("host_ms"), method=rec["method"],
-            config_schema=op.schema_version, origin=origin, **fp))
+    rows = [dict(op=op.name, variant=op.variant, arch=rec["arch"], dtype=rec["dtype"], static_key=rec["static_key"],
+                 bucket=op.bucket_key(dims), impl=name, config=rec["config"], median_ms=rec["median_ms"],
+                 baseline_ms=result["baseline_ms"], host_ms=rec.get("host_ms"), method=rec["method"],
+                 config_schema=op.schema_version, origin=origin, **fp) for name, rec in result["best"].items()]
     meas = [{**{k: v for k, v in m.items() if k != "host_ms"}, "origin": origin, **fp}
             for m in result["measurements"]]
     with store.transaction():
@@ -340,8 +328,7 @@ def _sweep_case(case, target, quick: bool, bar=None) -> tuple[dict | None, dict 
     except Exception as exc:
         if target.device_type == "cuda":
             torch.cuda.empty_cache()
-        return None, {"op": op.name, "dims": dims, "dtype": dt, "tag": tag,
-                      "error": _why(exc)}
+        return None, {"op": op.name, "dims": dims, "dtype": dt, "tag": tag, "error": _why(exc)}
 
 
 def _persist_crossovers(results: list[dict], ops: dict, target, store, origin: str) -> list[dict]:
@@ -436,12 +423,10 @@ def sweep_sharded(plan: list, target, open_store: Callable[[], object], *, quick
 def tune_online(op, target, dtype, dims) -> dict | None:
     """LIGER_RT_AUTOTUNE=1 on a DB miss: tune (rank 0 only), broadcast the winner, persist it.
 
-    In a torch.distributed job every rank reaches this miss at the same time (fixed-shape
-    data-parallel steps) and must keep deciding alike, so the DB view changes on every rank at once:
-    rank 0 persists only after the broadcast, a barrier follows, and every rank re-opens the DB.
-    (When rank 0 alone re-opened it, its next lookups hit while the others missed and waited in a
-    broadcast rank 0 never joined.)  Ranks on other hosts need LIGER_RT_TUNING_DB on a shared file.
-    """
+    In a torch.distributed job every rank reaches this miss at once (fixed-shape data-parallel steps) and
+    must keep deciding alike: rank 0 persists only after the broadcast, a barrier follows, and every rank
+    re-opens the DB.  (When rank 0 alone re-opened it, its next lookups hit while the others missed and
+    waited in a broadcast rank 0 never joined.)  Ranks on other hosts need LIGER_RT_TUNING_DB shared."""
     import torch.distributed as dist
     joined = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if joined else (0, 1)
@@ -460,16 +445,14 @@ def tune_online(op, target, dtype, dims) -> dict | None:
         dist.broadcast_object_list(box, src=0)
         decision = box[0]
     if rank == 0 and decision is not None:
-        from .tuning_db import open_store
         try:
-            with open_store() as store:
+            with tuning_db.open_store() as store:
                 persist(op, result, store, origin="online")
         except Exception as exc:
             warnings.warn(f"liger_rt: could not persist the tuned {op.name} config ({exc})", RuntimeWarning)
     if world > 1:
         dist.barrier()
-    from .tuning_db import reset
-    reset()
+    tuning_db.reset()
     return decision
 
 
