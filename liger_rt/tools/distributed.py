@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Any
 
 import torch
@@ -26,13 +27,8 @@ DIGEST_FIELDS = ("op", "dims", "dtype", "impl", "config")
 def decisions() -> list[dict]:
     """Every registered op's memoised decisions, as sorted dicts of DIGEST_FIELDS."""
     from liger_rt import dispatch
-    out = []
-    for op in list(dispatch._REGISTRY.values()):
-        for decision in list(op._memo.values()):
-            d = decision.to_dict()
-            out.append({k: d[k] for k in DIGEST_FIELDS})
-    out.sort(key=lambda d: json.dumps(d, sort_keys=True))
-    return out
+    memo = [decision.to_dict() for op in list(dispatch._REGISTRY.values()) for decision in list(op._memo.values())]
+    return sorted(({k: d[k] for k in DIGEST_FIELDS} for d in memo), key=lambda d: json.dumps(d, sort_keys=True))
 
 
 def decisions_digest(found: list[dict] | None = None) -> str:
@@ -49,13 +45,10 @@ def check_decisions_agree(group=None) -> list[str]:
     gathered: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, mine, group=group)
     digests = [decisions_digest(g) for g in gathered]
-    bad = [r for r, d in enumerate(digests) if d != digests[0]]
-    if bad:
-        ref = {json.dumps(d, sort_keys=True) for d in gathered[0]}
-        diffs = []
-        for r in bad:
-            other = {json.dumps(d, sort_keys=True) for d in gathered[r]}
-            diffs.append(f"rank {r}: only on rank 0 {sorted(ref - other)[:3]}, only here {sorted(other - ref)[:3]}")
+    keys = [{json.dumps(d, sort_keys=True) for d in g} for g in gathered]
+    diffs = [f"rank {r}: only on rank 0 {sorted(keys[0] - keys[r])[:3]}, only here {sorted(keys[r] - keys[0])[:3]}"
+             for r, d in enumerate(digests) if d != digests[0]]
+    if diffs:
         raise RuntimeError("liger_rt decisions differ across ranks: " + "; ".join(diffs))
     return digests
 
@@ -64,7 +57,6 @@ def check_decisions_agree(group=None) -> list[str]:
 
 def launched() -> bool:
     """Whether this process is one rank of several started by torchrun (WORLD_SIZE > 1, RANK set)."""
-    import os
     try:
         return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
     except ValueError:
@@ -76,7 +68,6 @@ def init_from_env(device_type: str) -> tuple[int, int]:
     current device becomes LOCAL_RANK (one GPU per rank).  The group is gloo whatever the device:
     a sweep exchanges only Python objects between cases, and a gloo wait is bounded by its 30-minute
     timeout rather than NCCL's watchdog (10 minutes), nor does it hold GPU memory being measured."""
-    import os
     from datetime import timedelta
 
     import torch.distributed as dist
