@@ -1,18 +1,12 @@
 """The swap ledger: what ``liger_rt.patch`` replaced, and how a layer forward reaches it.
 
-liger_rt.patch writes here; liger_rt.layers reads here (a layer forward falls back to the host
-forward it replaced).  This module imports nothing from liger_rt, so neither side imports the
-other through it.
-
+liger_rt.patch writes here, liger_rt.layers reads here; this module imports nothing from liger_rt.
 Two kinds of swap:
 - on an object shared by the process (a class's ``forward``, a modeling module's
-  ``apply_rotary_pos_emb``): ``hold(owner, attr, value, holder, keys)`` puts ``value`` there and
-  records what the owner's own ``__dict__`` held; each swap is reference-counted by holders
-  (a model type for a class patch, ``instance:<id>`` for an instance patch), and ``release`` puts
-  the very original object back when the last holder lets go;
-- on one module instance: ``bind(module, fn, attr)`` sets ``module.<attr> = BoundForward(fn,
-  module)`` and keeps the instance forward it replaced (if the instance had one) under ORIG_KEY.
-
+  ``apply_rotary_pos_emb``): ``hold`` / ``release``, reference-counted by holders (a model type for a
+  class patch, ``instance:<id>`` for an instance patch); the very original comes back with the last;
+- on one module instance: ``bind(module, fn, attr)`` sets ``module.<attr> = BoundForward(fn, module)``
+  and keeps the instance forward it replaced (if any) under ORIG_KEY.
 ``original(module)`` / ``original_function(module)`` answer "what ran before the patch" for both.
 """
 from __future__ import annotations
@@ -85,11 +79,9 @@ def release(keys: list, holder: str) -> None:
 # -- instance forwards -------------------------------------------------------------------------------
 
 class BoundForward:
-    """``fn`` bound to ``module``, as ``types.MethodType(fn, module)`` would be, except that it
-    pickles and copies (a bound method pickles as ``getattr(module, fn.__name__)``, which cannot
-    find a patched forward again) and that ``inspect.signature`` gives the forward it replaced,
-    plus ``fn``'s keyword-only extras: callers that introspect the forward (HF Trainer's
-    ``remove_unused_columns``, ``_supports_logits_to_keep``) see the host's parameters."""
+    """``types.MethodType(fn, module)``, except that it pickles and copies (a bound method pickles as
+    ``getattr(module, fn.__name__)``, which cannot find a patched forward again) and that its signature
+    is the replaced forward's plus ``fn``'s keyword-only extras (for HF Trainer's introspection)."""
 
     def __init__(self, fn, module):
         self.__func__ = fn
@@ -125,8 +117,8 @@ def merged_signature(host: inspect.Signature, ours: inspect.Signature, bound: bo
 
 
 def with_signature(fn, sig: inspect.Signature):
-    """A copy of function ``fn`` (same code, globals and closure) whose ``inspect.signature`` is
-    ``sig``; ``_liger_rt_function`` names ``fn``.  For class attributes, which are never pickled."""
+    """A copy of function ``fn`` whose ``inspect.signature`` is ``sig`` (``_liger_rt_function``: fn);
+    for class attributes, which are never pickled."""
     new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__dict__.update(fn.__dict__)
@@ -150,45 +142,39 @@ def bind(module, fn, attr: str = "forward"):
 
 # -- what a layer forward falls back to -------------------------------------------------------------
 
-def class_original(cls: type, attr: str = "forward"):
-    """``cls.<attr>`` as it was before any class-level swap (walking the MRO past swaps)."""
+def class_original(cls: type):
+    """``cls.forward`` as it was before any class-level swap (walking the MRO past swaps)."""
     for klass in cls.__mro__:
-        if attr not in klass.__dict__:
+        if "forward" not in klass.__dict__:
             continue
-        value = klass.__dict__[attr]
+        value = klass.__dict__["forward"]
         if isinstance(value, types.FunctionType) and not getattr(value, SWAPPED, False):
             # never a swap: no ledger read, which torch.compile would guard on (every patch or
             # unpatch of any model recompiled the graph, and one mid-trace failed its guards)
             return value
-        swap = LEDGER.get((klass, attr))
+        swap = LEDGER.get((klass, "forward"))
         if swap is None:
-            return klass.__dict__[attr]
+            return value
         if swap.original is not MISSING:
             return swap.original
-    raise AttributeError(f"{cls.__name__} has no original {attr}")
+    raise AttributeError(f"{cls.__name__} has no original forward")
 
 
-def original_function(module, attr: str = "forward"):
-    """The ``attr`` a patch replaced on ``module``, as a function to call as ``fn(module, ...)``:
-    the instance's own earlier forward if it had one, else the class's pre-patch function.
-
-    Layer forwards call this rather than a bound method: a bound method that torch.compile has to
-    rebuild after a graph break is rebuilt as ``module.forward``, which is the patched forward
+def original_function(module):
+    """The forward a patch replaced on ``module``, as a function to call as ``fn(module, ...)``: the
+    instance's own earlier forward if it had one, else the class's pre-patch function.  Not a bound
+    method: torch.compile rebuilds one after a graph break as ``module.forward``, the patched forward
     again (infinite recursion)."""
-    if attr == "forward":
-        own = module.__dict__.get(ORIG_KEY)
-        if own is not None:
-            func = getattr(own, "__func__", None)
-            if func is not None and getattr(own, "__self__", None) is module:
-                return func
-            return lambda _module, *args, **kwargs: own(*args, **kwargs)
-    return class_original(type(module), attr)
+    own = module.__dict__.get(ORIG_KEY)
+    if own is None:
+        return class_original(type(module))
+    func = getattr(own, "__func__", None)
+    if func is not None and getattr(own, "__self__", None) is module:
+        return func
+    return lambda _module, *args, **kwargs: own(*args, **kwargs)
 
 
-def original(module, attr: str = "forward"):
+def original(module):
     """The forward a patch replaced, bound to ``module`` (see ``original_function``)."""
-    if attr == "forward":
-        own = module.__dict__.get(ORIG_KEY)
-        if own is not None:
-            return own
-    return class_original(type(module), attr).__get__(module, type(module))
+    own = module.__dict__.get(ORIG_KEY)
+    return own if own is not None else class_original(type(module)).__get__(module, type(module))

@@ -1,34 +1,26 @@
-"""The patch mechanism behind ``liger_rt.patch`` / ``unpatch`` / ``patched``; specs.py holds the tables.
+"""The patch mechanism behind ``liger_rt.patch`` / ``unpatch`` / ``patched``; specs.py holds the tables
+(semantics: docs/patching.md).
 
-Instance patching (``patch(model, **layers)``): every module of the loaded model whose class is a
-row of the family's spec gets ``module.forward = BoundForward(layer_forward, module)`` (a bound
-method that pickles, and whose signature is the host forward's); the instance attribute it
-replaced (usually none: the class forward) is remembered and ``unpatch`` deletes or restores it.
-Parameters, buffers, ``state_dict()`` and ``print(model)`` are untouched.
-Experts switch through transformers' experts interface (``config._experts_implementation``,
-restored on unpatch).  A PEFT wrapper is unwrapped (``get_base_model()`` or
-``base_model.model``); LoRA-wrapped projections keep working because the layer forwards call
-the projection modules.  Modules with accelerate hooks get ``_old_forward`` replaced instead, so
-the hooks still move weights.
+Instance patching (``patch(model, **layers)``): every module whose class is a row of the family's
+spec gets ``module.forward = BoundForward(layer_forward, module)`` (pickles; its signature is the
+host forward's); ``unpatch`` deletes it or restores the instance forward it replaced.  Parameters,
+buffers, ``state_dict()`` and ``print(model)`` are untouched.  Experts switch through
+``config._experts_implementation``.  A PEFT wrapper is unwrapped; modules with accelerate hooks get
+``_old_forward`` replaced instead, so the hooks still move weights.
 
 Class-level patching (``patch("qwen3", **layers)``): the classes are resolved through the modeling
-module now (importlib + getattr), and their ``forward`` replaced on the class (by a copy of the
-layer forward carrying the host forward's signature).  Exact semantics:
-every instance of those classes runs the liger_rt forward from then on — models built afterwards
-and, unavoidably, models already built — except modules with an instance-level forward of their
-own (an instance patch, accelerate hooks).  ``unpatch("qwen3")`` puts back the very objects that
-were there (``Cls.forward is original``); families sharing classes (lfm2_vl includes lfm2) hold
-them jointly and the originals return when the last holder unpatches.
+module now and their ``forward`` replaced on the class (a copy of the layer forward carrying the host
+forward's signature): every instance runs it from then on, models already built included, except
+modules with an instance-level forward of their own.  ``unpatch("qwen3")`` puts back the very objects
+that were there; families sharing classes (lfm2_vl includes lfm2) hold them jointly.
 
-Both are idempotent: patching again first undoes the previous patch of that target, then applies
-the new flags, so the final state is the latest call's.
-
-What each patch replaced is written in the swap ledger, liger_rt/_swaps.py, which the layer
-forwards read too (``original_function(module)``: the host forward they replaced, for cached
-decoding and unusual calls); so liger_rt.layers never imports liger_rt.patch.
+Both are idempotent: patching again first undoes the previous patch of that target.  What each patch
+replaced is written in the swap ledger, liger_rt/_swaps.py, which the layer forwards read too, so
+liger_rt.layers never imports liger_rt.patch.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import importlib
@@ -78,8 +70,8 @@ def _flags(spec: specs.ModelSpec, given: dict[str, Any]) -> dict[str, bool]:
         if not (isinstance(v, bool) or (isinstance(v, int) and v in (0, 1))):
             raise TypeError(f"flag {k}={v!r}: flags are booleans (True/False)")
         out[k] = bool(v)
-    if out["rope"] and not any(row.flag == "rope" for _, _, row in specs.function_rows(spec)):
-        with_rope = [m for m in specs.ALLOWLIST if any(r.flag == "rope" for _, _, r in specs.function_rows(specs.SPECS[m]))]
+    if out["rope"] and not specs.has_rope(spec):
+        with_rope = [m for m in specs.ALLOWLIST if specs.has_rope(specs.SPECS[m])]
         raise NotImplementedError(f"rope=True is not supported for {spec.model_type}: its RoPE stays with the host "
                                   f"model; omit rope or pass rope=False (rope=True works for {', '.join(with_rope)})")
     if out["logprobs"] and out["fused_linear_cross_entropy"]:
@@ -150,7 +142,7 @@ def _plan(model_type: str, given: dict[str, Any], *, for_class: bool) -> _Plan:
     flags = _flags(spec, given)
     explicit = {k for k, v in given.items() if v}
     import transformers
-    _modeling_module(spec.module, model_type)
+    lm_module = _modeling_module(spec.module, model_type)
     layers: list = []
     dropped: set[str] = set()
     for module_name, class_name, row in specs.rows(spec):
@@ -161,18 +153,16 @@ def _plan(model_type: str, given: dict[str, Any], *, for_class: bool) -> _Plan:
                               f"patch the loaded model instead: liger_rt.patch(model, {row.flag}=True)",
                     explicit, model_type, NotImplementedError)
             continue
-        mod = _modeling_module(module_name, model_type)
-        cls = getattr(mod, class_name, None)
-        reason = None
+        cls = getattr(_modeling_module(module_name, model_type), class_name, None)
         if not isinstance(cls, type):
             reason = (f"transformers {transformers.__version__} has no {module_name}.{class_name}; "
                       f"pip install -U transformers")
-        if reason is None and row.experts:
+        elif row.experts:
             from ..layers.moe import experts_interface_missing, register_experts
             reason = experts_interface_missing() or _op_missing(row.op)
             if reason is None:
                 register_experts()
-        elif reason is None:
+        else:
             reason = _op_missing(row.op)
         if reason is not None:
             _refuse(row.flag, reason, explicit, model_type)
@@ -189,16 +179,14 @@ def _plan(model_type: str, given: dict[str, Any], *, for_class: bool) -> _Plan:
         if not flags[row.flag]:
             continue
         mod = _modeling_module(module_name, model_type)
-        reason = None if callable(getattr(mod, fn_name, None)) else (
+        reason = _op_missing(row.op) if callable(getattr(mod, fn_name, None)) else (
             f"transformers {transformers.__version__} has no {module_name}.{fn_name}")
-        reason = reason or _op_missing(row.op)
         if reason is not None:
             _refuse(row.flag, reason, explicit, model_type)
             flags[row.flag] = False
             continue
         functions.append((mod, fn_name, _load(row.forward)))
-    mod = _modeling_module(spec.module, model_type)
-    causal_lm = [c for c in (getattr(mod, n, None) for n in spec.causal_lm) if isinstance(c, type)]
+    causal_lm = [c for c in (getattr(lm_module, n, None) for n in spec.causal_lm) if isinstance(c, type)]
     return _Plan(model_type, flags, {k: bool(v) for k, v in given.items()}, layers, causal_lm, functions)
 
 
@@ -215,8 +203,8 @@ class InstanceRecord:
     model_type: str
     flags: dict[str, bool]
     given: dict[str, bool]
-    counts: dict[str, int] = dataclasses.field(default_factory=dict)      # per flag: modules on a liger_rt op
-    modules: dict[str, int] = dataclasses.field(default_factory=dict)     # per class: modules rebound
+    counts: dict[str, int] = dataclasses.field(default_factory=collections.Counter)   # per flag: modules on an op
+    modules: dict[str, int] = dataclasses.field(default_factory=collections.Counter)  # per class: modules rebound
     skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     saved: list[tuple[Any, str, bool, Any]] = dataclasses.field(default_factory=list)    # (obj, attr, had own, old)
     config_saved: list[tuple[Any, str, Any]] = dataclasses.field(default_factory=list)
@@ -326,9 +314,9 @@ def _patch_instance(model, given: dict[str, Any]):
                 configs[id(config)] = config
             else:
                 _bind(record, module, fn)
-            record.modules[type(module).__name__] = record.modules.get(type(module).__name__, 0) + 1
+            record.modules[type(module).__name__] += 1
             if row.op is not None:
-                record.counts[row.flag] = record.counts.get(row.flag, 0) + 1
+                record.counts[row.flag] += 1
         if key in lm_classes:
             _patch_loss_instance(record, module, plan.flags)
     record.hold_functions(root, plan.functions)   # module-wide: held by this instance patch
@@ -342,25 +330,30 @@ def _patch_instance(model, given: dict[str, Any]):
     return model
 
 
-def _patch_loss_instance(record: InstanceRecord, module, flags: dict[str, bool]) -> None:
+def _loss_heads(flags: dict[str, bool]) -> list[tuple[str, Any, str]]:
+    """(flag, causal-LM forward, options attribute) of the loss heads on: at most one (_flags)."""
     from ..layers import logprobs, loss
     heads = (("fused_linear_cross_entropy", loss.causal_lm_forward, "_liger_rt_loss"),
              ("logprobs", logprobs.causal_lm_logprobs_forward, "_liger_rt_logprobs"))
-    for flag, forward, attr in heads:        # at most one: _flags refuses both together
-        if flags[flag]:
-            # read the host forward's parameters and output class now, not in the (traced) forward
-            opts = loss.loss_options(inspect.signature(original(module)), type(module).__module__,
-                                     keep_logits=flags["keep_logits"])
-            _bind(record, module, forward)
-            _set(record, module, attr, opts)
-            record.counts[flag] = record.counts.get(flag, 0) + 1
+    return [head for head in heads if flags[head[0]]]
+
+
+def _patch_loss_instance(record: InstanceRecord, module, flags: dict[str, bool]) -> None:
+    from ..layers import loss
+    for flag, forward, attr in _loss_heads(flags):
+        # read the host forward's parameters and output class now, not in the (traced) forward
+        opts = loss.loss_options(inspect.signature(original(module)), type(module).__module__,
+                                 keep_logits=flags["keep_logits"])
+        _bind(record, module, forward)
+        _set(record, module, attr, opts)
+        record.counts[flag] += 1
     if flags["cross_entropy"]:
         from transformers.loss.loss_utils import LOSS_MAPPING
         if module.loss_function is not LOSS_MAPPING.get("ForCausalLM"):
             record.skipped.append((type(module).__name__, "cross_entropy: the model has its own loss_function"))
             return
         _set(record, module, "_loss_function", loss.causal_lm_loss)
-        record.counts["cross_entropy"] = record.counts.get("cross_entropy", 0) + 1
+        record.counts["cross_entropy"] += 1
 
 
 def _unpatch_instance(root) -> None:
@@ -389,10 +382,7 @@ def _class_forward(cls: type, fn):
     extras), so introspecting callers (HF Trainer, generate) see the parameters they expect; on a
     decoder layer, wrapped as transformers wraps the layer's own forward, so it still checkpoints."""
     host = inspect.signature(_swaps.class_original(cls))
-    return _keep_checkpointing(cls, _swaps.with_signature(fn, _swaps.merged_signature(host, inspect.signature(fn))))
-
-
-def _keep_checkpointing(cls: type, fn):
+    fn = _swaps.with_signature(fn, _swaps.merged_signature(host, inspect.signature(fn)))
     # transformers' GradientCheckpointingLayer.__init_subclass__ wraps each subclass's forward in a
     # function that checkpoints only while it *is* type(self).forward; a class-level swap replaces
     # that wrapper, so the swap is wrapped the same way: by the same __init_subclass__, run on a
@@ -411,7 +401,7 @@ def _patch_class(model_type: str, given: dict[str, Any]) -> None:
         _unpatch_class(model_type)
     from ..layers import loss, moe
     keys: list = []
-    counts: dict[str, int] = {}
+    counts: dict[str, int] = collections.Counter()
     classes: dict[type, str] = {}           # class -> the flag whose liger_rt op it runs
     for cls, row, fn in plan.layers:
         if row.experts:
@@ -420,29 +410,22 @@ def _patch_class(model_type: str, given: dict[str, Any]) -> None:
         else:
             value = _class_forward(cls, fn)
         _swaps.hold(cls, "forward", value, model_type, keys)
-        counts[cls.__name__] = counts.get(cls.__name__, 0) + 1
+        counts[cls.__name__] += 1
         if row.op is not None:
             classes[cls] = row.flag
     for cls in plan.causal_lm:
-        if plan.flags["fused_linear_cross_entropy"]:
+        for _, forward, attr in _loss_heads(plan.flags):
             opts = loss.loss_options(inspect.signature(_swaps.class_original(cls)), cls.__module__,
                                      keep_logits=plan.flags["keep_logits"], has_self=True)
-            _swaps.hold(cls, "forward", _class_forward(cls, loss.causal_lm_forward), model_type, keys)
-            _swaps.hold(cls, "_liger_rt_loss", opts, model_type, keys)
-            counts[cls.__name__] = counts.get(cls.__name__, 0) + 1
-        if plan.flags["logprobs"]:
-            from ..layers import logprobs
-            opts = loss.loss_options(inspect.signature(_swaps.class_original(cls)), cls.__module__,
-                                     keep_logits=plan.flags["keep_logits"], has_self=True)
-            _swaps.hold(cls, "forward", _class_forward(cls, logprobs.causal_lm_logprobs_forward), model_type, keys)
-            _swaps.hold(cls, "_liger_rt_logprobs", opts, model_type, keys)
-            counts[cls.__name__] = counts.get(cls.__name__, 0) + 1
+            _swaps.hold(cls, "forward", _class_forward(cls, forward), model_type, keys)
+            _swaps.hold(cls, attr, opts, model_type, keys)
+            counts[cls.__name__] += 1
         if plan.flags["cross_entropy"]:
             _swaps.hold(cls, "_loss_function", staticmethod(loss.causal_lm_loss), model_type, keys)
-            counts[cls.__name__] = counts.get(cls.__name__, 0) + 1
+            counts[cls.__name__] += 1
     for mod, fn_name, fn in plan.functions:
         _swaps.hold(mod, fn_name, fn, model_type, keys)
-        counts[fn_name] = counts.get(fn_name, 0) + 1
+        counts[fn_name] += 1
     _CLASS_RECORDS[model_type] = {"flags": plan.flags, "given": plan.given, "keys": keys, "counts": counts,
                                   "classes": classes, "causal_lm": list(plan.causal_lm),
                                   "functions": len(plan.functions)}
@@ -453,10 +436,8 @@ def _instance_holder(root) -> str:
 
 
 def _unpatch_class(model_type: str) -> None:
-    record = _CLASS_RECORDS.pop(model_type, None)
-    if record is None:
-        return
-    _swaps.release(record["keys"], model_type)
+    if (record := _CLASS_RECORDS.pop(model_type, None)) is not None:
+        _swaps.release(record["keys"], model_type)
 
 
 # -- public entry points ------------------------------------------------------------------------------
@@ -498,14 +479,11 @@ def describe(target) -> dict | None:
     is described at level "class", with the modules of this model that run a liger_rt forward."""
     if isinstance(target, str):
         rec = _CLASS_RECORDS.get(target)
-        if rec is None:
-            return None
-        return {"model_type": target, "level": "class", "flags": dict(rec["flags"]), "classes": sorted(rec["counts"])}
+        return None if rec is None else {"model_type": target, "level": "class", "flags": dict(rec["flags"]),
+                                         "classes": sorted(rec["counts"])}
     root = unwrap(target)
     rec = root.__dict__.get(_RECORD_KEY)
-    if rec is not None:
-        return rec.describe()
-    return _describe_class_patched(root)
+    return rec.describe() if rec is not None else _describe_class_patched(root)
 
 
 def _describe_class_patched(root) -> dict | None:
@@ -513,23 +491,20 @@ def _describe_class_patched(root) -> dict | None:
     order = sorted(_CLASS_RECORDS, key=lambda t: t != model_type)       # its own family first
     for family in order:
         rec = _CLASS_RECORDS[family]
-        patched: dict[str, int] = {}
-        modules: dict[str, int] = {}
+        patched, modules = collections.Counter(), collections.Counter()
         for module in root.modules():
             cls = type(module)
             flag = rec["classes"].get(cls)
             if flag is not None and "forward" not in module.__dict__:
-                patched[flag] = patched.get(flag, 0) + 1
-                modules[cls.__name__] = modules.get(cls.__name__, 0) + 1
+                patched[flag] += 1
+                modules[cls.__name__] += 1
             if cls in rec["causal_lm"]:
-                for loss_flag in ("fused_linear_cross_entropy", "logprobs", "cross_entropy"):
-                    if rec["flags"][loss_flag]:
-                        patched[loss_flag] = patched.get(loss_flag, 0) + 1
+                patched.update(f for f in ("fused_linear_cross_entropy", "logprobs", "cross_entropy") if rec["flags"][f])
         if rec["functions"] and patched:
             patched["rope"] = rec["functions"]
         if patched:
-            return {"model_type": family, "level": "class", "flags": dict(rec["flags"]), "patched": patched,
-                    "modules": modules, "skipped": []}
+            return {"model_type": family, "level": "class", "flags": dict(rec["flags"]), "patched": dict(patched),
+                    "modules": dict(modules), "skipped": []}
     return None
 
 

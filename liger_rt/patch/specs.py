@@ -1,41 +1,13 @@
-"""Model-family specs for ``liger_rt.patch``: one small table per family.
+"""Model-family specs for ``liger_rt.patch``: one small table per family (format: docs/patching.md).
 
-Spec format
------------
-::
-
-    ModelSpec(model_type,
-              layers={"<ClassName>": LAYER, ...},      # module class -> liger_rt forward
-              causal_lm=("<LM-head class>", ...),       # whose forward/loss the loss flags replace
-              defaults={"<flag>", ...},                 # flags on when the caller does not say
-              includes=("<other model_type>",),         # borrow another family's layers
-              functions={"<function name>": LAYER})     # module-level functions of the modeling module
-
-- Class names resolve through the family's modeling module,
-  ``transformers.models.<model_type>.modeling_<model_type>``, *at patch time* (importlib, then
-  getattr): never a from-import captured when liger_rt was imported, so the patch sees the class
-  the model is really built from.  ``"torch.nn:LayerNorm"`` names a class in another module.
-- A ``Layer`` is a row's right-hand side:
-    ``flag``      the patch flag that switches it (``rms_norm``, ``swiglu``, ...);
-    ``forward``   ``"module:function"`` under liger_rt.layers, bound as the module's forward;
-    ``op``        the op whose kernel module it needs (``liger_rt.kernels.<op>``);
-    ``within``    instance patching only touches modules below a submodule of this name
-                  (the SigLIP2 vision tower's LayerNorms, not the projector's);
-    ``applies``   ``"module:function"`` predicate, module -> None or why it is left alone
-                  (an MLP whose activation is not SiLU);
-    ``experts``   the forward comes from transformers' experts interface: instance patching sets
-                  ``config._experts_implementation = "liger_rt"``, class patching binds the
-                  registered function;
-    ``class_level`` False: instance patching only (patching ``torch.nn.LayerNorm`` itself would
-                  change every LayerNorm in the process).
-- ``functions`` rows swap a function of the modeling module itself (``apply_rotary_pos_emb``, which
-  the attention forward looks up as a module global) for ``forward``; the swap is module-wide (every
-  model of that family in the process uses it) and reference-counted, undone by the last unpatch.
-- Every family also takes ``rope``, ``cross_entropy``, ``fused_linear_cross_entropy``, ``logprobs``
-  (layers/logprobs.py) and ``keep_logits``, all off by default.  ``rope=True`` (families with a rope
-  function row) swaps HF's ``apply_rotary_pos_emb`` for ``liger_rt.ops.rope``, same signature and
-  results; the host keeps computing cos/sin (its rotary layout and scaling), and attention is never
-  touched.
+Class names resolve through the family's modeling module,
+``transformers.models.<model_type>.modeling_<model_type>``, *at patch time* (importlib, then getattr):
+never a from-import captured when liger_rt was imported, so the patch sees the class the model is
+really built from; ``"torch.nn:LayerNorm"`` names a class in another module.  ``functions`` rows swap
+a function of the modeling module itself (``apply_rotary_pos_emb``, which attention looks up as a
+module global): module-wide, reference-counted, undone by the last unpatch.  Every family also takes
+``rope``, ``cross_entropy``, ``fused_linear_cross_entropy``, ``logprobs`` and ``keep_logits``, off by
+default; rope=True keeps the host's cos/sin and never touches attention.
 
 Adding a family is adding one ``ModelSpec`` here, a tiny preset in tools/presets.py and a parity
 test; ``supported_models()`` is the list of families validated that way.
@@ -48,23 +20,24 @@ from typing import Mapping
 
 @dataclasses.dataclass(frozen=True)
 class Layer:
-    flag: str
-    forward: str
-    op: str | None = None
-    within: str | None = None
-    applies: str | None = None
-    experts: bool = False
-    class_level: bool = True
+    """A row's right-hand side: which flag switches it and what it binds."""
+    flag: str                       # the patch flag (rms_norm, swiglu, ...)
+    forward: str                    # "module:function" under liger_rt.layers, bound as the module's forward
+    op: str | None = None           # the op whose kernel module it needs (liger_rt.kernels.<op>)
+    within: str | None = None       # instance patching only below a submodule of this name (SigLIP2's tower)
+    applies: str | None = None      # "module:function" predicate: module -> None, or why it is left alone
+    experts: bool = False           # through transformers' experts interface (config._experts_implementation)
+    class_level: bool = True        # False: instance only (patching torch.nn.LayerNorm would hit every one)
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     model_type: str
-    layers: Mapping[str, Layer]
-    causal_lm: tuple[str, ...] = ()
-    defaults: frozenset = frozenset()
-    includes: tuple[str, ...] = ()
-    functions: Mapping[str, Layer] = dataclasses.field(default_factory=dict)
+    layers: Mapping[str, Layer]                 # module class name -> liger_rt forward
+    causal_lm: tuple[str, ...] = ()             # LM-head classes whose forward/loss the loss flags replace
+    defaults: frozenset = frozenset()           # flags on when the caller does not say
+    includes: tuple[str, ...] = ()              # other families whose rows this one borrows
+    functions: Mapping[str, Layer] = dataclasses.field(default_factory=dict)    # modeling-module functions
     module: str = ""          # default: transformers.models.<model_type>.modeling_<model_type>
 
     def __post_init__(self):
@@ -119,15 +92,9 @@ _GEMMA3 = "transformers.models.gemma3.modeling_gemma3"
 _QWEN3_5_MOE = "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe"
 
 SPECS: dict[str, ModelSpec] = {s.model_type: s for s in [
-    ModelSpec("qwen3", {"Qwen3RMSNorm": RMS_NORM, "Qwen3MLP": SWIGLU},
-              causal_lm=("Qwen3ForCausalLM",), defaults={"rms_norm", "swiglu"},
-              functions={"apply_rotary_pos_emb": ROPE}),
-    ModelSpec("llama", {"LlamaRMSNorm": RMS_NORM, "LlamaMLP": SWIGLU},
-              causal_lm=("LlamaForCausalLM",), defaults={"rms_norm", "swiglu"},
-              functions={"apply_rotary_pos_emb": ROPE}),
-    ModelSpec("qwen3_moe", {"Qwen3MoeRMSNorm": RMS_NORM, "Qwen3MoeMLP": SWIGLU, "Qwen3MoeExperts": MOE_EXPERTS},
-              causal_lm=("Qwen3MoeForCausalLM",), defaults={"rms_norm", "swiglu", "moe_experts"},
-              functions={"apply_rotary_pos_emb": ROPE}),
+    _llama_like("qwen3", "Qwen3"),
+    _llama_like("llama", "Llama"),
+    _llama_like("qwen3_moe", "Qwen3Moe", experts=True),
     ModelSpec("lfm2", {"Lfm2RMSNorm": RMS_NORM, "Lfm2MLP": SWIGLU_W132, "Lfm2ShortConv": SHORT_CONV,
                        "Lfm2DecoderLayer": CONV_POSITIONS},
               causal_lm=("Lfm2ForCausalLM",), defaults={"rms_norm", "swiglu", "short_conv"}),
@@ -201,9 +168,7 @@ def unavailable(model_type: str) -> str | None:
 
 def rows(spec: ModelSpec) -> list[tuple[str, str, Layer]]:
     """(module name, class name, Layer) for every row of a spec and the specs it includes."""
-    out = []
-    for other in spec.includes:
-        out += rows(SPECS[other])
+    out = [row for other in spec.includes for row in rows(SPECS[other])]
     for key, layer in spec.layers.items():
         module, _, name = key.rpartition(":")
         out.append((module or spec.module, name, layer))
@@ -212,27 +177,23 @@ def rows(spec: ModelSpec) -> list[tuple[str, str, Layer]]:
 
 def function_rows(spec: ModelSpec) -> list[tuple[str, str, Layer]]:
     """(module name, function name, Layer) for every function row of a spec and its includes."""
-    out = []
-    for other in spec.includes:
-        out += function_rows(SPECS[other])
-    out += [(spec.module, name, layer) for name, layer in spec.functions.items()]
-    return out
+    out = [row for other in spec.includes for row in function_rows(SPECS[other])]
+    return out + [(spec.module, name, layer) for name, layer in spec.functions.items()]
+
+
+def has_rope(spec: ModelSpec) -> bool:
+    """Whether the family has a rope function row (rope=True patches something)."""
+    return any(row.flag == "rope" for _, _, row in function_rows(spec))
 
 
 def flags(spec: ModelSpec) -> tuple[str, ...]:
     """Every flag the family takes, its layer flags first."""
-    seen = []
-    for _, _, layer in rows(spec):
-        if layer.flag not in seen:
-            seen.append(layer.flag)
-    return (*seen, *COMMON_FLAGS)
+    return (*dict.fromkeys(layer.flag for _, _, layer in rows(spec)), *COMMON_FLAGS)
 
 
 def parity_flags(model_type: str) -> dict[str, bool]:
     """The flags a family's parity gates run with: its defaults, rope where it has a rope row, and
     the fused loss (tests/test_families.py on CPU, tests/gpu/test_families_gpu.py on the H200)."""
     spec = SPECS[model_type]
-    out = {flag: True for flag in sorted(spec.defaults)}
-    if any(row.flag == "rope" for _, _, row in function_rows(spec)):
-        out["rope"] = True
-    return {**out, "fused_linear_cross_entropy": True}
+    rope = {"rope": True} if has_rope(spec) else {}
+    return {**dict.fromkeys(sorted(spec.defaults), True), **rope, "fused_linear_cross_entropy": True}
