@@ -34,8 +34,7 @@ TOLERANCES: dict[torch.dtype, dict[str, float]] = {
                          reported_loss=5e-3, gradients=5e-2, adamw_update=5e-2),
 }
 ROWS = ("logits", "action_logprobs", "entropy", "optimisation_loss", "reported_loss", "gradients", "adamw_update")
-LABELS = {"logits": "logits", "action_logprobs": "action log-probs", "entropy": "entropy",
-          "optimisation_loss": "optimisation loss", "reported_loss": "reported loss",
+LABELS = {name: name.replace("_", " ") for name in ROWS} | {"action_logprobs": "action log-probs",
           "gradients": "gradients, worst tensor", "adamw_update": "AdamW update, worst tensor"}
 GATE_STAT = {name: "linf_over_baseline_max" for name in ROWS} | {"adamw_update": "mean_over_baseline_mean"}
 
@@ -317,11 +316,8 @@ def parity(model_type, preset, dtype_name, device, flags_text, seed, lr, as_json
         flags = parse_flags(flags_text)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--flags") from None
-
-    def factory():
-        return build_model(p, dtype=dtype, device=device, seed=seed)
     try:
-        report = compare(factory, patch=flags, lr=lr, seed=seed)
+        report = compare(lambda: build_model(p, dtype=dtype, device=device, seed=seed), patch=flags, lr=lr, seed=seed)
     except (ValueError, TypeError, NotImplementedError, ImportError) as exc:
         raise click.ClickException(str(exc)) from None
     report.update(model_type=model_type, preset=p.name, flags=flags)
