@@ -6,10 +6,10 @@
     liger-tune bench model --target qwen3 --shape 4x2048,1x512 --compile   # + torch.compile arms
     liger-tune bench host | dispatch | ceilings
 
-The harness is importable: `harness` (versions, CSV, ceilings, timers, the kernel-case loop),
-one module per kernel family (`norms`, `lfm2_ops`, `losses`, `moe_experts`: their cases and
-arms), `model` (the training step) and `host_overhead`.  CSVs go to --out (default
-benchmarks/results, relative to the working directory), named <bench>_<device>[_quick].csv.
+The harness is importable: `harness` (versions, CSV, ceilings, timers, the kernel-case loop), one module per kernel
+family (`norms`, `lfm2_ops`, `losses`, `moe_experts`: their cases and arms), `model` (the training step) and
+`host_overhead`.  CSVs go to --out (default benchmarks/results, relative to the working directory), named
+<bench>_<device>[_quick].csv.
 """
 from __future__ import annotations
 
@@ -80,14 +80,12 @@ def ceilings():
 @_OUT
 def host(cpu_stub, out_dir):
     """Host microseconds per layer of a norm call, and device against wall time (GPU)."""
+    from . import host_overhead
     from .harness import device_tag, write_csv
-    from .host_overhead import host as probe
-    if cpu_stub:
-        from .host_overhead import cpu_stub as stub_probe
-        click.echo(f"wrote {write_csv(stub_probe(echo=click.echo), f'{out_dir}/host_overhead_cpu_stub.csv')}")
-        return
-    _need_gpu("bench host")
-    click.echo(f"wrote {write_csv(probe(echo=click.echo), f'{out_dir}/host_overhead_{device_tag()}.csv')}")
+    if not cpu_stub:
+        _need_gpu("bench host")
+    probe, tag = (host_overhead.cpu_stub, "cpu_stub") if cpu_stub else (host_overhead.host, device_tag())
+    click.echo(f"wrote {write_csv(probe(echo=click.echo), f'{out_dir}/host_overhead_{tag}.csv')}")
 
 
 @bench.command()

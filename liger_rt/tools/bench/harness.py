@@ -1,10 +1,9 @@
 """What every benchmark shares: versions, CSV rows, ceilings, timers and the kernel-case loop.
 
-A kernel family (norms, lfm2_ops, losses, moe_experts) lists its cases as SPECS (op, the op's dims,
-`quick`, `target`) and `build`s a `Case` per spec; `measure_case` times its arms (`_arms`), each
-on its own copy of the inputs, fwd+bwd taking every input's gradient with autograd.grad.  GB/s and
-TFLOP/s count what an op cannot avoid moving or computing, against this device's copy and bf16
-matmul ceilings measured in the same run (docs/cli.md, "bench").
+A kernel family (norms, lfm2_ops, losses, moe_experts) lists its cases as SPECS (op, the op's dims, `quick`,
+`target`) and `build`s a `Case` per spec; `measure_case` times its arms (`_arms`), each on its own copy of the inputs,
+fwd+bwd taking every input's gradient with autograd.grad.  GB/s and TFLOP/s count what an op cannot avoid moving or
+computing, against this device's copy and bf16 matmul ceilings measured in the same run (docs/cli.md, "bench").
 """
 from __future__ import annotations
 
@@ -82,9 +81,9 @@ def _cell(v):
 
 
 def write_csv(rows: list[dict], path: str | Path, merge_on: tuple[str, ...] | None = None) -> Path:
-    """Rows plus the version columns to a CSV (lists/dicts as JSON, None as n/a).  `merge_on`:
-    keep the existing file's rows whose values in those columns no new row has (a partial run
-    replaces its own cases only).  A copy goes to $OUT when that is set (the device tool)."""
+    """Rows plus the version columns to a CSV (lists/dicts as JSON, None as n/a).  `merge_on`: keep the existing
+    file's rows whose values in those columns no new row has (a partial run replaces its own cases only).  A copy
+    goes to $OUT when that is set (the device tool)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     info = versions()
@@ -129,8 +128,8 @@ def no_gpu_message(what: str) -> str:
 # -- measuring -------------------------------------------------------------------------------------
 
 def measure_ceilings(*, quick: bool = False) -> dict:
-    """This GPU's copy bandwidth (GB/s: a 2 GiB bf16 copy, bytes read + written) and bf16 matmul
-    throughput (TFLOP/s: 8192^3), medians of triton.testing.do_bench (H200: ~4250 GB/s, ~720-790)."""
+    """This GPU's copy bandwidth (GB/s: a 2 GiB bf16 copy, bytes read + written) and bf16 matmul throughput
+    (TFLOP/s: 8192^3), medians of triton.testing.do_bench (H200: ~4250 GB/s, ~720-790)."""
     if not torch.cuda.is_available():
         raise RuntimeError(no_gpu_message("measuring the ceilings"))
     from triton.testing import do_bench
@@ -246,10 +245,6 @@ class Case:
         return {k: v for k, v in self.spec.items() if k not in SPEC_KEYS}
 
 
-def _first(out):
-    return out[0] if isinstance(out, (tuple, list)) else out
-
-
 def _floating(t) -> bool:
     return isinstance(t, torch.Tensor) and t.is_floating_point()
 
@@ -259,15 +254,16 @@ def _copy(t):
 
 
 def _grads(fn, ins, dy):
-    out = _first(fn(*ins))
+    out = fn(*ins)
+    out = out[0] if isinstance(out, (tuple, list)) else out
     leaves = [t for t in ins if isinstance(t, torch.Tensor) and t.requires_grad]
     return out, torch.autograd.grad(out, leaves, dy, allow_unused=True)
 
 
 def _arms(case: Case, dtype: str, compile_: bool) -> dict[str, tuple[Arm, str | None]]:
-    """name -> (arm, the LIGER_RT_IMPL_<OP> value it runs under; None: no override): `eager` (the
-    Hugging Face / PyTorch path; in fp32 also the reference of every error), `compile`, the peers
-    (Liger-Kernel when importable), one per forced implementation and `liger_rt` as dispatched."""
+    """name -> (arm, the LIGER_RT_IMPL_<OP> value it runs under; None: no override): `eager` (the Hugging Face /
+    PyTorch path; in fp32 also the reference of every error), `compile`, the peers (Liger-Kernel when importable),
+    one per forced implementation and `liger_rt` as dispatched."""
     from liger_rt import dispatch
     arms = {"eager": (case.eager, None)}
     if compile_ and case.compile:

@@ -1,13 +1,12 @@
-"""One SFT training step: baseline against liger_rt.patch (and Liger-Kernel's patch), counterbalanced
-(`arm_order`; docs/cli.md, "bench").
+"""One SFT training step: baseline against liger_rt.patch (and Liger-Kernel's patch), counterbalanced (`arm_order`;
+docs/cli.md, "bench").
 
-Each run builds a fresh model from the same seed (random weights, no hub download) and runs warm-up
-+ measured steps on the same random batch (labels = input_ids, AdamW, sdpa): the median of the
-synchronized step times, tokens/s, the peak allocated memory of the measured steps and every
-step's loss (the loss curves of all runs must overlap).  Model TFLOP/s is an estimate
-(`train_flops_per_step`); mfu is its fraction of the bf16 matmul ceiling measured in the same
-process.  A compiled arm records dynamo's graph breaks and unique graphs and `compile_s`, what the
-warm-up steps took beyond a steady step; one that fails is a row with its `error`.
+Each run builds a fresh model from the same seed (random weights, no hub download) and runs warm-up + measured steps
+on the same random batch (labels = input_ids, AdamW, sdpa): the median of the synchronized step times, tokens/s, the
+peak allocated memory of the measured steps and every step's loss (the loss curves of all runs must overlap).  Model
+TFLOP/s is an estimate (`train_flops_per_step`); mfu is its fraction of the bf16 matmul ceiling measured in the same
+process.  A compiled arm records dynamo's graph breaks and unique graphs and `compile_s`, what the warm-up steps took
+beyond a steady step; one that fails is a row with its `error`.
 
     from liger_rt.tools.bench.model import run_model_bench
     rows = run_model_bench("qwen3", "tiny", batch=2, seq=16, steps=3, warmup=1, device="cpu")
@@ -36,14 +35,13 @@ RUN_METRICS = ("median_step_ms", "min_step_ms", "max_step_ms", "tok_per_s", "pea
                "loss_last", "losses", "build_s", "params_M", "flops_per_step")
 # Columns added with the compiled arms: after the earlier ones in every run row (None where they do not apply)
 NEW_COLS = ("peak_reserved_GB", "graph_breaks", "graphs", "graph_break_reasons", "compile_s", "error")
-# Largest max |loss difference| / initial loss between two runs that still counts as overlapping:
-# same weights and batch, only kernel rounding separates the arms (fp32 tiny models through the
-# interpreter: ~2e-7; the H200 bf16 qwen3-1.7b baseline vs Liger-Kernel: 4e-5 after 13 steps); a
-# wrong gradient moves a curve by percents.
+# Largest max |loss difference| / initial loss between two runs that still counts as overlapping: same weights and
+# batch, only kernel rounding separates the arms (fp32 tiny models through the interpreter: ~2e-7; the H200 bf16
+# qwen3-1.7b baseline vs Liger-Kernel: 4e-5 after 13 steps); a wrong gradient moves a curve by percents.
 LOSS_RTOL = {"fp32": 1e-4, "fp16": 5e-3, "bf16": 1e-2}
-# Issue 9's runs: anchors are the baseline / Liger-Kernel figures of the anchor runs (one H200),
-# targets what liger_rt must reach (tokens/s, peak GB).  qwen3rope: rope=True, ops.rope in place
-# of HF's apply_rotary_pos_emb (Liger-Kernel's patch always swaps it); lfm2moe: 8 layers, attention at 2, 5.
+# Issue 9's runs: anchors are the baseline / Liger-Kernel figures of the anchor runs (one H200), targets what liger_rt
+# must reach (tokens/s, peak GB).  qwen3rope: rope=True, ops.rope in place of HF's apply_rotary_pos_emb (Liger-Kernel's
+# patch always swaps it); lfm2moe: 8 layers, attention at 2, 5.
 _QWEN3 = dict(model_type="qwen3", preset="qwen3-1.7b", config={"tie_word_embeddings": True},
               anchor_tok_per_s=29192.0, anchor_peak_GB=51.34, liger_kernel_tok_per_s=34579.0,
               liger_kernel_peak_GB=31.10, target_tok_per_s=38000.0, target_peak_GB=31.0)
@@ -138,9 +136,9 @@ def random_ids(model, batch: int, seq: int, seed: int, device: str):
 
 
 def train_flops_per_step(model, batch: int, seq: int) -> float:
-    """6 * active matmul params * tokens + causal attention (3 * 2 * seq * heads * head_dim per token
-    and attention layer).  Active: weights of >= 2 dims except the input embedding and the vision
-    tower, experts scaled by top_k / experts, the LM head once even if tied."""
+    """6 * active matmul params * tokens + causal attention (3 * 2 * seq * heads * head_dim per token and attention
+    layer).  Active: weights of >= 2 dims except the input embedding and the vision tower, experts scaled by top_k /
+    experts, the LM head once even if tied."""
     tc = _text_config(model)
     emb, head = model.get_input_embeddings().weight, model.get_output_embeddings()
     head_w = head.weight if head is not None else None
@@ -164,8 +162,8 @@ def train_flops_per_step(model, batch: int, seq: int) -> float:
 
 
 class LigerKernelPatch:
-    """Liger-Kernel's instance patch, with the module-level changes it makes (classes and rope
-    functions of the HF modeling modules, F.cross_entropy) undone after the run."""
+    """Liger-Kernel's instance patch, with the module-level changes it makes (classes and rope functions of the HF
+    modeling modules, F.cross_entropy) undone after the run."""
 
     def __init__(self):
         self.saved: list[tuple[object, dict]] = []
@@ -220,11 +218,11 @@ def _reset_dynamo() -> None:
 
 def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, seq, ids, steps, warmup, lr,
              compile_backend="inductor", compile_mode="default") -> dict:
-    """One run: a fresh model, the arm's patch (then torch.compile for a +compile arm), warm-up +
-    measured steps.  `ids` None on the first run (drawn from the model's vocab here and returned
-    for the later runs)."""
+    """One run: a fresh model, the arm's patch (then torch.compile for a +compile arm), warm-up + measured steps.
+    `ids` None on the first run (drawn from the model's vocab here and returned for the later runs)."""
     import liger_rt.patch as P
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    cuda = device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     base, compiled = arm.removesuffix("+compile"), arm in COMPILED
     gc.collect()
     t0 = time.perf_counter()
@@ -252,10 +250,9 @@ def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, 
         opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=device == "cuda")
         losses, times = [], []
         for i in range(warmup + steps):
-            if i == warmup and device == "cuda":          # the peak of steady-state steps
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
             sync()
+            if i == warmup and cuda:          # the peak of steady-state steps
+                torch.cuda.reset_peak_memory_stats()
             t = time.perf_counter()
             loss = step_model(input_ids=ids, labels=ids).loss
             loss.backward()
@@ -266,7 +263,6 @@ def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, 
             losses.append(float(loss.detach()))
         warm, times = times[:warmup], times[warmup:]
         med = statistics.median(times)
-        cuda = device == "cuda"
         return {"median_step_ms": med * 1e3, "min_step_ms": min(times) * 1e3, "max_step_ms": max(times) * 1e3,
                 "tok_per_s": ids.numel() / med, "peak_alloc_GB": torch.cuda.max_memory_allocated() / 1e9
                 if cuda else None, "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
@@ -278,15 +274,12 @@ def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, 
     finally:
         if undo is not None:
             undo()
-        del model, step_model          # the caller resets dynamo once it has read its counters
-        gc.collect()
-        if device == "cuda":
-            torch.cuda.empty_cache()
+        del model, step_model          # the caller resets dynamo once it has read its counters, then collects
 
 
 def arm_order(arms) -> list[str]:
-    """The counterbalanced run order of a set of arms: the eager and compiled arms, Liger-Kernel's
-    two runs in the middle, then the first ones in reverse."""
+    """The counterbalanced run order of a set of arms: the eager and compiled arms, Liger-Kernel's two runs in the
+    middle, then the first ones in reverse."""
     first = [a for a in ("baseline", "liger_rt", *COMPILED) if a in arms]
     return [*first, *(["liger_kernel"] * 2 if "liger_kernel" in arms else []), *reversed(first)]
 
@@ -317,11 +310,10 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
                     ceilings: dict | None = None, compile: bool = False, compile_backend="inductor",
                     compile_mode: str = "default", arms: tuple | None = None,
                     echo: Callable | None = print) -> list[dict]:
-    """Rows of one model: one per run (kind="run", in run order) and one per arm (kind="summary":
-    mean tokens/s, max peak, speedup and memory against baseline, loss-curve difference).
-    `flags` go to liger_rt.patch on top of {fused_linear_cross_entropy: True}; `config` holds
-    transformers config overrides for every arm.  `compile` adds the arms baseline+compile and
-    liger_rt+compile (torch.compile with `compile_backend`, a name or a callable, and
+    """Rows of one model: one per run (kind="run", in run order) and one per arm (kind="summary": mean tokens/s, max
+    peak, speedup and memory against baseline, loss-curve difference).  `flags` go to liger_rt.patch on top of
+    {fused_linear_cross_entropy: True}; `config` holds transformers config overrides for every arm.  `compile` adds
+    the arms baseline+compile and liger_rt+compile (torch.compile with `compile_backend`, a name or a callable, and
     `compile_mode`); `arms` picks the arms outright (baseline among them)."""
     from liger_rt.kernels._common import dtype_name, parse_dtype
     echo = echo or (lambda s: None)
@@ -382,8 +374,7 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
                 torch.cuda.empty_cache()
         ids = res.pop("ids")
         mem = "n/a" if res["peak_alloc_GB"] is None else f"{res['peak_alloc_GB']:.2f} GB"
-        extra = (f"  {res['graph_breaks']} graph breaks, compile {res['compile_s']:.1f} s"
-                 if arm in COMPILED else "")
+        extra = f"  {res['graph_breaks']} graph breaks, compile {res['compile_s']:.1f} s" if arm in COMPILED else ""
         echo(f"  [{n + 1}] {arm:16s} {res['median_step_ms']:9.2f} ms/step {res['tok_per_s']:10.0f} tok/s  peak {mem}  "
              f"loss {res['loss_first']:.4f} -> {res['loss_last']:.4f}{extra}  ({time.time() - t0:.1f} s)")
         runs.append({"arm": arm, "run_index": len(runs), **res, "error": ""})
@@ -425,10 +416,9 @@ def _dry_patch(preset, overrides: dict, flags: dict) -> None:
 
 
 def summarize_runs(run_rows: list[dict]) -> list[dict]:
-    """One row per arm: tokens/s the mean of its runs, median ms = batch*seq / that, peak the max,
-    speedup and memory against baseline (and tokens/s against baseline+compile when it ran),
-    loss-curve overlap against the first baseline run.  Failed runs count in no figure; an arm
-    whose every run failed is a row with its error."""
+    """One row per arm: tokens/s the mean of its runs, median ms = batch*seq / that, peak the max, speedup and memory
+    against baseline (and tokens/s against baseline+compile when it ran), loss-curve overlap against the first
+    baseline run.  Failed runs count in no figure; an arm whose every run failed is a row with its error."""
     out, base = [], None
     tol = LOSS_RTOL[run_rows[0]["dtype"]]
     drop = ("run_index", "min_step_ms", "max_step_ms", "losses", "build_s")
@@ -517,12 +507,11 @@ def run_targets(names: list[str], *, out_dir: str = "benchmarks/results", quick:
                 warmup: int | None = None, batch: int = 4, seq: int = 2048, shapes: list | None = None,
                 liger_kernel: bool = True, csv_path: str | None = None, echo: Callable = print,
                 **compile_kw) -> list[str]:
-    """Issue 9's runs (TARGETS) on the GPU at each (batch, seq) of `shapes` (default the one
-    batch x seq), into model_<device>[_quick].csv or `csv_path`, written after every run (a
-    partial run keeps the other targets' and shapes' rows).  Anchors and targets ride along in
-    the rows of TARGET_SHAPE, the shape they were measured at, where the liger_rt summary says
-    whether it meets its target.  `compile_kw` (compile, compile_backend, compile_mode) go to
-    run_model_bench.  Returns the runs that failed, as name or name@BxT."""
+    """Issue 9's runs (TARGETS) on the GPU at each (batch, seq) of `shapes` (default the one batch x seq), into
+    model_<device>[_quick].csv or `csv_path`, written after every run (a partial run keeps the other targets' and
+    shapes' rows).  Anchors and targets ride along in the rows of TARGET_SHAPE, the shape they were measured at, where
+    the liger_rt summary says whether it meets its target.  `compile_kw` (compile, compile_backend, compile_mode) go
+    to run_model_bench.  Returns the runs that failed, as name or name@BxT."""
     from .harness import device_tag, write_csv
     steps, warmup = steps or (8 if quick else 20), (3 if quick else 5) if warmup is None else warmup
     shapes = list(shapes or [(batch, seq)])

@@ -20,17 +20,6 @@ SPECS = [dict(op="moe_experts", tokens=t, experts=e, top_k=k, hidden=h, intermed
          for e, k, h, i in STATICS for t in (512, 2048, 4096, 16384) for r in ("uniform", "skewed")]
 
 
-def routing(t: int, e: int, k: int, tag: str, g: torch.Generator, device) -> torch.Tensor:
-    """(t, k) distinct expert ids per token."""
-    if tag == "uniform":
-        return torch.rand(t, e, generator=g, device=device).topk(k, dim=-1).indices
-    live = max(k, e - e // 4)
-    p = torch.zeros(e, device=device)
-    p[:live] = 1.0 / torch.arange(1, live + 1, device=device, dtype=torch.float32) ** 1.2
-    p = p[torch.randperm(e, generator=g, device=device)]
-    return torch.multinomial(p.expand(t, e), k, replacement=False, generator=g)
-
-
 def hf_experts(e, k, h, i, implementation: str):
     """fn(x, gate_up, down, idx, w) through transformers' Lfm2MoeExperts with these weights."""
     from transformers import Lfm2MoeConfig
@@ -45,17 +34,10 @@ def hf_experts(e, k, h, i, implementation: str):
 def build(spec: dict, dtype, device: str, echo=print) -> Case:
     from liger_rt import ops
     from liger_rt.kernels._common import parse_dtype
-    dt = parse_dtype(dtype)
+    from liger_rt.kernels.moe_experts import _make_case         # the tuning cases' inputs (seed 0, dy ~ N(0, 1/16))
     t, e, k, h, i = (spec[n] for n in ("tokens", "experts", "top_k", "hidden", "intermediate"))
-    g = torch.Generator(device).manual_seed(0)
-
-    def rand(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=g, device=device) * scale).to(dt).requires_grad_()
-    x, gu, dn = rand(t, h), rand(e, 2 * i, h, scale=h ** -0.5), rand(e, h, i, scale=i ** -0.5)
-    idx = routing(t, e, k, spec["routing"], g, device)
-    w = torch.rand(t, k, generator=g, device=device) + 0.1
-    w = (w / w.sum(-1, keepdim=True)).to(dt).requires_grad_()
-    dy = (torch.randn(t, h, generator=g, device=device) * 0.25).to(dt)
+    tuning = _make_case(spec, parse_dtype(dtype), device, spec["routing"])
+    (x, gu, dn, idx, w, _), (dy,) = tuning.args, tuning.grads
     lk = peer("liger_kernel.ops.fused_moe", "LigerFusedMoEFunction", echo)
     peers = {"liger_kernel": Arm(lambda x, gu, dn, idx, w: lk.apply(x, gu, dn, idx.to(torch.int32), w),
                                  "LigerFusedMoEFunction")} if lk else {}
