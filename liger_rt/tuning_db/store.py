@@ -1,13 +1,9 @@
-"""SQLite tuning store and the layering of the user DB over the shipped defaults (docs/architecture.md,
-"The DB" and "Failure modes").
-
-Tables (columns in rows.py): ``tuning`` (the best config per op, variant, arch, dtype, static key,
-bucket and implementation, with its timing method and fingerprint), ``measurements`` (every raw
-candidate timing), ``crossover`` and ``meta`` (the DB schema version; a schema-1 DB is migrated
-when opened for writing).  Opening for reading never writes anything; writers use WAL, a busy
-timeout and one transaction per logical write, so concurrent writers lose nothing and a killed
-writer leaves no half-written case.
-"""
+"""SQLite tuning store, and the user DB layered over the shipped defaults (docs/architecture.md, "The DB"
+and "Failure modes").  Tables (columns in rows.py): ``tuning`` (the best config per op, variant, arch, dtype,
+static key, bucket and implementation), ``measurements`` (every raw candidate timing), ``crossover`` and
+``meta`` (the DB schema version; a schema-1 DB is migrated when opened for writing).  Reading never writes;
+writers use WAL, a busy timeout and one transaction per logical write, so concurrent writers lose nothing
+and a killed writer leaves no half-written case."""
 from __future__ import annotations
 
 import contextlib
@@ -152,13 +148,13 @@ class Store:
 
     def __init__(self, path: Path | None, *, layer: str, timeout: float | None = None, create: bool = True,
                  readonly: bool = False):
-        self.path = path
-        self.layer = layer
-        self.readonly = readonly
+        self.path, self.layer, self.readonly = path, layer, readonly
         self.timeout = timeout if timeout is not None else 0.0 if path is None else env.db_timeout()
         self.conn = None
         if path is not None and path.is_dir():
             raise TuningDBError(f"{path} is a directory, not a tuning DB file")
+        if path is not None and not path.exists() and (readonly or not create):
+            raise TuningDBError(f"{path} does not exist")
         try:
             if path is None:
                 self.conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
@@ -167,7 +163,7 @@ class Store:
             elif readonly:
                 self._open_readonly(path)
             else:
-                self._open_writable(path, create)
+                self._open_writable(path)
         except sqlite3.DatabaseError as exc:
             self.close()
             raise TuningDBError(f"{path} is unusable: {exc}") from None
@@ -182,8 +178,6 @@ class Store:
         return conn
 
     def _open_readonly(self, path: Path) -> None:
-        if not path.exists():
-            raise TuningDBError(f"{path} does not exist")
         self.conn = self._connect(f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro", uri=True)
         found = _inspect(self.conn, path)
         if found is None:
@@ -191,10 +185,8 @@ class Store:
                                                                      else "an SQLite file without tables"))
         self.schema = found
 
-    def _open_writable(self, path: Path, create: bool) -> None:
+    def _open_writable(self, path: Path) -> None:
         if not path.exists():
-            if not create:
-                raise TuningDBError(f"{path} does not exist")
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
@@ -338,17 +330,10 @@ class Store:
         sql = f"SELECT rowid AS _rowid, * FROM {table}" + (f" WHERE {where}" if where else "")
         cur = self.conn.execute(sql, args or [])
         names = [d[0] for d in cur.description]
-        out = []
-        for values in cur.fetchall():
-            raw = dict(zip(names, values))
-            row = R.fill_defaults(table, raw)
-            if rowid:
-                row["rowid"] = raw["_rowid"]
-            out.append(row)
-        return out
+        raws = [dict(zip(names, values)) for values in cur.fetchall()]
+        return [R.fill_defaults(table, raw) | ({"rowid": raw["_rowid"]} if rowid else {}) for raw in raws]
 
-    def all_rows(self, table: str, where: str | None = None, args: list | None = None) -> list[dict]:
-        return self.select(table, where, args)
+    all_rows = select
 
     def crossover_row(self, op: str, variant: str, arch: str, dtype: str, static_key: str) -> dict | None:
         rows = self.select("crossover", _STATIC, [op, variant, arch, dtype, static_key])
@@ -364,13 +349,13 @@ class Store:
         (`stale`) and/or invalid (`invalid`) ones; with neither flag every row of op/arch.
         Returns {"tuning": [(row, why)], "crossover": [...], "measurements": count}."""
         where, args = op_arch_where(op, arch)
-        picked: dict[str, list] = {}
-        for table in R.COLUMNS:
-            picked[table] = []
+        wanted = {"selected"} | {status for status, on in (("stale", stale), ("bad", invalid)) if on}
+        picked: dict[str, list] = {table: [] for table in R.COLUMNS}
+        for table, chosen in picked.items():
             for row in self.select(table, where, args, rowid=True):
                 status, why = classify(table, row) if stale or invalid else ("selected", "selected")
-                if status == "selected" or (stale and status == "stale") or (invalid and status == "bad"):
-                    picked[table].append((row, why))
+                if status in wanted:
+                    chosen.append((row, why))
         if not dry_run:
             with self.transaction():
                 for table, chosen in picked.items():
@@ -471,7 +456,7 @@ def dump_jsonl(store, arch: str | None = None, keep=None) -> Iterable[str]:
     """An export: a meta line, then every row (of `arch`; for which keep(table, row) holds).
     `store` is a Store or a list of them (the first holding a key wins: user over shipped)."""
     stores = store if isinstance(store, (list, tuple)) else [store]
-    where, args = ("arch = ?", [arch]) if arch else (None, None)
+    where, args = op_arch_where(None, arch)
     yield json.dumps({"table": "meta", "db_schema": DB_SCHEMA})
     for table in R.COLUMNS:
         pk = {"tuning": TUNING_PK, "crossover": CROSSOVER_PK, "measurements": MEASUREMENT_KEY}[table]
@@ -497,12 +482,9 @@ class LayeredStore:
     one warning and the lookup goes on to the next row, layer or source."""
 
     def __init__(self, user: Store | None, defaults: Store, user_error: str | None = None):
-        self.user = user
-        self.defaults = defaults
-        self.user_error = user_error
+        self.user, self.defaults, self.user_error = user, defaults, user_error
         self._here: dict = {}
         self._warned: set = set()
-        self.skipped: dict[str, int] = {}      # layer -> bad rows skipped by lookups
 
     @classmethod
     def open_default(cls) -> "LayeredStore":
@@ -549,7 +531,6 @@ class LayeredStore:
         if key in self._warned:
             return
         self._warned.add(key)
-        self.skipped[store.layer] = self.skipped.get(store.layer, 0) + 1
         warnings.warn(f"liger_rt: skipping a bad {table} row in the {store.layer} DB ({row_name(row)}): {why}; "
                       "`liger-tune doctor` counts them, `liger-tune prune --invalid` removes them",
                       RuntimeWarning, stacklevel=5)
@@ -594,11 +575,10 @@ class LayeredStore:
         stale = all(c[3] for c in found)
         for store in self.layers():
             cands = [c for c in found if c[0] is store and bool(c[3]) == stale]
-            if nearest and cands:
+            if nearest:
                 dist = {c[1]["bucket"]: _log2_distance(want, json.loads(c[1]["bucket"])) for c in cands}
-                best_d = min(dist.values())
-                cands = [c for c in cands if dist[c[1]["bucket"]] == best_d]
-            elif not nearest:
+                cands = [c for c in cands if dist[c[1]["bucket"]] == min(dist.values())]
+            else:
                 cands = [c for c in cands if c[1]["bucket"] == exact]
             if not cands:
                 continue
@@ -611,10 +591,7 @@ class LayeredStore:
 
     @staticmethod
     def _result(store: Store, best: dict, config, why: str | None, cands: list) -> dict:
-        out = dict(best)
-        out["config"] = config
-        out["layer"] = store.layer
-        out["stale"] = why
+        out = {**best, "config": config, "layer": store.layer, "stale": why}
         torch_rows = [c[1] for c in cands if c[1]["impl"] == "torch"]
         if torch_rows:      # the same run's torch time, same method: the honest baseline
             out["baseline_ms"] = torch_rows[0]["median_ms"]
@@ -628,13 +605,8 @@ class LayeredStore:
         if not found:
             return None
         store, row, _, why = found[0]
-        out = dict(row)
-        out["segments"] = json.loads(row["segments"])
-        out["layer"] = store.layer
-        out["stale"] = why
-        out["row_origin"] = row["origin"]
-        out["origin"] = f"{row['origin']}, {row['method']}" + (f", STALE: {why}" if why else "")
-        return out
+        return {**row, "segments": json.loads(row["segments"]), "layer": store.layer, "stale": why,
+                "origin": f"{row['origin']}, {row['method']}" + (f", STALE: {why}" if why else "")}
 
 
 _DEFAULTS: Store | None = None
