@@ -1,27 +1,16 @@
 """Causal-LM loss forwards: fused linear cross-entropy (no logits) and a cross-entropy loss function.
 
-``causal_lm_forward`` replaces a ``*ForCausalLM`` / ``*ForConditionalGeneration`` forward when the
-patch asks for ``fused_linear_cross_entropy``.  A call that gives labels and does not need logits
-runs the base model (``self.model(...)``), then
+``causal_lm_forward`` replaces a causal LM's forward under ``fused_linear_cross_entropy``: given
+labels and no need of logits it runs the base model, then
 
     loss = liger_rt.ops.fused_linear_cross_entropy(hidden (N, H), lm_head.weight (V, H),
-                                                   shifted labels (N,), lm_head.bias,
-                                                   ignore_index, reduction)
+                                                   shifted labels (N,), lm_head.bias, ignore_index, reduction)
 
-with HF's ForCausalLMLoss semantics: labels shifted left by one (or ``shift_labels`` as given),
-``reduction="sum"`` divided by ``num_items_in_batch`` when the trainer passes it, else the mean
-over non-ignored tokens; MoE load-balancing aux loss added as the host adds it.  The output is the
-host's own output class with ``logits=None``.
-
-Logits stay materialised (the host's forward runs unchanged) whenever the caller needs them:
-no labels, ``return_logits=True`` in the call, ``keep_logits=True`` in the patch, eval mode
-(``model.eval()``: evaluation loops read logits; pass ``return_logits=False`` to fuse there too),
-``logits_to_keep`` other than 0, a custom loss function, or an lm_head that is not a plain Linear
-(LoRA on the head).  RL (log-probs, entropy, KL) calls without labels, so it always gets logits.
-
-``causal_lm_loss`` is a drop-in for HF's ForCausalLMLoss computing the cross-entropy with
-liger_rt.ops.cross_entropy on the materialised logits; the ``cross_entropy`` flag installs it as
-the model's ``loss_function``.
+with HF's ForCausalLMLoss semantics (shift, ``num_items_in_batch``, MoE aux loss), returning the
+host's output class with ``logits=None``.  Otherwise (no labels, ``return_logits=True``,
+``keep_logits``, eval mode, ``logits_to_keep`` != 0, a custom loss, an lm_head that is not a plain
+Linear) the host forward runs.  ``causal_lm_loss`` is ForCausalLMLoss through liger_rt.ops.cross_entropy
+(the ``cross_entropy`` flag's ``loss_function``).  docs/patching.md ("Loss forwards") has the details.
 """
 from __future__ import annotations
 
@@ -118,10 +107,8 @@ def _output_class(sig: inspect.Signature, module_name: str):
     if isinstance(ann, str):
         ann = getattr(sys.modules.get(module_name), ann.split("|")[-1].strip(), None)
     candidates = typing.get_args(ann) if isinstance(ann, types.UnionType) or typing.get_origin(ann) else (ann,)
-    for c in candidates:
-        if isinstance(c, type) and issubclass(c, ModelOutput) and dataclasses.is_dataclass(c):
-            return c
-    return None
+    return next((c for c in candidates if isinstance(c, type) and issubclass(c, ModelOutput)
+                 and dataclasses.is_dataclass(c)), None)
 
 
 def loss_options(sig: inspect.Signature, module_name: str, *, keep_logits: bool = False,
@@ -169,23 +156,17 @@ def _fused_plan(self, opts, args, kwargs, return_logits):
     if opts is None or not opts.fused_linear_cross_entropy:
         return None
     want_logits = return_logits if return_logits is not None else (opts.keep_logits or not self.training)
-    if want_logits:
-        return None
-    split = _split(opts, args, kwargs)
-    if split is None:
+    if want_logits or (split := _split(opts, args, kwargs)) is None:
         return None
     arguments, extra = split
-    if arguments.get("labels") is None and extra.get("shift_labels") is None:
-        return None
     keep = arguments.get("logits_to_keep", 0)
-    if not (isinstance(keep, int) and keep == 0):
+    no_labels = arguments.get("labels") is None and extra.get("shift_labels") is None
+    if no_labels or not (isinstance(keep, int) and keep == 0):
         return None
     head = getattr(self, "lm_head", None)
     if type(head) is not torch.nn.Linear or getattr(head, "_hf_hook", None) is not None:
         return None
-    if getattr(self, "model", None) is None or not _default_loss(self):
-        return None
-    if head_transform(self.config, head) is None:
+    if getattr(self, "model", None) is None or not _default_loss(self) or head_transform(self.config, head) is None:
         return None
     return arguments, extra
 

@@ -2,27 +2,19 @@
 
     y = out_proj(C * causal_depthwise_conv(B * x)),  B, C, x = in_proj(mask(h)).split(3)
 
-``in_proj`` and ``out_proj`` stay the module's own Linear layers; the gates and the causal
-depthwise conv (weight (hidden, kernel) = ``conv.weight.squeeze(1)``) run as one op on
-``bcx`` (batch, seq, 3*hidden).
+``in_proj`` and ``out_proj`` stay the module's own Linear layers; the gates and the depthwise conv
+(weight ``conv.weight.squeeze(1)``) run as one op on ``bcx`` (batch, seq, 3*hidden).  The op runs for
+training and no-cache calls and a prefill into an empty cache (writing the conv state as the HF layer
+does; a training forward into a cache of unknown API fuses and leaves it unwritten); decoding,
+continuation from cached state, other caches, accelerate hooks and positional extras run the
+module's own forward.
 
-When the fused op runs, and when the Hugging Face path does:
-- training and no-cache calls, and a prefill into an empty cache (the conv state the cache keeps,
-  the last ``kernel`` columns of B*x, is written the way the HF layer writes it): liger_rt
-  (a training forward into a cache whose API this layer does not know fuses too and leaves that
-  cache's conv state unwritten);
-- decoding and any call continuing from cached state, caches the layer cannot read, accelerate
-  offload hooks, positional extras: the module's own forward, unchanged.
-
-Packed sequences: boundaries come from ``seq_idx`` (TransformersKwargs), else ``cu_seq_lens_q``
-(flash-attention packing, batch 1), else ``position_ids`` (a new sequence starts wherever the
-position does not follow the previous one).  The decoder-layer forward below hands the last two
-to the conv as ``seq_idx=Packing(...)`` when the caller gave no ``seq_idx``: transformers 5.17's
-decoder layer passes its conv ``seq_idx`` and nothing else of its kwargs (5.24's passes them all),
-and the conv forward unwraps it, so the host's own forward never sees it.  The op receives
-``seq_idx`` so no tap crosses a boundary; if the op cannot take ``seq_idx`` and the batch really
-is packed, the segment-aware ``short_conv_ref`` runs instead: sequences are never mixed (HF's own
-F.conv1d fallback does mix them).
+Packed sequences: boundaries come from ``seq_idx``, else ``cu_seq_lens_q`` (batch 1), else
+``position_ids``.  ``decoder_layer_forward`` hands the last two to the conv as ``seq_idx=Packing(...)``
+(transformers 5.17's decoder layer passes its conv ``seq_idx`` and nothing else of its kwargs, 5.24's
+passes them all); the conv forward unwraps it, so the host's forward never sees it.  If the op cannot
+take ``seq_idx`` and the batch is packed, the segment-aware ``short_conv_ref`` runs: sequences are
+never mixed (HF's own F.conv1d fallback does mix them).
 """
 from __future__ import annotations
 
@@ -103,6 +95,12 @@ def _fresh_conv_state(cache, idx: int) -> bool | None:
     return not (recording(idx) if recording is not None else getattr(cache.layers[idx], "record_past", False))
 
 
+def _conv_state(bcx: torch.Tensor, kernel: int) -> torch.Tensor:
+    """The conv state the HF layer caches: B*x of the last ``kernel`` positions, (batch, hidden, <= kernel)."""
+    b, _, x = bcx[:, -kernel:].detach().chunk(3, dim=-1)
+    return (b * x).transpose(-1, -2)
+
+
 def _fresh_prefill(self, cache, kwargs: dict, seq: int):
     """How to write the conv state when the fused op runs with a cache: a callable(bcx), or None
     when the HF path must run (decode, continuation, recorded past, unknown cache API)."""
@@ -114,18 +112,12 @@ def _fresh_prefill(self, cache, kwargs: dict, seq: int):
     if fresh is not None and hasattr(cache, "update_conv_state"):
         if not fresh:
             return None
-
-        def write(bcx):
-            tail = bcx[:, -kernel:].detach()
-            b, _, x = tail.chunk(3, dim=-1)
-            cache.update_conv_state((b * x).transpose(-1, -2), idx, conv_kernel_size=kernel)
-        return write
+        return lambda bcx: cache.update_conv_state(_conv_state(bcx, kernel), idx, conv_kernel_size=kernel)
     conv_cache = getattr(cache, "conv_cache", None)                                    # Lfm2HybridConvCache
     cache_position = kwargs.get("cache_position")
     if isinstance(conv_cache, (list, tuple)) and cache_position is not None and int(cache_position[0]) == 0:
         def write_old(bcx):
-            b, _, x = bcx[:, -kernel:].detach().chunk(3, dim=-1)
-            bx = (b * x).transpose(-1, -2)
+            bx = _conv_state(bcx, kernel)
             conv_cache[idx].copy_(torch.nn.functional.pad(bx, (kernel - bx.shape[-1], 0)))
         return write_old
     if self.training and torch.is_grad_enabled():
@@ -151,9 +143,7 @@ def short_conv_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> to
     """Lfm2ShortConv.forward through liger_rt.ops.short_conv; hidden_states (batch, seq, hidden)."""
     packing = kwargs.pop("seq_idx") if isinstance(kwargs.get("seq_idx"), Packing) else None
     cache = next((kwargs[k] for k in _CACHE_KWARGS if kwargs.get(k) is not None), None)
-    write_state = None
-    if cache is not None:
-        write_state = _fresh_prefill(self, cache, kwargs, hidden_states.shape[1])
+    write_state = _fresh_prefill(self, cache, kwargs, hidden_states.shape[1]) if cache is not None else None
     if args or (cache is not None and write_state is None) or getattr(self.conv, "_hf_hook", None) is not None:
         return original_function(self)(self, hidden_states, *args, **kwargs)
 

@@ -499,7 +499,8 @@ def _describe_class_patched(root) -> dict | None:
                 patched[flag] += 1
                 modules[cls.__name__] += 1
             if cls in rec["causal_lm"]:
-                patched.update(f for f in ("fused_linear_cross_entropy", "logprobs", "cross_entropy") if rec["flags"][f])
+                patched.update(f for f in ("fused_linear_cross_entropy", "logprobs", "cross_entropy")
+                               if rec["flags"][f])
         if rec["functions"] and patched:
             patched["rope"] = rec["functions"]
         if patched:
