@@ -227,9 +227,7 @@ class Store:
                 have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})").fetchall()}
                 for col, typ in columns.items():
                     if col not in have:
-                        default = R.DEFAULTS.get(col)
-                        clause = ("" if default is None else
-                                  f" DEFAULT '{default}'" if isinstance(default, str) else f" DEFAULT {default}")
+                        clause = "" if (default := R.DEFAULTS.get(col)) is None else f" DEFAULT {default!r}"
                         self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {col} {_SQL_TYPES[typ]}{clause}")
             # schema 1 imported duplicates: keep one of each before the unique index
             self.conn.execute(f"DELETE FROM measurements WHERE rowid NOT IN (SELECT min(rowid) FROM measurements "
@@ -309,17 +307,13 @@ class Store:
         if not rows:
             return
         cols = list(R.COLUMNS[table])
-        marks = ", ".join("?" for _ in cols)
+        verb = {"tuning": "INSERT", "crossover": "INSERT OR REPLACE", "measurements": "INSERT OR IGNORE"}[table]
+        sql = f"{verb} INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})"
         if table == "tuning":
             comparable = " AND ".join(f"tuning.{c} IS excluded.{c}" for c in ("method", "config_schema", *FINGERPRINT))
-            sql = (f"INSERT INTO tuning ({', '.join(cols)}) VALUES ({marks}) "
-                   f"ON CONFLICT({', '.join(TUNING_PK)}) DO UPDATE SET "
-                   + ", ".join(f"{c} = excluded.{c}" for c in cols if c not in TUNING_PK)
-                   + f" WHERE NOT ({comparable}) OR excluded.median_ms < tuning.median_ms")
-        elif table == "crossover":
-            sql = f"INSERT OR REPLACE INTO crossover ({', '.join(cols)}) VALUES ({marks})"
-        else:
-            sql = f"INSERT OR IGNORE INTO measurements ({', '.join(cols)}) VALUES ({marks})"
+            sql += (f" ON CONFLICT({', '.join(TUNING_PK)}) DO UPDATE SET "
+                    + ", ".join(f"{c} = excluded.{c}" for c in cols if c not in TUNING_PK)
+                    + f" WHERE NOT ({comparable}) OR excluded.median_ms < tuning.median_ms")
         with self.transaction():
             self.conn.executemany(sql, [[r[c] for c in cols] for r in rows])
 
@@ -381,12 +375,11 @@ def classify(table: str, row: dict, op=None) -> tuple[str, str]:
             R.parse_config(op, checked["impl"], checked["config"])
         except RowError as exc:
             return "stale", f"other kernel code, and {exc}"
+    why = None
     if checked["arch"] in (backend.detect_hardware().name, "cpu"):
         why = stale_reason(checked, fingerprint(checked["arch"], op.source_hash))
     elif checked["source_hash"] not in ("", op.source_hash):
         why = f"kernel {checked['source_hash']} (here {op.source_hash})"
-    else:
-        why = None
     return ("stale", why) if why else ("ok", "")
 
 
@@ -555,11 +548,10 @@ class LayeredStore:
         """(store, checked row, config, stale reason or None) of each usable row of the static dims."""
         args = [op.name, op.variant, getattr(arch, "name", arch), dtype, op.static_key(dims)]
         here = self.fingerprint(op, arch)
-        found = []
+        found = []      # a loop, not a comprehension: the warnings' stacklevel counts these frames
         for store in self.layers():
             for row in self._select(store, table, args):
-                usable = (keep is None or keep(row)) and self._usable(store, table, op, row)
-                if usable:
+                if usable := (keep is None or keep(row)) and self._usable(store, table, op, row):
                     found.append((store, *usable, stale_reason(usable[0], here)))
         return found
 
@@ -585,19 +577,14 @@ class LayeredStore:
             method = min((c[1]["method"] for c in cands), key=METHODS.index)
             cands = [c for c in cands if c[1]["method"] == method]     # never compare methods
             _, best, config, why = min(cands, key=lambda c: c[1]["median_ms"])
-            return self._result(store, best, config, why,
-                                [c for c in cands if c[1]["bucket"] == best["bucket"]])
+            out = {**best, "config": config, "layer": store.layer, "stale": why}
+            torch_rows = [c[1] for c in cands if c[1]["impl"] == "torch" and c[1]["bucket"] == best["bucket"]]
+            if torch_rows:      # the same run's torch time, same method: the honest baseline
+                out["baseline_ms"] = torch_rows[0]["median_ms"]
+            host = f", host {best['host_ms']:.3g} ms/call" if best.get("host_ms") else ""
+            out["db_origin"] = f"{best['origin']}, {best['method']}{host}" + (f", STALE: {why}" if why else "")
+            return out
         return None
-
-    @staticmethod
-    def _result(store: Store, best: dict, config, why: str | None, cands: list) -> dict:
-        out = {**best, "config": config, "layer": store.layer, "stale": why}
-        torch_rows = [c[1] for c in cands if c[1]["impl"] == "torch"]
-        if torch_rows:      # the same run's torch time, same method: the honest baseline
-            out["baseline_ms"] = torch_rows[0]["median_ms"]
-        host = f", host {best['host_ms']:.3g} ms/call" if best.get("host_ms") else ""
-        out["db_origin"] = f"{best['origin']}, {best['method']}{host}" + (f", STALE: {why}" if why else "")
-        return out
 
     def crossover(self, op, arch, dtype: str, dims: dict) -> dict | None:
         """The crossover row of (op, arch, dtype, static dims): exact fingerprint before stale."""
