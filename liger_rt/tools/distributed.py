@@ -143,9 +143,5 @@ def compare_wrapped(base, new, inputs: dict | None = None, *, lr: float = 1e-3, 
     Returns the parity report ({"ok", "rows", "dtype", ...}); `parity.format_table` prints it."""
     from . import parity
     inputs = inputs if inputs is not None else parity.make_inputs(unwrapped(base), seed=seed)
-    run = parity._run if all_rows else train_step
-    torch.manual_seed(seed)
-    rb = run(base, inputs, lr)
-    torch.manual_seed(seed)
-    rn = run(new, inputs, lr)
-    return parity.build_report(base, new, rb, rn, lr=lr, tolerances=tolerances, full=full, inner=unwrapped(new))
+    return parity.build_report(base, new, inputs, lr=lr, seed=seed, run=None if all_rows else train_step,
+                               tolerances=tolerances, full=full, inner=unwrapped(new))

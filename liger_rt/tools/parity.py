@@ -210,18 +210,21 @@ def compare(models: Callable[[], torch.nn.Module] | torch.nn.Module | tuple, *, 
     elif callable(patch):
         patch(new)
     inputs = inputs if inputs is not None else make_inputs(base, seed=seed)
-    torch.manual_seed(seed)
-    rb = _run(base, inputs, lr)
-    torch.manual_seed(seed)
-    rn = _run(new, inputs, lr)
-    return {**build_report(base, new, rb, rn, lr=lr, tolerances=tolerances), "fused_logprobs": fused_logprobs(new),
+    return {**build_report(base, new, inputs, lr=lr, seed=seed, tolerances=tolerances),
+            "fused_logprobs": fused_logprobs(new),
             "softcapped_head": bool(getattr(getattr(new, "config", None), "final_logit_softcapping", None))}
 
 
-def build_report(base, new, rb: dict, rn: dict, *, lr: float, tolerances: dict | None = None,
-           full: Callable = lambda t: t, inner=None) -> dict:
-    """The gated rows of two runs and what was compared.  `full` gathers a sharded tensor whole (a
-    collective: the rows go in ROWS order on every rank); `inner` is `new` unwrapped."""
+def build_report(base, new, inputs: dict, *, lr: float, seed: int, run: Callable | None = None,
+                 tolerances: dict | None = None, full: Callable = lambda t: t, inner=None) -> dict:
+    """`run` (default `_run`) on each model from torch.manual_seed(seed), then the gated rows and what
+    was compared.  `full` gathers a sharded tensor whole (a collective: the rows go in ROWS order on
+    every rank); `inner` is `new` unwrapped."""
+    results = []
+    for model in (base, new):
+        torch.manual_seed(seed)
+        results.append((run or _run)(model, inputs, lr))
+    rb, rn = results
     dtype = next(base.parameters()).dtype
     tol = {**TOLERANCES.get(dtype, TOLERANCES[torch.float32]), **(tolerances or {})}
 
