@@ -33,10 +33,8 @@ FORCED = ("triton", "grouped_mm")          # our implementations forced by env: 
 
 def dist_version(dist: str) -> str | None:
     """The installed version of a distribution (package metadata), or None."""
-    try:
+    with contextlib.suppress(metadata.PackageNotFoundError):
         return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def versions() -> dict:
@@ -146,18 +144,13 @@ def measure_ceilings(*, quick: bool = False) -> dict:
     return {"copy_GBps": copy, "bf16_matmul_TFLOPs": mm, "device": torch.cuda.get_device_name()}
 
 
-def wall_ms(fn: Callable, quick: bool) -> float:
-    """Median wall ms of fn() by triton.testing.do_bench (CUDA)."""
-    from triton.testing import do_bench
-    return float(do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100, return_mode="median"))
-
-
 def time_fn(fn: Callable, device: str, quick: bool = False) -> tuple[float, float | None, str]:
     """(wall ms, device ms or None, how the device time was taken or why there is none)."""
     from liger_rt import autotune
     if device != "cuda":
         return autotune.measure(fn, device, quick=quick), None, "none: cpu"
-    wall = wall_ms(fn, quick)
+    from triton.testing import do_bench
+    wall = float(do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100, return_mode="median"))
     try:
         return wall, autotune.graph_ms(fn), "cuda-graph"
     except Exception as exc:        # an arm that cannot be captured keeps its wall time
@@ -196,11 +189,9 @@ def dispatch_env(**values: str):
     try:
         yield
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        for k in [k for k, v in old.items() if v is None]:
+            os.environ.pop(k, None)
+        os.environ.update({k: v for k, v in old.items() if v is not None})
         dispatch.reset()
 
 

@@ -1,13 +1,12 @@
 """Host cost of a call, layer by layer of the path (GPU), and of a dispatch decision (any machine).
 
-`host`: microseconds of Python per call at 256 x 4096 (the kernels take a few microseconds, so
-the GPU never holds the host back; the mean over many calls between two synchronisations), then
-at 16384 x 4096 the device time (CUDA-graph replay) beside do_bench's wall time, which measures
-the host whenever host time exceeds device time.  `dispatch`: a decision that hits the memo, on
-CPU (one tuple build and one dict lookup: no SQL, no env parsing; the target is < 5 us).
-`cpu_stub` (``python -m liger_rt.tools.bench.host_overhead --cpu-stub``): the whole Python path of
-an rms_norm, swiglu and rope forward+backward on CPU tensors with the Triton launches stubbed,
-beside the autograd floors; any machine, no GPU (docs/architecture.md, "The eager hot path").
+`host`: microseconds of Python per call at 256 x 4096 (the kernels take a few microseconds, so the GPU never holds the
+host back; the mean over many calls between two synchronisations), then at 16384 x 4096 the device time (CUDA-graph
+replay) beside do_bench's wall time, which measures the host whenever host time exceeds device time.  `dispatch`: a
+decision that hits the memo, on CPU (one tuple build and one dict lookup: no SQL, no env parsing; the target is
+< 5 us).  `cpu_stub` (``python -m liger_rt.tools.bench.host_overhead --cpu-stub``): the whole Python path of an
+rms_norm, swiglu and rope forward+backward on CPU tensors with the Triton launches stubbed, beside the autograd
+floors; any machine, no GPU (docs/architecture.md, "The eager hot path").
 """
 from __future__ import annotations
 
@@ -115,16 +114,15 @@ def dispatch_overhead(calls: int = 200_000, echo: Callable = print) -> list[dict
 # -- the CPU stub: the Python path of a call with every Triton launch a no-op ---------------------------
 
 class StubbedLaunches:
-    """Within the block, a launch of every Triton kernel in `modules` does nothing but count itself:
-    the JIT function's own `run` (where the launch starts: argument binding, the compiled-kernel
-    cache, the driver call) is replaced on the instance, so everything above it (the functional,
-    dispatch, the autograd Function, the launchers, `kernel[grid]` or the memoised bound run) is the
-    real code.  The launch memos are cleared on entry and exit (they hold bound runs).  `launches`
-    counts the stubbed calls."""
+    """Within the block, a launch of every Triton kernel in `modules` does nothing but count itself: the JIT
+    function's own `run` (where the launch starts: argument binding, the compiled-kernel cache, the driver call) is
+    replaced on the instance, so everything above it (the functional, dispatch, the autograd Function, the launchers,
+    `kernel[grid]` or the memoised bound run) is the real code.  The launch memos are cleared on entry and exit (they
+    hold bound runs).  `launches` counts the stubbed calls."""
 
     def __init__(self, *modules):
         from triton.runtime.jit import KernelInterface     # JITFunction and the interpreter's InterpretedFunction
-        kernels = {id(obj): obj for m in modules for obj in vars(m).values() if isinstance(obj, KernelInterface)}
+        kernels = {id(k): k for m in modules for k in vars(m).values() if isinstance(k, KernelInterface)}
         self.kernels = list(kernels.values())
         self.launches = 0
 

@@ -1,12 +1,11 @@
 """LFM2's gated short conv and the LFM2-MoE router: ours against the HF code paths and torch.compile.
 
-Eager: Lfm2ShortConv.forward between in_proj and out_proj (transpose, B*x, depthwise F.conv1d
-with padding K-1 and slicing, C*, transpose back) and Lfm2MoeTopKRouter.forward after the gate
-projection.  Bytes per (batch, token, channel) of short conv (s per element): fwd 4s (read B, C,
-x, write y), fwd+bwd 11s (+ read B, C, x, dy, write dB, dC, dx).  Router, per token with E
-experts and k chosen: fwd E*s + k*s + 8k (logits in, weights and int64 indices out), fwd+bwd adds
-2E*s + k*s + 8k.  Targets: fwd+bwd ms at issue 6's speed-ups over the anchor run's eager times
-(short conv 4x / 4x / 2x of 5.972, 3.278, 0.504 ms; router 5x / 3x of 0.525, 0.594 ms, fp32 logits).
+Eager: Lfm2ShortConv.forward between in_proj and out_proj (transpose, B*x, depthwise F.conv1d with padding K-1 and
+slicing, C*, transpose back) and Lfm2MoeTopKRouter.forward after the gate projection.  Bytes per (batch, token,
+channel) of short conv (s per element): fwd 4s (read B, C, x, write y), fwd+bwd 11s (+ read B, C, x, dy, write dB, dC,
+dx).  Router, per token with E experts and k chosen: fwd E*s + k*s + 8k (logits in, weights and int64 indices out),
+fwd+bwd adds 2E*s + k*s + 8k.  Targets: fwd+bwd ms at issue 6's speed-ups over the anchor run's eager times (short conv
+4x / 4x / 2x of 5.972, 3.278, 0.504 ms; router 5x / 3x of 0.525, 0.594 ms, fp32 logits).
 """
 from __future__ import annotations
 

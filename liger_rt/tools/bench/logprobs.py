@@ -32,8 +32,7 @@ from typing import Callable
 import click
 import torch
 
-from .harness import (device_tag, dist_version, format_table, no_gpu_message, peak_extra_gb, peer, versions, wall_ms,
-                      write_csv)
+from .harness import device_tag, dist_version, format_table, no_gpu_message, peak_extra_gb, peer, versions, write_csv
 
 OP = "fused_linear_logprobs"
 SPECS = [dict(op=OP, tokens=8192, hidden=2048, vocab=65536, quick=True),
@@ -95,6 +94,7 @@ def trl_arm(echo=print) -> Callable | None:
     fn = peer("trl.kernels", "ChunkedLogProbFunction", echo)
     if fn is None:
         return None
+    note = ""
     try:        # its backward imports this at call time; it needs accelerate, datasets, pandas, ...
         import trl.trainer.utils  # noqa: F401
     except Exception as exc:    # the wheel carried alone: its ZeRO-3 gather is a null context without DeepSpeed
@@ -107,8 +107,6 @@ def trl_arm(echo=print) -> Callable | None:
         echo(f"  (trl.trainer.utils does not import: {type(exc).__name__}: {exc}; its maybe_gather_lm_head_ctx, "
              f"a null context without DeepSpeed ZeRO-3, is stubbed for the trl arm)")
         note = "; trl.trainer.utils stubbed"
-    else:
-        note = ""
     try:
         from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE as vocab_tile
     except ImportError:
@@ -157,7 +155,8 @@ def _timed(fn: Callable, quick: bool, device: str) -> dict:
     from liger_rt import autotune
     if device != "cuda":        # the plumbing check on CPU: wall time only
         return {"ms": autotune.measure(fn, device, quick=True), "dev_ms": None, "dev_ms_method": "n/a on cpu"}
-    wall = wall_ms(fn, quick)
+    from triton.testing import do_bench
+    wall = float(do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100, return_mode="median"))
     dev, method = autotune.time_fn(fn, "cuda", quick=quick)
     return {"ms": wall, "dev_ms": dev, "dev_ms_method": method, "peak_GB": peak_extra_gb(fn)}
 
@@ -171,8 +170,8 @@ def _rel(a, b) -> float:
 
 
 def measure(spec: dict, arm_set: dict, *, quick: bool, device: str = "cuda", rnd: int = 0, echo=print) -> list[dict]:
-    """Every arm of `arm_set` (from :func:`arms`, shared by the rounds: a compiled arm compiles once) on
-    one case, in its order on even rounds and reversed on odd ones (counterbalanced repeats)."""
+    """Every arm of `arm_set` (from :func:`arms`, shared by the rounds: a compiled arm compiles once) on one case, in
+    its order on even rounds and reversed on odd ones (counterbalanced repeats)."""
     from liger_rt import dispatch
     from liger_rt.kernels._common import dtype_name
     dims = {k: spec[k] for k in ("tokens", "hidden", "vocab")}
@@ -233,12 +232,12 @@ def _relative(rows: list[dict]) -> None:
         for r in rows:
             if base and r["pass"] == p and r.get("ms"):
                 r["vs_compile"] = base["ms"] / r["ms"]
-                r["peak_vs_compile"] = r["peak_GB"] / base["peak_GB"] if base.get("peak_GB") and r.get("peak_GB") else None
+                both = base.get("peak_GB") and r.get("peak_GB")
+                r["peak_vs_compile"] = r["peak_GB"] / base["peak_GB"] if both else None
 
 
 def _median_rows(rows: list[dict]) -> dict[str, dict]:
-    """impl -> its row with the median ms over the rounds (the middle one of an odd count), with the
-    spread (min..max ms) of all rounds."""
+    """impl -> its row with the median ms over the rounds (the middle one of an odd count) and the spread (min..max)."""
     out = {}
     for impl in dict.fromkeys(r["impl"] for r in rows):
         runs = sorted((r for r in rows if r["impl"] == impl), key=lambda r: r["ms"])
@@ -248,9 +247,8 @@ def _median_rows(rows: list[dict]) -> dict[str, dict]:
 
 
 def verdicts(rows: list[dict]) -> list[str]:
-    """The issue's targets for the liger_rt fwdbwd row of each case: time <= torch.compile's, peak
-    memory <= 1/4 of it, faster than TRL and Liger-Kernel (in the same run; the median over the
-    counterbalanced rounds where there are several)."""
+    """The issue's targets for the liger_rt fwdbwd row of each case: time <= torch.compile's, peak memory <= 1/4 of
+    it, faster than TRL and Liger-Kernel (in the same run; the median over the counterbalanced rounds if several)."""
     lines = []
     for key in dict.fromkeys((r["tokens"], r["hidden"], r["vocab"]) for r in rows):
         by = _median_rows([r for r in rows if (r["tokens"], r["hidden"], r["vocab"]) == key
@@ -274,14 +272,14 @@ def verdicts(rows: list[dict]) -> list[str]:
     return lines
 
 
-COLUMNS = ["tokens", "hidden", "vocab", "round", "impl", "pass", "ms", "dev_ms", "dev_ms_method", "peak_GB", "vs_compile",
-           "err_lp", "err_ent", "err_dx", "err_dw", "error"]
+COLUMNS = ["tokens", "hidden", "vocab", "round", "impl", "pass", "ms", "dev_ms", "dev_ms_method", "peak_GB",
+           "vs_compile", "err_lp", "err_ent", "err_dx", "err_dw", "error"]
 
 
 def run(*, quick: bool = False, compile_: bool = True, tokens: tuple[int, ...] = (), out_dir="benchmarks/results",
         specs: list[dict] | None = None, device: str = "cuda", echo: Callable = print, rounds: int = 1) -> list[dict]:
-    """Every selected case `rounds` times, the arm order reversed every other round; one CSV rewritten
-    after each round (a run cut short keeps what it measured)."""
+    """Every selected case `rounds` times, the arm order reversed every other round; one CSV rewritten after each
+    round (a run cut short keeps what it measured)."""
     specs = [s for s in (specs or SPECS) if (s.get("quick") or not quick) and (not tokens or s["tokens"] in tokens)]
     if not specs:
         raise ValueError(f"no case has tokens in {list(tokens)}; cases: {', '.join(str(s['tokens']) for s in SPECS)}")

@@ -1,12 +1,11 @@
 """Fused linear cross-entropy and cross-entropy (a training step's loss, fwd+bwd).
 
-Eager: F.cross_entropy((x @ W.t()).float(), y) and F.cross_entropy(logits.float(), y).  Peers:
-torch.compile of the same and Liger-Kernel's LigerFusedLinearCrossEntropyLoss /
-LigerCrossEntropyLoss; `liger_rt_inplace` is ours writing dlogits into the logits buffer
-(inplace_backward=True on a non-leaf view, as an lm_head output is; Liger-Kernel always does).
-FLCE TFLOP/s count its three GEMMs (2*BT*H*V each); CE GB/s count reading the logits and writing
-their gradient once.  Peak memory is everything the step allocates, the gradients it hands out
-included.  FLCE targets (ms, extra GB): issue 8, from torch.compile's anchor times.
+Eager: F.cross_entropy((x @ W.t()).float(), y) and F.cross_entropy(logits.float(), y).  Peers: torch.compile of the
+same and Liger-Kernel's LigerFusedLinearCrossEntropyLoss / LigerCrossEntropyLoss; `liger_rt_inplace` is ours writing
+dlogits into the logits buffer (inplace_backward=True on a non-leaf view, as an lm_head output is; Liger-Kernel always
+does).  FLCE TFLOP/s count its three GEMMs (2*BT*H*V each); CE GB/s count reading the logits and writing their gradient
+once.  Peak memory is everything the step allocates, the gradients it hands out included.  FLCE targets (ms, extra GB):
+issue 8, from torch.compile's anchor times.
 """
 from __future__ import annotations
 

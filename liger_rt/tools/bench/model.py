@@ -504,17 +504,16 @@ def parse_shapes(texts) -> list[tuple[int, int]]:
 
 
 def run_targets(names: list[str], *, out_dir: str = "benchmarks/results", quick: bool = False, steps: int | None = None,
-                warmup: int | None = None, batch: int = 4, seq: int = 2048, shapes: list | None = None,
-                liger_kernel: bool = True, csv_path: str | None = None, echo: Callable = print,
-                **compile_kw) -> list[str]:
-    """Issue 9's runs (TARGETS) on the GPU at each (batch, seq) of `shapes` (default the one batch x seq), into
+                warmup: int | None = None, shapes: list | None = None, liger_kernel: bool = True,
+                csv_path: str | None = None, echo: Callable = print, **compile_kw) -> list[str]:
+    """Issue 9's runs (TARGETS) on the GPU at each (batch, seq) of `shapes` (default TARGET_SHAPE), into
     model_<device>[_quick].csv or `csv_path`, written after every run (a partial run keeps the other targets' and
     shapes' rows).  Anchors and targets ride along in the rows of TARGET_SHAPE, the shape they were measured at, where
     the liger_rt summary says whether it meets its target.  `compile_kw` (compile, compile_backend, compile_mode) go
     to run_model_bench.  Returns the runs that failed, as name or name@BxT."""
     from .harness import device_tag, write_csv
     steps, warmup = steps or (8 if quick else 20), (3 if quick else 5) if warmup is None else warmup
-    shapes = list(shapes or [(batch, seq)])
+    shapes = list(shapes or [TARGET_SHAPE])
     path = Path(csv_path) if csv_path else Path(out_dir) / f"model_{device_tag()}{'_quick' if quick else ''}.csv"
     ceilings, rows, failed = measure_ceilings(quick=True), [], []
     for (b, sq) in shapes:

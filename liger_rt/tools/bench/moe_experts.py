@@ -1,11 +1,10 @@
-"""MoE experts: ours (dispatched, fused Triton, grouped MM) against transformers' grouped_mm
-experts and Liger-Kernel's fused MoE, at the LFM2-8B-A1B (E32) and LFM2-24B-A2B (E64) shapes.
+"""MoE experts: ours (dispatched, fused Triton, grouped MM) against transformers' grouped_mm experts and Liger-Kernel's
+fused MoE, at the LFM2-8B-A1B (E32) and LFM2-24B-A2B (E64) shapes.
 
-The `eager` arm is an Lfm2MoeExperts module holding the case's weights with transformers'
-grouped_mm experts; the reference is the same module's eager loop in fp32.  Routing `uniform`
-(random distinct experts per token) or `skewed` (Zipf-like: a few hot experts, a quarter empty).
-FLOPs: fwd 2*T*k*(H*2I + I*H) (the two expert GEMMs), fwd+bwd 3x.  Target (issue 7): the
-dispatched arm >= 450 TFLOP/s fwd+bwd at T=16384.
+The `eager` arm is an Lfm2MoeExperts module holding the case's weights with transformers' grouped_mm experts; the
+reference is the same module's eager loop in fp32.  Routing `uniform` (random distinct experts per token) or `skewed`
+(Zipf-like: a few hot experts, a quarter empty).  FLOPs: fwd 2*T*k*(H*2I + I*H) (the two expert GEMMs), fwd+bwd
+3x.  Target (issue 7): the dispatched arm >= 450 TFLOP/s fwd+bwd at T=16384.
 """
 from __future__ import annotations
 

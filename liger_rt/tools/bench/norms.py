@@ -1,10 +1,9 @@
 """RMSNorm, SwiGLU and LayerNorm: ours against eager, torch.compile and Liger-Kernel.
 
-Eager: HF LlamaRMSNorm.forward, F.silu(g) * u, F.layer_norm.  Effective bandwidth counts the
-bytes an op cannot avoid (M rows, N columns, s bytes per element; weights are O(N), left out):
-RMSNorm and LayerNorm fwd 2MNs (read x, write y), fwd+bwd 5MNs (+ read dy and x, write dx);
-SwiGLU fwd 3MNs, fwd+bwd 8MNs.  Targets (GB/s, fwd and fwd+bwd) at the LLM widths; the SigLIP2
-LayerNorm widths are reported without one.
+Eager: HF LlamaRMSNorm.forward, F.silu(g) * u, F.layer_norm.  Effective bandwidth counts the bytes an op cannot avoid
+(M rows, N columns, s bytes per element; weights are O(N), left out): RMSNorm and LayerNorm fwd 2MNs (read x, write
+y), fwd+bwd 5MNs (+ read dy and x, write dx); SwiGLU fwd 3MNs, fwd+bwd 8MNs.  Targets (GB/s, fwd and fwd+bwd) at the
+LLM widths; the SigLIP2 LayerNorm widths are reported without one.
 """
 from __future__ import annotations
 
