@@ -1,10 +1,7 @@
-"""The persisted tuning database: a user SQLite file layered over the shipped defaults.
-
-See store.py for the tables and rows.py for what a row may hold.  `get_store()` opens the
-layered store once per process, reading the user DB read-only; a user DB that cannot be used
-(corrupt, not a liger_rt DB, newer schema, locked past the timeout) is reported by a one-time
-warning and `liger-tune doctor`, and lookups then use the shipped defaults alone.
-"""
+"""The persisted tuning database: a user SQLite file (store.py; rows.py: what a row may hold) layered over
+the shipped defaults.  `get_store()` opens it once per process, the user DB read-only; a user DB that cannot
+be used (corrupt, not ours, newer schema, locked) is reported by one warning and `liger-tune doctor`, and
+lookups then use the shipped defaults alone."""
 from __future__ import annotations
 
 import threading

@@ -1,7 +1,6 @@
 """What a tuning-DB row may hold: the columns of each table and the validation (against the op's
 declaration) every row passes where it enters (import, sweep, online tuning) and where it is read
-(lookups, `doctor`).  A failure is a :class:`RowError` with a one-line reason.
-"""
+(lookups, `doctor`).  A failure is a :class:`RowError` with a one-line reason."""
 from __future__ import annotations
 
 import json
@@ -10,7 +9,7 @@ import sys
 import time
 
 from .. import env
-from ..opspec import config_dict  # noqa: F401  (re-exported for the store and autotune)
+from ..opspec import config_dict
 
 DB_SCHEMA = 2
 
@@ -96,13 +95,11 @@ def number(rec: dict, col: str, *, positive: bool = False, optional: bool = Fals
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise RowError(f"{col}={v!r} is not a number")
     if integer:
-        if isinstance(v, float):
-            if not v.is_integer():
-                raise RowError(f"{col}={v!r} is not an integer")
-            v = int(v)
+        if isinstance(v, float) and not v.is_integer():
+            raise RowError(f"{col}={v!r} is not an integer")
         if not (0 <= v < 2 ** 31):
-            raise RowError(f"{col}={v!r} is out of range (0 .. 2^31)")
-        return v
+            raise RowError(f"{col}={int(v)!r} is out of range (0 .. 2^31)")
+        return int(v)
     v = float(v)
     if not math.isfinite(v):
         raise RowError(f"{col}={v!r} is not finite")
@@ -174,28 +171,23 @@ def check(table: str, rec: dict, *, op=None) -> dict:
         raise RowError(f"unknown table {table!r}; valid: {', '.join(COLUMNS)}")
     if not isinstance(rec, dict):
         raise RowError(f"a record must be a JSON object, got {type(rec).__name__}")
-    columns = COLUMNS[table]
-    extra = sorted(set(rec) - set(columns))
-    if extra:
+    if extra := sorted(set(rec) - set(COLUMNS[table])):
         raise RowError(f"unknown field(s) {', '.join(extra)} (a row of a newer liger_rt?)")
     name = text(rec, "op")
-    if op is None:
-        op = resolve_op(name)
+    op = resolve_op(name) if op is None else op
     if op is None or op.name != name:
         raise RowError(f"unknown op {name!r}; valid ops: {', '.join(op_names())}")
     rec = fill_defaults(table, rec)
     out = {"op": name, "variant": text(rec, "variant", (op.variant,))}
     out["arch"] = text(rec, "arch", env.ARCH_CHOICES + GENERIC_ARCHES)
     out["dtype"] = text(rec, "dtype", DTYPES)
-    static = _dims(op, json_value(rec, "static_key", dict), tuple(op.static), "static_key")
-    out["static_key"] = op.static_key(static)
+    out["static_key"] = op.static_key(_dims(op, json_value(rec, "static_key", dict), tuple(op.static), "static_key"))
     for col in ("device_name", "torch_version", "triton_version", "runtime_version", "source_hash"):
         out[col] = text(rec, col)
     out["sm_count"] = number(rec, "sm_count", integer=True)
     out["method"] = text(rec, "method", METHODS)
     out["origin"] = text(rec, "origin", ORIGINS)
-    created = rec.get("created")
-    out["created"] = number(rec, "created", low=0.0) if created not in (None, 0, "") else time.time()
+    out["created"] = number(rec, "created", low=0.0) if rec.get("created") not in (None, 0, "") else time.time()
 
     if table == "tuning":
         out["bucket"] = op.bucket_key(_dims(op, json_value(rec, "bucket", dict), tuple(op.dynamic), "bucket", True))
@@ -209,8 +201,7 @@ def check(table: str, rec: dict, *, op=None) -> dict:
         out["baseline_ms"] = number(rec, "baseline_ms", positive=True, optional=True)
         out["host_ms"] = number(rec, "host_ms", low=0.0, optional=True)
     elif table == "measurements":
-        dims = json_value(rec, "dims", dict)
-        dims = _dims(op, dims, tuple(op.static) + tuple(op.dynamic), "dims")
+        dims = _dims(op, json_value(rec, "dims", dict), tuple(op.static) + tuple(op.dynamic), "dims")
         if op.static_key(dims) != out["static_key"]:
             raise RowError(f"dims {json.dumps(dims)} do not match static_key {out['static_key']}")
         out["dims"] = json.dumps(dims, sort_keys=True)
