@@ -75,9 +75,8 @@ class _Group(click.Group):
 
     def format_commands(self, ctx, formatter):
         rows = [(name, cmd.get_short_help_str(limit=200)) for name, cmd in sorted(self.commands.items())]
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         args = list(sys.argv[1:] if args is None else args)
