@@ -1,10 +1,11 @@
-"""SwiGLU MLP forwards: down(silu(gate(x)) * up(x)) with the product fused in liger_rt.ops.swiglu.
+"""Gated MLP forwards: down(act(gate(x)) * up(x)) with the product fused in liger_rt.ops.swiglu / geglu.
 
 The projections stay the module's own nn.Linear layers (bias, LoRA wrappers and hooks keep
 working); only the gate activation and product go through the op:
 
     Qwen3MLP / LlamaMLP / Qwen3MoeMLP:  gate_proj, up_proj, down_proj   -> swiglu_forward
     Lfm2MLP / Lfm2MoeMLP:               w1 (gate), w3 (up), w2 (down)   -> swiglu_w1_w3_w2_forward
+    GemmaMLP / Gemma2MLP / Gemma3MLP:   gate_proj, up_proj, down_proj, gelu_pytorch_tanh -> geglu_forward
 
 x (..., hidden) -> (..., hidden).
 """
@@ -15,6 +16,9 @@ import torch
 from .. import ops
 
 _SILU_NAMES = ("silu", "swish")
+# HF activation classes computing 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): the C kernel
+# (gelu_pytorch_tanh) and the Python formulas of the same function (gelu_python_tanh, gelu_new, gelu_fast)
+_TANH_GELUS = ("GELUTanh", "PytorchGELUTanh", "NewGELUActivation", "FastGELUActivation")
 
 
 def swiglu_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -50,3 +54,26 @@ def silu_gated(module) -> str | None:
     if isinstance(name, str) and name.lower() in _SILU_NAMES:
         return None
     return f"activation is {name or type(act).__name__}, not SiLU (SwiGLU would change the model)"
+
+
+def geglu_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """gate_proj / up_proj / down_proj naming (the Gemma MLPs)."""
+    return self.down_proj(ops.geglu(self.gate_proj(x), self.up_proj(x)))
+
+
+def is_tanh_gelu(act) -> bool:
+    if isinstance(act, torch.nn.GELU):
+        return act.approximate == "tanh"
+    return type(act).__name__ in _TANH_GELUS
+
+
+def gelu_tanh_gated(module) -> str | None:
+    """None when the MLP has gate/up/down projections and a tanh-approximate GELU (so GeGLU computes
+    what it computes), else why not."""
+    missing = _missing(module, ("gate_proj", "up_proj", "down_proj"))
+    if missing:
+        return missing
+    act = getattr(module, "act_fn", None)
+    if is_tanh_gelu(act):
+        return None
+    return f"activation is {type(act).__name__}, not the tanh-approximate GELU (GeGLU would change the model)"

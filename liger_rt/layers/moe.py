@@ -1,18 +1,11 @@
 """MoE forwards: the LFM2-MoE router through liger_rt.ops.moe_router, experts through the
 transformers experts interface under the name ``liger_rt``.
 
-Router (Lfm2MoeTopKRouter.forward(hidden_states (tokens, hidden), expert_bias=None)):
-    router_logits = hidden @ weight.T                       (tokens, experts)
-    weights, indices = ops.moe_router(router_logits, top_k, expert_bias, norm_topk_prob,
-                                      routed_scaling_factor)        (tokens, top_k) each
-    returns (router_logits, weights, indices), the HF router's triple.
-
-Experts (Lfm2MoeExperts / Qwen3MoeExperts, weights gate_up_proj (E, 2I, H), down_proj (E, H, I)):
-transformers picks the experts forward from ``config._experts_implementation``; the patcher sets
-it to ``"liger_rt"`` on the configs the experts modules read, after
-``liger_rt.layers.moe_experts_interface.register_experts_interface()`` registered that name in
-``transformers.integrations.moe.ExpertsInterface``.  Class-level patches bind
-``experts_forward`` below, which calls the same registered function.
+Router: Lfm2MoeTopKRouter.forward(hidden_states (tokens, hidden), expert_bias=None) ->
+(router_logits (tokens, experts), weights, indices (tokens, top_k)), the HF router's triple.
+Experts: the patcher registers ``liger_rt`` (moe_experts_interface.py) and sets
+``config._experts_implementation`` to it; class-level patches bind ``experts_forward`` below, which
+calls the same registered function.
 """
 from __future__ import annotations
 
@@ -69,8 +62,7 @@ def experts_interface_missing() -> str | None:
 
 def register_experts() -> None:
     """Register ``liger_rt`` in transformers' ExpertsInterface (idempotent)."""
-    mod = importlib.import_module(_INTERFACE_MODULE)
-    mod.register_experts_interface()
+    importlib.import_module(_INTERFACE_MODULE).register_experts_interface()
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
     if EXPERTS_IMPLEMENTATION not in ALL_EXPERTS_FUNCTIONS:
         raise RuntimeError(f"register_experts_interface() did not register {EXPERTS_IMPLEMENTATION!r} in "

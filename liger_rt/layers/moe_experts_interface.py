@@ -1,26 +1,13 @@
 """liger_rt as an experts implementation of transformers v5 (``ExpertsInterface``).
 
-transformers v5 MoE experts modules (``Lfm2MoeExperts``, ``Qwen3MoeExperts``, ... decorated
-with ``@use_experts_implementation``) look their forward up at every call by
-``config._experts_implementation`` in ``transformers.integrations.moe.ExpertsInterface``.
-``register_experts_interface()`` adds ``"liger_rt"`` there; the forward calls
-``liger_rt.ops.moe_experts``, which dispatches triton / grouped_mm / torch per shape.
+transformers v5 MoE experts modules (decorated with ``@use_experts_implementation``) look their
+forward up at every call by ``config._experts_implementation``; ``register_experts_interface()`` adds
+``"liger_rt"`` there, a forward through ``liger_rt.ops.moe_experts``.  Register first (transformers
+validates the name), then ``from_pretrained(..., experts_implementation="liger_rt")``,
+``model.set_experts_implementation("liger_rt")`` or ``config._experts_implementation = "liger_rt"``.
 
-How a model selects it (register first: transformers validates the name when a model is built
-or switched):
-
-    from liger_rt.layers.moe_experts_interface import register_experts_interface
-    register_experts_interface()
-    model = AutoModelForCausalLM.from_pretrained(path, experts_implementation="liger_rt")
-    # or, on a loaded model:  model.set_experts_implementation("liger_rt")
-    # or, on a config before the model is built:  config._experts_implementation = "liger_rt"
-
-Undo with ``model.set_experts_implementation(previous)`` (``model.get_experts_implementation()``
-snapshots it); ``unregister_experts_interface()`` removes the name again.
-
-Both lfm2_moe and qwen3_moe store experts as gate_up_proj (E, 2*I, H) with the gate in the
-first half, down_proj (E, H, I), SiLU, no bias, not transposed: exactly the layout of
-``liger_rt.ops.moe_experts``. A module with another layout or activation (biases, transposed or
+The layout it takes: gate_up_proj (E, 2*I, H) gate first, down_proj (E, H, I), SiLU, no bias, not
+transposed (lfm2_moe, qwen3_moe).  A module with another layout or activation (biases, transposed or
 interleaved weights, a post-expert norm, expert parallelism) runs its own eager forward, with a
 one-time warning saying why.
 """
@@ -37,9 +24,7 @@ _warned: set[str] = set()
 
 
 def _is_silu(act) -> bool:
-    if act is F.silu or isinstance(act, torch.nn.SiLU):
-        return True
-    return type(act).__name__ in ("SiLUActivation", "SiLU")
+    return act is F.silu or isinstance(act, torch.nn.SiLU) or type(act).__name__ in ("SiLUActivation", "SiLU")
 
 
 def _unsupported(module) -> str | None:
@@ -128,17 +113,15 @@ def register_experts_interface(name: str = NAME) -> bool:
 
 def unregister_experts_interface(name: str = NAME) -> bool:
     """Remove ``name`` from ExpertsInterface (models still set to it then fail at forward)."""
-    try:
-        from transformers.integrations.moe import ExpertsInterface
-    except ImportError:
+    if not is_registered(name):
         return False
-    if ExpertsInterface._global_mapping.get(name) is liger_rt_experts_forward:
-        del ExpertsInterface._global_mapping[name]
-        return True
-    return False
+    from transformers.integrations.moe import ExpertsInterface
+    del ExpertsInterface._global_mapping[name]
+    return True
 
 
 def is_registered(name: str = NAME) -> bool:
+    """Whether ``name`` is registered as liger_rt's experts forward."""
     try:
         from transformers.integrations.moe import ExpertsInterface
     except ImportError:

@@ -65,12 +65,12 @@ ROPE = Layer("rope", _L + "rope:apply_rotary_pos_emb", op="rope")
 VISION_LAYER_NORM = Layer("layer_norm", _L + "norms:layer_norm_forward", op="layer_norm", within="vision_tower",
                           class_level=False)
 
-# families whose modules differ from Llama's in one detail (layers/families.py, layers/geglu.py)
+# families whose modules differ from Llama's in one detail (layers/families.py, layers/mlp.py)
 OFFSET_RMS_NORM = Layer("rms_norm", _L + "families:offset_rms_norm_forward", op="rms_norm")      # (1 + w)
 RMS_NORM_AS_INPUT = Layer("rms_norm", _L + "families:rms_norm_as_input_forward", op="rms_norm")  # OLMo-2
 GATE_UP_SWIGLU = Layer("swiglu", _L + "families:gate_up_swiglu_forward", op="swiglu",            # fused gate_up_proj
                        applies=_L + "families:silu_gate_up")
-GEGLU = Layer("geglu", _L + "geglu:geglu_forward", op="geglu", applies=_L + "geglu:gelu_tanh_gated")
+GEGLU = Layer("geglu", _L + "mlp:geglu_forward", op="geglu", applies=_L + "mlp:gelu_tanh_gated")
 ROPE_AS_INPUT = Layer("rope", _L + "families:apply_rotary_pos_emb_as_input", op="rope")         # OLMo-2's casts
 
 
