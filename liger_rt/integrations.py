@@ -5,19 +5,12 @@
     trainer = Trainer(model=model, args=args, train_dataset=ds,
                       callbacks=[LigerRTCallback(fused_linear_cross_entropy=True)])           # or patch here
 
-transformers' own switch, ``TrainingArguments(use_liger_kernel=True)``, runs Liger-Kernel when
-training starts; ``use_kernels=True`` / ``kernelize`` swap in hub kernels at load time.  liger_rt
-fits the same two places: the callback patches the Trainer's model when the Trainer is built
-(before accelerate wraps, shards or compiles it) and, if the model was replaced since
-(``model_init``), again when training starts; the loader patches what ``AutoModelForCausalLM``
-loads.  Both patch at instance level (``liger_rt.patch(model, **layers)``).
-
-Shadowing: TRL's trainers (SFTTrainer, GRPOTrainer) put their own fused LM head on the model and
-compute the training loss and log-probs through it, so liger_rt's loss flags
-(``fused_linear_cross_entropy``, ``logprobs``, ``cross_entropy``) would not run in their training
-steps; the layer kernels still do.  The callback then leaves the loss flags off and warns once
-(``ShadowWarning``); so it does for Liger-Kernel (``use_liger_kernel``) and hub kernels
-(``use_kernels``), which replace the same layer forwards.
+Both patch at instance level: the callback when the Trainer is built (before accelerate wraps,
+shards or compiles the model) and again when training starts if the model was replaced
+(``model_init``); the loader what ``AutoModelForCausalLM`` loads.  TRL's trainers put their own fused
+LM head on the model, so liger_rt's loss flags would not run in their training steps (the layer
+kernels still do): the callback leaves them off and warns once (``ShadowWarning``), as it warns for
+Liger-Kernel (``use_liger_kernel``) and hub kernels (``use_kernels``).
 """
 from __future__ import annotations
 
@@ -29,7 +22,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback
 from .patch import core, specs
 
 #: the flags that replace the causal LM's loss / log-probs path (TRL's fused head takes that path over)
-LOSS_FLAGS = tuple(f for f in specs.LOSS_OPS)
+LOSS_FLAGS = tuple(specs.LOSS_OPS)
 
 
 class ShadowWarning(UserWarning):
@@ -55,9 +48,8 @@ def trl_fused_head(model) -> bool:
     GRPOTrainer and others) is on the model: as its forward, inside a wrapper of it (accelerate's
     fp32-output wrapper, anything ``functools.wraps``), or as the forward a liger_rt patch replaced."""
     root = core.unwrap(model)
-    own = root.__dict__
-    candidates = [own.get("forward"), own.get("_original_forward")]
-    if "forward" in own:
+    candidates = [root.__dict__.get("forward"), root.__dict__.get("_original_forward")]
+    if "forward" in root.__dict__:
         candidates.append(core.original(root))
     return any(_is_trl_head(fn) for fn in candidates)
 
@@ -127,8 +119,7 @@ class LigerRTCallback(TrainerCallback):
         if model is None:
             return
         wanted = [f for f in LOSS_FLAGS if self.layers.get(f)]
-        over = _loss_over_trl_head(model)
-        if over:
+        if over := _loss_over_trl_head(model):
             raise ValueError(f"liger_rt's {', '.join(over)} was patched over TRL's fused LM head (liger_rt.patch "
                              f"after the TRL trainer was built), so TRL's training step would not get its "
                              f"log-probs; patch before building the trainer, or pass {over[0]}=False")
@@ -165,27 +156,23 @@ class AutoLigerRTModelForCausalLM:
         raise TypeError("AutoLigerRTModelForCausalLM is built with from_pretrained(...) or from_config(...)")
 
     @staticmethod
-    def _split(kwargs: dict) -> dict:
-        return {k: kwargs.pop(k) for k in list(kwargs) if k in _ALL_FLAGS}
-
-    @staticmethod
-    def _check(config, layers: dict) -> None:
-        # before any weights load: the model type and the flags, with patch's own errors
+    def _layers(config, kwargs: dict) -> dict:
+        # the liger_rt flags out of kwargs, checked with the model type before any weights load
+        layers = {k: kwargs.pop(k) for k in list(kwargs) if k in _ALL_FLAGS}
         core._flags(core._spec(config.model_type), layers)
+        return layers
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs) -> torch.nn.Module:
-        layers = cls._split(kwargs)
         config = kwargs.get("config")
         if not hasattr(config, "model_type"):
             config = AutoConfig.from_pretrained(pretrained_model_name_or_path,
                                                 **{k: kwargs[k] for k in _CONFIG_KWARGS if k in kwargs})
-        cls._check(config, layers)
+        layers = cls._layers(config, kwargs)
         model = AutoModelForCausalLM.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         return core.patch(model, **layers)
 
     @classmethod
     def from_config(cls, config, **kwargs) -> torch.nn.Module:
-        layers = cls._split(kwargs)
-        cls._check(config, layers)
+        layers = cls._layers(config, kwargs)
         return core.patch(AutoModelForCausalLM.from_config(config, **kwargs), **layers)
