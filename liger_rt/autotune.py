@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import json
+import pickle
 import statistics
 import time
 import warnings
@@ -272,23 +274,21 @@ def crossovers(results: list[dict], ops: dict, margin: float = 0.05) -> list[dic
     """Crossover rows from tuning results of ops with a crossover axis: per (op, dtype, static
     dims), the best time of each implementation at each measured axis value (averaged over input
     variants), from points of one timing method (the most common one), at least two points."""
-    groups = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    # (op, dtype, static key, arch) -> method -> axis value -> impl -> times
+    groups = defaultdict(lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(list))))
     for res in results:
         op = ops[res["op"]]
         if op.crossover_axis is None or len(res["best"]) < 2:
             continue
         method = next(iter(res["best"].values()))["method"]
-        key = (res["op"], res["dtype"], op.static_key(res["dims"]), res["arch"], method)
         axis = float(op.crossover_axis(res["dims"]))
+        at = groups[res["op"], res["dtype"], op.static_key(res["dims"]), res["arch"]][method][axis]
         for impl, rec in res["best"].items():
-            groups[key][axis][impl].append(rec["median_ms"])
-    by_static = defaultdict(list)
-    for key, points in groups.items():
-        by_static[key[:4]].append((len(points), key[4], points))
+            at[impl].append(rec["median_ms"])
     out = []
-    for (name, dtype, static_key, arch), options in by_static.items():
-        n, method, points = max(options, key=lambda o: o[0])
-        if n < 2:
+    for (name, dtype, static_key, arch), by_method in groups.items():
+        method, points = max(by_method.items(), key=lambda m: len(m[1]))
+        if len(points) < 2:
             continue
         op = ops[name]
         pts = [(axis, {i: sum(v) / len(v) for i, v in impls.items()}) for axis, impls in points.items()]
@@ -355,9 +355,6 @@ def sweep_sharded(plan: list, target, open_store: Callable[[], object], *, quick
     rank 0 calls `open_store`, before the first exchange so that its failure stops every rank.  Any
     failure of a rank outside a case is exchanged at the next round and every rank raises
     ShardedSweepError naming it: no rank waits for a dead one.  Returns sweep's dict on rank 0."""
-    import hashlib
-    import pickle
-
     import torch.distributed as dist
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     digest = hashlib.sha256(json.dumps([(op.name, dims, dt, tag) for op, dims, dt, tag in plan],

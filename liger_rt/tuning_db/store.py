@@ -27,12 +27,11 @@ from .rows import (CROSSOVER_COLUMNS, CROSSOVER_PK, DB_SCHEMA, FINGERPRINT, MEAS
 MEASUREMENT_KEY = ("op", "variant", "arch", "dtype", "static_key", "dims", "tag", "impl", "config", "created")
 _SQL_TYPES = {str: "TEXT", float: "REAL", int: "INTEGER"}
 _STATIC = "op = ? AND variant = ? AND arch = ? AND dtype = ? AND static_key = ?"
-NAME_KEYS = ("op", "arch", "dtype", "static_key", "bucket", "impl")
 
 
 def row_name(row: dict) -> str:
     """The row's key fields that are set, space-separated (for messages)."""
-    return " ".join(str(row.get(k)) for k in NAME_KEYS if row.get(k))
+    return " ".join(str(row.get(k)) for k in ("op", "arch", "dtype", "static_key", "bucket", "impl") if row.get(k))
 
 
 def op_arch_where(op: str | None, arch: str | None) -> tuple[str | None, list]:
@@ -106,9 +105,9 @@ _INDEXES = [
 def _inspect(conn: sqlite3.Connection, path) -> int | None:
     """The liger_rt schema version of an open SQLite file, None when it has no tables at all, or
     TuningDBError saying why the file is not a liger_rt DB."""
-    names = [n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()]
     tables = {n: {r[1] for r in conn.execute(f'PRAGMA table_info("{n}")').fetchall()}
-              for n in names if not n.startswith("sqlite_")}
+              for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+              if not n.startswith("sqlite_")}
     if not tables:
         return None
     ours = {"meta", *R.COLUMNS}
@@ -140,11 +139,9 @@ def _inspect(conn: sqlite3.Connection, path) -> int | None:
 
 
 class Store:
-    """One SQLite file (or an in-memory DB) with the liger_rt schema.
-
-    ``readonly=True`` (lookups, doctor, show, export) opens the file read-only and changes nothing
-    in it; otherwise (sweep, import, prune, online tuning) a missing file is created (unless
-    ``create=False``) and a schema-1 DB migrated to schema 2."""
+    """One SQLite file (or an in-memory DB) with the liger_rt schema.  ``readonly=True`` (lookups, doctor,
+    show, export) changes nothing in the file; otherwise (sweep, import, prune, online tuning) a missing
+    file is created (unless ``create=False``) and a schema-1 DB migrated to schema 2."""
 
     def __init__(self, path: Path | None, *, layer: str, timeout: float | None = None, create: bool = True,
                  readonly: bool = False):
@@ -179,8 +176,7 @@ class Store:
 
     def _open_readonly(self, path: Path) -> None:
         self.conn = self._connect(f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro", uri=True)
-        found = _inspect(self.conn, path)
-        if found is None:
+        if (found := _inspect(self.conn, path)) is None:
             raise TuningDBError(f"{path} is not a liger_rt DB: " + ("an empty file" if path.stat().st_size == 0
                                                                      else "an SQLite file without tables"))
         self.schema = found
@@ -412,11 +408,10 @@ def _parse_lines(lines: Iterable[str]):
 
 
 def load_jsonl(store: Store, lines: Iterable[str], *, strict: bool = True) -> dict:
-    """Merge an export (JSON lines {"table": ..., **row}) into `store`, all or nothing: every line
-    is validated first, and the first bad one raises TuningDBError("line N: why") with nothing
-    written.  Importing the same file twice changes nothing.  Rows of schema 1 (no method or
-    fingerprint) enter with method "unrecorded", so they count as stale.  strict=False (the
-    shipped defaults) stores rows unvalidated: lookups validate them when they are read."""
+    """Merge an export (JSON lines {"table": ..., **row}) into `store`, all or nothing: the first bad line
+    raises TuningDBError("line N: why") with nothing written; importing twice changes nothing.  Schema-1
+    rows enter with method "unrecorded", so they count as stale.  strict=False (the shipped defaults)
+    stores rows unvalidated: lookups validate them when they are read."""
     batches: dict[str, list] = {t: [] for t in R.COLUMNS}
     for n, table, rec in _parse_lines(lines):
         if strict:
@@ -481,8 +476,7 @@ class LayeredStore:
 
     @classmethod
     def open_default(cls) -> "LayeredStore":
-        """The shipped defaults plus LIGER_RT_TUNING_DB read-only when it exists (nothing is
-        created or changed by reading)."""
+        """The shipped defaults plus LIGER_RT_TUNING_DB read-only when it exists (reading changes nothing)."""
         defaults = shipped_defaults()
         path = env.tuning_db_path()
         user, error = None, None
@@ -600,8 +594,7 @@ _DEFAULTS: Store | None = None
 
 
 def shipped_defaults() -> Store:
-    """The defaults shipped as JSON lines in liger_rt/tuning_db/defaults/, loaded into memory
-    (validated when read, like any row)."""
+    """The JSON lines in liger_rt/tuning_db/defaults/, loaded into memory (validated when read, like any row)."""
     global _DEFAULTS
     if _DEFAULTS is None:
         store = Store(None, layer="shipped")
