@@ -37,14 +37,12 @@ def _raw(name: str) -> str:
 
 
 def _flag(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
+    raw = os.environ.get(name, "")
     value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
+    if not value:
+        return default
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
     raise EnvError(f"{name}={raw!r} is not valid; accepted values: 0 or 1 (also true/false, yes/no, on/off)")
 
 

@@ -93,16 +93,13 @@ def shadows(model, args=None, wanted=()) -> list[str]:
 # -- Trainer callback ------------------------------------------------------------------------------------
 
 class LigerRTCallback(TrainerCallback):
-    """Patches the Trainer's model with ``liger_rt.patch(model, **layers)``.
+    """Patches the Trainer's model with ``liger_rt.patch(model, **layers)``, e.g.
+    ``SFTTrainer(model=model, args=SFTConfig(...), train_dataset=ds, callbacks=[LigerRTCallback()])``.
 
-        Trainer(model=model, args=args, train_dataset=ds, callbacks=[LigerRTCallback()])
-        SFTTrainer(model=model, args=SFTConfig(...), train_dataset=ds, callbacks=[LigerRTCallback()])
-
-    When the Trainer is built (``on_init_end``), and when training starts (``on_train_begin``) if
-    the model has no liger_rt patch by then (a ``model_init`` model).  A model that already has one
-    (``liger_rt.patch`` called before, or the loader) is left as it is.  Under a TRL trainer the
-    loss flags are left off (its fused LM head replaces them); each cause of shadowing is a
-    ``ShadowWarning``, once per callback.
+    When the Trainer is built (``on_init_end``), and when training starts (``on_train_begin``) if the
+    model has no liger_rt patch by then (``model_init``); a model already patched is left as it is.
+    Under a TRL trainer the loss flags are left off; each cause of shadowing is a ``ShadowWarning``,
+    once per callback.
     """
 
     def __init__(self, **layers):
@@ -141,15 +138,11 @@ _CONFIG_KWARGS = ("revision", "trust_remote_code", "cache_dir", "token", "local_
 
 
 class AutoLigerRTModelForCausalLM:
-    """``AutoModelForCausalLM`` that patches what it loads (instance level).
+    """``AutoModelForCausalLM`` that patches what it loads (instance level), e.g.
+    ``AutoLigerRTModelForCausalLM.from_config(config, rms_norm=False)``.
 
-        model = AutoLigerRTModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16,
-                                                            fused_linear_cross_entropy=True)
-        model = AutoLigerRTModelForCausalLM.from_config(config, rms_norm=False)
-
-    Keyword arguments that are liger_rt flags (``rms_norm``, ``swiglu``, ...,
-    ``fused_linear_cross_entropy``) go to ``liger_rt.patch``, the rest to transformers.  The model
-    type is checked against ``liger_rt.supported_models()`` from the config, before the weights load.
+    Keyword arguments that are liger_rt flags go to ``liger_rt.patch``, the rest to transformers; the
+    model type and flags are checked from the config before the weights load.
     """
 
     def __init__(self):

@@ -3,9 +3,7 @@
     Qwen3RMSNorm / LlamaRMSNorm / Lfm2RMSNorm:  y = liger_rt.ops.rms_norm(x, weight, eps, offset)
     torch.nn.LayerNorm (SigLIP2 vision tower):  y = liger_rt.ops.layer_norm(x, weight, bias, eps)
 
-x is (..., hidden); the op flattens leading dims and dispatch picks the implementation per call.
-Each forward is a plain function of (self, hidden_states): bound on an instance with
-``types.MethodType`` or set as a class's ``forward``.
+x is (..., hidden); each forward is a plain function of (self, hidden_states).
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The module-level function the ``rope`` flag swaps into a modeling module (specs.ROPE).
-
-Hugging Face attention forwards call ``apply_rotary_pos_emb(query_states, key_states, cos, sin)``
-as a global of their modeling module; ``liger_rt.patch(model, rope=True)`` replaces that global
-with this function, which runs ``liger_rt.ops.rope`` (the fused kernel, dispatched per call; the
-HF formula where the kernel cannot take the call).  Same signature, same results.
+"""The module-level function the ``rope`` flag swaps into a modeling module (specs.ROPE): HF attention
+calls ``apply_rotary_pos_emb`` as a global of its modeling module; this one runs ``liger_rt.ops.rope``
+(the fused kernel where it can take the call, HF's formula elsewhere).  Same signature, same results.
 """
 from __future__ import annotations
 

@@ -1,20 +1,14 @@
-"""Table-driven model patchers: ``patch``, ``unpatch``, ``patched``, ``supported_models``.
+"""Table-driven model patchers: ``patch``, ``unpatch``, ``patched``, ``supported_models``, ``describe``.
 
-    import liger_rt
-    liger_rt.patch(model)                          # a loaded model: instance level, weights untouched
-    liger_rt.patch(model, fused_linear_cross_entropy=True)
-    liger_rt.patch("qwen3")                        # a model type: class level, before building models
-    liger_rt.unpatch(model)
+    liger_rt.patch(model, fused_linear_cross_entropy=True)   # a loaded model: instance level
+    liger_rt.patch("qwen3")                                  # a model type: class level
     with liger_rt.patched(model, swiglu=False): ...
-    liger_rt.supported_models()                    # ['qwen3', 'llama', 'lfm2', 'lfm2_moe', 'lfm2_vl', ...]
 
 The mechanism is in core.py, the per-family tables in specs.py, the semantics in docs/patching.md.
-
-``liger_rt.patch`` is both this package and the function.  Importing a subpackage makes it an
-attribute of its parent, so ``liger_rt.patch`` is this module: the module is callable, and its
-``patch`` attribute is the module itself, so ``liger_rt.patch(model)``,
-``from liger_rt.patch import patch`` and ``liger_rt.patch.describe(model)`` all work whichever
-import ran first.  The plain function is ``liger_rt.patch.core.patch``.
+``liger_rt.patch`` is both this package and the function: importing a subpackage makes it an
+attribute of its parent, so this module is made callable and its ``patch`` attribute is the module
+itself; ``liger_rt.patch(model)`` and ``from liger_rt.patch import patch`` work whichever import ran
+first.  The plain function is ``liger_rt.patch.core.patch``.
 """
 from __future__ import annotations
 

@@ -1,22 +1,12 @@
-"""The patch mechanism behind ``liger_rt.patch`` / ``unpatch`` / ``patched``; specs.py holds the tables
-(semantics: docs/patching.md).
+"""The patch mechanism behind ``liger_rt.patch`` / ``unpatch`` / ``patched``; specs.py holds the tables,
+docs/patching.md the semantics.
 
-Instance patching (``patch(model, **layers)``): every module whose class is a row of the family's
-spec gets ``module.forward = BoundForward(layer_forward, module)`` (pickles; its signature is the
-host forward's); ``unpatch`` deletes it or restores the instance forward it replaced.  Parameters,
-buffers, ``state_dict()`` and ``print(model)`` are untouched.  Experts switch through
-``config._experts_implementation``.  A PEFT wrapper is unwrapped; modules with accelerate hooks get
-``_old_forward`` replaced instead, so the hooks still move weights.
-
-Class-level patching (``patch("qwen3", **layers)``): the classes are resolved through the modeling
-module now and their ``forward`` replaced on the class (a copy of the layer forward carrying the host
-forward's signature): every instance runs it from then on, models already built included, except
-modules with an instance-level forward of their own.  ``unpatch("qwen3")`` puts back the very objects
-that were there; families sharing classes (lfm2_vl includes lfm2) hold them jointly.
-
-Both are idempotent: patching again first undoes the previous patch of that target.  What each patch
-replaced is written in the swap ledger, liger_rt/_swaps.py, which the layer forwards read too, so
-liger_rt.layers never imports liger_rt.patch.
+Instance patching binds ``BoundForward(layer_forward, module)`` as the forward of every module whose
+class is a spec row (``_old_forward`` under accelerate hooks; experts switch through
+``config._experts_implementation``); parameters, buffers and ``state_dict()`` are untouched.  Class-level
+patching replaces ``Cls.forward`` (a copy of the layer forward carrying the host's signature); families
+sharing classes hold them jointly.  Both are idempotent, and record what they replaced in the swap
+ledger (liger_rt/_swaps.py), which the layer forwards read, so liger_rt.layers never imports liger_rt.patch.
 """
 from __future__ import annotations
 
