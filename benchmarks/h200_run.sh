@@ -2,6 +2,7 @@
 # What we run on the H200 (the device tool here): stages by name, each under its own time limit.
 #   bash benchmarks/h200_run.sh gputests norms lfm2 losses moe host sweep parity model
 #   bash benchmarks/h200_run.sh logprobs famparity fammodel      (issues 16, 17; LOGPROBS_ARGS="--rounds 3": counterbalanced medians)
+#   bash benchmarks/h200_run.sh mixtral fammodel   (issue 17: mixtral's step profiled, its experts swept, then the steps)
 #   bash benchmarks/h200_run.sh compiled      (issue 19 item 4; COMPILED_ARGS="--compile-mode reduce-overhead" for CUDA graphs)
 #   bash benchmarks/h200_run.sh multigpu          (on nvidia-h200-x2: issue 21, benchmarks/multi_gpu.py)
 # GPUTEST_K="expr" selects gpu tests by pytest -k (e.g. "not test_parity_bf16 or a3b": families' slow cases out).
@@ -58,6 +59,14 @@ for s in "$@"; do
               stage export 60 python3 -m liger_rt.tools.cli export benchmarks/results/hopper.jsonl --arch hopper ;;
     profile)  stage profile 90 python3 benchmarks/profile_norms.py ;;
     profmoe)  stage profmoe 120 python3 benchmarks/profile_moe.py ;;
+    mixtral)  # issue 17: why mixtral-8x7b-2L steps slower than its baseline: the step profile, then the experts
+              # at the step's shape (B4 x T2048 = 8192 tokens) swept (triton candidates, grouped_mm, torch), explained
+              stage profmix 150 python3 benchmarks/profile_model.py --model mixtral --preset mixtral-8x7b-2L \
+                --arms baseline,liger_rt --flags rope=1 --batch 4 --seq 2048 --steps 6 --rows 15
+              stage mixsweep ${MIXSWEEP_S:-240} python3 -m liger_rt.tools.cli sweep --arch hopper --op moe_experts \
+                --shape experts=8,top_k=2,hidden=4096,intermediate=14336,tokens=8192
+              stage mixexplain 30 python3 -m liger_rt.tools.cli explain moe_experts --arch hopper \
+                --shape experts=8,top_k=2,hidden=4096,intermediate=14336,tokens=8192 ;;
     profhost) stage profhost ${PROFHOST_S:-120} python3 benchmarks/profile_host.py ${PROFHOST_ARGS:-} ;;
     profmodel) stage profmodel ${PROFMODEL_S:-200} python3 benchmarks/profile_model.py ${PROFMODEL_ARGS:-} ;;   # host-bound case: PROFMODEL_ARGS="--arms baseline,liger_rt --batch 1 --seq 512 --host"
     parity)   stage parity 300 python3 -m liger_rt.tools.cli parity --model qwen3 --preset qwen3-4b --dtype bf16 --device cuda ;;
