@@ -186,8 +186,7 @@ def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag
     # (seen on the H200: "AccumulateGrad node's stream does not match", then a broken capture)
     reference = [r.detach() for r in op.impl("torch").run(case, {})]
     _sync(device)
-    reduce_len = op.reduce_len(dims)
-    static_key, dname = op.static_key(dims), dtype_name(dtype)
+    reduce_len, static_key, dname = op.reduce_len(dims), op.static_key(dims), dtype_name(dtype)
     axis = float(op.crossover_axis(dims)) if op.crossover_axis else None
     measurements, runs = [], []
     case_method = None       # "do_bench" once a capture failed: the case is re-timed that way anyway

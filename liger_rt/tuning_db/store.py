@@ -471,8 +471,7 @@ class LayeredStore:
 
     def __init__(self, user: Store | None, defaults: Store, user_error: str | None = None):
         self.user, self.defaults, self.user_error = user, defaults, user_error
-        self._here: dict = {}
-        self._warned: set = set()
+        self._here, self._warned = {}, set()     # fingerprints by (arch, op, hash); bad rows warned about
 
     @classmethod
     def open_default(cls) -> "LayeredStore":
