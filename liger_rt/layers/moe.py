@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from .. import ops
 
 EXPERTS_IMPLEMENTATION = "liger_rt"
-_INTERFACE_MODULE = "liger_rt.layers.moe_experts_interface"
 
 
 def router_forward(self, hidden_states: torch.Tensor, expert_bias: torch.Tensor | None = None):
@@ -48,12 +47,6 @@ def router_compatible(module) -> str | None:
 def experts_interface_missing() -> str | None:
     """None when the liger_rt experts implementation can be registered, else why not."""
     try:
-        importlib.import_module(_INTERFACE_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name and _INTERFACE_MODULE.startswith(exc.name):
-            return f"{_INTERFACE_MODULE} is not in this checkout"
-        raise
-    try:
         importlib.import_module("transformers.integrations.moe")
     except ModuleNotFoundError:
         return "this transformers has no experts interface (transformers.integrations.moe); pip install -U transformers"
@@ -62,7 +55,8 @@ def experts_interface_missing() -> str | None:
 
 def register_experts() -> None:
     """Register ``liger_rt`` in transformers' ExpertsInterface (idempotent)."""
-    importlib.import_module(_INTERFACE_MODULE).register_experts_interface()
+    from .moe_experts_interface import register_experts_interface
+    register_experts_interface()
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
     if EXPERTS_IMPLEMENTATION not in ALL_EXPERTS_FUNCTIONS:
         raise RuntimeError(f"register_experts_interface() did not register {EXPERTS_IMPLEMENTATION!r} in "

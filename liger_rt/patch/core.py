@@ -89,15 +89,7 @@ def _op_missing(op: str | None) -> str | None:
         return None
     from .. import dispatch
     name = f"liger_rt.kernels.{dispatch.OP_MODULES[op]}"
-    try:
-        mod = importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name and name.startswith(exc.name):
-            return f"its kernel module {name} is not in this checkout"
-        raise
-    if not hasattr(mod, op):
-        return f"{name} has no function {op}"
-    return None
+    return None if hasattr(importlib.import_module(name), op) else f"{name} has no function {op}"
 
 
 @dataclasses.dataclass
