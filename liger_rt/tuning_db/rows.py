@@ -42,16 +42,12 @@ CROSSOVER_COLUMNS = {
 COLUMNS = {"tuning": TUNING_COLUMNS, "measurements": MEASUREMENT_COLUMNS, "crossover": CROSSOVER_COLUMNS}
 TUNING_PK = ("op", "variant", "arch", "dtype", "static_key", "bucket", "impl")
 CROSSOVER_PK = ("op", "variant", "arch", "dtype", "static_key")
-# the columns of schema 1 (what a DB must have to be ours; schema 2 added the rest)
-V1_COLUMNS = {
-    "tuning": {"op", "variant", "arch", "device_name", "dtype", "static_key", "bucket", "impl", "config",
-               "median_ms", "baseline_ms", "source_hash", "config_schema", "triton_version", "torch_version",
-               "origin", "created"},
-    "measurements": {"op", "variant", "arch", "device_name", "dtype", "static_key", "dims", "axis", "tag", "impl",
-                     "config", "median_ms", "ok", "error", "source_hash", "created"},
-    "crossover": {"op", "variant", "arch", "dtype", "static_key", "axis_name", "segments", "margin", "origin",
-                  "source_hash", "created"},
-}
+# the columns of schema 1 (what a DB must have to be ours): schema 2 added the method, the host time, the
+# fingerprint's SM count and runtime version, and where missing the rest of the fingerprint and the origin
+_NOT_IN_V1 = {"method", "host_ms", "sm_count", "runtime_version"}
+V1_COLUMNS = {"tuning": set(TUNING_COLUMNS) - _NOT_IN_V1,
+              "measurements": set(MEASUREMENT_COLUMNS) - _NOT_IN_V1 - {"origin", "torch_version", "triton_version"},
+              "crossover": set(CROSSOVER_COLUMNS) - _NOT_IN_V1 - {"device_name", "torch_version", "triton_version"}}
 DEFAULTS = {"method": "unrecorded", "sm_count": 0, "runtime_version": "", "torch_version": "",
             "triton_version": "", "device_name": "", "source_hash": "", "origin": "sweep", "error": "",
             "tag": "", "config_schema": 0, "ok": 0, "variant": "fwdbwd"}
