@@ -75,9 +75,10 @@ ROPE_AS_INPUT = Layer("rope", _L + "families:apply_rotary_pos_emb_as_input", op=
 
 
 def _llama_like(model_type: str, prefix: str, rope: Layer | None = ROPE, norm: Layer = RMS_NORM,
-                mlp: Layer | None = SWIGLU, experts: bool = False, module: str = "") -> ModelSpec:
+                mlp: Layer | None = SWIGLU, experts: bool = False, models: str = "") -> ModelSpec:
     """A decoder family shaped like Llama: rows <prefix>RMSNorm, [<prefix>MLP], [<prefix>Experts], the
-    causal LM <prefix>ForCausalLM, [apply_rotary_pos_emb]; its layer flags on by default."""
+    causal LM <prefix>ForCausalLM, [apply_rotary_pos_emb]; its layer flags on by default.  ``models``:
+    the transformers.models folder, where it is not the model type."""
     layers = {f"{prefix}RMSNorm": norm}
     if mlp is not None:
         layers[f"{prefix}MLP"] = mlp
@@ -85,11 +86,9 @@ def _llama_like(model_type: str, prefix: str, rope: Layer | None = ROPE, norm: L
         layers[f"{prefix}Experts"] = MOE_EXPERTS
     return ModelSpec(model_type, layers, causal_lm=(prefix + "ForCausalLM",),
                      defaults={row.flag for row in layers.values()},
-                     functions={"apply_rotary_pos_emb": rope} if rope else {}, module=module)
+                     functions={"apply_rotary_pos_emb": rope} if rope else {},
+                     module=f"transformers.models.{models}.modeling_{models}" if models else "")
 
-
-_GEMMA3 = "transformers.models.gemma3.modeling_gemma3"
-_QWEN3_5_MOE = "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe"
 
 SPECS: dict[str, ModelSpec] = {s.model_type: s for s in [
     _llama_like("qwen3", "Qwen3"),
@@ -115,7 +114,7 @@ SPECS: dict[str, ModelSpec] = {s.model_type: s for s in [
     _llama_like("mixtral", "Mixtral", mlp=None, experts=True),       # experts only, no dense MLP class
     _llama_like("gemma", "Gemma", norm=OFFSET_RMS_NORM, mlp=GEGLU),
     _llama_like("gemma2", "Gemma2", norm=OFFSET_RMS_NORM, mlp=GEGLU),  # post-norms too; final logit softcapping
-    _llama_like("gemma3_text", "Gemma3", norm=OFFSET_RMS_NORM, mlp=GEGLU, module=_GEMMA3),   # q/k norms too
+    _llama_like("gemma3_text", "Gemma3", norm=OFFSET_RMS_NORM, mlp=GEGLU, models="gemma3"),   # q/k norms too
     _llama_like("phi3", "Phi3", rope=None, mlp=GATE_UP_SWIGLU),       # rope: partial rotary (rotary_dim < head_dim)
     _llama_like("olmo2", "Olmo2", rope=ROPE_AS_INPUT, norm=RMS_NORM_AS_INPUT),   # post-norms, q/k norms
     _llama_like("granite", "Granite"),                                # logits / logits_scaling
@@ -124,7 +123,7 @@ SPECS: dict[str, ModelSpec] = {s.model_type: s for s in [
     # Qwen3.5-MoE's text model (what AutoModelForCausalLM builds, config.model_type qwen3_5_moe_text):
     # (1 + w) norms; gated-delta-net layers and their gated norm, partial rope stay with the host
     _llama_like("qwen3_5_moe_text", "Qwen3_5Moe", rope=None, norm=OFFSET_RMS_NORM, experts=True,
-                module=_QWEN3_5_MOE),
+                models="qwen3_5_moe"),
 ]}
 
 # validated families (each has a tiny preset and a CPU parity test), in the order supported_models()
