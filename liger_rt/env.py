@@ -55,11 +55,9 @@ def _path(name: str, raw: str) -> Path:
 
 
 def _tuning_db_path() -> Path:
-    raw = _raw("LIGER_RT_TUNING_DB")
-    if raw:
+    if raw := _raw("LIGER_RT_TUNING_DB"):
         return _path("LIGER_RT_TUNING_DB", raw)
-    cache = _raw("XDG_CACHE_HOME")
-    if cache:
+    if cache := _raw("XDG_CACHE_HOME"):
         return _path("XDG_CACHE_HOME", cache) / "liger_rt" / "tuning.db"
     try:
         home = Path.home()

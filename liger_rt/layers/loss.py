@@ -87,8 +87,7 @@ def head_transform(config, lm_head) -> dict | None:
     Granite's ``logits_scaling`` (logits / s); {} for a plain head, None when a scaled head has a
     bias (the host's logits are not (x / s) W^T + b then: the host forward runs)."""
     out = {}
-    cap = getattr(config, "final_logit_softcapping", None)
-    if cap is not None:
+    if (cap := getattr(config, "final_logit_softcapping", None)) is not None:
         out["softcap"] = float(cap)
     scale = getattr(config, "logits_scaling", None)
     if scale is not None and float(scale) != 1.0:
@@ -176,12 +175,10 @@ def causal_lm_forward(self, *args, return_logits: bool | None = None, **kwargs):
     given and logits are not needed (see the module docstring for when logits stay).  Patched on,
     its signature is the host forward's plus ``return_logits``."""
     opts = getattr(self, "_liger_rt_loss", None)
-    plan = _fused_plan(self, opts, args, kwargs, return_logits)
-    if plan is None:
+    if (plan := _fused_plan(self, opts, args, kwargs, return_logits)) is None:
         return original_function(self)(self, *args, **kwargs)
     arguments, extra = plan
-    return_dict = extra.pop("return_dict", None)
-    if return_dict is None:
+    if (return_dict := extra.pop("return_dict", None)) is None:
         return_dict = getattr(self.config, "return_dict", True)
     labels = arguments.pop("labels", None)
     arguments.pop("logits_to_keep", None)

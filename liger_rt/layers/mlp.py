@@ -44,8 +44,7 @@ def w1_w3_w2(module) -> str | None:
 def silu_gated(module) -> str | None:
     """None when the MLP has gate/up/down projections and a SiLU activation (so SwiGLU computes
     what it computes), else why not."""
-    missing = _missing(module, ("gate_proj", "up_proj", "down_proj"))
-    if missing:
+    if missing := _missing(module, ("gate_proj", "up_proj", "down_proj")):
         return missing
     act = getattr(module, "act_fn", None)
     if isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation" or act is torch.nn.functional.silu:
@@ -70,8 +69,7 @@ def is_tanh_gelu(act) -> bool:
 def gelu_tanh_gated(module) -> str | None:
     """None when the MLP has gate/up/down projections and a tanh-approximate GELU (so GeGLU computes
     what it computes), else why not."""
-    missing = _missing(module, ("gate_proj", "up_proj", "down_proj"))
-    if missing:
+    if missing := _missing(module, ("gate_proj", "up_proj", "down_proj")):
         return missing
     act = getattr(module, "act_fn", None)
     if is_tanh_gelu(act):

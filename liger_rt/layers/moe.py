@@ -35,8 +35,7 @@ def router_compatible(module) -> str | None:
     """None when a router has the LFM2-MoE attributes and signature router_forward reads."""
     import inspect
     need = ("weight", "top_k", "norm_topk_prob", "routed_scaling_factor")
-    gone = [n for n in need if not hasattr(module, n)]
-    if gone:
+    if gone := [n for n in need if not hasattr(module, n)]:
         return f"no {', '.join(gone)} on this transformers' {type(module).__name__}"
     params = list(inspect.signature(type(module).forward).parameters)
     if params[1:3] != ["hidden_states", "expert_bias"]:

@@ -78,8 +78,7 @@ def _eager_forward(module):
 def liger_rt_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                              top_k_weights: torch.Tensor) -> torch.Tensor:
     """ExpertsInterface forward: hidden_states (tokens, hidden), top_k_* (tokens, k) -> (tokens, hidden)."""
-    why = _unsupported(self)
-    if why is not None:
+    if (why := _unsupported(self)) is not None:
         key = f"{type(self).__name__}: {why}"
         if key not in _warned:
             _warned.add(key)

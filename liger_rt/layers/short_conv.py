@@ -147,8 +147,7 @@ def short_conv_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> to
     if args or (cache is not None and write_state is None) or getattr(self.conv, "_hf_hook", None) is not None:
         return original_function(self)(self, hidden_states, *args, **kwargs)
 
-    attention_mask = kwargs.get("attention_mask")
-    if attention_mask is not None:
+    if (attention_mask := kwargs.get("attention_mask")) is not None:
         # the module's own masking rule (it changed across transformers releases)
         mask_fn = getattr(sys.modules.get(type(self).__module__), "apply_mask_to_padding_states", None)
         if mask_fn is not None:

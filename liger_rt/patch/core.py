@@ -51,8 +51,7 @@ def _spec(model_type: str) -> specs.ModelSpec:
 
 def _flags(spec: specs.ModelSpec, given: dict[str, Any]) -> dict[str, bool]:
     valid = specs.flags(spec)
-    unknown = [k for k in given if k not in valid]
-    if unknown:
+    if unknown := [k for k in given if k not in valid]:
         raise ValueError(f"unknown flag(s) {', '.join(map(repr, unknown))} for {spec.model_type}; "
                          f"valid flags: {', '.join(valid)} (defaults on: {', '.join(sorted(spec.defaults)) or 'none'})")
     out = {f: f in spec.defaults for f in valid}
@@ -279,18 +278,15 @@ def _patch_instance(model, given: dict[str, Any]):
     configs: dict[int, Any] = {}
     for name, module in root.named_modules():
         key = _key(type(module))
-        hit = by_class.get(key)
-        if hit is not None:
+        if (hit := by_class.get(key)) is not None:
             row, fn = hit
             if row.within and row.within not in name.split("."):
                 continue
-            why = _load(row.applies)(module) if row.applies else None
-            if why:
+            if row.applies and (why := _load(row.applies)(module)):
                 record.skipped.append((name or type(module).__name__, why))
                 continue
             if row.experts:
-                config = getattr(module, "config", None)
-                if config is None:
+                if (config := getattr(module, "config", None)) is None:
                     record.skipped.append((name, "experts module without a config to switch"))
                     continue
                 configs[id(config)] = config

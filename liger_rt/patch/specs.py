@@ -151,8 +151,7 @@ def unavailable(model_type: str) -> str | None:
         return None
     if model_type in NEEDS_EXPERTS:
         from ..layers.moe import experts_interface_missing
-        why = experts_interface_missing()
-        if why is not None:
+        if (why := experts_interface_missing()) is not None:
             return f"{model_type} is validated with liger_rt experts, and {why}"
     for module in {SPECS[m].module for m in (model_type, *SPECS[model_type].includes)}:
         try:
