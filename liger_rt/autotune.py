@@ -238,7 +238,8 @@ def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag
         if device == "cuda":
             with contextlib.suppress(Exception):
                 rec["host_ms"] = host_ms(run, device)
-    method = next(iter(methods), "cpu-wall" if device == "cpu" else "cuda-graph")
+    # failed candidates take the case's method: do_bench where the runs were re-timed above
+    method = "do_bench" if len(methods) > 1 else next(iter(methods), "cpu-wall" if device == "cpu" else "cuda-graph")
     for rec in measurements:
         rec["method"] = rec["method"] or method
     del case, reference, runs
