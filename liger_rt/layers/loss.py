@@ -31,7 +31,6 @@ from .._swaps import original_function
 class LossOptions:
     """What the patch asked of the causal-LM forward, and what it read of the host forward at patch
     time (stored as ``_liger_rt_loss`` on the model or class; built by ``loss_options``)."""
-    fused_linear_cross_entropy: bool = False
     keep_logits: bool = False
     parameters: tuple[str, ...] = ()        # the host forward's named parameters (no self), positional first
     positional: int = 0                     # how many of them a call may pass by position
@@ -119,7 +118,7 @@ def loss_options(sig: inspect.Signature, module_name: str, *, keep_logits: bool 
     positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     keyword = [p.name for p in params if p.kind is p.KEYWORD_ONLY]
     out_cls = _output_class(sig, module_name)
-    return LossOptions(True, keep_logits, tuple(positional + keyword), len(positional),
+    return LossOptions(keep_logits, tuple(positional + keyword), len(positional),
                        any(p.kind is p.VAR_KEYWORD for p in params), out_cls,
                        tuple(f.name for f in dataclasses.fields(out_cls)) if out_cls is not None else (),
                        getattr(sys.modules.get(module_name), "load_balancing_loss_func", None))
@@ -152,7 +151,7 @@ def _split(opts: LossOptions, args: tuple, kwargs: dict):
 
 def _fused_plan(self, opts, args, kwargs, return_logits):
     """(named arguments, var-kwargs) when the fused path can run for this call, else None."""
-    if opts is None or not opts.fused_linear_cross_entropy:
+    if opts is None:
         return None
     want_logits = return_logits if return_logits is not None else (opts.keep_logits or not self.training)
     if want_logits or (split := _split(opts, args, kwargs)) is None:

@@ -231,17 +231,16 @@ class InstanceRecord:
 def unwrap(model):
     """The transformers model inside a PEFT-style wrapper (get_base_model() or base_model.model)."""
     from transformers import PreTrainedModel
-    m = model
     for _ in range(4):
-        if isinstance(m, PreTrainedModel):
+        if isinstance(model, PreTrainedModel):
             break
-        if callable(getattr(m, "get_base_model", None)):
-            m = m.get_base_model()
-        elif isinstance(getattr(getattr(m, "base_model", None), "model", None), torch.nn.Module):
-            m = m.base_model.model
+        if callable(getattr(model, "get_base_model", None)):
+            model = model.get_base_model()
+        elif isinstance(getattr(getattr(model, "base_model", None), "model", None), torch.nn.Module):
+            model = model.base_model.model
         else:
             break
-    return m
+    return model
 
 
 def _model_type(root) -> str:
