@@ -152,8 +152,7 @@ def check() -> None:
     _checked = key
 
 
-def known_names(ops=None) -> list[str]:
-    ops = _ops() if ops is None else ops
+def known_names(ops) -> list[str]:
     return [*_PARSERS, *(IMPL_PREFIX + o.upper() for o in ops)]
 
 

@@ -60,18 +60,12 @@ def geglu_forward(self, x: torch.Tensor) -> torch.Tensor:
     return self.down_proj(ops.geglu(self.gate_proj(x), self.up_proj(x)))
 
 
-def is_tanh_gelu(act) -> bool:
-    if isinstance(act, torch.nn.GELU):
-        return act.approximate == "tanh"
-    return type(act).__name__ in _TANH_GELUS
-
-
 def gelu_tanh_gated(module) -> str | None:
     """None when the MLP has gate/up/down projections and a tanh-approximate GELU (so GeGLU computes
     what it computes), else why not."""
     if missing := _missing(module, ("gate_proj", "up_proj", "down_proj")):
         return missing
     act = getattr(module, "act_fn", None)
-    if is_tanh_gelu(act):
+    if isinstance(act, torch.nn.GELU) and act.approximate == "tanh" or type(act).__name__ in _TANH_GELUS:
         return None
     return f"activation is {type(act).__name__}, not the tanh-approximate GELU (GeGLU would change the model)"
