@@ -19,17 +19,7 @@ from typing import Any
 ORIG_KEY = "_liger_rt_orig_forward"      # module.__dict__ entry: the instance forward a patch replaced
 
 
-class _Missing:
-    """'the owner had no attribute of its own' (pickles as this very object)."""
-
-    def __repr__(self):
-        return "MISSING"
-
-    def __reduce__(self):
-        return "MISSING"
-
-
-MISSING = _Missing()
+MISSING = object()                       # "the owner had no attribute of its own" (never pickled or copied)
 
 
 @dataclasses.dataclass
