@@ -133,20 +133,12 @@ def _default_loss(model) -> bool:
 def _split(opts: LossOptions, args: tuple, kwargs: dict):
     """(named arguments, **kwargs extras) of a call as the host forward binds them; None when the
     call would not bind (the host forward then runs, and raises its own error)."""
-    if len(args) > opts.positional:
+    if len(args) > opts.positional or any(k in kwargs for k in opts.parameters[:len(args)]):
         return None
-    arguments = dict(zip(opts.parameters, args))
-    extra = {}
-    for name, value in kwargs.items():
-        if name in arguments:
-            return None
-        if name in opts.parameters:
-            arguments[name] = value
-        elif opts.var_keyword:
-            extra[name] = value
-        else:
-            return None
-    return arguments, extra
+    if not opts.var_keyword and any(k not in opts.parameters for k in kwargs):
+        return None
+    arguments = {**dict(zip(opts.parameters, args)), **{k: v for k, v in kwargs.items() if k in opts.parameters}}
+    return arguments, {k: v for k, v in kwargs.items() if k not in opts.parameters}
 
 
 def _fused_plan(self, opts, args, kwargs, return_logits):
