@@ -99,8 +99,7 @@ class LigerRTCallback(TrainerCallback):
     When the Trainer is built (``on_init_end``), and when training starts (``on_train_begin``) if the
     model has no liger_rt patch by then (``model_init``); a model already patched is left as it is.
     Under a TRL trainer the loss flags are left off; each cause of shadowing is a ``ShadowWarning``,
-    once per callback.
-    """
+    once per callback."""
 
     def __init__(self, **layers):
         self.layers = dict(layers)
@@ -142,8 +141,7 @@ class AutoLigerRTModelForCausalLM:
     ``AutoLigerRTModelForCausalLM.from_config(config, rms_norm=False)``.
 
     Keyword arguments that are liger_rt flags go to ``liger_rt.patch``, the rest to transformers; the
-    model type and flags are checked from the config before the weights load.
-    """
+    model type and flags are checked from the config before the weights load."""
 
     def __init__(self):
         raise TypeError("AutoLigerRTModelForCausalLM is built with from_pretrained(...) or from_config(...)")

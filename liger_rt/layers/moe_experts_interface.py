@@ -94,10 +94,8 @@ def liger_rt_experts_forward(self, hidden_states: torch.Tensor, top_k_index: tor
 
 
 def register_experts_interface(name: str = NAME) -> bool:
-    """Register ``name`` (default "liger_rt") in transformers' ExpertsInterface. Idempotent.
-
-    Returns True when it is registered now (also if it already was), and raises an ImportError
-    naming the fix when this transformers has no experts interface (transformers < 5)."""
+    """Register ``name`` (default "liger_rt") in transformers' ExpertsInterface (idempotent): True, or an
+    ImportError naming the fix when this transformers has no experts interface (transformers < 5)."""
     try:
         from transformers.integrations.moe import ExpertsInterface
     except ImportError as exc:

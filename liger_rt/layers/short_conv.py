@@ -176,13 +176,10 @@ def _runs_ours(conv) -> bool:
 
 
 def decoder_layer_forward(self, *args, **kwargs):
-    """Lfm2DecoderLayer.forward unchanged, except that a conv layer's conv also receives the
-    layer's position_ids and cu_seq_lens_q (as ``seq_idx=Packing(...)``, where the caller gave no
-    seq_idx) so packed sequences keep their boundaries.
-
-    It calls the forward it replaced as a function (``original_function``): at instance level that
-    is transformers' checkpointing wrapper, still ``type(self).forward``, so gradient checkpointing
-    works; at class level the patch wraps this forward in that same wrapper."""
+    """Lfm2DecoderLayer.forward unchanged, except that a conv layer's conv also receives the layer's
+    position_ids and cu_seq_lens_q (as ``seq_idx=Packing(...)``, where the caller gave no seq_idx).
+    It calls the forward it replaced as a function: at instance level that is transformers'
+    checkpointing wrapper, so gradient checkpointing works; at class level the patch wraps this one."""
     positions, cu = kwargs.get("position_ids"), kwargs.get("cu_seq_lens_q")
     conv = getattr(self, "conv", None)
     if (positions is not None or cu is not None) and kwargs.get("seq_idx") is None and conv is not None \
