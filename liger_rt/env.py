@@ -118,10 +118,8 @@ def _ops() -> dict[str, tuple | None]:
     """Op name -> its implementation names (None while its module is not imported), read from the
     dispatcher if it is loaded (no import: env stays a leaf)."""
     dispatch = sys.modules.get("liger_rt.dispatch")
-    out: dict[str, tuple | None] = dict.fromkeys(getattr(dispatch, "OP_MODULES", ()), None)
-    for name, op in getattr(dispatch, "_REGISTRY", {}).items():
-        out[name] = tuple(op.impl_names)
-    return out
+    registered = {name: tuple(op.impl_names) for name, op in getattr(dispatch, "_REGISTRY", {}).items()}
+    return {**dict.fromkeys(getattr(dispatch, "OP_MODULES", ()), None), **registered}
 
 
 # -- check ------------------------------------------------------------------------------------------
