@@ -269,8 +269,7 @@ def _bind(record: InstanceRecord, module: torch.nn.Module, fn) -> None:
 def _patch_instance(model, given: dict[str, Any]):
     root = unwrap(model)
     plan = _plan(_model_type(root), given, for_class=False)
-    if _RECORD_KEY in root.__dict__:
-        _unpatch_instance(root)
+    _unpatch_instance(root)
     record = InstanceRecord(plan.model_type, plan.flags, plan.given)
     by_class = {_key(cls): (row, fn) for cls, row, fn in plan.layers}
     lm_classes = {_key(c) for c in plan.causal_lm}
@@ -334,8 +333,7 @@ def _patch_loss_instance(record: InstanceRecord, module, flags: dict[str, bool])
 
 
 def _unpatch_instance(root) -> None:
-    record: InstanceRecord | None = root.__dict__.pop(_RECORD_KEY, None)
-    if record is None:
+    if (record := root.__dict__.pop(_RECORD_KEY, None)) is None:
         return
     if record.finalizer is not None:
         record.finalizer()        # releases the module-wide swaps (once)
@@ -374,8 +372,7 @@ def _class_forward(cls: type, fn):
 
 def _patch_class(model_type: str, given: dict[str, Any]) -> None:
     plan = _plan(model_type, given, for_class=True)
-    if model_type in _CLASS_RECORDS:
-        _unpatch_class(model_type)
+    _unpatch_class(model_type)
     from ..layers import loss, moe
     keys: list = []
     counts: dict[str, int] = collections.Counter()
