@@ -76,6 +76,5 @@ def experts_forward_for(cls: type):
     @functools.wraps(original)
     def forward(self, hidden_states, top_k_index, top_k_weights):
         return experts_forward(self, hidden_states, top_k_index, top_k_weights)
-    forward.__wrapped__ = original
     forward._liger_rt_experts = True
     return forward
