@@ -125,3 +125,18 @@ def test_every_generated_custom_op_has_a_schema_inductor_can_read():
         for half in ("fwd", "bwd"):
             overload = getattr(getattr(torch.ops.liger_rt, f"{op.name}_{half}"), "default")
             assert get_signature_for_torch_op(overload), f"{op.name}_{half}"
+
+
+def test_each_generated_op_has_exactly_one_fake():
+    """torch 2.11 (the H200 image) refuses a second register_fake for an op; newer torch replaces
+    the first one silently.  rope's backward fake was registered twice (the runtime's, then the
+    kernel file's own), which only the H200 saw: every fake comes through the spec, once."""
+    from torch._library.simple_registry import singleton
+
+    from liger_rt import dispatch
+    for name in dispatch.OP_MODULES:
+        op = dispatch.get_op(name)
+        op._custom_ops()
+        for half in ("fwd", "bwd"):
+            kernels = singleton.find(f"liger_rt::{op.name}_{half}").fake_impl.kernels
+            assert len(kernels) == 1, f"{op.name}_{half}: {len(kernels)} fake implementations registered"
