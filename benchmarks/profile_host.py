@@ -91,7 +91,7 @@ def main() -> None:
         probes = layers(op_name)
         for name, fn in probes.items():
             print(f"{op_name:9s} {name:55s} {per_call_us(fn, args.calls):8.1f} us")
-        last = list(probes.values())[-2 if op_name == "rms_norm" else -1]
+        last = probes[f"ops.{op_name} fwd+bwd, engine on the caller's thread"]
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(args.calls // 4):

@@ -116,7 +116,6 @@ class _Group(click.Group):
 @click.option("--debug", is_flag=True, help="Show the traceback of a failure (also accepted after the verb).")
 def main(debug):
     """Fill and inspect the liger_rt tuning database."""
-    _cpu_interpreter()      # before any verb imports a kernel module
 
 
 def _open_user(db_path: str | None, *, readonly: bool, must_exist: bool = True, create: bool = True):
@@ -553,8 +552,9 @@ def prune(stale, invalid, op, arch_name, dry_run, db_path):
 
 
 def _add_commands() -> None:
-    # parity and bench import the patchers, hence the kernel modules: the interpreter switch must
-    # be in place before any @triton.jit runs (it is read when a kernel is decorated)
+    # every verb runs after this import, and parity and bench import the patchers, hence the kernel
+    # modules: the interpreter switch (no GPU: CPU runs the kernels interpreted) must be in place
+    # before any @triton.jit runs (it is read when a kernel is decorated)
     _cpu_interpreter()
     from liger_rt.tools.bench import bench
     from liger_rt.tools.parity import parity

@@ -291,9 +291,6 @@ def _json_safe(obj):
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def parity(model_type, preset, dtype_name, device, flags_text, seed, lr, as_json):
     """Patched vs unpatched model from a config (random weights, no hub): logits, log-probs, entropy, losses, grads, AdamW step."""
-    import os
-    if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
-        os.environ["TRITON_INTERPRET"] = "1"      # like every liger-tune verb: CPU runs the kernels interpreted
     from liger_rt.kernels._common import parse_dtype
     from liger_rt.tools.models import build_model
     from liger_rt.tools.presets import get_preset
