@@ -3,7 +3,8 @@ tests/gpu/test_compile_gpu.py).  tests/test_compile_models.py checks every famil
 code generation; here inductor generates code around our custom ops, and mode="reduce-overhead"
 captures a whole training step in CUDA graphs (issue 19 item 2).
 
-Real layer widths, two decoder layers (LFM2: a conv and an attention layer), bf16, 2 x 256 tokens.
+Real layer widths, two decoder layers (LFM2: a conv and an attention layer), bf16 (the MoE
+case fp32), 2 x 256 tokens.
 Independent reference: the eager patched model and the eager unpatched Hugging Face model, same
 weights and inputs.
 """
@@ -52,27 +53,30 @@ def _steps(model, inputs_list):
     return torch.stack(losses), grads
 
 
-@pytest.mark.parametrize("name,mode", [
-    ("qwen3-1.7b", "default"),
-    ("qwen3-1.7b", "reduce-overhead"),          # CUDA graphs around a whole patched training step
-    ("lfm2-1.2b", "reduce-overhead"),
-    ("lfm2-8b-a1b", "default"),
+@pytest.mark.parametrize("name,mode,dtype", [
+    ("qwen3-1.7b", "default", torch.bfloat16),
+    ("qwen3-1.7b", "reduce-overhead", torch.bfloat16),          # CUDA graphs around a whole patched training step
+    ("lfm2-1.2b", "reduce-overhead", torch.bfloat16),
+    # MoE in fp32: in bf16 inductor's own rounding of the surrounding ops moves near-tied tokens to
+    # other experts, and after four SGD steps the router's gradient differed by 22% norm-relative
+    # (H200, session 7): routing noise, not a kernel's error, and no bound could tell the two apart
+    ("lfm2-8b-a1b", "default", torch.float32),
 ])
-def test_compiled_patched_training_steps(name, mode):
+def test_compiled_patched_training_steps(name, mode, dtype):
     torch._dynamo.reset()
     preset = _two_layers(name)
     flags = specs.parity_flags(preset.model_type)
     batches = [_inputs(build_model(preset, device="cuda"), seed) for seed in range(4)]
 
-    hf = build_model(preset, dtype=torch.bfloat16, device="cuda")
+    hf = build_model(preset, dtype=dtype, device="cuda")
     hf_losses, _ = _steps(hf, batches)
     del hf
-    eager = build_model(preset, dtype=torch.bfloat16, device="cuda")
+    eager = build_model(preset, dtype=dtype, device="cuda")
     liger_rt.patch(eager, **flags)
     eager_losses, eager_grads = _steps(eager, batches)
     del eager
 
-    model = build_model(preset, dtype=torch.bfloat16, device="cuda")
+    model = build_model(preset, dtype=dtype, device="cuda")
     liger_rt.patch(model, **flags)
     graphs = []
 
@@ -90,10 +94,9 @@ def test_compiled_patched_training_steps(name, mode):
     torch.testing.assert_close(losses, eager_losses, rtol=0, atol=2e-2)
     torch.testing.assert_close(losses, hf_losses, rtol=0, atol=3e-2)
     assert grads.keys() == eager_grads.keys()
-    # norm-relative: in bf16 inductor's own rounding of the surrounding ops can move a near-tied
-    # token to another expert (MoE), which changes single entries of that expert's gradient a lot
-    # and the gradient as a whole little
+    # norm-relative: bf16 rounding differs between inductor's fused code and eager
     errs = {n: ((grads[n] - eager_grads[n]).norm() / eager_grads[n].norm().clamp(min=1e-12)).item() for n in grads}
     worst = sorted(errs.items(), key=lambda kv: -kv[1])[:3]
-    assert worst[0][1] < 5e-2, f"gradients differ from eager (norm-relative), worst: {worst}"
+    bound = 5e-2 if dtype == torch.bfloat16 else 1e-2
+    assert worst[0][1] < bound, f"gradients differ from eager (norm-relative), worst: {worst}"
     liger_rt.unpatch(model)
