@@ -59,6 +59,7 @@ for s in "$@"; do
               stage export 60 python3 -m liger_rt.tools.cli export benchmarks/results/hopper.jsonl --arch hopper ;;
     profile)  stage profile 90 python3 benchmarks/profile_norms.py ;;
     profmoe)  stage profmoe 120 python3 benchmarks/profile_moe.py ;;
+    profflce) stage profflce ${PROFFLCE_S:-240} python3 benchmarks/profile_flce.py ${PROFFLCE_ARGS:-} ;;   # issue 18: FLCE chunk sizes vs torch.compile
     mixtral)  # issue 17: why mixtral-8x7b-2L steps slower than its baseline: the step profile, then the experts
               # at the step's shape (B4 x T2048 = 8192 tokens) swept (triton candidates, grouped_mm, torch), explained
               stage profmix 150 python3 benchmarks/profile_model.py --model mixtral --preset mixtral-8x7b-2L \
@@ -92,6 +93,11 @@ for s in "$@"; do
                 stage model_$p ${secs:-${FAMMODEL_S:-150}} $B model --model $m --preset $p --batch $b --seq 2048 --dtype bf16 \
                   --device cuda --csv benchmarks/results/model_${p}_h200.csv ${FAMMODEL_ARGS:---flags rope=1}
               done ;;
+    mixlk)    # issue 17: Liger-Kernel's mixtral arm in its own process with its fused MoE pinned by its own switch
+              # (LIGER_FUSED_MOE_AUTOTUNE=0; its first-call autotune at this shape ran past 4 minutes in session 6)
+              stage mixlk ${MIXLK_S:-200} env LIGER_FUSED_MOE_AUTOTUNE=0 $B model --model mixtral --preset mixtral-8x7b-2L \
+                --batch 4 --seq 2048 --dtype bf16 --device cuda --arms baseline,liger_kernel --flags rope=1 \
+                --csv benchmarks/results/model_mixtral-8x7b-2L_lk_h200.csv ;;
     multigpu) # issue 21 items 1-3 on nvidia-h200-x2 (benchmarks/multi_gpu.py); MULTIGPU_PARTS picks parts, MULTIGPU_ARGS adds args
               export NCCL_NVLS_ENABLE=0
               for p in ${MULTIGPU_PARTS:-parity throughput consistency}; do

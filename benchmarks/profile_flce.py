@@ -1,0 +1,119 @@
+"""Fused linear cross-entropy on the GPU (issue 18): each chunk size's forward+backward
+wall time (triton do_bench) and peak extra memory beside torch.compile's, in counterbalanced rounds
+(forward order, then reversed), then where the time goes (a kernel table per config).
+
+    python benchmarks/profile_flce.py [--rounds 3] [--chunks 512,768,1024,2048] [--csv PATH]
+
+Session 7 ran it with a since-reverted `overlap` knob (each chunk's backward GEMMs on a side CUDA
+stream, beside the dW GEMM or double-buffered beside the next chunk): benchmarks/results/
+flce_overlap_h200.csv, arms c<chunk>_o<overlap>; no schedule gained more than the spread.
+
+Configs are run directly (OP.call_impl), outside the chunk budget the dispatcher applies, so that
+the budget can be set from these figures. Peak extra memory: everything one step allocates beyond
+its inputs, the gradients it hands out included (as the losses benchmark counts it).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import os
+import statistics
+
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench
+
+from liger_rt import backend
+from liger_rt.kernels import fused_linear_cross_entropy as flce
+
+SHAPES = {"BT8192_H2048_V65536": (8192, 2048, 65536), "BT8192_H2560_V151936": (8192, 2560, 151936)}
+
+
+def make_inputs(t, h, v):
+    g = torch.Generator("cuda").manual_seed(0)
+    x = (torch.randn(t, h, generator=g, device="cuda") * 0.5).to(torch.bfloat16).requires_grad_()
+    w = (torch.randn(v, h, generator=g, device="cuda") * 0.02).to(torch.bfloat16).requires_grad_()
+    return x, w, torch.randint(0, v, (t,), generator=g, device="cuda")
+
+
+def arms(t, h, v, chunks):
+    base = flce._heuristic(backend.detect(), {"tokens": t, "hidden": h, "vocab": v}, torch.bfloat16)
+    out = {"compile": torch.compile(lambda x, w, y: F.cross_entropy((x @ w.t()).float(), y))}
+    for c in chunks:
+        out[f"c{c}"] = (lambda x, w, y, cfg=base.replace(chunk=c): flce.OP.call_impl(
+            "triton", cfg, x, w, y, None, -100, "mean", 0.0, 0.0, None, None, 3, True))
+    return out
+
+
+def step(fn, x, w, y):
+    x.grad = w.grad = None
+    fn(x, w, y).backward()
+
+
+def peak_extra(fn, x, w, y):
+    step(fn, x, w, y)                 # warm: compiled, autotuned, workspaces allocated
+    x.grad = w.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    step(fn, x, w, y)
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 1e9
+
+
+def kernel_table(fn, x, w, y, rows=8):
+    from torch.profiler import ProfilerActivity, profile
+    step(fn, x, w, y)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step(fn, x, w, y)
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--chunks", default="512,768,1024,2048")
+    ap.add_argument("--profile", default="compile,c512,c1024", help="arms whose kernels to list")
+    ap.add_argument("--csv", default="benchmarks/results/flce_chunks_h200.csv")
+    a = ap.parse_args()
+    chunks = [int(c) for c in a.chunks.split(",")]
+    meta = {"torch": torch.__version__, "triton": triton.__version__, "gpu": torch.cuda.get_device_name(),
+            "date": datetime.date.today().isoformat(), "method": "do_bench wall (warmup 100 ms, rep 400 ms)"}
+    rows = []
+    for shape, (t, h, v) in SHAPES.items():
+        x, w, y = make_inputs(t, h, v)
+        table = arms(t, h, v, chunks)
+        peaks = {name: peak_extra(fn, x, w, y) for name, fn in table.items()}
+        times = {name: [] for name in table}
+        for r in range(a.rounds):
+            order = list(table) if r % 2 == 0 else list(reversed(table))
+            for name in order:
+                ms = do_bench(lambda fn=table[name]: step(fn, x, w, y), warmup=100, rep=400)
+                times[name].append(ms)
+                rows.append({"shape": shape, "arm": name, "round": r, "ms": ms, "peak_extra_GB": peaks[name],
+                             "TFLOPs": 6 * t * h * v / ms / 1e9, **meta})
+        print(f"== {shape}: median of {a.rounds} rounds (spread), peak extra GB")
+        ref = statistics.median(times["compile"])
+        for name in table:
+            m = statistics.median(times[name])
+            print(f"  {name:10s} {m:8.3f} ms ({min(times[name]):.3f}-{max(times[name]):.3f})  "
+                  f"{peaks[name]:6.3f} GB  {m / ref:5.3f}x compile's time  {peaks[name] / peaks['compile']:5.3f}x its memory")
+        for name in a.profile.split(","):
+            if name in table:
+                print(f"-- kernels of {name} at {shape}:\n{kernel_table(table[name], x, w, y)}")
+        del x, w, y, table
+        torch.cuda.empty_cache()
+    os.makedirs(os.path.dirname(a.csv) or ".", exist_ok=True)
+    with open(a.csv, "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=list(rows[0]))
+        wr.writeheader()
+        wr.writerows(rows)
+    print(f"wrote {len(rows)} rows to {a.csv}")
+
+
+if __name__ == "__main__":
+    main()
