@@ -446,3 +446,20 @@ def test_source_version_marks_a_tree_that_differs_from_its_head(monkeypatch):
     assert harness.source_version().endswith("+abc1234.dirty")
     monkeypatch.setattr(subprocess, "run", fake(False))
     assert harness.source_version().endswith("+abc1234")
+
+
+def test_bench_model_arms_option(tmp_path, monkeypatch):
+    """--arms runs just those arms (a peer alone in its process, under its own switches), and
+    names the valid ones when an arm is unknown or baseline is missing."""
+    _needs_patchers()
+    _no_liger_kernel(monkeypatch)
+    for arms, needle in (("bogus", "unknown arm 'bogus'; valid: baseline, liger_rt"),
+                         ("liger_rt", "the arms must include baseline")):
+        res = CliRunner().invoke(bench, ["model", "--model", "qwen3", "--device", "cpu", "--arms", arms])
+        assert res.exit_code != 0 and needle in res.output, res.output
+    out = tmp_path / "model.csv"
+    res = CliRunner().invoke(bench, ["model", "--model", "qwen3", "--preset", "tiny", "--steps", "1", "--warmup", "1",
+                                     "--batch", "1", "--seq", "8", "--device", "cpu", "--dtype", "fp32",
+                                     "--arms", "baseline", "--csv", str(out)])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    assert [r["arm"] for r in _read(out) if r["kind"] == "run"] == ["baseline", "baseline"]
