@@ -167,6 +167,10 @@ class Impl:
     keep: tuple[int, ...] | None = None   # args whose values the backward reads (None: all); the
                                           # others are saved as shape-only stand-ins, so they can be freed
     run: Callable | None = None           # run(case, config): set by the Op (autotune's entry)
+    # under torch.compile: traced_backward(args, saved, needs, *grads) -> one gradient per
+    # arg in plain torch ops, or None to run the backward op; inductor then plans those gradients'
+    # memory (the backward op may not write into its inputs, so it allocates fresh buffers)
+    traced_backward: Callable | None = None
 
     @property
     def tuned(self) -> bool:
@@ -374,7 +378,7 @@ class Op:
         impl = self._by_name[impl_name]
         if impl.fn is not None:
             return impl.fn(*args)
-        out = self._custom_ops().apply(config_json, impl.keep, *args)
+        out = self._custom_ops().apply(config_json, impl.keep, impl.traced_backward, *args)
         return out[0] if self.outputs == 1 else out
 
     def _custom_ops(self):
@@ -547,31 +551,36 @@ def _build_custom_ops(op: Op):
     n_out = op.outputs
 
     class TracedFunction(torch.autograd.Function):
-        """apply(config_json, keep, *args): the op's outputs (`keep`: the implementation's); traced
-        by dynamo, never run eagerly."""
+        """apply(config_json, keep, traced_backward, *args): the op's outputs (`keep`, `traced_backward`:
+        the implementation's); traced by dynamo, never run eagerly."""
 
         @staticmethod
-        def forward(ctx, config_json, keep, *args):
+        def forward(ctx, config_json, keep, traced_backward, *args):
             out = fwd_op(*args, config_json)
             tensors = [_kept(a, i, keep) for i, (a, flag) in enumerate(zip(args, is_tensor)) if flag]
             ctx.save_for_backward(*tensors, *out[n_out:])
             ctx.n_tensors = len(tensors)
             ctx.scalars = [a for a, flag in zip(args, is_tensor) if not flag]
-            ctx.config_json = config_json
+            ctx.config_json, ctx.traced_backward = config_json, traced_backward
             return tuple(out[:n_out])
 
         @staticmethod
         def backward(ctx, *grads):
             saved = ctx.saved_tensors
             tensors, extra = list(saved[:ctx.n_tensors]), list(saved[ctx.n_tensors:])
-            needs = [bool(n) for n, flag in zip(ctx.needs_input_grad[2:], is_tensor) if flag]
+            if ctx.traced_backward is not None:
+                dargs = ctx.traced_backward(rebuild(tensors, ctx.scalars), tuple(extra), ctx.needs_input_grad[3:],
+                                            *grads)
+                if dargs is not None:
+                    return (None, None, None, *dargs)
+            needs = [bool(n) for n, flag in zip(ctx.needs_input_grad[3:], is_tensor) if flag]
             out = bwd_op(tensors, extra, list(grads), *ctx.scalars, needs, ctx.config_json)
             it = iter(out)
             dargs = []
             for flag in is_tensor:
                 g = next(it) if flag else None
                 dargs.append(g if g is not None and g.numel() else None)
-            return (None, None, *dargs)
+            return (None, None, None, *dargs)
 
     return TracedFunction
 

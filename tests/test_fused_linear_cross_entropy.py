@@ -295,16 +295,26 @@ def test_dispatch_routes_to_the_torch_implementation(monkeypatch):
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_torch_compile_fullgraph(monkeypatch, reduction):
-    """A custom op under torch.compile (zero graph breaks), gradients as in eager and the fp64 formula."""
+    """A custom op under torch.compile (zero graph breaks), gradients (random grad_output) as the
+    fp64 formula's. "mean" scales the gradients computed in forward with torch ops in the backward
+    graph (no backward op, so inductor may reuse their buffers); "none" recomputes in the op."""
+    from torch._dynamo.backends.common import aot_autograd
     ran = record_impls(monkeypatch, flce.OP)
     torch._dynamo.reset()
     x, w, b, y = _case(8, 16, 199, torch.float32, bias=True)
+    graphs = []
+
+    def keep(gm, _):
+        graphs.append(str(gm.graph))
+        return gm.forward
 
     def f(x_, w_, b_):
         return flce.fused_linear_cross_entropy(torch.tanh(x_) * 2, w_, y, b_, reduction=reduction, softcap=5.0)
 
-    fc = torch.compile(f, backend="aot_eager", fullgraph=True)
+    fc = torch.compile(f, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep), fullgraph=True)
     got, grads = fwd_bwd(fc, (x, w, b))
+    assert len(graphs) == 2 and "fused_linear_cross_entropy_fwd" in graphs[0]
+    assert ("fused_linear_cross_entropy_bwd" in graphs[1]) == (reduction == "none"), graphs[1]
     want, exact = fwd_bwd(lambda x_, w_, b_: flce_fp64(torch.tanh(x_) * 2, w_, y, b_, reduction=reduction,
                                                        softcap=5.0), (x, w, b))
     assert ran == ["triton"]

@@ -145,6 +145,19 @@ def _backward(config, args, saved, needs, dloss):
     return (None if gx is None else gx.view(x.shape), gw, None, gb, *(None,) * 8)
 
 
+def _traced_backward(args, saved, needs, dloss):
+    """Under torch.compile, where forward computed the gradients: those times grad_output as torch
+    ops, which inductor may write into the saved buffers (the backward op would allocate a fresh dW
+    beside the saved one); None (the backward op) for fp16's deferred scale and reduction="none"."""
+    x, _, _, bias, _, reduction, *_ = args
+    want = (needs[0], needs[1], needs[3] and bias is not None)
+    if x.dtype == torch.float16 or not all(h or not w for w, h in zip(want, _stored(args[10], bias, reduction))):
+        return None
+    s = dloss.reshape(()).float()
+    gx, gw, gb = ((g * s).to(g.dtype) if w else None for g, w in zip(saved[:3], want))
+    return (None if gx is None else gx.view(x.shape), gw, None, gb, *(None,) * 8)
+
+
 def _fake(config, x, weight, target, bias, ignore_index, reduction, *rest):
     shapes = ((target.numel(), x.shape[-1]), weight.shape, (weight.shape[0],))
     saved = (x.new_empty(shape if n else (0,)) for shape, n in zip(shapes, _stored(rest[-2], bias, reduction)))
@@ -300,7 +313,8 @@ def _plan(preset, arch, quick):
 
 OP = register(Op(
     name="fused_linear_cross_entropy", static=("hidden", "vocab"), dynamic=("tokens",), dims=_dims,
-    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available),
+    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available,
+                traced_backward=_traced_backward),
            Impl("torch", fn=fused_linear_cross_entropy_ref)],
     config=FusedLinearCrossEntropyConfig, candidates=_configs, heuristic=_heuristic,
     schema="Tensor x, Tensor weight, Tensor target, Tensor? bias, int ignore_index, str reduction, "
