@@ -9,8 +9,9 @@ For each chunk of `chunk` token rows:
   3. dX[chunk] = dlogits @ W; dW (+)= dlogits.T @ x[chunk] (addmm, W's dtype); db += dlogits.sum(0) (fp32)
 Gradients are computed in forward (as Liger-Kernel does), so backward is only a scale by
 grad_output (a launch that moves nothing when grad_output == 1, the usual case).  Under
-torch.compile the backward custom op may neither mutate nor return its inputs: there the scale
-writes fresh buffers (one more dW-sized buffer and pass per step).
+torch.compile the scale is plain torch ops in the backward graph (`_traced_backward`): a backward
+custom op may neither mutate nor return its inputs and would write a fresh dW beside the saved one,
+where inductor may reuse the saved buffer.
 
 Memory: beyond the inputs, one chunk of logits (chunk * vocab * elt bytes; the chunk is a dispatch
 decision under a budget, see `budget_chunk`) plus dX and dW, which autograd would allocate anyway.
