@@ -59,11 +59,12 @@ def _check_all(out, ref, dtype, dims):
 
 # -- correctness of the fused path --------------------------------------------------------------
 @pytest.mark.parametrize("tag", ["uniform", "skewed"])
-def test_fwd_bwd_fp32_odd_shapes(tag):
+@pytest.mark.parametrize("wgrad_sorted", [1, 0])
+def test_fwd_bwd_fp32_odd_shapes(tag, wgrad_sorted):
     dims = _dims(37, 5, 2, 48, 40)    # nothing a power of two, H and I not multiples of BLOCK_K
     case = _case(dims, tag=tag)
     ref = _dense_fp64(case)
-    _check_all(_run("triton", case, M._CPU[0]), ref, torch.float32, dims)
+    _check_all(_run("triton", case, M._CPU[0].replace(wgrad_sorted=wgrad_sorted)), ref, torch.float32, dims)
     _check_all(_run("torch", case), ref, torch.float32, dims)     # the op's own reference, checked too
 
 

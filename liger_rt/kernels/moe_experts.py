@@ -379,7 +379,8 @@ def _moe_wgrad_kernel(
     for r0 in range(start, end, BLOCK_K):
         o_r = r0 + tl.arange(0, BLOCK_K)
         m_r = o_r < end
-        slot = tl.load(perm_ptr + o_r, mask=m_r, other=0)
+        if A_GATHER or B_GATHER:
+            slot = tl.load(perm_ptr + o_r, mask=m_r, other=0)
         if A_GATHER:
             row_a = (slot // TOP_K).to(tl.int64)
         else:
@@ -539,12 +540,22 @@ def _backward(config, args, saved, needs, dy):
         _launch(_moe_down_kernel, route, config.down, H, dgu, gate_up_proj, dx_slot, dgu, H, 2 * I, 2 * I * H, H, 1,
                 HAS_SCALE=False)
         dx = _sum_k(dx_slot, T, K)
+    # wgrad_sorted: the token-ordered operand (x, dy) gathered into sorted order first (one copy of
+    # S x H), so the weight-gradient K loop, which runs over an expert's rows, loads plain strided
+    # tiles instead of rows whose addresses come from a load in the same iteration
+    tok = route.perm.long() // K if config.wgrad_sorted and (need_dgu or need_ddown) else None
     if need_dgu:
         dgate_up = torch.empty_like(gate_up_proj)
-        _wgrad(dgu, x, dgate_up, route, config.wgrad, a_gather=False, b_gather=True)
+        if tok is None:
+            _wgrad(dgu, x, dgate_up, route, config.wgrad, a_gather=False, b_gather=True)
+        else:
+            _wgrad(dgu, x.index_select(0, tok), dgate_up, route, config.wgrad, a_gather=False, b_gather=False)
     if need_ddown:
         ddown = torch.empty_like(down_proj)
-        _wgrad(dy, hw, ddown, route, config.wgrad, a_gather=True, b_gather=False)
+        if tok is None:
+            _wgrad(dy, hw, ddown, route, config.wgrad, a_gather=True, b_gather=False)
+        else:
+            _wgrad(dy.index_select(0, tok), hw, ddown, route, config.wgrad, a_gather=False, b_gather=False)
     if need_dw:
         dw = dwp.sum(1).view(T, K).to(top_k_weights.dtype)
     return dx, dgate_up, ddown, None, dw, None
@@ -627,6 +638,7 @@ class MoEExpertsConfig(Config):
     up_bwd: Gemm
     down: Gemm
     wgrad: Gemm
+    wgrad_sorted: int = knob(1, (0, 1))   # 1: the weight gradients read sorted copies (see _backward)
 
 
 _C, _g = MoEExpertsConfig, Gemm     # _C(up, up_bwd, down, wgrad), _g(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
