@@ -453,9 +453,10 @@ def test_bench_model_arms_option(tmp_path, monkeypatch):
     names the valid ones when an arm is unknown or baseline is missing."""
     _needs_patchers()
     _no_liger_kernel(monkeypatch)
-    for arms, needle in (("bogus", "unknown arm 'bogus'; valid: baseline, liger_rt"),
-                         ("liger_rt", "the arms must include baseline")):
-        res = CliRunner().invoke(bench, ["model", "--model", "qwen3", "--device", "cpu", "--arms", arms])
+    for args, needle in ((["--model", "qwen3", "--arms", "bogus"], "unknown arm 'bogus'; valid: baseline, liger_rt"),
+                         (["--model", "qwen3", "--arms", "liger_rt"], "the arms must include baseline"),
+                         (["--target", "qwen3", "--arms", "baseline"], "--arms works with --model")):
+        res = CliRunner().invoke(bench, ["model", "--device", "cpu", *args])
         assert res.exit_code != 0 and needle in res.output, res.output
     out = tmp_path / "model.csv"
     res = CliRunner().invoke(bench, ["model", "--model", "qwen3", "--preset", "tiny", "--steps", "1", "--warmup", "1",

@@ -150,9 +150,9 @@ def _traced_backward(args, saved, needs, dloss):
     """Under torch.compile, where forward computed the gradients: those times grad_output as torch
     ops, which inductor may write into the saved buffers (the backward op would allocate a fresh dW
     beside the saved one); None (the backward op) for fp16's deferred scale and reduction="none"."""
-    x, _, _, bias, _, reduction, *_ = args
+    x, _, _, bias, _, reduction, _, _, _, _, grads, _ = args
     want = (needs[0], needs[1], needs[3] and bias is not None)
-    if x.dtype == torch.float16 or not all(h or not w for w, h in zip(want, _stored(args[10], bias, reduction))):
+    if x.dtype == torch.float16 or not all(h or not w for w, h in zip(want, _stored(grads, bias, reduction))):
         return None
     s = dloss.reshape(()).float()
     gx, gw, gb = ((g * s).to(g.dtype) if w else None for g, w in zip(saved[:3], want))

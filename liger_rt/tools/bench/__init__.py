@@ -125,8 +125,9 @@ def _layer_list(ctx, param, text):
 @click.option("--attention-layers", default=None, callback=_layer_list, help="LFM2: the attention layers, e.g. 2,5.")
 @click.option("--liger-kernel/--no-liger-kernel", "liger_kernel", default=True, show_default=True,
               help="Also time Liger-Kernel's own patch (where installed and supported for the model type).")
-@click.option("--arms", default=None, help="Only these arms, comma-separated, baseline among them (e.g. baseline,"
-              "liger_kernel: a peer in its own process, under its own environment switches).")
+@click.option("--arms", default=None, help="With --model: only these arms, comma-separated, baseline among them "
+              "(e.g. baseline,liger_kernel: a peer in its own process, under its own switches); it overrides "
+              "--liger-kernel and --compile.")
 @click.option("--compile/--no-compile", "compile_", default=False, show_default=True,
               help="Also time torch.compile(model) of the baseline and of the patched model (arms baseline+compile, "
               "liger_rt+compile: graph breaks and compile time recorded; a failing compile is a row with its error).")
@@ -152,6 +153,9 @@ def model_cmd(model_type, targets, preset, batch, seq, shapes, steps, warmup, qu
     from .harness import write_csv
     if bool(model_type) == bool(targets):
         raise click.UsageError("give --model TYPE or --target NAME (one of them)")
+    if arms and targets:
+        raise click.UsageError("--arms works with --model; a --target runs its own arms")
+    arms = tuple(a.strip() for a in arms.split(",") if a.strip()) if arms else None
     shapes = _run(M.parse_shapes, shapes) or [(batch, seq)]
     compile_kw = dict(compile=compile_, compile_backend=compile_backend, compile_mode=compile_mode)
     if compile_:          # a bad backend or warm-up is a usage error before any GPU check or model build
@@ -175,8 +179,8 @@ def model_cmd(model_type, targets, preset, batch, seq, shapes, steps, warmup, qu
                      warmup=5 if warmup is None else warmup, dtype=dtype, layers=layers,
                      attention_layers=attention_layers, liger_kernel=liger_kernel, flags=_run(M.parse_flags, flags),
                      device=device, seed=seed, lr=lr, experts_implementation=experts_implementation,
-                     config=_run(M.parse_config, config_text),
-                     arms=tuple(a.strip() for a in arms.split(",") if a.strip()) if arms else None, echo=lambda m: click.echo(m, err=as_json), **compile_kw)
+                     config=_run(M.parse_config, config_text), arms=arms,
+                     echo=lambda m: click.echo(m, err=as_json), **compile_kw)
     click.echo(json.dumps(rows, indent=1, default=str) if as_json else "\n" + M.format_summary(rows))
     if csv_path:
         click.echo(f"wrote {write_csv(rows, csv_path)}")
