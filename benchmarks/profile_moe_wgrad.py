@@ -1,5 +1,5 @@
-"""MoE experts forward+backward with the weight gradients read gathered rows (wgrad_sorted=0) or
-sorted copies (wgrad_sorted=1), beside grouped_mm (issue 18): do_bench wall time in counterbalanced
+"""MoE experts forward+backward with the weight gradients read gathered rows (wgrad_sorted=0),
+sorted copies (1) or sorted copies through tensor descriptors (2: TMA), beside grouped_mm (issue 18): do_bench wall time in counterbalanced
 rounds, TFLOP/s (18 * S * H * I per forward+backward, S = tokens * top_k), and the weight-gradient
 kernel's share from torch.profiler.
 
@@ -47,7 +47,7 @@ def main() -> None:
         (x, gu, dn, idx, w, _), (dy,) = case.args, case.grads
         base = M._heuristic(backend.detect(), dims, torch.bfloat16)
         arms = {f"triton_sorted{s}": (lambda c=base.replace(wgrad_sorted=s): M.OP.call_impl(
-            "triton", c, x, gu, dn, idx, w, True)) for s in (0, 1)}
+            "triton", c, x, gu, dn, idx, w, True)) for s in (0, 1, 2)}
         arms["grouped_mm"] = lambda: M.OP.call_impl("grouped_mm", {}, x, gu, dn, idx, w, True)
         steps = {k: (lambda f=f: torch.autograd.grad(f(), (x, gu, dn, w), dy)) for k, f in arms.items()}
         flop = 18 * dims["tokens"] * dims["top_k"] * dims["hidden"] * dims["intermediate"]

@@ -59,7 +59,7 @@ def _check_all(out, ref, dtype, dims):
 
 # -- correctness of the fused path --------------------------------------------------------------
 @pytest.mark.parametrize("tag", ["uniform", "skewed"])
-@pytest.mark.parametrize("wgrad_sorted", [1, 0])
+@pytest.mark.parametrize("wgrad_sorted", [2, 1, 0])
 def test_fwd_bwd_fp32_odd_shapes(tag, wgrad_sorted):
     dims = _dims(37, 5, 2, 48, 40)    # nothing a power of two, H and I not multiples of BLOCK_K
     case = _case(dims, tag=tag)
