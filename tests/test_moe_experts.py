@@ -216,7 +216,7 @@ def _candidates(arch, dims=BIG, dtype=torch.bfloat16):
 @pytest.mark.parametrize("arch", ["hopper", "mi325x", "cpu"])
 def test_every_candidate_config(arch):
     cands = _candidates(backend.profile(arch))
-    assert 2 <= len(cands) <= 12
+    assert 2 <= len(cands) <= 20     # hopper: 12 tile sets + 8 weight-gradient operand variants
     if arch == "mi325x":
         for c in cands:
             assert _hip_safe(c)

@@ -767,7 +767,11 @@ def _configs(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> list[MoEExpe
         return _CPU
     if arch.is_hip:
         return _HIP
-    return _NVIDIA_FP32 if dtype == torch.float32 else _HOPPER + _NVIDIA_FP32
+    if dtype == torch.float32:
+        return _NVIDIA_FP32
+    # the weight-gradient operand variants (gathered rows, sorted copies through TMA) beside the
+    # default sorted copies, on the first tiles of the list (the variant is independent of the tiles)
+    return _HOPPER + [c.replace(wgrad_sorted=v) for c in _HOPPER[:4] for v in (0, 2)] + _NVIDIA_FP32
 
 
 def _first_fit(cands: list[MoEExpertsConfig], arch, dims, dtype) -> MoEExpertsConfig:
