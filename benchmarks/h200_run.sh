@@ -94,6 +94,9 @@ for s in "$@"; do
                 stage model_$p ${secs:-${FAMMODEL_S:-150}} $B model --model $m --preset $p --batch $b --seq 2048 --dtype bf16 \
                   --device cuda --csv benchmarks/results/model_${p}_h200.csv ${FAMMODEL_ARGS:---flags rope=1}
               done ;;
+    a1bfull)  # issue 18: the full-depth LFM2-8B-A1B (24 layers) step at B4 x T2048 (A1BFULL_ARGS="--batch 2" if it does not fit)
+              stage a1bfull ${A1BFULL_S:-300} $B model --model lfm2_moe --preset lfm2-8b-a1b --seq 2048 --dtype bf16 \
+                --device cuda --csv benchmarks/results/model_lfm2-8b-a1b-24L_h200.csv ${A1BFULL_ARGS:---batch 4} ;;
     mixlk)    # issue 17: Liger-Kernel's mixtral arm in its own process with its fused MoE pinned by its own switch
               # (LIGER_FUSED_MOE_AUTOTUNE=0; its first-call autotune at this shape ran past 4 minutes in session 6)
               stage mixlk ${MIXLK_S:-200} env LIGER_FUSED_MOE_AUTOTUNE=0 $B model --model mixtral --preset mixtral-8x7b-2L \

@@ -27,6 +27,52 @@ class Swap:
     original: Any                   # what the owner's own __dict__ held, or MISSING
     value: Any                      # what liger_rt put there
     holders: set
+    placed: Any = None              # what stands on the owner: value, or a StandIn calling it
+
+
+class StandIn:
+    """Put in place of a callable *object* that a function swaps out.  Since transformers 5.25 (which
+    requires the ``kernels`` package), a modeling module's ``apply_rotary_pos_emb`` is an nn.Module
+    instance, and each attention layer keeps a private copy that unpickling rebuilds as
+    ``type(<modeling module>.apply_rotary_pos_emb)()``.  Calling a stand-in's class with no arguments
+    therefore builds what it replaced (a plain function there fails the load); calling a stand-in calls
+    the function."""
+    replaced_type: type = object
+
+    def __new__(cls, fn=None):
+        if fn is None:
+            return cls.replaced_type()
+        return super().__new__(cls)
+
+    def __init__(self, fn):
+        self.__wrapped__ = fn
+
+    def __call__(self, *args, **kwargs):
+        return self.__wrapped__(*args, **kwargs)
+
+    def __repr__(self):
+        return f"<liger_rt stand-in for {self.replaced_type.__name__}: {self.__wrapped__.__qualname__}>"
+
+
+_STAND_IN_TYPES: dict[type, type] = {}
+
+
+def _to_place(original, value):
+    """``value`` itself, or a StandIn where a function replaces a callable object (see StandIn)."""
+    if not isinstance(value, types.FunctionType) or original is MISSING or isinstance(
+            original, (types.FunctionType, types.BuiltinFunctionType, type, staticmethod, classmethod)) \
+            or not callable(original):
+        return value
+    kind = type(original)
+    if kind not in _STAND_IN_TYPES:
+        _STAND_IN_TYPES[kind] = type("StandIn", (StandIn,), {"replaced_type": kind})
+    return _STAND_IN_TYPES[kind](value)
+
+
+def function_at(owner, attr: str):
+    """``owner.<attr>``, seen through a StandIn: the function liger_rt swapped in, or the original."""
+    value = getattr(owner, attr)
+    return value.__wrapped__ if isinstance(value, StandIn) else value
 
 
 # (owner, attribute) -> Swap; owner is a class or a module object
@@ -41,10 +87,12 @@ def hold(owner, attr: str, value, holder: str, keys: list) -> None:
     if swap is None:
         swap = LEDGER[key] = Swap(owner.__dict__.get(attr, MISSING), value, set())
     swap.holders.add(holder)
+    if swap.placed is None or swap.value is not value:      # the same object each time: compiled graphs guard on it
+        swap.placed = _to_place(swap.original, value)
     swap.value = value
     if isinstance(value, types.FunctionType):
         value.__dict__[SWAPPED] = True
-    setattr(owner, attr, value)
+    setattr(owner, attr, swap.placed)
     keys.append(key)
 
 

@@ -6,7 +6,7 @@ a conservative generic profile and a one-time warning.
 
 Sources for the AMD figures (not measured here: no AMD hardware was available): AMD CDNA3 ISA
 and Instinct MI300X/MI325X data sheets (304 CUs, 64 KiB LDS per CU, wave64) and the CDNA4
-(MI355X, gfx950: 256 CUs, 160 KiB LDS) whitepaper. HIP-safe stage count (<= 2) from seed 004.
+(MI355X, gfx950: 256 CUs, 160 KiB LDS) whitepaper. HIP-safe stage count (<= 2) from Liger-Kernel PR #1317.
 """
 from __future__ import annotations
 

@@ -608,7 +608,7 @@ def test_rope_patch_matches_unpatched_interpreter(preset, monkeypatch):
     calls = Counter(monkeypatch, "rope")
     liger_rt.patch(new, rope=True)
     try:
-        assert mod.apply_rotary_pos_emb is liger_rt.layers.rope.apply_rotary_pos_emb
+        assert _swaps.function_at(mod, "apply_rotary_pos_emb") is liger_rt.layers.rope.apply_rotary_pos_emb
         assert liger_rt.patch.describe(new)["patched"]["rope"] == 1
         on, gn = _fwd_bwd(new, ids, mask, labels)
         assert len(calls.calls) == new.config.num_hidden_layers      # every attention layer went through it
@@ -653,7 +653,42 @@ def test_rope_class_patch_runs_the_kernel_for_new_models(monkeypatch):
     assert len(calls.calls) == model.config.num_hidden_layers
     liger_rt.unpatch("llama")
     mod = importlib.import_module(type(model).__module__)
-    assert mod.apply_rotary_pos_emb is not liger_rt.layers.rope.apply_rotary_pos_emb
+    assert _swaps.function_at(mod, "apply_rotary_pos_emb") is not liger_rt.layers.rope.apply_rotary_pos_emb
+
+
+class _KernelFunc(torch.nn.Module):
+    """kernels' shape of a hub-decorated function: an nn.Module a model keeps private copies of, which
+    unpickle as ``type(<module global>)()`` (transformers >= 5.25 requires the kernels package)."""
+    def forward(self, x):
+        return x + 1
+
+    def __reduce__(self):
+        return _rebuild_private_copy, ()
+
+
+def _rebuild_private_copy():
+    return type(_fake_module.shared)()
+
+
+_fake_module = type(importlib)("liger_rt_test_fake_modeling")
+
+
+def test_a_function_swapped_over_a_callable_object_stands_in_for_its_type():
+    _fake_module.shared = host = _KernelFunc()
+    private = _KernelFunc()
+    keys = []
+    _swaps.hold(_fake_module, "shared", lambda x: x * 2, "t", keys)
+    try:
+        placed = _fake_module.shared
+        assert isinstance(placed, _swaps.StandIn) and placed(torch.tensor(3.0)).item() == 6.0
+        rebuilt = pickle.loads(pickle.dumps(private))              # a plain function here: TypeError
+        assert type(rebuilt) is _KernelFunc and rebuilt(torch.tensor(3.0)).item() == 4.0
+        _swaps.hold(_fake_module, "shared", _swaps.LEDGER[(_fake_module, "shared")].value, "u", keys)
+        assert _fake_module.shared is placed                       # one object while held: compile guards on it
+    finally:
+        _swaps.release(keys, "t")
+        _swaps.release(keys, "u")
+    assert _fake_module.shared is host and not _swaps.LEDGER
 
 
 @ROPE
@@ -665,7 +700,7 @@ def test_deepcopy_of_a_rope_patched_model_holds_the_swap_itself():
     clone = copy.deepcopy(model)
     assert liger_rt.patch.describe(clone)["patched"]["rope"] == 1
     liger_rt.unpatch(model)
-    assert mod.apply_rotary_pos_emb is liger_rt.layers.rope.apply_rotary_pos_emb    # the clone holds it
+    assert _swaps.function_at(mod, "apply_rotary_pos_emb") is liger_rt.layers.rope.apply_rotary_pos_emb    # the clone holds it
     liger_rt.unpatch(clone)
     assert mod.apply_rotary_pos_emb is host
 
@@ -693,7 +728,7 @@ def test_a_rope_patched_model_saves_whole_and_loads_back_patched(how, fallback):
     assert got.logits is None
     torch.testing.assert_close(got.loss, want.loss)
     liger_rt.unpatch(model)
-    assert mod.apply_rotary_pos_emb is liger_rt.layers.rope.apply_rotary_pos_emb     # the loaded model holds it
+    assert _swaps.function_at(mod, "apply_rotary_pos_emb") is liger_rt.layers.rope.apply_rotary_pos_emb     # the loaded model holds it
     liger_rt.unpatch(loaded)
     assert mod.apply_rotary_pos_emb is host
     assert not any("forward" in m.__dict__ for m in loaded.modules())

@@ -236,7 +236,7 @@ MiB = 1 << 20
 # Peak bytes of one chunk of logits (chunk * vocab * element bytes) that a config may use: the
 # sweep measures only chunk sizes under it and the heuristic takes the largest, so a tuned DB row
 # can never trade the memory saving for speed.
-#  - HIP (mi300x/mi325x/mi355x) and unknown GPUs: 128 MiB, upstream's ROCm cap (seed 004: the
+#  - HIP (mi300x/mi325x/mi355x) and unknown GPUs: 128 MiB, upstream's ROCm cap (Liger-Kernel PR #1317: the
 #    LFM2 PR raised the ROCm chunk floor for large hidden sizes "capped at 128 MiB" on MI325X).
 #  - hopper/blackwell/ampere: 160 MiB, derived from the H200 memory targets rather than timed.
 #    peak extra memory counts dW and dX (which autograd hands out): at BT8192 H2560 V151936 bf16

@@ -45,8 +45,8 @@ Backward (dy (T, H)):
    dW_down[e] = dy[tokens_e]^T @ hw_e (dy gathered; hw = w * h written by step 5, so neither
    operand needs a register pass). Experts with no rows get zeros.
 Every GEMM is ``tl.dot`` with fp32 accumulation. ``DOT_FP32`` (constexpr) upcasts loaded tiles
-to fp32 for fp32 inputs and for bf16 under the Triton interpreter, whose bf16 arithmetic is
-wrong (NOTES.md); on a GPU bf16/fp16 tiles feed the tensor cores directly.
+to fp32 for fp32 inputs and for bf16 under the Triton interpreter, which cannot do bf16
+arithmetic; on a GPU bf16/fp16 tiles feed the tensor cores directly.
 The op spec at the bottom gives dispatch, tuning, the autograd wiring and the torch.compile
 custom ops (liger_rt::moe_experts_fwd/bwd) to the runtime.
 """
@@ -822,7 +822,7 @@ def _supports_triton(dims: dict, dtype: torch.dtype) -> str | None:
 # to 512 routed rows per expert (the Liger 0.8.5 anchor that once suggested grouped MM below
 # 128 rows per expert does not carry over to this kernel). So: triton everywhere on Hopper;
 # a measured crossover row (`bench_moe_experts.py --emit-crossover`, `liger-tune`) overrides it.
-# MI325X (seed 004, bf16 fwd+bwd): the fused path wins below ~256 routed rows per expert,
+# MI325X (Liger-Kernel PR #1317, bf16 fwd+bwd): the fused path wins below ~256 routed rows per expert,
 # grouped MM above. The same numbers ship as published crossover rows in defaults/mi325x.jsonl.
 HIP_GROUPED_MM_FROM = 256.0
 

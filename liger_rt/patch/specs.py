@@ -103,7 +103,7 @@ SPECS: dict[str, ModelSpec] = {s.model_type: s for s in [
               causal_lm=("Lfm2MoeForCausalLM",),
               defaults={"rms_norm", "swiglu", "short_conv", "moe_router", "moe_experts"}),
     # the text decoder is LFM2; the SigLIP2 tower's LayerNorm is off by default (native LayerNorm
-    # is faster at hidden 1152, NOTES.md)
+    # is faster at hidden 1152 in wall time: docs/perf.md)
     ModelSpec("lfm2_vl", {"torch.nn:LayerNorm": VISION_LAYER_NORM}, includes=("lfm2",),
               causal_lm=("Lfm2VlForConditionalGeneration",), defaults={"rms_norm", "swiglu", "short_conv"}),
     # Llama-shaped decoders (HF modeling code read for each: norm casting and offset, MLP layout and

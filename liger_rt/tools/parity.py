@@ -5,10 +5,10 @@
     report = compare((baseline, my_patched_model), patch=False)    # your own pair, already patched
     report["ok"], report["rows"]["logits"]["linf_over_baseline_max"]
 
-The rows, the input (seed 000) and the gates are described in docs/patching.md ("Parity").  Every
+The rows, the input (NVIDIA-NeMo/labs-molt PR #58's) and the gates are described in docs/patching.md ("Parity").  Every
 row is gated on L-inf / baseline max except the AdamW update, gated on mean |diff| / mean
 |baseline|: a first AdamW step is about lr * sign(grad), so a near-zero gradient whose sign flips
-moves that element by up to 2 lr whatever the precision (seed 000 saw 0.89 lr in bf16).
+moves that element by up to 2 lr whatever the precision (labs-molt PR #58 saw 0.89 lr in bf16).
 """
 from __future__ import annotations
 
