@@ -24,11 +24,7 @@ def _num(v):
 def curves(rows: list[dict], path: Path) -> Path:
     """PNG: per model, the loss curves of every run (left) and tokens/s + peak memory per arm (right)."""
     import matplotlib.pyplot as plt
-    keys = []
-    for r in rows:
-        k = (r["model_type"], r["preset"])
-        if k not in keys:
-            keys.append(k)
+    keys = list(dict.fromkeys((r["model_type"], r["preset"]) for r in rows))
     fig, axes = plt.subplots(len(keys), 2, figsize=(12, 3.6 * len(keys)), squeeze=False)
     colors = {"baseline": "tab:gray", "liger_rt": "tab:blue", "liger_kernel": "tab:orange"}
     for i, key in enumerate(keys):
