@@ -21,8 +21,8 @@ from typing import Iterable
 
 from .. import env
 from . import rows as R
-from .rows import (CROSSOVER_COLUMNS, CROSSOVER_PK, DB_SCHEMA, FINGERPRINT, MEASUREMENT_COLUMNS,  # noqa: F401
-                   METHODS, ORIGINS, TUNING_COLUMNS, TUNING_PK, RowError)
+from .rows import (CROSSOVER_COLUMNS, CROSSOVER_PK, DB_SCHEMA, FINGERPRINT, MEASUREMENT_COLUMNS, METHODS,
+                   TUNING_COLUMNS, TUNING_PK, RowError)
 
 MEASUREMENT_KEY = ("op", "variant", "arch", "dtype", "static_key", "dims", "tag", "impl", "config", "created")
 _SQL_TYPES = {str: "TEXT", float: "REAL", int: "INTEGER"}
