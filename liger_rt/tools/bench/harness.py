@@ -173,6 +173,20 @@ def peak_extra_gb(fn: Callable) -> float | None:
     return (torch.cuda.max_memory_allocated() - base) / 1e9
 
 
+def profiled(step: Callable, *, warmup: int, calls: int, cpu: bool = False):
+    """torch.profiler over `calls` synchronised calls of step() after `warmup` unprofiled ones: the CUDA kernels
+    (and with `cpu` the host side)."""
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, *([ProfilerActivity.CPU] if cpu else [])]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    return prof
+
+
 def rel_err(a, b) -> float:
     """||a - b|| / ||b|| in fp32."""
     a, b = a.detach().float(), b.detach().float()
