@@ -120,8 +120,8 @@ class Run:
 
     def build(self, patched: bool):
         import liger_rt
-        from liger_rt.tools.models import build_model
-        model = build_model(self.preset, dtype=self.dtype, device=self.device, seed=0, attn_implementation="sdpa")
+        from liger_rt.tools.bench.model import build
+        model = build(self.preset, self.dtype, self.device, 0, {})
         if patched:
             liger_rt.patch(model, **self.flags)
         return model
@@ -156,10 +156,9 @@ def part_parity(r: Run) -> None:
     oks = r.gather(report["ok"])
     if not all(oks):
         r.failed.append(f"parity (ok per rank: {oks})")
+    cols = ("max_abs", "mean_abs", "linf_over_baseline_max", "mean_over_baseline_mean", "gate", "tolerance")
     r.write_csv("parity", [
-        {"quantity": name, "max_abs": x["max_abs"], "mean_abs": x["mean_abs"],
-         "linf_over_baseline_max": x["linf_over_baseline_max"], "mean_over_baseline_mean": x["mean_over_baseline_mean"],
-         "gate": x["gate"], "tolerance": x["tolerance"], "ok": int(x["ok"]), "worst_tensor": x.get("tensor", ""),
+        {"quantity": name, **{k: x[k] for k in cols}, "ok": int(x["ok"]), "worst_tensor": x.get("tensor", ""),
          "preset": r.preset.name, "dtype": report["dtype"], "world": r.world, "flags": r.args.flags}
         for name, x in report["rows"].items()])
 

@@ -42,9 +42,8 @@ def versions() -> dict:
     cuda = torch.version.cuda or (f"hip {torch.version.hip}" if torch.version.hip else "")
     out = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "cuda": cuda,
            "date": datetime.date.today().isoformat()}
-    for col, dist in (("torch", "torch"), ("triton", "triton"), ("transformers", "transformers"),
-                      ("liger_kernel", "liger-kernel")):
-        out[col] = dist_version(dist) or "not installed"
+    for dist in ("torch", "triton", "transformers", "liger-kernel"):
+        out[dist.replace("-", "_")] = dist_version(dist) or "not installed"
     return {**out, "liger_rt": dist_version("liger-rt") or source_version()}
 
 

@@ -192,10 +192,7 @@ def measure(spec: dict, arm_set: dict, *, quick: bool, device: str = "cuda", rnd
         def fwdbwd(fn=fn, xs=xs, ws=ws):
             lp, ent = fn(xs, ws, t)
             return torch.autograd.grad((lp * g_lp + ent * g_h).sum(), (xs, ws))
-
-        def fwd_nograd(fn=fn, xs=xs, ws=ws):
-            with torch.no_grad():
-                return fn(xs, ws, t)
+        fwd_nograd = torch.no_grad()(lambda: fn(xs, ws, t))
         for p, run in (("fwdbwd", fwdbwd), ("fwd_nograd", fwd_nograd)):
             row = {**label, "impl": name, "pass": p, "config": desc, "error": ""}
             if p == "fwdbwd" and name in NO_GRAD_ONLY:
