@@ -370,7 +370,7 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
             err = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
             failed.add(arm)           # a compiled arm that fails is a row; its repeat is skipped
             runs.append({"arm": arm, "run_index": len(runs), **dict.fromkeys(RUN_METRICS), **compile_stats(),
-                         "peak_reserved_GB": None, "compile_s": None, "error": err})
+                         "error": err})      # the other NEW_COLS come out None
             echo(f"  [{n + 1}/{len(order)}] {arm} FAILED ({err}); its repeat is skipped")
             continue
         finally:
