@@ -202,12 +202,15 @@ class LigerKernelPatch:
 
 
 def compile_stats() -> dict:
-    """Dynamo's counters since the last reset: graph breaks, unique graphs, the first break reasons."""
+    """Dynamo's counters since the last reset: graph breaks, unique graphs, the first break reasons; and
+    LIGER_RT_COMPILE_POLICY (what liger_rt's ops traced)."""
     from torch._dynamo.utils import counters
+
+    from liger_rt import env
     breaks = counters["graph_break"]
     reasons = [str(k).strip().splitlines()[0][:120] for k in list(breaks)[:3]]
     return {"graph_breaks": int(sum(breaks.values())), "graphs": int(counters["stats"]["unique_graphs"]),
-            "graph_break_reasons": " | ".join(reasons)}
+            "graph_break_reasons": " | ".join(reasons), "compile_policy": env.compile_policy()}
 
 
 def _reset_dynamo() -> None:
@@ -468,11 +471,13 @@ def summarize_runs(run_rows: list[dict]) -> list[dict]:
 COLS = ["model_type", "preset", "batch", "seq", "arm", "runs", "median_step_ms", "tok_per_s", "tok_per_s_spread",
         "speedup", "peak_alloc_GB", "mem_ratio", "model_TFLOPs", "mfu", "loss_last", "max_loss_diff",
         "loss_curves_overlap"]
-COMPILE_COLS = ["vs_baseline_compile", "peak_reserved_GB", "graph_breaks", "compile_s"]   # when a compiled arm ran
+COMPILE_COLS = ["vs_baseline_compile", "peak_reserved_GB", "graph_breaks", "compile_s",   # when a compiled arm ran
+                "compile_policy"]
 HEADERS = {"median_step_ms": "ms/step", "tok_per_s": "tok/s", "tok_per_s_spread": "spread", "peak_alloc_GB": "peak GB",
            "mem_ratio": "mem x", "model_TFLOPs": "TFLOP/s", "max_loss_diff": "max |dloss|",
            "loss_curves_overlap": "overlap", "speedup": "speedup x", "vs_baseline_compile": "vs base+compile x",
-           "peak_reserved_GB": "reserved GB", "graph_breaks": "breaks", "compile_s": "compile s"}
+           "peak_reserved_GB": "reserved GB", "graph_breaks": "breaks", "compile_s": "compile s",
+           "compile_policy": "policy"}
 
 
 def format_summary(rows: list[dict]) -> str:
