@@ -4,6 +4,7 @@
 #   bash benchmarks/h200_run.sh logprobs famparity fammodel      (issues 16, 17; LOGPROBS_ARGS="--rounds 3": counterbalanced medians)
 #   bash benchmarks/h200_run.sh mixtral fammodel   (issue 17: mixtral's step profiled, its experts swept, then the steps)
 #   bash benchmarks/h200_run.sh compiled      (issue 19 item 4; COMPILED_ARGS="--compile-mode reduce-overhead" for CUDA graphs)
+#   bash benchmarks/h200_run.sh compiledfuse  (the same under LIGER_RT_COMPILE_POLICY=fuse, its own CSV)
 #   bash benchmarks/h200_run.sh multigpu          (on nvidia-h200-x2: issue 21, benchmarks/multi_gpu.py)
 # GPUTEST_K="expr" selects gpu tests by pytest -k (e.g. "not test_parity_bf16 or a3b": families' slow cases out).
 # A stage's extra arguments come from NORMS_ARGS, LFM2_ARGS, ... (e.g. MOE_ARGS="--where experts=32").
@@ -80,6 +81,12 @@ for s in "$@"; do
               stage compiled ${COMPILED_S:-400} $B model --target ${COMPILED_TARGETS:-qwen3,lfm2,lfm2moe} \
                 --shape ${COMPILED_SHAPES:-4x2048,1x512} --compile --steps ${COMPILED_STEPS:-10} --warmup 3 \
                 --csv benchmarks/results/model_compiled_h200.csv ${COMPILED_ARGS:-} ;;
+    compiledfuse) # the compiled arms again under LIGER_RT_COMPILE_POLICY=fuse (norms, SwiGLU, RoPE traced as torch
+              # for inductor to fuse; the fused loss and MoE stay on liger_rt's kernels): vs_baseline_compile per policy
+              stage compiledfuse ${COMPILED_S:-400} env LIGER_RT_COMPILE_POLICY=fuse $B model \
+                --target ${COMPILED_TARGETS:-qwen3,lfm2,lfm2moe} --shape ${COMPILED_SHAPES:-4x2048} --compile \
+                --steps ${COMPILED_STEPS:-10} --warmup 3 --csv benchmarks/results/model_compiled_fuse_h200.csv \
+                ${COMPILED_ARGS:-} ;;
     logprobs) stage logprobs ${LOGPROBS_S:-300} python3 -m liger_rt.tools.bench.logprobs $Q ${LOGPROBS_ARGS:-} ;;
     famparity)  # issue 17: the new families' bf16 parity at real (or H200-cut) sizes, every flag that has a row
               for mp in gemma3_text:gemma3-4b mistral:mistral-7b-16L mixtral:mixtral-8x7b-2L qwen2:qwen2.5-7b-14L; do

@@ -120,8 +120,8 @@ class Run:
 
     def build(self, patched: bool):
         import liger_rt
-        from liger_rt.tools.models import build_model
-        model = build_model(self.preset, dtype=self.dtype, device=self.device, seed=0, attn_implementation="sdpa")
+        from liger_rt.tools.bench.model import build
+        model = build(self.preset, self.dtype, self.device, 0, {})
         if patched:
             liger_rt.patch(model, **self.flags)
         return model
@@ -156,10 +156,9 @@ def part_parity(r: Run) -> None:
     oks = r.gather(report["ok"])
     if not all(oks):
         r.failed.append(f"parity (ok per rank: {oks})")
+    cols = ("max_abs", "mean_abs", "linf_over_baseline_max", "mean_over_baseline_mean", "gate", "tolerance")
     r.write_csv("parity", [
-        {"quantity": name, "max_abs": x["max_abs"], "mean_abs": x["mean_abs"],
-         "linf_over_baseline_max": x["linf_over_baseline_max"], "mean_over_baseline_mean": x["mean_over_baseline_mean"],
-         "gate": x["gate"], "tolerance": x["tolerance"], "ok": int(x["ok"]), "worst_tensor": x.get("tensor", ""),
+        {"quantity": name, **{k: x[k] for k in cols}, "ok": int(x["ok"]), "worst_tensor": x.get("tensor", ""),
          "preset": r.preset.name, "dtype": report["dtype"], "world": r.world, "flags": r.args.flags}
         for name, x in report["rows"].items()])
 
@@ -167,36 +166,14 @@ def part_parity(r: Run) -> None:
 # -- item 2: throughput per rank ---------------------------------------------------------------------------
 
 def _arm(r: Run, arm: str) -> dict:
-    torch = r.torch
-    from liger_rt.tools.bench.model import random_ids
+    from liger_rt.tools.bench.model import random_ids, train_steps
     from liger_rt.tools.distributed import wrap
     r.free()
     model = wrap(r.build(arm == "patched"), "fsdp2")
     ids = random_ids(model, r.args.batch, r.args.seq, seed=r.rank, device=r.device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    times, losses = [], []
+    opt = r.torch.optim.AdamW(model.parameters(), lr=1e-4)
     try:
-        for i in range(r.args.warmup + r.args.steps):
-            if i == r.args.warmup and r.device == "cuda":
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            r.sync()
-            t = time.perf_counter()
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            r.sync()
-            if i >= r.args.warmup:
-                times.append(time.perf_counter() - t)
-            losses.append(float(loss.detach()))
-        med = statistics.median(times)
-        cuda = r.device == "cuda"
-        return {"rank": r.rank, "median_step_ms": med * 1e3, "min_step_ms": min(times) * 1e3,
-                "max_step_ms": max(times) * 1e3, "tok_per_s": ids.numel() / med,
-                "peak_alloc_GB": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
-                "peak_reserved_GB": torch.cuda.max_memory_reserved() / 1e9 if cuda else None,
-                "loss_first": losses[0], "loss_last": losses[-1], "losses": losses}
+        return {"rank": r.rank, **train_steps(model, opt, ids, r.args.warmup, r.args.steps, r.device == "cuda")[0]}
     finally:
         del model, opt
         r.free()
@@ -213,8 +190,7 @@ def part_throughput(r: Run) -> None:
     for n, arm in enumerate(order):
         t0 = time.perf_counter()
         per_rank = r.gather(_arm(r, arm))
-        for x in per_rank:
-            runs.append({"kind": "run", "run": n + 1, "arm": arm, **x})
+        runs += [{"kind": "run", "run": n + 1, "arm": arm, **x} for x in per_rank]
         peak = per_rank[0]["peak_alloc_GB"]
         r.log(f"[{n + 1}/{len(order)}] {arm}: " + ", ".join(
             f"rank {x['rank']} {x['median_step_ms']:.1f} ms {x['tok_per_s']:.0f} tok/s" for x in per_rank)
@@ -228,10 +204,9 @@ def part_throughput(r: Run) -> None:
                    "median_step_ms": statistics.mean(x["median_step_ms"] for x in mine),
                    "tok_per_s": statistics.mean(x["tok_per_s"] for x in mine)}
             for k in ("peak_alloc_GB", "peak_reserved_GB"):
-                vals = [x[k] for x in mine if x[k] is not None]
-                row[k] = max(vals) if vals else None
+                row[k] = max((x[k] for x in mine if x[k] is not None), default=None)
             summary.append(row)
-        b, p = (next(s for s in summary if s["rank"] == rank and s["arm"] == arm) for arm in ("baseline", "patched"))
+        b, p = summary[-2:]         # this rank's baseline and patched rows
         mem = "" if b["peak_alloc_GB"] is None else (
             f", peak alloc {b['peak_alloc_GB']:.2f} -> {p['peak_alloc_GB']:.2f} GB"
             f", reserved {b['peak_reserved_GB']:.2f} -> {p['peak_reserved_GB']:.2f} GB")
@@ -254,83 +229,71 @@ def part_throughput(r: Run) -> None:
 
 def part_consistency(r: Run) -> None:
     from liger_rt import autotune, dispatch
+    from liger_rt.tools.bench.harness import dispatch_env
     from liger_rt.tools.bench.model import random_ids
-    from liger_rt.tools.distributed import check_decisions_agree, decisions, wrap
-    torch = r.torch
+    from liger_rt.tools.distributed import check_decisions_agree, decisions, decisions_digest, wrap
     box = [tempfile.mkdtemp(prefix="liger_rt_multigpu_db_") if r.rank == 0 else None]
     r.dist.broadcast_object_list(box, src=0)       # one host: one empty DB file for every rank
     db = os.path.join(box[0], "tuning.db")
-    saved = {k: os.environ.get(k) for k in ("LIGER_RT_TUNING_DB", "LIGER_RT_AUTOTUNE")}
-    os.environ.update(LIGER_RT_TUNING_DB=db, LIGER_RT_AUTOTUNE="1")
-    dispatch.reset()
-    r.log(f"## consistency: LIGER_RT_AUTOTUNE=1, empty DB {db}, {r.preset.name}, {r.args.dtype}, "
-          f"batch {r.args.batch} x seq {r.args.seq}, two FSDP2 training steps")
     tuned, real = [], autotune.tune
 
     def counted(op, target, dtype, dims, **kw):
         tuned.append(json.dumps([op.name, dims, str(dtype)], sort_keys=True))
         return real(op, target, dtype, dims, **kw)
-    autotune.tune = counted
-    try:
-        model = wrap(r.build(True), "fsdp2")
-        ids = random_ids(model, r.args.batch, r.args.seq, seed=r.rank, device=r.device)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        per_step = []
-        for _ in range(2):
-            t0 = time.perf_counter()
-            model(input_ids=ids, labels=ids).loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            r.sync()
-            per_step.append((len(tuned), len(decisions()), time.perf_counter() - t0))
-        del model, opt
-        r.free()
+    with dispatch_env(LIGER_RT_TUNING_DB=db, LIGER_RT_AUTOTUNE="1"):
+        r.log(f"## consistency: LIGER_RT_AUTOTUNE=1, empty DB {db}, {r.preset.name}, {r.args.dtype}, "
+              f"batch {r.args.batch} x seq {r.args.seq}, two FSDP2 training steps")
+        autotune.tune = counted
         try:
-            digests, agree = check_decisions_agree(), True
-        except RuntimeError as exc:
-            digests, agree = None, False
-            r.log(str(exc))
-        mine = {"rank": r.rank, "tuned": len(tuned), "tuned_unique": len(set(tuned)),
-                "tuned_in_step2": per_step[1][0] - per_step[0][0], "decisions": len(decisions()),
-                "new_decisions_in_step2": per_step[1][1] - per_step[0][1],
-                "online": sum(d.origin == "online" for op in dispatch._REGISTRY.values() for d in op._memo.values()),
-                "step1_s": per_step[0][2], "step2_s": per_step[1][2], "agree": int(agree)}
-        rows = r.gather(mine)
-        from liger_rt.tools.distributed import decisions_digest
-        for row, dg in zip(rows, r.gather(decisions_digest())):
-            row["digest"] = dg
-        if r.rank == 0:
-            for op in dispatch._REGISTRY.values():
-                for d in op._memo.values():
-                    config = json.dumps(d.to_dict()["config"])
-                    r.log(f"  {d.op} {dict(d.dims)} {d.dtype} -> {d.impl} {config} ({d.origin})")
-            from liger_rt.tuning_db import open_store
-            store = open_store(db)
-            db_rows = store.all_rows("tuning")
-            store.close()
-            r.log(f"DB rows written (rank 0, origin online): {len(db_rows)}")
-        for row in rows:
-            r.log(f"rank {row['rank']}: tuned {row['tuned']} ({row['tuned_unique']} distinct, {row['tuned_in_step2']} "
-                  f"in step 2), {row['decisions']} decisions ({row['online']} online), digest {row['digest'][:16]}, "
-                  f"step 1 {row['step1_s']:.1f} s, step 2 {row['step2_s']:.2f} s")
-        ok = (agree and len({x["digest"] for x in rows}) == 1 and rows[0]["tuned"] >= 1
-              and rows[0]["tuned"] == rows[0]["tuned_unique"] and all(x["tuned"] == 0 for x in rows[1:])
-              and all(x["tuned_in_step2"] == 0 and x["new_decisions_in_step2"] == 0 for x in rows))
-        r.log("PASS: every decision identical on every rank, rank 0 tuned each case once" if ok else
-              "FAIL: decisions or tuning differ across ranks (see above)")
-        if not ok:
-            r.failed.append("consistency")
-        r.write_csv("consistency", rows)
-    finally:
-        autotune.tune = real
-        if r.rank == 0:
-            shutil.rmtree(box[0], ignore_errors=True)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        dispatch.reset()
+            model = wrap(r.build(True), "fsdp2")
+            ids = random_ids(model, r.args.batch, r.args.seq, seed=r.rank, device=r.device)
+            opt = r.torch.optim.AdamW(model.parameters(), lr=1e-4)
+            per_step = []
+            for _ in range(2):
+                t0 = time.perf_counter()
+                model(input_ids=ids, labels=ids).loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                r.sync()
+                per_step.append((len(tuned), len(decisions()), time.perf_counter() - t0))
+            del model, opt
+            r.free()
+            try:
+                check_decisions_agree()
+                agree = True
+            except RuntimeError as exc:
+                agree = False
+                r.log(str(exc))
+            memo = [d for op in dispatch._REGISTRY.values() for d in op._memo.values()]
+            rows = r.gather({"rank": r.rank, "tuned": len(tuned), "tuned_unique": len(set(tuned)),
+                             "tuned_in_step2": per_step[1][0] - per_step[0][0], "decisions": len(decisions()),
+                             "new_decisions_in_step2": per_step[1][1] - per_step[0][1],
+                             "online": sum(d.origin == "online" for d in memo), "step1_s": per_step[0][2],
+                             "step2_s": per_step[1][2], "agree": int(agree), "digest": decisions_digest()})
+            if r.rank == 0:
+                for d in memo:
+                    r.log(f"  {d.op} {dict(d.dims)} {d.dtype} -> {d.impl} {json.dumps(d.to_dict()['config'])} "
+                          f"({d.origin})")
+                from liger_rt.tuning_db import open_store
+                store = open_store(db)
+                r.log(f"DB rows written (rank 0, origin online): {len(store.all_rows('tuning'))}")
+                store.close()
+            for row in rows:
+                r.log(f"rank {row['rank']}: tuned {row['tuned']} ({row['tuned_unique']} distinct, "
+                      f"{row['tuned_in_step2']} in step 2), {row['decisions']} decisions ({row['online']} online), "
+                      f"digest {row['digest'][:16]}, step 1 {row['step1_s']:.1f} s, step 2 {row['step2_s']:.2f} s")
+            ok = (agree and len({x["digest"] for x in rows}) == 1 and rows[0]["tuned"] >= 1
+                  and rows[0]["tuned"] == rows[0]["tuned_unique"] and all(x["tuned"] == 0 for x in rows[1:])
+                  and all(x["tuned_in_step2"] == 0 and x["new_decisions_in_step2"] == 0 for x in rows))
+            r.log("PASS: every decision identical on every rank, rank 0 tuned each case once" if ok else
+                  "FAIL: decisions or tuning differ across ranks (see above)")
+            if not ok:
+                r.failed.append("consistency")
+            r.write_csv("consistency", rows)
+        finally:
+            autotune.tune = real
+            if r.rank == 0:
+                shutil.rmtree(box[0], ignore_errors=True)
 
 
 def main(argv=None) -> int:
@@ -352,15 +315,13 @@ def main(argv=None) -> int:
                   "arithmetic; use --dtype fp32 or fp16", file=sys.stderr)
             return 2
         os.environ["TRITON_INTERPRET"] = "1"    # CPU runs the kernels interpreted; before any kernel import
+        backend = {"backend": "gloo"}
     else:
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")    # NVLink multicast stays off on the lent machines
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        backend = {"backend": "nccl", "device_id": torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))}
     import torch.distributed as dist
-    if args.device == "cuda":
-        dist.init_process_group("nccl", timeout=timedelta(seconds=900),
-                                device_id=torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))))
-    else:
-        dist.init_process_group("gloo", timeout=timedelta(seconds=900))
+    dist.init_process_group(**backend, timeout=timedelta(seconds=900))
     try:
         r = Run(args)
     except ValueError as exc:

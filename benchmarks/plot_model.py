@@ -24,11 +24,7 @@ def _num(v):
 def curves(rows: list[dict], path: Path) -> Path:
     """PNG: per model, the loss curves of every run (left) and tokens/s + peak memory per arm (right)."""
     import matplotlib.pyplot as plt
-    keys = []
-    for r in rows:
-        k = (r["model_type"], r["preset"])
-        if k not in keys:
-            keys.append(k)
+    keys = list(dict.fromkeys((r["model_type"], r["preset"]) for r in rows))
     fig, axes = plt.subplots(len(keys), 2, figsize=(12, 3.6 * len(keys)), squeeze=False)
     colors = {"baseline": "tab:gray", "liger_rt": "tab:blue", "liger_kernel": "tab:orange"}
     for i, key in enumerate(keys):
@@ -90,12 +86,9 @@ def main() -> None:
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
     for ax, key, label in ((axes[0], "tok_per_s", "tokens / s (k)"), (axes[1], "peak_alloc_GB", "peak memory (GB)")):
         for i, arm in enumerate(arms):
-            xs, ys = [], []
-            for j, p in enumerate(presets):
-                hit = [r for r in rows if r["group"] == p and r["arm"] == arm]
-                if hit:
-                    xs.append(j + (i - 1) * 0.27)
-                    ys.append(float(hit[0][key]) / (1000 if key == "tok_per_s" else 1))
+            hit = {r["group"]: r for r in reversed(rows) if r["arm"] == arm}      # the first row of each group
+            xs = [j + (i - 1) * 0.27 for j, p in enumerate(presets) if p in hit]
+            ys = [float(hit[p][key]) / (1000 if key == "tok_per_s" else 1) for p in presets if p in hit]
             ax.bar(xs, ys, width=0.27, label=arm, color=colors[arm])
         ax.set_xticks(range(len(presets)), presets)
         ax.set_ylabel(label)

@@ -27,6 +27,7 @@ from triton.testing import do_bench
 
 from liger_rt import backend
 from liger_rt.kernels import fused_linear_cross_entropy as flce
+from liger_rt.tools.bench.harness import peak_extra_gb, profiled
 
 SHAPES = {"BT8192_H2048_V65536": (8192, 2048, 65536), "BT8192_H2560_V151936": (8192, 2560, 151936)}
 
@@ -55,21 +56,11 @@ def step(fn, x, w, y):
 def peak_extra(fn, x, w, y):
     step(fn, x, w, y)                 # warm: compiled, autotuned, workspaces allocated
     x.grad = w.grad = None
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    step(fn, x, w, y)
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - before) / 1e9
+    return peak_extra_gb(lambda: step(fn, x, w, y))
 
 
 def kernel_table(fn, x, w, y, rows=8):
-    from torch.profiler import ProfilerActivity, profile
-    step(fn, x, w, y)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step(fn, x, w, y)
-        torch.cuda.synchronize()
+    prof = profiled(lambda: step(fn, x, w, y), warmup=1, calls=1)
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60)
 
 

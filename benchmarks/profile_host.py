@@ -13,29 +13,11 @@ the layers above cannot split.
 import argparse
 import cProfile
 import pstats
-import time
 
 import torch
 
 from liger_rt import dispatch, ops
-
-
-def per_call_us(fn, calls: int) -> float:
-    for _ in range(min(calls, 200)):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
-
-
-def caller_thread(fn):
-    def run():
-        with torch.autograd.set_multithreading_enabled(False):
-            return fn()
-    return run
+from liger_rt.tools.bench.host_overhead import on_caller_thread, per_call_us
 
 
 def layers(op_name: str):
@@ -52,31 +34,26 @@ def layers(op_name: str):
                 "bound Triton run (the forward kernel)": lambda: run(xd, wd, y, rstd, 4096, 4096, 256, 4096, 1e-6, 0.0),
                 "launcher rms_norm_fwd": lambda: k.rms_norm_fwd(xd, wd, 1e-6, 0.0, cfg),
                 "launcher rms_norm_bwd (2 kernels)": lambda: k.rms_norm_bwd(dy, xd, wd, rstd, 0.0, cfg),
-                "ops.rms_norm fwd, no_grad": lambda: _no_grad(lambda: ops.rms_norm(x, w)),
+                "ops.rms_norm fwd, no_grad": torch.no_grad()(lambda: ops.rms_norm(x, w)),
                 "ops.rms_norm fwd": lambda: ops.rms_norm(x, w),
                 "ops.rms_norm fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(ops.rms_norm(x, w), (x, w), dy),
-                "ops.rms_norm fwd+bwd, engine on the caller's thread": caller_thread(
+                "ops.rms_norm fwd+bwd, engine on the caller's thread": on_caller_thread(
                     lambda: torch.autograd.grad(ops.rms_norm(x, w), (x, w), dy)),
-                "eager x*2 fwd+bwd, caller's thread": caller_thread(lambda: torch.autograd.grad(x * 2, (x,), dy))}
+                "eager x*2 fwd+bwd, caller's thread": on_caller_thread(lambda: torch.autograd.grad(x * 2, (x,), dy))}
     if op_name == "swiglu":
         g = torch.randn(256, 8192, device=dev, dtype=bf, requires_grad=True)
         u = torch.randn_like(g, requires_grad=True)
         dy = torch.randn_like(g)
         return {"ops.swiglu fwd": lambda: ops.swiglu(g, u),
-                "ops.swiglu fwd+bwd, engine on the caller's thread": caller_thread(
+                "ops.swiglu fwd+bwd, engine on the caller's thread": on_caller_thread(
                     lambda: torch.autograd.grad(ops.swiglu(g, u), (g, u), dy))}
     q = torch.randn(1, 256, 16, 128, device=dev, dtype=bf).transpose(1, 2).requires_grad_()
     kk = torch.randn(1, 256, 8, 128, device=dev, dtype=bf).transpose(1, 2).requires_grad_()
     cos, sin = torch.randn(1, 256, 128, device=dev, dtype=bf), torch.randn(1, 256, 128, device=dev, dtype=bf)
     dq, dk = torch.randn(q.shape, device=dev, dtype=bf), torch.randn(kk.shape, device=dev, dtype=bf)
     return {"ops.rope fwd": lambda: ops.rope(q, kk, cos, sin),
-            "ops.rope fwd+bwd, engine on the caller's thread": caller_thread(
+            "ops.rope fwd+bwd, engine on the caller's thread": on_caller_thread(
                 lambda: torch.autograd.grad(ops.rope(q, kk, cos, sin), (q, kk), (dq, dk)))}
-
-
-def _no_grad(fn):
-    with torch.no_grad():
-        return fn()
 
 
 def main() -> None:
@@ -90,7 +67,7 @@ def main() -> None:
     for op_name in args.op.split(","):
         probes = layers(op_name)
         for name, fn in probes.items():
-            print(f"{op_name:9s} {name:55s} {per_call_us(fn, args.calls):8.1f} us")
+            print(f"{op_name:9s} {name:55s} {per_call_us(fn, args.calls, sync=True, warmup=200):8.1f} us")
         last = probes[f"ops.{op_name} fwd+bwd, engine on the caller's thread"]
         prof = cProfile.Profile()
         prof.enable()

@@ -18,9 +18,9 @@ import statistics
 import time
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from liger_rt.tools.bench import model as B
+from liger_rt.tools.bench.harness import profiled
 
 
 def main() -> None:
@@ -73,11 +73,7 @@ def main() -> None:
             times.append((time.perf_counter() - t0) * 1e3)
         gc_log.stop()
         wall = statistics.median(times)
-        activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.host else [])
-        with profile(activities=activities) as prof:
-            for _ in range(2):
-                step()
-            torch.cuda.synchronize()
+        prof = profiled(step, warmup=0, calls=2, cpu=args.host)
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         total = sum(e.self_device_time_total for e in prof.key_averages()) / 2e3
         print(f"== {arm} ({args.preset} B{args.batch}xT{args.seq}, flags {flags}{', gc frozen' if args.gc_freeze else ''}): "

@@ -8,10 +8,10 @@ took 0.65 ms skewed against 0.32 ms uniform on the H200).
 import argparse
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import liger_rt  # noqa: F401
 from liger_rt.kernels import moe_experts as M
+from liger_rt.tools.bench.harness import profiled
 
 
 def main() -> None:
@@ -31,13 +31,7 @@ def main() -> None:
         def step():
             y = M.OP.call_impl("triton", cfg, x, gu, dn, idx, w, True)
             return torch.autograd.grad(y, (x, gu, dn, w), dy)
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                step()
-            torch.cuda.synchronize()
+        prof = profiled(step, warmup=3, calls=5)
         counts = torch.bincount(idx.flatten(), minlength=E)
         print(f"== E{E} T{args.tokens} {tag}: max rows/expert {int(counts.max())}, empty {int((counts == 0).sum())}")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=50))

@@ -3,9 +3,9 @@
     python benchmarks/profile_norms.py
 """
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import liger_rt
+from liger_rt.tools.bench.harness import profiled
 
 
 def main() -> None:
@@ -21,13 +21,7 @@ def main() -> None:
             y = liger_rt.ops.rms_norm(x, w) if name == "rms_norm" else liger_rt.ops.layer_norm(x, w, b)
             ins = (x, w) if name == "rms_norm" else (x, w, b)
             return torch.autograd.grad(y, ins, dy)
-        for _ in range(5):
-            step()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(10):
-                step()
-            torch.cuda.synchronize()
+        prof = profiled(step, warmup=5, calls=10, cpu=True)
         print(f"== {name} {m}x{n} (10 steps)")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
 

@@ -33,10 +33,13 @@ def regs(hidden_sizes=(1152, 2048, 4096, 8192), swiglu_cols=(8192, 12288)) -> li
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     aligned = [["tt.divisibility", 16]]
 
-    def build(fn, sig, consts, num_warps, n):
+    def build(fn, consts, num_warps, n):
+        # the kernels' arguments by name: bf16 tensors but for the fp32 statistics and partial sums
+        sig = {a: "constexpr" if a in consts else "i32" if a in ("M", "N") or a.startswith("stride")
+               else "fp32" if a in ("eps", "offset") else "*fp32" if a in ("MEAN", "RSTD", "DW_PART", "DB_PART")
+               else "*bf16" for a in fn.arg_names}
         # what a launch specializes: 16-aligned pointers, strides and N (when N % 16 == 0); M is
         # do_not_specialize
-        sig = {**sig, **{k: "constexpr" for k in consts}}
         attrs = {(fn.arg_names.index(k),): aligned for k, t in sig.items()
                  if t.startswith("*") or k.startswith("stride") or (k == "N" and n % 16 == 0)}
         k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=target,
@@ -49,40 +52,22 @@ def regs(hidden_sizes=(1152, 2048, 4096, 8192), swiglu_cols=(8192, 12288)) -> li
         return {"regs": int(m.group(1)) if m else None, "local": int(m.group(2)) if m else None,
                 "smem": k.metadata.shared, "cp_async": "cp.async" in k.asm["ptx"]}
 
-    t, f32 = "*bf16", "*fp32"
     rows = []
-    for op, mod in (("rms_norm", rn), ("layer_norm", ln)):
-        for n in hidden_sizes:
-            e = triton.next_power_of_2(n)
-            for cfg in mod.OP.candidates_for(mod.OP.impl("triton"), arch, {"rows": 16384, "hidden": n}, torch.bfloat16):
-                bwd = {"BLOCK_N": e, "PREFETCH": bool(cfg["bwd_prefetch"]), "RNE_BF16": False}
-                if op == "rms_norm":
-                    fr = build(rn._rms_norm_fwd_kernel, {"X": t, "W": t, "Y": t, "RSTD": f32, "stride_x": "i32",
-                               "stride_y": "i32", "M": "i32", "N": "i32", "eps": "fp32", "offset": "fp32"},
-                               {"BLOCK_N": e, "ROWS": cfg["ROWS"], "RNE_BF16": False}, cfg["num_warps"], n)
-                    br = build(rn._rms_norm_bwd_kernel, {"DY": t, "X": t, "W": t, "RSTD": f32, "DX": t, "DW_PART": f32,
-                               "stride_dy": "i32", "stride_x": "i32", "stride_dx": "i32", "M": "i32", "N": "i32",
-                               "offset": "fp32"}, bwd, cfg["bwd_num_warps"], n)
+    for op, mod, sizes in (("rms_norm", rn, hidden_sizes), ("layer_norm", ln, hidden_sizes),
+                           ("swiglu", sw, swiglu_cols)):
+        for n in sizes:
+            dims = {"rows": 16384, "cols" if op == "swiglu" else "hidden": n}
+            for cfg in mod.OP.candidates_for(mod.OP.impl("triton"), arch, dims, torch.bfloat16):
+                if op == "swiglu":
+                    fwd = bwd = {"BLOCK_N": cfg["BLOCK_N"], "ROWS": cfg["ROWS"], "RNE_BF16": False}
                 else:
-                    fr = build(ln._layer_norm_fwd_kernel, {"X": t, "W": t, "B": t, "Y": t, "MEAN": f32, "RSTD": f32,
-                               "stride_x": "i32", "stride_y": "i32", "M": "i32", "N": "i32", "eps": "fp32"},
-                               {"BLOCK_N": e, "ROWS": cfg["ROWS"], "HAS_BIAS": True, "RNE_BF16": False}, cfg["num_warps"], n)
-                    br = build(ln._layer_norm_bwd_kernel, {"DY": t, "X": t, "W": t, "MEAN": f32, "RSTD": f32, "DX": t,
-                               "DW_PART": f32, "DB_PART": f32, "stride_dy": "i32", "stride_x": "i32", "stride_dx": "i32",
-                               "M": "i32", "N": "i32"}, {**bwd, "HAS_BIAS": True},
-                               cfg["bwd_num_warps"], n)
+                    e, bias = triton.next_power_of_2(n), {"HAS_BIAS": True} if op == "layer_norm" else {}
+                    fwd = {"BLOCK_N": e, "ROWS": cfg["ROWS"], "RNE_BF16": False, **bias}
+                    bwd = {"BLOCK_N": e, "PREFETCH": bool(cfg["bwd_prefetch"]), "RNE_BF16": False, **bias}
+                fr = build(getattr(mod, f"_{op}_fwd_kernel"), fwd, cfg["num_warps"], n)
+                br = build(getattr(mod, f"_{op}_bwd_kernel"), bwd, cfg["bwd_num_warps"], n)
                 rows.append({"op": op, "N": n, "config": str(cfg), **{f"fwd_{k}": v for k, v in fr.items()},
                              **{f"bwd_{k}": v for k, v in br.items()}})
-    for n in swiglu_cols:
-        for cfg in sw.OP.candidates_for(sw.OP.impl("triton"), arch, {"rows": 16384, "cols": n}, torch.bfloat16):
-            c = {"BLOCK_N": cfg["BLOCK_N"], "ROWS": cfg["ROWS"], "RNE_BF16": False}
-            fr = build(sw._swiglu_fwd_kernel, {"G": t, "U": t, "Y": t, "stride_g": "i32", "stride_u": "i32",
-                       "stride_y": "i32", "M": "i32", "N": "i32"}, c, cfg["num_warps"], n)
-            br = build(sw._swiglu_bwd_kernel, {"DY": t, "G": t, "U": t, "DG": t, "DU": t, "stride_dy": "i32",
-                       "stride_g": "i32", "stride_u": "i32", "stride_dg": "i32", "stride_du": "i32", "M": "i32",
-                       "N": "i32"}, c, cfg["bwd_num_warps"], n)
-            rows.append({"op": "swiglu", "N": n, "config": str(cfg), **{f"fwd_{k}": v for k, v in fr.items()},
-                         **{f"bwd_{k}": v for k, v in br.items()}})
     return rows
 
 

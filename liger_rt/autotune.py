@@ -303,18 +303,23 @@ def sweep(plan: list, target, store, *, quick: bool = False, origin: str = "swee
     transaction per case, then the crossovers derived from these measurements.  A case that cannot
     be measured is reported and skipped; a DB that cannot be written stops the sweep.  `progress`
     wraps the plan (e.g. tqdm).  Returns {"results", "skipped", "crossovers"}."""
-    results, skipped, ops = [], [], {}
+    out, ops = {"results": [], "skipped": [], "crossovers": []}, {}
     cases = progress(plan) if progress else plan
     for case in cases:
-        result, skip = _sweep_case(case, target, quick, cases)
-        if skip is not None:
-            skipped.append(skip)
-            continue
-        persist(case[0], result, store, origin=origin)
-        ops[case[0].name] = case[0]
-        results.append(result)
-    rows = _persist_crossovers(results, ops, target, store, origin)
-    return {"results": results, "skipped": skipped, "crossovers": rows}
+        _keep(out, ops, case[0], _sweep_case(case, target, quick, cases), store, origin)
+    out["crossovers"] = _persist_crossovers(out["results"], ops, target, store, origin)
+    return out
+
+
+def _keep(out: dict, ops: dict, op, case_out: tuple, store, origin: str) -> None:
+    """Persist one case's result (noting it in out["results"], its op in `ops`), or note it skipped."""
+    result, skip = case_out
+    if skip is not None:
+        out["skipped"].append(skip)
+        return
+    persist(op, result, store, origin=origin)
+    ops[op.name] = op
+    out["results"].append(result)
 
 
 def _sweep_case(case, target, quick: bool, bar=None) -> tuple[dict | None, dict | None]:
@@ -360,13 +365,13 @@ def sweep_sharded(plan: list, target, open_store: Callable[[], object], *, quick
     digest = hashlib.sha256(json.dumps([(op.name, dims, dt, tag) for op, dims, dt, tag in plan],
                                        sort_keys=True).encode()).hexdigest()
     rounds = range(-(-len(plan) // world))
-    results, skipped, ops, rows = [], [], {}, []
+    out, ops = {"results": [], "skipped": [], "crossovers": []}, {}
     state = {"store": None, "error": None}
 
     def exchange(payload: dict) -> list[dict]:
         gathered: list = [None] * world
         dist.all_gather_object(gathered, {**payload, "error": state["error"], "plan": digest,
-                                          "persisted": len(results)}, group=group)
+                                          "persisted": len(out["results"])}, group=group)
         bad = [f"rank {r}: {p['error']}" for r, p in enumerate(gathered) if p["error"]]
         bad += [f"rank {r} has another plan than rank 0 (the same command line on every rank?)"
                 for r, p in enumerate(gathered) if p["plan"] != gathered[0]["plan"]]
@@ -394,27 +399,20 @@ def sweep_sharded(plan: list, target, open_store: Callable[[], object], *, quick
             for p in exchange(payload):
                 if rank != 0 or p["index"] is None or state["error"] is not None:
                     continue
-                (op, *_), (result, skip) = plan[p["index"]], p["out"]
-                if skip is not None:
-                    skipped.append(skip)
-                    continue
                 try:
-                    persist(op, result, state["store"], origin=origin)
+                    _keep(out, ops, plan[p["index"]][0], p["out"], state["store"], origin)
                 except Exception as exc:    # told to every rank at the next exchange
                     state["error"] = _one_line_error(exc)
-                    continue
-                ops[op.name] = op
-                results.append(result)
         if rank == 0 and state["error"] is None:
             try:
-                rows = _persist_crossovers(results, ops, target, state["store"], origin)
+                out["crossovers"] = _persist_crossovers(out["results"], ops, target, state["store"], origin)
             except Exception as exc:
                 state["error"] = _one_line_error(exc)
         exchange({"index": None})    # the closing barrier: a failure anywhere fails every rank
     finally:
         if state["store"] is not None:
             state["store"].close()
-    return {"results": results, "skipped": skipped, "crossovers": rows} if rank == 0 else None
+    return out if rank == 0 else None
 
 
 def tune_online(op, target, dtype, dims) -> dict | None:

@@ -22,6 +22,7 @@ _FALSE = ("0", "false", "no", "off")
 # import that its table has exactly these names).
 ARCH_CHOICES = ("hopper", "blackwell", "ampere", "mi300x", "mi325x", "mi355x", "cpu")
 LOG_CHOICES = ("decisions",)
+COMPILE_POLICIES = ("kernels", "fuse")
 MAX_DB_TIMEOUT = 86400.0     # seconds; SQLite's busy timeout is an int of milliseconds
 IMPL_PREFIX = "LIGER_RT_IMPL_"
 
@@ -111,6 +112,8 @@ _PARSERS = {
     "LIGER_RT_DISABLE": ("disable", lambda: _flag("LIGER_RT_DISABLE", False)),
     "LIGER_FUSED_MOE_AUTOTUNE": ("fused_moe_autotune", lambda: _flag("LIGER_FUSED_MOE_AUTOTUNE", True)),
     "LIGER_RT_DB_TIMEOUT": ("db_timeout", _timeout),
+    "LIGER_RT_COMPILE_POLICY": ("compile_policy", lambda: _choice("LIGER_RT_COMPILE_POLICY", COMPILE_POLICIES,
+                                                                  "not a compile policy") or "kernels"),
 }
 
 
@@ -206,6 +209,13 @@ def fused_moe_autotune() -> bool:
 def db_timeout() -> float:
     """LIGER_RT_DB_TIMEOUT: seconds to wait for a locked tuning DB before falling back (default 10)."""
     return _get("LIGER_RT_DB_TIMEOUT")
+
+
+def compile_policy() -> str:
+    """LIGER_RT_COMPILE_POLICY: what a torch.compile trace takes.  `kernels` (default): each op's
+    dispatched implementation, as in eager; `fuse`: the torch implementation of the ops the compiler
+    fuses with their neighbours (``Op.compiler_fuses``: the norms, SwiGLU/GeGLU, RoPE)."""
+    return _get("LIGER_RT_COMPILE_POLICY")
 
 
 def _or_error(fn, *args):

@@ -108,8 +108,7 @@ class LigerRTCallback(TrainerCallback):
     def on_init_end(self, args, state, control, model=None, **kwargs):
         self._apply(args, model)
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self._apply(args, model)
+    on_train_begin = on_init_end
 
     def _apply(self, args, model) -> None:
         if model is None:

@@ -28,6 +28,7 @@ import functools
 import hashlib
 import inspect
 import json
+import logging
 import textwrap
 import types
 import typing
@@ -226,6 +227,9 @@ class Op:
     tags: tuple[str, ...] = ("",)       # input variants a sweep measures (make_case takes tag=)
     dtypes: tuple[str, ...] = ("fp32", "bf16", "fp16")
     module: str = ""
+    # torch.compile fuses the torch implementation with its neighbours (and recomputes it in the
+    # backward rather than saving activations): LIGER_RT_COMPILE_POLICY=fuse traces it
+    compiler_fuses: bool = False
 
     def __post_init__(self) -> None:
         self._by_name = {i.name: i for i in self.impls}
@@ -413,8 +417,22 @@ def _traced_exact(value) -> int:
 def _decide_constant(op_name: str, device_type: str, dtype: torch.dtype, *key: int) -> tuple[str, str]:
     op = REGISTERED[op_name]
     dims = dict(zip(op.static + op.dynamic, key))
+    if op.compiler_fuses and _compiler_takes(op):
+        return "torch", json.dumps({"impl": "torch", "config": {}}, sort_keys=True)
     d = op.select(_probe(device_type, dtype), **dims)
     return d.impl, json.dumps({"impl": d.impl, "config": config_dict(d.config)}, sort_keys=True)
+
+
+def _compiler_takes(op: Op) -> bool:
+    """LIGER_RT_COMPILE_POLICY=fuse, and neither LIGER_RT_DISABLE nor LIGER_RT_IMPL_<OP> decides."""
+    from . import env
+    if env.compile_policy() != "fuse" or env.disabled() or env.impl_override(op.name, op.impl_names):
+        return False
+    if env.log_decisions():
+        logging.getLogger("liger_rt.dispatch").warning(
+            "liger_rt decision: %s under torch.compile -> torch (LIGER_RT_COMPILE_POLICY=fuse: the compiler "
+            "fuses it)", op.name)
+    return True
 
 
 @functools.lru_cache(maxsize=None)

@@ -101,12 +101,19 @@ def test_profile_unknown_name_lists_valid():
     ("LIGER_RT_DB_TIMEOUT", "nan", env.db_timeout),
     ("LIGER_RT_DB_TIMEOUT", "inf", env.db_timeout),
     ("LIGER_RT_DB_TIMEOUT", "1e308", env.db_timeout),
+    ("LIGER_RT_COMPILE_POLICY", "inductor", env.compile_policy),
 ])
 def test_bad_env_values_name_the_variable_and_accepted_values(monkeypatch, var, value, fn):
     monkeypatch.setenv(var, value)
     with pytest.raises(env.EnvError) as info:
         fn()
     assert var in str(info.value) and "accepted values" in str(info.value)
+
+
+def test_compile_policy_defaults_to_kernels(monkeypatch):
+    assert env.compile_policy() == "kernels"
+    monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", " Fuse ")
+    assert env.compile_policy() == "fuse"
 
 
 def test_env_read_at_call_time(monkeypatch):

@@ -133,10 +133,11 @@ def _skip_if_the_host_breaks(base, inputs, reference, exc):
                     f"{transformers.__version__}, torch {torch.__version__}: {why}")
 
 
-def _check_compiled_step(model_type, flags, loss_of, reference, monkeypatch):
+def _check_compiled_step(model_type, flags, loss_of, reference, monkeypatch, to_compiler=frozenset()):
     """Patch with `flags`; the compiled model: one graph (fullgraph), every op the patch routes through
-    ran its Triton kernel, the loss and gradients of the eager model, a second call of the same shapes
-    reuses the graph, and both losses match `reference` on HF's model."""
+    ran its Triton kernel (those in `to_compiler`: their torch implementation), the loss and gradients
+    of the eager model, a second call of the same shapes reuses the graph, and both losses match
+    `reference` on HF's model."""
     preset = _preset(model_type)
     base = build_model(preset)
     model = build_model(preset)                                 # same seed: the same weights
@@ -152,7 +153,12 @@ def _check_compiled_step(model_type, flags, loss_of, reference, monkeypatch):
     liger_rt.patch(other, rope=True)
 
     routed = _ops(model_type, patched, keep_logits=flags.get("keep_logits", False))
-    ran = {name: record_impls(monkeypatch, dispatch.get_op(name)) for name in routed}
+    ran = {name: record_impls(monkeypatch, dispatch.get_op(name)) for name in routed - to_compiler}
+    kernel_runs = []       # the compiler's ops: their Triton forward must never run (their torch one is
+    for name in routed & to_compiler:       # traced, and a recording wrapper there would be traced too)
+        triton_impl = dispatch.get_op(name).impl("triton")
+        monkeypatch.setattr(triton_impl, "forward", lambda *a, _real=triton_impl.forward, _name=name:
+                            kernel_runs.append(_name) or _real(*a))
     graphs = []
 
     def backend(gm, example_inputs):
@@ -169,6 +175,7 @@ def _check_compiled_step(model_type, flags, loss_of, reference, monkeypatch):
     loss.backward()
     assert len(graphs) == 1
     assert {name: "triton" in impls for name, impls in ran.items()} == dict.fromkeys(ran, True), ran
+    assert not kernel_runs, kernel_runs
     got = _grads(model)
     model.zero_grad(set_to_none=True)
 
@@ -206,3 +213,14 @@ def test_compiled_loss_heads_match_eager(loss_flags, loss_of, reference, monkeyp
     """The other loss flags, on Qwen3 with its layer flags and rope."""
     flags = {**specs.parity_flags("qwen3"), **loss_flags}
     _check_compiled_step("qwen3", flags, loss_of, reference, monkeypatch)
+
+
+@pytest.mark.slow
+def test_compile_policy_fuse_hands_the_fusable_ops_to_the_compiler(monkeypatch):
+    """LIGER_RT_COMPILE_POLICY=fuse on Qwen3 with every flag: the norms, SwiGLU and RoPE trace their torch
+    implementation (the compiler fuses them), the fused loss stays on its kernel; same checks otherwise."""
+    monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "fuse")
+    dispatch.reset()
+    fusable = {name for name in dispatch.OP_MODULES if dispatch.get_op(name).compiler_fuses}
+    assert {"rms_norm", "swiglu", "rope"} <= fusable and "fused_linear_cross_entropy" not in fusable
+    _check_compiled_step("qwen3", _every_flag("qwen3"), _hf_loss, _hf_loss, monkeypatch, to_compiler=fusable)

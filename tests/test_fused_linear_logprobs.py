@@ -220,8 +220,8 @@ def test_causal_lm_forward_returns_logprobs_and_entropy_without_logits():
     valid = nxt != -100
     lp = logp[:, :-1].gather(-1, nxt.clamp(min=0)[..., None])[..., 0]
     ent = -(logp.exp() * logp).sum(-1)[:, :-1]
-    assert float((out.logprobs[:, :-1].double() - lp)[valid].abs().max()) <= 1e-5
-    assert float((out.entropy[:, :-1].double() - ent)[valid].abs().max()) <= 1e-5
+    assert float((out.logprobs[:, :-1].detach().double() - lp)[valid].abs().max()) <= 1e-5
+    assert float((out.entropy[:, :-1].detach().double() - ent)[valid].abs().max()) <= 1e-5
     assert (out.logprobs[:, -1] == 0).all() and (out.logprobs[:, :-1][~valid] == 0).all()
     out.logprobs.sum().backward()
     assert model.lm_head.weight.grad.abs().sum() > 0

@@ -197,12 +197,17 @@ def test_plan():
     assert rn._plan(None, hopper, quick=True)
 
 
-@pytest.mark.parametrize("impl", ["triton", "torch"])
+@pytest.mark.parametrize("impl", ["triton", "torch", "fuse", "fuse+triton"])
 def test_torch_compile_fullgraph_dynamic(monkeypatch, impl):
-    """Under torch.compile the kernels run as custom ops, decided at trace time (env respected)."""
+    """Under torch.compile the kernels run as custom ops, decided at trace time (env respected):
+    LIGER_RT_COMPILE_POLICY=fuse hands the op to the compiler unless LIGER_RT_IMPL_RMS_NORM says otherwise."""
     if impl == "torch":
         monkeypatch.setenv("LIGER_RT_IMPL_RMS_NORM", "torch")
-        dispatch.reset()
+    if impl.startswith("fuse"):
+        monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "fuse")
+    if impl == "fuse+triton":
+        monkeypatch.setenv("LIGER_RT_IMPL_RMS_NORM", "triton")
+    dispatch.reset()
     calls = []
     real = rn.rms_norm_fwd
     monkeypatch.setattr(rn, "rms_norm_fwd", lambda *a: calls.append(1) or real(*a))
@@ -214,4 +219,4 @@ def test_torch_compile_fullgraph_dynamic(monkeypatch, impl):
         outs = _fwd_bwd(f, x, w, dy)
         refs = _fwd_bwd(lambda a, b: rn.rms_norm_ref(a, b, 1e-6, 1.0) * 2.0, x, w, dy)
         _check(outs, refs, torch.float32, 2 * rows, f"compiled {impl} rows={rows}")
-    assert (len(calls) == 2) == (impl == "triton")
+    assert len(calls) == (2 if impl in ("triton", "fuse+triton") else 0)

@@ -282,4 +282,4 @@ OP = register(Op(
     config=RMSNormConfig, candidates=_configs, heuristic=_heuristic, smem=_smem,
     schema="Tensor x, Tensor weight, float eps, float offset", fake=_fake,
     make_case=_make_case, plan=_plan, reduce_len=lambda d: d["rows"],
-    schema_version=2))   # 2: grid-strided backward; bwd_ROWS and bwd_stages are gone
+    schema_version=2, compiler_fuses=True))   # 2: grid-strided backward; bwd_ROWS and bwd_stages are gone

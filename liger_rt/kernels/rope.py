@@ -391,4 +391,4 @@ OP = register(Op(
            Impl("torch", fn=_rope_torch)],
     config=RoPEConfig, candidates=_configs, heuristic=_heuristic,
     schema="Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim", fake=_fake, bwd_fake=_bwd_fake, outputs=2,
-    make_case=_make_case, plan=_plan))
+    make_case=_make_case, plan=_plan, compiler_fuses=True))

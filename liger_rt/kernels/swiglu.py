@@ -209,4 +209,5 @@ OP = register(Op(
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available),
            Impl("torch", fn=_swiglu_torch)],
     config=SwiGLUConfig, candidates=_configs, heuristic=_heuristic,
-    schema="Tensor gate, Tensor up", fake=_fake, make_case=_make_case, plan=_plan))
+    schema="Tensor gate, Tensor up", fake=_fake, make_case=_make_case, plan=_plan,
+    compiler_fuses=True))

@@ -252,8 +252,7 @@ def _model_type(root) -> str:
 
 
 def _set(record: InstanceRecord, obj, attr: str, value) -> None:
-    had = attr in obj.__dict__
-    record.saved.append((obj, attr, had, obj.__dict__.get(attr) if had else None))
+    record.saved.append((obj, attr, attr in obj.__dict__, obj.__dict__.get(attr)))
     setattr(obj, attr, value)
 
 
@@ -261,9 +260,8 @@ def _bind(record: InstanceRecord, module: torch.nn.Module, fn) -> None:
     # accelerate hooks live in the instance forward and call _old_forward: replace that instead
     attr = "_old_forward" if getattr(module, "_hf_hook", None) is not None and "_old_forward" in module.__dict__ \
         else "forward"
-    had = attr in module.__dict__
-    old = _swaps.bind(module, fn, attr)
-    record.saved.append((module, attr, had, old if had else None))
+    record.saved.append((module, attr, attr in module.__dict__, module.__dict__.get(attr)))
+    _swaps.bind(module, fn, attr)
 
 
 def _patch_instance(model, given: dict[str, Any]):

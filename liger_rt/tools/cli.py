@@ -36,7 +36,8 @@ def _parse_shape(text: str) -> dict:
     return dims
 
 
-def _check_arch(name: str | None) -> str | None:
+def _check_arch(ctx, param, name: str | None) -> str | None:
+    """The --arch callback: the arch name in lower case, or None when not given."""
     from liger_rt import backend
     name = name and name.lower()
     if name and name not in backend.ARCH_NAMES:
@@ -44,12 +45,13 @@ def _check_arch(name: str | None) -> str | None:
     return name
 
 
-def _check_ops(ops) -> list[str]:
+def _check_ops(ctx, param, ops):
+    """The --op (and explain's OP) callback: the op name(s) given, each a registered op."""
     from liger_rt import dispatch
-    bad = [o for o in ops if o not in dispatch.OP_MODULES]
+    bad = [o for o in ([ops] if isinstance(ops, str) else ops or ()) if o not in dispatch.OP_MODULES]
     if bad:
         raise click.BadParameter(f"unknown op {bad[0]!r}; valid ops: {', '.join(dispatch.OP_MODULES)}", param_hint="--op")
-    return list(ops)
+    return ops
 
 
 def _table(rows: list[dict], cols: list[str]) -> str:
@@ -260,8 +262,9 @@ def build_plan(arch, ops: list[str], preset_name: str | None, shapes: list[dict]
 
 
 @main.command()
-@click.option("--arch", "arch_name", required=True, help="Arch to tune for (must be this machine's, unless --dry-run).")
-@click.option("--op", "ops", multiple=True, help="Op to sweep (repeatable); default: every op.")
+@click.option("--arch", "arch_name", required=True, callback=_check_arch,
+              help="Arch to tune for (must be this machine's, unless --dry-run).")
+@click.option("--op", "ops", multiple=True, callback=_check_ops, help="Op to sweep (repeatable); default: every op.")
 @click.option("--model", "preset", default=None, help="Model preset whose shapes to sweep (e.g. qwen3-1.7b, lfm2-8b-a1b).")
 @click.option("--shape", "shapes", multiple=True,
               help="A shape instead of the plan, k=v[,k=v...] (repeatable; needs exactly one --op).")
@@ -277,8 +280,7 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
     from liger_rt import autotune, dispatch
     from liger_rt.kernels._common import parse_dtype
     from liger_rt.tools import distributed
-    arch_name = _check_arch(arch_name)
-    ops = _check_ops(ops) if ops else list(dispatch.OP_MODULES)
+    ops = list(ops or dispatch.OP_MODULES)
     if shapes and len(ops) != 1:
         raise click.UsageError("--shape needs exactly one --op")
     for d in dtypes:
@@ -359,17 +361,14 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
 # -- show / explain -------------------------------------------------------------------------------
 
 @main.command()
-@click.option("--op", default=None, help="Only this op.")
-@click.option("--arch", "arch_name", default=None, help="Only this arch.")
+@click.option("--op", default=None, callback=_check_ops, help="Only this op.")
+@click.option("--arch", "arch_name", default=None, callback=_check_arch, help="Only this arch.")
 @click.option("--db", "db_path", default=None, help="DB to read (default: LIGER_RT_TUNING_DB or the user cache).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def show(op, arch_name, db_path, as_json):
     """List tuning entries and crossovers (user DB over shipped defaults), each ok / stale / bad."""
     from liger_rt import dispatch, tuning_db  # noqa: F401  (the registry rows are judged against)
     from liger_rt.tuning_db.store import classify, op_arch_where
-    if op:
-        _check_ops([op])
-    arch_name = _check_arch(arch_name)
     where, args = op_arch_where(op, arch_name)
     user_error, layers = None, [tuning_db.store.shipped_defaults()]
     try:
@@ -411,16 +410,15 @@ def show(op, arch_name, db_path, as_json):
 
 
 @main.command()
-@click.argument("op")
+@click.argument("op", callback=_check_ops)
 @click.option("--shape", required=True, help="k=v[,k=v...], e.g. rows=4096,hidden=2048.")
 @click.option("--dtype", default="bf16", show_default=True)
-@click.option("--arch", "arch_name", default=None, help="Arch to explain for (default: this machine).")
+@click.option("--arch", "arch_name", default=None, callback=_check_arch,
+              help="Arch to explain for (default: this machine).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def explain(op, shape, dtype, arch_name, as_json):
     """Which implementation and config the dispatcher picks for a shape, and why."""
     from liger_rt import dispatch
-    _check_ops([op])
-    arch_name = _check_arch(arch_name)
     dims = _parse_shape(shape)
     try:
         d = dispatch.select(op, dtype=dtype, arch=arch_name, **dims)
@@ -459,14 +457,13 @@ def _crossover_note(op, d) -> str | None:
 
 @main.command(name="export")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--arch", "arch_name", default=None, help="Only this arch.")
+@click.option("--arch", "arch_name", default=None, callback=_check_arch, help="Only this arch.")
 @click.option("--shipped", is_flag=True, help="Include the shipped defaults (user rows win on the same key).")
 @click.option("--db", "db_path", default=None, help="DB to read (default: LIGER_RT_TUNING_DB or the user cache).")
 def export_cmd(file, arch_name, shipped, db_path):
     """Write the user DB (and with --shipped the shipped defaults) as JSON lines; '-' for stdout."""
     from liger_rt import dispatch, tuning_db  # noqa: F401  (the registry rows are judged against)
     from liger_rt.tuning_db.store import classify, dump_jsonl
-    arch_name = _check_arch(arch_name)
     user = _open_user(db_path, readonly=True, must_exist=not shipped)
     layers = ([user] if user is not None else []) + ([tuning_db.store.shipped_defaults()] if shipped else [])
     bad = []
@@ -520,8 +517,9 @@ def import_cmd(file, db_path):
 @click.option("--stale", is_flag=True, help="Entries measured on other kernel code, config schema or (this "
                                             "machine's arch) another device or software fingerprint.")
 @click.option("--invalid", is_flag=True, help="Entries that fail validation (what lookups skip with a warning).")
-@click.option("--op", default=None, help="Only entries of this op (alone: every entry of it).")
-@click.option("--arch", "arch_name", default=None, help="Only entries of this arch (alone: every entry of it).")
+@click.option("--op", default=None, callback=_check_ops, help="Only entries of this op (alone: every entry of it).")
+@click.option("--arch", "arch_name", default=None, callback=_check_arch,
+              help="Only entries of this arch (alone: every entry of it).")
 @click.option("--dry-run", is_flag=True, help="List what would be removed, remove nothing.")
 @click.option("--db", "db_path", default=None, help="DB to prune (default: LIGER_RT_TUNING_DB or the user cache).")
 def prune(stale, invalid, op, arch_name, dry_run, db_path):
@@ -530,9 +528,6 @@ def prune(stale, invalid, op, arch_name, dry_run, db_path):
     from liger_rt.tuning_db import TuningDBError
     if not (stale or invalid or op or arch_name):
         raise click.UsageError("say what to prune: --stale, --invalid, --op OP and/or --arch ARCH")
-    if op:
-        _check_ops([op])
-    arch_name = _check_arch(arch_name)
     try:
         store = _open_user(db_path, readonly=dry_run, create=False)
     except TuningDBError as exc:

@@ -16,10 +16,14 @@ from typing import Any
 
 import torch
 
-from .family_configs import FAMILIES, config_kwargs
 from .presets import Preset, get_preset
 
+# the issue-17 families: _family_kwargs maps their Preset fields onto each config's own names
+FAMILIES = ("qwen2", "qwen2_moe", "mistral", "mixtral", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2",
+            "granite", "glm4", "smollm3", "qwen3_5_moe_text")
 MODEL_TYPES = ("qwen3", "llama", "qwen3_moe", "lfm2", "lfm2_moe", "lfm2_vl", *FAMILIES)
+# families whose config declares head_dim (the others derive it as hidden / heads)
+_HEAD_DIM = ("mistral", "mixtral", "gemma", "gemma2", "gemma3_text", "glm4", "qwen3_5_moe_text")
 
 
 def _resolve(preset: str | Preset) -> Preset:
@@ -48,8 +52,39 @@ def _text_kwargs(p: Preset) -> dict[str, Any]:
         common.update(num_experts=p.experts, num_experts_per_tok=p.top_k, moe_intermediate_size=p.moe_intermediate,
                       num_dense_layers=p.dense_layers, use_expert_bias=True, norm_topk_prob=True)
     if p.model_type in FAMILIES:
-        common.update(config_kwargs(p))
+        common.update(_family_kwargs(p))
     return common
+
+
+def _family_kwargs(p: Preset) -> dict[str, Any]:
+    """An issue-17 family's keywords beyond the common ones: the Preset's structural fields (head_dim,
+    experts, top_k, expert and shared-expert widths, which layers are full attention) under its config's
+    own names, then ``Preset.config`` (softcapping, multipliers, tied head...), which wins.  Keyword
+    names checked against transformers 5.24 (CI: tests/test_families.py builds every preset, the
+    released ones to their parameter counts); a config takes unknown keywords as plain attributes, so
+    a renamed one would show there, not raise."""
+    out: dict[str, Any] = {}
+    if p.model_type in _HEAD_DIM:
+        out["head_dim"] = p.head_dim
+    if p.tiny:                             # defaults such as Phi-3's pad id 32000 lie outside a tiny vocab
+        out.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if p.experts:
+        out.update(_moe(p))
+    if p.model_type == "qwen3_5_moe_text":
+        out["layer_types"] = ["full_attention" if i in p.attention_layers else "linear_attention"
+                              for i in range(p.layers)]
+    out.update(p.config)
+    return out
+
+
+def _moe(p: Preset) -> dict[str, Any]:
+    if p.model_type == "mixtral":          # experts of width intermediate_size, no dense MLP
+        return dict(num_local_experts=p.experts, num_experts_per_tok=p.top_k, intermediate_size=p.moe_intermediate)
+    out = dict(num_experts=p.experts, num_experts_per_tok=p.top_k, moe_intermediate_size=p.moe_intermediate,
+               shared_expert_intermediate_size=p.shared_intermediate)
+    if p.model_type == "qwen2_moe":        # every layer sparse, as released
+        out.update(decoder_sparse_step=1, mlp_only_layers=[])
+    return out
 
 
 def build_config(preset: str | Preset, **overrides):

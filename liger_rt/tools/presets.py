@@ -44,6 +44,7 @@ class Preset:
 
 _TINY = dict(hidden=64, intermediate=96, vocab=160, layers=2, heads=4, kv_heads=2, head_dim=16, tokens=(16, 64),
              quick_tokens=(32,), tiny=True)
+_TINY_MOE = dict(experts=8, top_k=2, moe_intermediate=32)     # the tiny MoE presets' experts
 
 
 def _tiny(name: str, model_type: str, **fields) -> Preset:
@@ -69,10 +70,9 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     _tiny("qwen3-tiny", "qwen3"),
     _tiny("qwen3-4b-tiny", "qwen3", hidden=80, intermediate=136, vocab=199, head_dim=20),
     _tiny("llama-tiny", "llama"),
-    _tiny("qwen3-moe-tiny", "qwen3_moe", experts=8, top_k=2, moe_intermediate=32),
+    _tiny("qwen3-moe-tiny", "qwen3_moe", **_TINY_MOE),
     _tiny("lfm2-tiny", "lfm2", layers=3, attention_layers=(1,)),
-    _tiny("lfm2-moe-tiny", "lfm2_moe", layers=3, experts=8, top_k=2, moe_intermediate=32, dense_layers=1,
-          attention_layers=(1,)),
+    _tiny("lfm2-moe-tiny", "lfm2_moe", layers=3, **_TINY_MOE, dense_layers=1, attention_layers=(1,)),
     _tiny("lfm2-vl-tiny", "lfm2_vl", layers=3, attention_layers=(1,), vision_hidden=48, vision_layers=2,
           vision_intermediate=64, vision_heads=4, vision_tokens=16),
     # -- families of issue 17: released sizes (config.json of each model on the Hugging Face hub) ------------
@@ -111,10 +111,9 @@ PRESETS.update({f"{full}-{n}L": dataclasses.replace(PRESETS[full], name=f"{full}
                 for full, n in (("qwen2.5-7b", 14), ("mistral-7b", 16), ("mixtral-8x7b", 2))})
 PRESETS.update({p.name: p for p in [
     _tiny("qwen2-tiny", "qwen2", config=dict(tie_word_embeddings=True)),
-    _tiny("qwen2-moe-tiny", "qwen2_moe", experts=8, top_k=2, moe_intermediate=32, shared_intermediate=48,
-          config=dict(norm_topk_prob=False)),
+    _tiny("qwen2-moe-tiny", "qwen2_moe", **_TINY_MOE, shared_intermediate=48, config=dict(norm_topk_prob=False)),
     _tiny("mistral-tiny", "mistral", config=dict(sliding_window=None)),
-    _tiny("mixtral-tiny", "mixtral", experts=8, top_k=2, moe_intermediate=32),
+    _tiny("mixtral-tiny", "mixtral", **_TINY_MOE),
     _tiny("gemma-tiny", "gemma"),
     _tiny("gemma2-tiny", "gemma2", config=dict(final_logit_softcapping=1.0, attn_logit_softcapping=50.0,
                                                query_pre_attn_scalar=16, sliding_window=4)),
@@ -127,10 +126,9 @@ PRESETS.update({p.name: p for p in [
                                                  tie_word_embeddings=True)),
     _tiny("glm4-tiny", "glm4", config=dict(partial_rotary_factor=0.5, attention_bias=True)),
     _tiny("smollm3-tiny", "smollm3", config=dict(no_rope_layer_interval=2, tie_word_embeddings=True)),
-    _tiny("qwen3.5-moe-tiny", "qwen3_5_moe_text", experts=8, top_k=2, moe_intermediate=32, shared_intermediate=48,
-          attention_layers=(1,), config=dict(linear_num_key_heads=2, linear_num_value_heads=4,
-                                             linear_key_head_dim=16, linear_value_head_dim=16,
-                                             linear_conv_kernel_dim=4)),
+    _tiny("qwen3.5-moe-tiny", "qwen3_5_moe_text", **_TINY_MOE, shared_intermediate=48, attention_layers=(1,),
+          config=dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                      linear_value_head_dim=16, linear_conv_kernel_dim=4)),
 ]})
 # `--preset tiny` with a model type picks that family's tiny preset (qwen3-4b-tiny is a second qwen3 shape)
 TINY_FOR_MODEL = {p.model_type: p.name for p in PRESETS.values() if p.tiny and p.name != "qwen3-4b-tiny"}

@@ -21,8 +21,8 @@ from typing import Iterable
 
 from .. import env
 from . import rows as R
-from .rows import (CROSSOVER_COLUMNS, CROSSOVER_PK, DB_SCHEMA, FINGERPRINT, MEASUREMENT_COLUMNS,  # noqa: F401
-                   METHODS, ORIGINS, TUNING_COLUMNS, TUNING_PK, RowError)
+from .rows import (CROSSOVER_COLUMNS, CROSSOVER_PK, DB_SCHEMA, FINGERPRINT, MEASUREMENT_COLUMNS, METHODS,
+                   TUNING_COLUMNS, TUNING_PK, RowError)
 
 MEASUREMENT_KEY = ("op", "variant", "arch", "dtype", "static_key", "dims", "tag", "impl", "config", "created")
 _SQL_TYPES = {str: "TEXT", float: "REAL", int: "INTEGER"}
@@ -353,17 +353,17 @@ class Store:
         return {**picked, "measurements": len(picked["measurements"])}
 
 
-def classify(table: str, row: dict, op=None) -> tuple[str, str]:
+def classify(table: str, row: dict) -> tuple[str, str]:
     """("ok" | "stale" | "bad", why).  Bad: fails validation.  Stale: measured on other kernel code
     or config schema (any arch), or (rows of this machine's arch, and cpu rows) on another device
     or software fingerprint."""
     from .. import backend
     clean = {k: v for k, v in row.items() if k in R.COLUMNS[table]}
     try:
-        checked = R.check(table, clean, op=op)
+        checked = R.check(table, clean)
     except RowError as exc:
         return "bad", str(exc)
-    op = op or R.resolve_op(checked["op"])
+    op = R.resolve_op(checked["op"])
     if table == "tuning" and checked["config_schema"] != op.schema_version:
         return "stale", f"config schema {checked['config_schema']} (this code: {op.schema_version})"
     if table == "tuning" and not R.current_code(op, checked):

@@ -42,9 +42,8 @@ def versions() -> dict:
     cuda = torch.version.cuda or (f"hip {torch.version.hip}" if torch.version.hip else "")
     out = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "cuda": cuda,
            "date": datetime.date.today().isoformat()}
-    for col, dist in (("torch", "torch"), ("triton", "triton"), ("transformers", "transformers"),
-                      ("liger_kernel", "liger-kernel")):
-        out[col] = dist_version(dist) or "not installed"
+    for dist in ("torch", "triton", "transformers", "liger-kernel"):
+        out[dist.replace("-", "_")] = dist_version(dist) or "not installed"
     return {**out, "liger_rt": dist_version("liger-rt") or source_version()}
 
 
@@ -171,6 +170,20 @@ def peak_extra_gb(fn: Callable) -> float | None:
     fn()
     torch.cuda.synchronize()
     return (torch.cuda.max_memory_allocated() - base) / 1e9
+
+
+def profiled(step: Callable, *, warmup: int, calls: int, cpu: bool = False):
+    """torch.profiler over `calls` synchronised calls of step() after `warmup` unprofiled ones: the CUDA kernels
+    (and with `cpu` the host side)."""
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, *([ProfilerActivity.CPU] if cpu else [])]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    return prof
 
 
 def rel_err(a, b) -> float:

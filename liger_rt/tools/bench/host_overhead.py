@@ -19,9 +19,11 @@ import torch
 from .harness import dispatch_env, peer, time_fn
 
 
-def _per_call_us(fn: Callable, calls: int, sync: bool, clock: Callable = time.perf_counter) -> float:
+def per_call_us(fn: Callable, calls: int, sync: bool, clock: Callable = time.perf_counter,
+                warmup: int = 1000) -> float:
+    """Mean microseconds per fn() over `calls` calls between two synchronisations, after min(calls, warmup)."""
     sync = torch.cuda.synchronize if sync else (lambda: None)
-    for _ in range(min(calls, 1000)):
+    for _ in range(min(calls, warmup)):
         fn()
     sync()
     t0 = clock()
@@ -41,9 +43,12 @@ class _Identity(torch.autograd.Function):
         return g
 
 
-def _caller_thread(fn):
-    with torch.autograd.set_multithreading_enabled(False):
-        return fn()
+def on_caller_thread(fn: Callable) -> Callable:
+    """fn run with the autograd engine on the calling thread (no device threads for the backward)."""
+    def run():
+        with torch.autograd.set_multithreading_enabled(False):
+            return fn()
+    return run
 
 
 def _probes(m: int, echo) -> dict[str, Callable]:
@@ -65,7 +70,7 @@ def _probes(m: int, echo) -> dict[str, Callable]:
            "triton launch (a 4096-element copy kernel)": lambda: _copy[(1,)](buf, buf, 4096, BLOCK=4096),
            "ops.rms_norm fwd": lambda: ops.rms_norm(x, w),
            "ops.rms_norm fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(ops.rms_norm(x, w), (x, w), dy),
-           "ops.rms_norm fwd+bwd, engine on the caller's thread": lambda: _caller_thread(
+           "ops.rms_norm fwd+bwd, engine on the caller's thread": on_caller_thread(
                lambda: torch.autograd.grad(ops.rms_norm(x, w), (x, w), dy)),
            "eager x*2 fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(x * 2, (x,), dy),
            "identity Function fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(_Identity.apply(x), (x,), dy)}
@@ -81,7 +86,7 @@ def host(echo: Callable = print) -> list[dict]:
     rows = []
     for name, fn in _probes(256, echo).items():
         try:
-            rows.append({"what": name, "us": _per_call_us(fn, 2000, sync=True), "shape": "256x4096",
+            rows.append({"what": name, "us": per_call_us(fn, 2000, sync=True), "shape": "256x4096",
                          "method": "host: perf_counter mean of 2000 calls"})
         except Exception as exc:
             echo(f"  {name}: {type(exc).__name__}: {exc}")
@@ -104,7 +109,7 @@ def dispatch_overhead(calls: int = 200_000, echo: Callable = print) -> list[dict
     rows = []
     for label, fn in (("select (memo hit)", lambda: op.select(x, rows=8, hidden=4096)),
                       ("floor: x.device.type + dict.get", lambda: memo.get((x.device.type, x.dtype, 8, 4096)))):
-        us = _per_call_us(fn, calls, sync=False)
+        us = per_call_us(fn, calls, sync=False)
         rows.append({"what": label, "us_per_call": round(us, 3), "calls": calls, "python": platform.python_version(),
                      "cpu": platform.processor() or platform.machine(), "method": "perf_counter mean"})
         echo(f"{label:40s} {us:.3f} us/call")
@@ -191,7 +196,7 @@ def cpu_stub(repeats: int = 7, calls: int = 2000, rows: int = 16, hidden: int = 
                     raise RuntimeError(f"cpu stub: {op} made {stub.launches - before} stubbed launches; "
                                        "expected 1 (the triton path)")
         for name, (_, fn) in probes.items():
-            samples = [_per_call_us(fn, calls, sync=False, clock=time.thread_time) for _ in range(repeats)]
+            samples = [per_call_us(fn, calls, sync=False, clock=time.thread_time) for _ in range(repeats)]
             shape = f"q 1x16x{rows}x128" if "rope" in name else f"{rows}x{hidden}"
             rows_out.append({"what": name, "us": round(statistics.median(samples), 2),
                              "min_us": round(min(samples), 2), "shape": shape,

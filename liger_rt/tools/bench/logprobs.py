@@ -32,7 +32,8 @@ from typing import Callable
 import click
 import torch
 
-from .harness import device_tag, dist_version, format_table, no_gpu_message, peak_extra_gb, peer, versions, write_csv
+from . import _need_gpu
+from .harness import device_tag, dist_version, format_table, peak_extra_gb, peer, versions, write_csv
 
 OP = "fused_linear_logprobs"
 SPECS = [dict(op=OP, tokens=8192, hidden=2048, vocab=65536, quick=True),
@@ -58,7 +59,7 @@ def make_inputs(tokens: int, hidden: int, vocab: int, dtype=torch.bfloat16, devi
 def reference(x, w, t, g_lp, g_h, temperature=TEMPERATURE, rows=1024):
     """(lp, H, dx, dW) in fp64, 1024 token rows at a time (the fp64 logits of one block at most)."""
     w64 = w.detach().double().requires_grad_()
-    out = {"lp": [], "ent": [], "dx": []}
+    blocks = []
     for s in range(0, x.shape[0], rows):
         xc = x[s:s + rows].detach().double().requires_grad_()
         z = (xc @ w64.t()) / temperature
@@ -68,11 +69,9 @@ def reference(x, w, t, g_lp, g_h, temperature=TEMPERATURE, rows=1024):
         lp = torch.where(valid, z.gather(-1, tc.clamp(min=0)[:, None])[:, 0] - lse, 0.0)
         ent = torch.where(valid, lse - (torch.softmax(z, -1) * z).sum(-1), 0.0)
         (lp * g_lp[s:s + rows].double() + ent * g_h[s:s + rows].double()).sum().backward()
-        out["lp"].append(lp.detach())
-        out["ent"].append(ent.detach())
-        out["dx"].append(xc.grad)
+        blocks.append((lp.detach(), ent.detach(), xc.grad))
         del z, lse, lp, ent, xc
-    return torch.cat(out["lp"]), torch.cat(out["ent"]), torch.cat(out["dx"]), w64.grad
+    return (*(torch.cat(b) for b in zip(*blocks)), w64.grad)
 
 
 # -- arms: fn(x, w, t) -> (lp, entropy or None), both (tokens,) fp32 ---------------------------------------
@@ -193,10 +192,7 @@ def measure(spec: dict, arm_set: dict, *, quick: bool, device: str = "cuda", rnd
         def fwdbwd(fn=fn, xs=xs, ws=ws):
             lp, ent = fn(xs, ws, t)
             return torch.autograd.grad((lp * g_lp + ent * g_h).sum(), (xs, ws))
-
-        def fwd_nograd(fn=fn, xs=xs, ws=ws):
-            with torch.no_grad():
-                return fn(xs, ws, t)
+        fwd_nograd = torch.no_grad()(lambda: fn(xs, ws, t))
         for p, run in (("fwdbwd", fwdbwd), ("fwd_nograd", fwd_nograd)):
             row = {**label, "impl": name, "pass": p, "config": desc, "error": ""}
             if p == "fwdbwd" and name in NO_GRAD_ONLY:
@@ -310,8 +306,7 @@ def run(*, quick: bool = False, compile_: bool = True, tokens: tuple[int, ...] =
               help="Folder for the CSV.")
 def main(quick, no_compile, tokens, rounds, out_dir):
     """fused_linear_logprobs fwd+bwd and no-grad forward vs the materialised path, TRL and Liger-Kernel."""
-    if not torch.cuda.is_available():
-        raise click.ClickException(no_gpu_message("the log-probs benchmark"))
+    _need_gpu("the log-probs benchmark")
     try:
         run(quick=quick, compile_=not no_compile, tokens=tuple(tokens), out_dir=out_dir, echo=click.echo,
             rounds=rounds)

@@ -202,12 +202,15 @@ class LigerKernelPatch:
 
 
 def compile_stats() -> dict:
-    """Dynamo's counters since the last reset: graph breaks, unique graphs, the first break reasons."""
+    """Dynamo's counters since the last reset: graph breaks, unique graphs, the first break reasons; and
+    LIGER_RT_COMPILE_POLICY (what liger_rt's ops traced)."""
     from torch._dynamo.utils import counters
+
+    from liger_rt import env
     breaks = counters["graph_break"]
     reasons = [str(k).strip().splitlines()[0][:120] for k in list(breaks)[:3]]
     return {"graph_breaks": int(sum(breaks.values())), "graphs": int(counters["stats"]["unique_graphs"]),
-            "graph_break_reasons": " | ".join(reasons)}
+            "graph_break_reasons": " | ".join(reasons), "compile_policy": env.compile_policy()}
 
 
 def _reset_dynamo() -> None:
@@ -216,13 +219,39 @@ def _reset_dynamo() -> None:
     counters.clear()
 
 
+def train_steps(model, opt, ids, warmup: int, steps: int, cuda: bool) -> tuple[dict, float]:
+    """warmup + steps training steps on `ids` (labels = input ids), each timed between two synchronisations: the
+    measured steps' median/min/max ms, tokens/s, peak allocated and reserved GB (CUDA), first, last and every step's
+    loss; and what the warm-up steps took beyond a steady step (seconds)."""
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    losses, times = [], []
+    for i in range(warmup + steps):
+        sync()
+        if i == warmup and cuda:          # the peak of steady-state steps
+            torch.cuda.reset_peak_memory_stats()
+        t = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync()
+        times.append(time.perf_counter() - t)
+        losses.append(float(loss.detach()))
+    warm, times = times[:warmup], times[warmup:]
+    med = statistics.median(times)
+    return {"median_step_ms": med * 1e3, "min_step_ms": min(times) * 1e3, "max_step_ms": max(times) * 1e3,
+            "tok_per_s": ids.numel() / med,
+            "peak_alloc_GB": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
+            "peak_reserved_GB": torch.cuda.max_memory_reserved() / 1e9 if cuda else None,
+            "loss_first": losses[0], "loss_last": losses[-1], "losses": losses}, sum(max(0.0, w - med) for w in warm)
+
+
 def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, seq, ids, steps, warmup, lr,
              compile_backend="inductor", compile_mode="default") -> dict:
     """One run: a fresh model, the arm's patch (then torch.compile for a +compile arm), warm-up + measured steps.
     `ids` None on the first run (drawn from the model's vocab here and returned for the later runs)."""
     import liger_rt.patch as P
     cuda = device == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
     base, compiled = arm.removesuffix("+compile"), arm in COMPILED
     gc.collect()
     t0 = time.perf_counter()
@@ -247,30 +276,11 @@ def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, 
                                        **({} if compile_mode == "default" else {"mode": compile_mode}))
         build_s = time.perf_counter() - t0
         ids = random_ids(model, batch, seq, seed, device) if ids is None else ids
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=device == "cuda")
-        losses, times = [], []
-        for i in range(warmup + steps):
-            sync()
-            if i == warmup and cuda:          # the peak of steady-state steps
-                torch.cuda.reset_peak_memory_stats()
-            t = time.perf_counter()
-            loss = step_model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            sync()
-            times.append(time.perf_counter() - t)
-            losses.append(float(loss.detach()))
-        warm, times = times[:warmup], times[warmup:]
-        med = statistics.median(times)
-        return {"median_step_ms": med * 1e3, "min_step_ms": min(times) * 1e3, "max_step_ms": max(times) * 1e3,
-                "tok_per_s": ids.numel() / med, "peak_alloc_GB": torch.cuda.max_memory_allocated() / 1e9
-                if cuda else None, "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
-                "build_s": build_s, "params_M": sum(p.numel() for p in model.parameters()) / 1e6,
-                "flops_per_step": train_flops_per_step(model, batch, seq),
-                "peak_reserved_GB": torch.cuda.max_memory_reserved() / 1e9 if cuda else None,
-                **(compile_stats() if compiled else {}),
-                "compile_s": sum(max(0.0, w - med) for w in warm) if compiled else None, "ids": ids}
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=cuda)
+        res, warm_extra_s = train_steps(step_model, opt, ids, warmup, steps, cuda)
+        return {**res, "build_s": build_s, "params_M": sum(p.numel() for p in model.parameters()) / 1e6,
+                "flops_per_step": train_flops_per_step(model, batch, seq), **(compile_stats() if compiled else {}),
+                "compile_s": warm_extra_s if compiled else None, "ids": ids}
     finally:
         if undo is not None:
             undo()
@@ -363,7 +373,7 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
             err = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
             failed.add(arm)           # a compiled arm that fails is a row; its repeat is skipped
             runs.append({"arm": arm, "run_index": len(runs), **dict.fromkeys(RUN_METRICS), **compile_stats(),
-                         "peak_reserved_GB": None, "compile_s": None, "error": err})
+                         "error": err})      # the other NEW_COLS come out None
             echo(f"  [{n + 1}/{len(order)}] {arm} FAILED ({err}); its repeat is skipped")
             continue
         finally:
@@ -461,11 +471,13 @@ def summarize_runs(run_rows: list[dict]) -> list[dict]:
 COLS = ["model_type", "preset", "batch", "seq", "arm", "runs", "median_step_ms", "tok_per_s", "tok_per_s_spread",
         "speedup", "peak_alloc_GB", "mem_ratio", "model_TFLOPs", "mfu", "loss_last", "max_loss_diff",
         "loss_curves_overlap"]
-COMPILE_COLS = ["vs_baseline_compile", "peak_reserved_GB", "graph_breaks", "compile_s"]   # when a compiled arm ran
+COMPILE_COLS = ["vs_baseline_compile", "peak_reserved_GB", "graph_breaks", "compile_s",   # when a compiled arm ran
+                "compile_policy"]
 HEADERS = {"median_step_ms": "ms/step", "tok_per_s": "tok/s", "tok_per_s_spread": "spread", "peak_alloc_GB": "peak GB",
            "mem_ratio": "mem x", "model_TFLOPs": "TFLOP/s", "max_loss_diff": "max |dloss|",
            "loss_curves_overlap": "overlap", "speedup": "speedup x", "vs_baseline_compile": "vs base+compile x",
-           "peak_reserved_GB": "reserved GB", "graph_breaks": "breaks", "compile_s": "compile s"}
+           "peak_reserved_GB": "reserved GB", "graph_breaks": "breaks", "compile_s": "compile s",
+           "compile_policy": "policy"}
 
 
 def format_summary(rows: list[dict]) -> str:
