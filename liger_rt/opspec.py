@@ -227,8 +227,8 @@ class Op:
     tags: tuple[str, ...] = ("",)       # input variants a sweep measures (make_case takes tag=)
     dtypes: tuple[str, ...] = ("fp32", "bf16", "fp16")
     module: str = ""
-    # torch.compile fuses the torch implementation with its neighbours (and recomputes it in the
-    # backward rather than saving activations): LIGER_RT_COMPILE_POLICY=fuse traces it
+    # torch.compile fuses the torch implementation with its neighbours (adds, casts):
+    # LIGER_RT_COMPILE_POLICY=fuse traces it
     compiler_fuses: bool = False
 
     def __post_init__(self) -> None:
