@@ -3,8 +3,8 @@
     TRITON_INTERPRET=1 python benchmarks/compile_saved.py [--seq 512] [--layers 2]
 
 Qwen3-1.7B's layer widths (vocab cut to 8192), bf16, batch 1: the unpatched model, then liger_rt-patched
-(rope and the fused loss) under each policy. AOTAutograd's min-cut partition runs on fake tensors and the
-forward compiler stops there, so nothing executes: the figure is the bytes of the forward graph's outputs
+(rope and the fused loss) under each policy. AOTAutograd's min-cut partition, with inductor's decomposition
+table, runs on fake tensors and the forward compiler stops there, so nothing executes: the figure is the bytes of the forward graph's outputs
 that are activations (graph inputs such as the weights excluded), and the largest of them.
 """
 import argparse
@@ -12,8 +12,8 @@ import dataclasses
 import os
 
 import torch
-from torch._decomp import core_aten_decompositions
 from torch._functorch.aot_autograd import aot_module_simplified
+from torch._inductor.decomposition import select_decomp_table
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 import liger_rt
@@ -43,7 +43,7 @@ def saved_activations(flags: dict | None, seq: int, layers: int) -> dict:
     def backend(gm, example_inputs):
         return aot_module_simplified(gm, example_inputs, fw_compiler=forward_compiler, bw_compiler=forward_compiler,
                                      partition_fn=min_cut_rematerialization_partition,
-                                     decompositions=core_aten_decompositions())
+                                     decompositions=select_decomp_table())
 
     ids = torch.randint(0, preset.vocab, (1, seq))
     torch._dynamo.reset()
