@@ -100,6 +100,7 @@ def register(op: Op) -> Op:
     if not op.module:
         op.module = sys._getframe(1).f_globals.get("__name__", "")
     op._decide = _decide_memo
+    op.source_hash            # from the launchers as defined (a later monkeypatch of a global cannot change it)
     if op.schema:
         op._custom_ops()      # registered now: dynamo cannot trace a registration
     _REGISTRY[op.name] = op

@@ -227,8 +227,8 @@ class Op:
     tags: tuple[str, ...] = ("",)       # input variants a sweep measures (make_case takes tag=)
     dtypes: tuple[str, ...] = ("fp32", "bf16", "fp16")
     module: str = ""
-    # torch.compile fuses the torch implementation with its neighbours (and recomputes it in the
-    # backward rather than saving activations): LIGER_RT_COMPILE_POLICY=fuse traces it
+    # torch.compile fuses the torch implementation with its neighbours (adds, casts):
+    # LIGER_RT_COMPILE_POLICY=fuse traces it
     compiler_fuses: bool = False
 
     def __post_init__(self) -> None:
@@ -417,22 +417,23 @@ def _traced_exact(value) -> int:
 def _decide_constant(op_name: str, device_type: str, dtype: torch.dtype, *key: int) -> tuple[str, str]:
     op = REGISTERED[op_name]
     dims = dict(zip(op.static + op.dynamic, key))
-    if op.compiler_fuses and _compiler_takes(op):
+    if compiler_takes(op):
+        from . import env
+        if env.log_decisions():
+            logging.getLogger("liger_rt.dispatch").warning(
+                "liger_rt decision: %s under torch.compile -> torch (LIGER_RT_COMPILE_POLICY=fuse: the compiler "
+                "fuses it)", op.name)
         return "torch", json.dumps({"impl": "torch", "config": {}}, sort_keys=True)
     d = op.select(_probe(device_type, dtype), **dims)
     return d.impl, json.dumps({"impl": d.impl, "config": config_dict(d.config)}, sort_keys=True)
 
 
-def _compiler_takes(op: Op) -> bool:
-    """LIGER_RT_COMPILE_POLICY=fuse, and neither LIGER_RT_DISABLE nor LIGER_RT_IMPL_<OP> decides."""
+def compiler_takes(op: Op) -> bool:
+    """Whether a torch.compile trace hands `op` to the compiler (its torch implementation): the op says
+    compiler_fuses, LIGER_RT_COMPILE_POLICY=fuse, and neither LIGER_RT_DISABLE nor LIGER_RT_IMPL_<OP> decides."""
     from . import env
-    if env.compile_policy() != "fuse" or env.disabled() or env.impl_override(op.name, op.impl_names):
-        return False
-    if env.log_decisions():
-        logging.getLogger("liger_rt.dispatch").warning(
-            "liger_rt decision: %s under torch.compile -> torch (LIGER_RT_COMPILE_POLICY=fuse: the compiler "
-            "fuses it)", op.name)
-    return True
+    return (op.compiler_fuses and env.compile_policy() == "fuse" and not env.disabled()
+            and env.impl_override(op.name, op.impl_names) is None)
 
 
 @functools.lru_cache(maxsize=None)

@@ -115,6 +115,19 @@ def test_explain_says_when_the_crossover_pick_cannot_run_here(monkeypatch):
     assert d["impl"] != "grouped_mm" and "picks grouped_mm" in d["note"] and "not available here" in d["note"]
 
 
+def test_explain_says_what_a_compiled_trace_takes_under_the_fuse_policy(monkeypatch):
+    args = ["explain", "rms_norm", "--shape", "rows=8,hidden=64", "--dtype", "fp32", "--json"]
+    assert json.loads(CliRunner().invoke(main, args).stdout)["note"] is None
+    monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "fuse")
+    assert "under torch.compile: torch" in json.loads(CliRunner().invoke(main, args).stdout)["note"]
+    monkeypatch.setenv("LIGER_RT_IMPL_RMS_NORM", "triton")          # the override decides under compile too
+    assert json.loads(CliRunner().invoke(main, args).stdout)["note"] is None
+    args[1] = "cross_entropy"
+    args[3] = "rows=8,vocab=64"
+    monkeypatch.delenv("LIGER_RT_IMPL_RMS_NORM")
+    assert json.loads(CliRunner().invoke(main, args).stdout)["note"] is None    # not an op the compiler fuses
+
+
 def test_sweep_then_explain_in_another_process_gets_db(tmp_path):
     pytest.importorskip("liger_rt.kernels.rms_norm")
     db = str(tmp_path / "cli.db")

@@ -418,13 +418,15 @@ def show(op, arch_name, db_path, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def explain(op, shape, dtype, arch_name, as_json):
     """Which implementation and config the dispatcher picks for a shape, and why."""
-    from liger_rt import dispatch
+    from liger_rt import dispatch, opspec
     dims = _parse_shape(shape)
     try:
         d = dispatch.select(op, dtype=dtype, arch=arch_name, **dims)
     except (ValueError, TypeError) as exc:
         raise click.UsageError(str(exc))
     note = _crossover_note(dispatch.get_op(op), d)
+    if opspec.compiler_takes(dispatch.get_op(op)):
+        note = (note + "; " if note else "") + "under torch.compile: torch (LIGER_RT_COMPILE_POLICY=fuse)"
     if as_json:
         click.echo(json.dumps({**d.to_dict(), "config": dispatch.config_dict(d.config), "note": note},
                               indent=1, default=str))

@@ -1,0 +1,75 @@
+"""What a compiled training step's forward saves for its backward, per LIGER_RT_COMPILE_POLICY (any machine).
+
+    TRITON_INTERPRET=1 python benchmarks/compile_saved.py [--seq 512] [--layers 2]
+
+Qwen3-1.7B's layer widths (vocab cut to 8192), bf16, batch 1: the unpatched model, then liger_rt-patched
+(rope and the fused loss) under each policy. AOTAutograd's min-cut partition, with inductor's decomposition
+table, runs on fake tensors and the forward compiler stops there, so nothing executes: the figure is the bytes of the forward graph's outputs
+that are activations (graph inputs such as the weights excluded), and the largest of them.
+"""
+import argparse
+import dataclasses
+import os
+
+import torch
+from torch._functorch.aot_autograd import aot_module_simplified
+from torch._inductor.decomposition import select_decomp_table
+from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+import liger_rt
+from liger_rt.tools.models import build_model
+from liger_rt.tools.presets import get_preset
+
+
+class _Stop(Exception):
+    pass
+
+
+def saved_activations(flags: dict | None, seq: int, layers: int) -> dict:
+    preset = dataclasses.replace(get_preset("qwen3-1.7b"), layers=layers, vocab=8192)
+    model = build_model(preset, dtype=torch.bfloat16)
+    if flags is not None:
+        liger_rt.patch(model, **flags)
+    out = {}
+
+    def forward_compiler(gm, example_inputs):
+        saved = [n for n in gm.graph.nodes if n.op == "output"][0].args[0][1:]   # [0] is the loss
+        vals = [(n, n.meta["val"]) for n in saved
+                if n.op != "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)]
+        sizes = [(v.numel() * v.element_size() / 2**20, str(n.target), tuple(v.shape)) for n, v in vals]
+        out.update(saved_MB=round(sum(s for s, *_ in sizes), 2), tensors=len(sizes), largest=sorted(sizes)[-3:])
+        raise _Stop
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=forward_compiler, bw_compiler=forward_compiler,
+                                     partition_fn=min_cut_rematerialization_partition,
+                                     decompositions=select_decomp_table())
+
+    ids = torch.randint(0, preset.vocab, (1, seq))
+    torch._dynamo.reset()
+    try:
+        torch.compile(model, backend=backend, fullgraph=True)(input_ids=ids, labels=ids)
+    except Exception as exc:            # dynamo wraps the forward compiler's _Stop
+        if "_Stop" not in repr(exc) and not isinstance(exc, _Stop):
+            raise
+    finally:
+        if flags is not None:
+            liger_rt.unpatch(model)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=2)
+    a = ap.parse_args()
+    print("unpatched", saved_activations(None, a.seq, a.layers))
+    for policy in ("kernels", "fuse"):
+        os.environ["LIGER_RT_COMPILE_POLICY"] = policy
+        liger_rt.dispatch.reset()
+        print(f"liger_rt, policy {policy}",
+              saved_activations({"rope": True, "fused_linear_cross_entropy": True}, a.seq, a.layers))
+
+
+if __name__ == "__main__":
+    main()
