@@ -35,9 +35,13 @@ def saved_activations(flags: dict | None, seq: int, layers: int) -> dict:
 
     def forward_compiler(gm, example_inputs):
         saved = [n for n in gm.graph.nodes if n.op == "output"][0].args[0][1:]   # [0] is the loss
-        vals = [(n, n.meta["val"]) for n in saved
-                if n.op != "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)]
-        sizes = [(v.numel() * v.element_size() / 2**20, str(n.target), tuple(v.shape)) for n, v in vals]
+        vals, storages = [], set()
+        for n in saved:                 # one entry per storage: views of one buffer count once, as in eager
+            v = n.meta.get("val")
+            if n.op != "placeholder" and isinstance(v, torch.Tensor) and v.untyped_storage()._cdata not in storages:
+                storages.add(v.untyped_storage()._cdata)
+                vals.append((n, v))
+        sizes = [(v.untyped_storage().nbytes() / 2**20, str(n.target), tuple(v.shape)) for n, v in vals]
         out.update(saved_MB=round(sum(s for s, *_ in sizes), 2), tensors=len(sizes), largest=sorted(sizes)[-3:])
         raise _Stop
 
