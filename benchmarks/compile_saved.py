@@ -5,7 +5,8 @@
 Qwen3-1.7B's layer widths (vocab cut to 8192), bf16, batch 1: the unpatched model, then liger_rt-patched
 (rope and the fused loss) under each policy. AOTAutograd's min-cut partition, with inductor's decomposition
 table, runs on fake tensors and the forward compiler stops there, so nothing executes: the figure is the bytes of the forward graph's outputs
-that are activations (graph inputs such as the weights excluded), and the largest of them.
+that are activations (graph inputs such as the weights excluded), and the largest of them. For comparison, the
+eager step's saved storages (saved-tensor hooks) of the unpatched and the patched model.
 """
 import argparse
 import dataclasses
@@ -34,9 +35,13 @@ def saved_activations(flags: dict | None, seq: int, layers: int) -> dict:
 
     def forward_compiler(gm, example_inputs):
         saved = [n for n in gm.graph.nodes if n.op == "output"][0].args[0][1:]   # [0] is the loss
-        vals = [(n, n.meta["val"]) for n in saved
-                if n.op != "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)]
-        sizes = [(v.numel() * v.element_size() / 2**20, str(n.target), tuple(v.shape)) for n, v in vals]
+        vals, storages = [], set()
+        for n in saved:                 # one entry per storage: views of one buffer count once, as in eager
+            v = n.meta.get("val")
+            if n.op != "placeholder" and isinstance(v, torch.Tensor) and v.untyped_storage()._cdata not in storages:
+                storages.add(v.untyped_storage()._cdata)
+                vals.append((n, v))
+        sizes = [(v.untyped_storage().nbytes() / 2**20, str(n.target), tuple(v.shape)) for n, v in vals]
         out.update(saved_MB=round(sum(s for s, *_ in sizes), 2), tensors=len(sizes), largest=sorted(sizes)[-3:])
         raise _Stop
 
@@ -58,17 +63,43 @@ def saved_activations(flags: dict | None, seq: int, layers: int) -> dict:
     return out
 
 
+def eager_saved(flags: dict | None, seq: int, layers: int) -> dict:
+    """The same model's eager step: the distinct storages autograd saves (saved-tensor hooks), weights excluded."""
+    preset = dataclasses.replace(get_preset("qwen3-1.7b"), layers=layers, vocab=8192)
+    model = build_model(preset, dtype=torch.bfloat16)
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    if flags is not None:
+        liger_rt.patch(model, **flags)
+    saved = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights and storage.nbytes():
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    ids = torch.randint(0, preset.vocab, (1, seq))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, labels=ids)
+    if flags is not None:
+        liger_rt.unpatch(model)
+    return {"saved_MB": round(sum(saved.values()) / 2**20, 2), "tensors": len(saved)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--layers", type=int, default=2)
     a = ap.parse_args()
-    print("unpatched", saved_activations(None, a.seq, a.layers))
+    flags = {"rope": True, "fused_linear_cross_entropy": True}
+    print("unpatched, eager", eager_saved(None, a.seq, a.layers))
+    print("liger_rt, eager", eager_saved(flags, a.seq, a.layers))
+    print("unpatched, compiled", saved_activations(None, a.seq, a.layers))
     for policy in ("kernels", "fuse"):
         os.environ["LIGER_RT_COMPILE_POLICY"] = policy
         liger_rt.dispatch.reset()
-        print(f"liger_rt, policy {policy}",
-              saved_activations({"rope": True, "fused_linear_cross_entropy": True}, a.seq, a.layers))
+        print(f"liger_rt, compiled, policy {policy}",
+              saved_activations(flags, a.seq, a.layers))
 
 
 if __name__ == "__main__":

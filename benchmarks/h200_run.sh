@@ -70,6 +70,8 @@ for s in "$@"; do
                 --shape experts=8,top_k=2,hidden=4096,intermediate=14336,tokens=8192
               stage mixexplain 30 python3 -m liger_rt.tools.cli explain moe_experts --arch hopper \
                 --shape experts=8,top_k=2,hidden=4096,intermediate=14336,tokens=8192 ;;
+    profmem)  # what is live at a step's memory peak per arm (issue 19: liger_rt compiled held more than liger_rt eager)
+              stage profmem ${PROFMEM_S:-300} python3 benchmarks/profile_memory.py ${PROFMEM_ARGS:-} ;;
     profhost) stage profhost ${PROFHOST_S:-120} python3 benchmarks/profile_host.py ${PROFHOST_ARGS:-} ;;
     profmodel) stage profmodel ${PROFMODEL_S:-200} python3 benchmarks/profile_model.py ${PROFMODEL_ARGS:-} ;;   # host-bound case: PROFMODEL_ARGS="--arms baseline,liger_rt --batch 1 --seq 512 --host"
     parity)   stage parity 300 python3 -m liger_rt.tools.cli parity --model qwen3 --preset qwen3-4b --dtype bf16 --device cuda ;;

@@ -464,3 +464,33 @@ def test_bench_model_arms_option(tmp_path, monkeypatch):
                                      "--arms", "baseline", "--csv", str(out)])
     assert res.exit_code == 0, res.output + repr(res.exception)
     assert [r["arm"] for r in _read(out) if r["kind"] == "run"] == ["baseline", "baseline"]
+
+
+def test_profile_memory_finds_what_is_live_at_the_peak():
+    """benchmarks/profile_memory.py's replay of allocator events: the peak is where the live bytes are
+    largest (a block counts until its free completes), charged to the innermost liger_rt/transformers
+    frame, else the innermost outside torch."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_memory.py"
+    spec = importlib.util.spec_from_file_location("profile_memory", path)
+    pm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pm)
+
+    def frames(*files):
+        return [{"filename": f, "line": i + 1, "name": f"f{i}"} for i, f in enumerate(files)]
+    ours = frames("/x/torch/nn/functional.py", "/x/liger_rt/kernels/fused_linear_cross_entropy.py", "/w/train.py")
+    user = frames("/x/torch/autograd/graph.py", "/w/train.py")
+    events = [
+        {"action": "alloc", "addr": 1, "size": 100, "frames": ours},
+        {"action": "alloc", "addr": 2, "size": 50, "frames": user},
+        {"action": "free_requested", "addr": 1, "size": 100},            # still in use by a stream
+        {"action": "alloc", "addr": 3, "size": 30, "frames": user},       # the peak: 180 live
+        {"action": "free_completed", "addr": 1, "size": 100},
+        {"action": "free_completed", "addr": 3, "size": 30},
+        {"action": "alloc", "addr": 4, "size": 120, "frames": frames("/x/torch/_tensor.py")},   # 170: below
+    ]
+    peak, groups = pm.peak_live_set(events)
+    assert peak == 180
+    assert groups == {"kernels/fused_linear_cross_entropy.py:2 f1": 100, "w/train.py:2 f1": 80}
+    assert pm._where(frames("/x/torch/_tensor.py")) == "(torch internals)"

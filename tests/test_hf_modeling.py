@@ -33,6 +33,7 @@ from liger_rt.patch import core, specs
 from liger_rt.tools.models import build_model
 from liger_rt.tools.parity import TOLERANCES
 from liger_rt.tools.presets import get_preset
+from hf_compat import enable_checkpointing
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*(causal_conv1d|flash-linear-attention|gradient_checkpointing).*")
 TOL = TOLERANCES[torch.float32]
@@ -93,7 +94,7 @@ def _checks(model, tmp_path, no_cache=False) -> dict:
         norm = next(m for m in layer.children() if "Norm" in type(m).__name__)
         norm.register_forward_pre_hook(lambda *_: calls.append(1))
     model.train()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_checkpointing(model, use_reentrant=False)
     loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
     forward = len(calls)
     loss.backward()

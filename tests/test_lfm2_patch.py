@@ -16,6 +16,7 @@ from liger_rt.layers import short_conv as sc
 from liger_rt.patch import core
 from liger_rt.tools.models import build_model
 from liger_rt.tools.parity import make_inputs
+from hf_compat import enable_checkpointing
 
 _MISSING = [op for op in ("rms_norm", "swiglu", "short_conv")
             if importlib.util.find_spec(f"liger_rt.kernels.{op}") is None]
@@ -292,12 +293,11 @@ def test_class_level_experts_and_router(monkeypatch, fallback):
         assert cls.forward is fn
 
 
-@pytest.mark.filterwarnings("ignore:.*gradient_checkpointing_enable.*:FutureWarning")
 def test_gradient_checkpointing_keeps_parity(fallback):
     base, new = _pair("lfm2-moe-tiny")
     _patch(new)
     for m in (base, new):
-        m.gradient_checkpointing_enable()
+        enable_checkpointing(m)
     _check_parity(base, new, atol=1e-5)
 
 

@@ -20,6 +20,7 @@ import liger_rt
 from liger_rt import _swaps, dispatch
 from liger_rt.patch import core, specs
 from liger_rt.tools.models import build_model
+from hf_compat import enable_checkpointing
 
 QWEN3 = "transformers.models.qwen3.modeling_qwen3"
 
@@ -743,7 +744,7 @@ def _recomputed_layer_calls(model) -> tuple[int, int]:
     for layer in model.model.layers:
         mlp = getattr(layer, "mlp", None) or layer.feed_forward
         mlp.register_forward_pre_hook(lambda *_: calls.append(1))
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_checkpointing(model, use_reentrant=False)
     ids, mask, labels = _inputs()
     loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
     forward = len(calls)
@@ -751,7 +752,6 @@ def _recomputed_layer_calls(model) -> tuple[int, int]:
     return forward, len(calls) - forward
 
 
-@pytest.mark.filterwarnings("ignore:.*gradient_checkpointing_enable.*:FutureWarning")
 @pytest.mark.parametrize("level", ["instance", "class"])
 @pytest.mark.parametrize("preset", ["qwen3-tiny", "llama-tiny", "lfm2-tiny", "lfm2-moe-tiny"])
 def test_gradient_checkpointing_is_kept(preset, level, fallback):
