@@ -51,27 +51,14 @@ def peak_live_set(events: list[dict]) -> tuple[int, dict[str, int]]:
 
 
 def profile_arm(arm: str, preset, flags: dict, batch: int, seq: int, top: int) -> None:
-    import liger_rt
     base, compiled = arm.removesuffix("+compile"), arm.endswith("+compile")
     model = B.build(preset, torch.bfloat16, "cuda", 0, {})
     model.train()
-    undo = None
-    if base == "liger_rt":
-        liger_rt.patch(model, **flags)
-        undo = lambda: liger_rt.unpatch(model)  # noqa: E731
-    elif base == "liger_kernel":
-        lk = B.LigerKernelPatch()
-        lk.apply(model)
-        undo = lk.undo
+    undo = B.apply_arm(model, base, flags)
     step_model = torch.compile(model) if compiled else model
     ids = B.random_ids(model, batch, seq, 0, "cuda")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
-
-    def step():
-        step_model(input_ids=ids, labels=ids).loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
+    step = B.step_fn(step_model, opt, ids)
     for _ in range(3):
         step()
     torch.cuda.synchronize()

@@ -219,21 +219,51 @@ def _reset_dynamo() -> None:
     counters.clear()
 
 
+def apply_arm(model, base: str, flags: dict) -> Callable[[], None] | None:
+    """Patch `model` as an arm's base says (liger_rt with `flags`, liger_kernel; baseline: left as it is);
+    returns what undoes it, or None."""
+    import liger_rt.patch as P
+    if base == "liger_rt":
+        try:
+            P.patch(model, **flags)
+        except (TypeError, ValueError) as exc:      # unknown flag or model type: the patcher says which
+            raise ValueError(f"liger_rt.patch(model, {flags}): {exc}") from exc
+        return lambda: P.unpatch(model)
+    if base == "liger_kernel":
+        lk = LigerKernelPatch()
+        try:
+            lk.apply(model)
+        except BaseException:
+            lk.undo()                                 # what it changed before it failed
+            raise
+        return lk.undo
+    return None
+
+
+def step_fn(model, opt, ids) -> Callable[[], torch.Tensor]:
+    """One training step on `ids` (labels = input ids): forward, backward, optimizer step; returns the loss."""
+    def step():
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+    return step
+
+
 def train_steps(model, opt, ids, warmup: int, steps: int, cuda: bool) -> tuple[dict, float]:
     """warmup + steps training steps on `ids` (labels = input ids), each timed between two synchronisations: the
     measured steps' median/min/max ms, tokens/s, peak allocated and reserved GB (CUDA), first, last and every step's
     loss; and what the warm-up steps took beyond a steady step (seconds)."""
     sync = torch.cuda.synchronize if cuda else (lambda: None)
+    step = step_fn(model, opt, ids)
     losses, times = [], []
     for i in range(warmup + steps):
         sync()
         if i == warmup and cuda:          # the peak of steady-state steps
             torch.cuda.reset_peak_memory_stats()
         t = time.perf_counter()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = step()
         sync()
         times.append(time.perf_counter() - t)
         losses.append(float(loss.detach()))
@@ -250,7 +280,6 @@ def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, 
              compile_backend="inductor", compile_mode="default") -> dict:
     """One run: a fresh model, the arm's patch (then torch.compile for a +compile arm), warm-up + measured steps.
     `ids` None on the first run (drawn from the model's vocab here and returned for the later runs)."""
-    import liger_rt.patch as P
     cuda = device == "cuda"
     base, compiled = arm.removesuffix("+compile"), arm in COMPILED
     gc.collect()
@@ -259,16 +288,7 @@ def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, 
     model.train()
     undo = step_model = None
     try:
-        if base == "liger_rt":
-            try:
-                P.patch(model, **flags)
-            except (TypeError, ValueError) as exc:      # unknown flag or model type: the patcher says which
-                raise ValueError(f"liger_rt.patch(model, {flags}): {exc}") from exc
-            undo = lambda: P.unpatch(model)  # noqa: E731
-        elif base == "liger_kernel":
-            lk = LigerKernelPatch()
-            undo = lk.undo
-            lk.apply(model)
+        undo = apply_arm(model, base, flags)
         step_model = model
         if compiled:
             _reset_dynamo()
