@@ -4,9 +4,10 @@
 
 Qwen3-1.7B's layer widths (vocab cut to 8192), bf16, batch 1: the unpatched model, then liger_rt-patched
 (rope and the fused loss) under each policy. AOTAutograd's min-cut partition, with inductor's decomposition
-table, runs on fake tensors and the forward compiler stops there, so nothing executes: the figure is the bytes of the forward graph's outputs
-that are activations (graph inputs such as the weights excluded), and the largest of them. For comparison, the
-eager step's saved storages (saved-tensor hooks) of the unpatched and the patched model.
+table, runs on fake tensors and the forward compiler stops there, so nothing executes: the figure is the bytes
+of the forward graph's outputs that are activations (graph inputs such as the weights excluded; each storage
+once), and the largest of them. For comparison, the eager step's saved storages (saved-tensor hooks) of the
+unpatched and the patched model.
 """
 import argparse
 import contextlib
