@@ -310,6 +310,21 @@ def test_write_csv_records_versions_and_merges_partial_runs(tmp_path, monkeypatc
 
 # -- kernel cases ----------------------------------------------------------------------------------
 
+def test_decision_text_writes_nested_configs_as_json():
+    """The config column of a dispatched arm: MoE's config nests one launch per GEMM family (H200,
+    2026-12-03: `dict(config)` left them objects and every moe_experts arm failed on json.dumps)."""
+    from liger_rt import dispatch
+    d = dispatch.select("moe_experts", arch="hopper", dtype="bf16", experts=32, top_k=4, hidden=2048,
+                        intermediate=1792, tokens=4096)
+    impl, rest = H.decision_text(d).split(" ", 1)
+    text, origin = rest.rsplit(" ", 1)
+    assert impl == d.impl and origin.startswith("(")
+    if impl == "triton":
+        assert json.loads(text)["wgrad"]["BLOCK_M"] == d.config.wgrad.BLOCK_M
+    d = dispatch.select("rms_norm", arch="hopper", dtype="bf16", rows=4096, hidden=4096)
+    assert json.loads(H.decision_text(d).split(" ", 1)[1].rsplit(" ", 1)[0]) == dict(d.config)
+
+
 def test_select_specs():
     plan = H.select_specs([], [], quick=True)
     assert list(plan) == ["norms", "lfm2_ops", "losses", "moe_experts"] and all(s["quick"] for v in plan.values() for s in v)
