@@ -4,11 +4,13 @@
 
 Qwen3-1.7B's layer widths (vocab cut to 8192), bf16, batch 1: the unpatched model, then liger_rt-patched
 (rope and the fused loss) under each policy. AOTAutograd's min-cut partition, with inductor's decomposition
-table, runs on fake tensors and the forward compiler stops there, so nothing executes: the figure is the bytes of the forward graph's outputs
-that are activations (graph inputs such as the weights excluded), and the largest of them. For comparison, the
-eager step's saved storages (saved-tensor hooks) of the unpatched and the patched model.
+table, runs on fake tensors and the forward compiler stops there, so nothing executes: the figure is the bytes
+of the forward graph's outputs that are activations (graph inputs such as the weights excluded; each storage
+once), and the largest of them. For comparison, the eager step's saved storages (saved-tensor hooks) of the
+unpatched and the patched model.
 """
 import argparse
+import contextlib
 import dataclasses
 import os
 
@@ -26,22 +28,32 @@ class _Stop(Exception):
     pass
 
 
-def saved_activations(flags: dict | None, seq: int, layers: int) -> dict:
+@contextlib.contextmanager
+def _model(flags: dict | None, seq: int, layers: int):
+    """Qwen3-1.7B's widths (vocab cut to 8192) in bf16, patched with `flags` (None: unpatched) for the block,
+    and input ids for it."""
     preset = dataclasses.replace(get_preset("qwen3-1.7b"), layers=layers, vocab=8192)
     model = build_model(preset, dtype=torch.bfloat16)
     if flags is not None:
         liger_rt.patch(model, **flags)
+    try:
+        yield model, torch.randint(0, preset.vocab, (1, seq))
+    finally:
+        if flags is not None:
+            liger_rt.unpatch(model)
+
+
+def saved_activations(flags: dict | None, seq: int, layers: int) -> dict:
     out = {}
 
     def forward_compiler(gm, example_inputs):
         saved = [n for n in gm.graph.nodes if n.op == "output"][0].args[0][1:]   # [0] is the loss
-        vals, storages = [], set()
+        sizes, storages = [], set()
         for n in saved:                 # one entry per storage: views of one buffer count once, as in eager
             v = n.meta.get("val")
             if n.op != "placeholder" and isinstance(v, torch.Tensor) and v.untyped_storage()._cdata not in storages:
                 storages.add(v.untyped_storage()._cdata)
-                vals.append((n, v))
-        sizes = [(v.untyped_storage().nbytes() / 2**20, str(n.target), tuple(v.shape)) for n, v in vals]
+                sizes.append((v.untyped_storage().nbytes() / 2**20, str(n.target), tuple(v.shape)))
         out.update(saved_MB=round(sum(s for s, *_ in sizes), 2), tensors=len(sizes), largest=sorted(sizes)[-3:])
         raise _Stop
 
@@ -50,39 +62,30 @@ def saved_activations(flags: dict | None, seq: int, layers: int) -> dict:
                                      partition_fn=min_cut_rematerialization_partition,
                                      decompositions=select_decomp_table())
 
-    ids = torch.randint(0, preset.vocab, (1, seq))
     torch._dynamo.reset()
-    try:
-        torch.compile(model, backend=backend, fullgraph=True)(input_ids=ids, labels=ids)
-    except Exception as exc:            # dynamo wraps the forward compiler's _Stop
-        if "_Stop" not in repr(exc) and not isinstance(exc, _Stop):
-            raise
-    finally:
-        if flags is not None:
-            liger_rt.unpatch(model)
+    with _model(flags, seq, layers) as (model, ids):
+        try:
+            torch.compile(model, backend=backend, fullgraph=True)(input_ids=ids, labels=ids)
+        except Exception as exc:            # dynamo wraps the forward compiler's _Stop
+            if "_Stop" not in repr(exc) and not isinstance(exc, _Stop):
+                raise
     return out
 
 
 def eager_saved(flags: dict | None, seq: int, layers: int) -> dict:
     """The same model's eager step: the distinct storages autograd saves (saved-tensor hooks), weights excluded."""
-    preset = dataclasses.replace(get_preset("qwen3-1.7b"), layers=layers, vocab=8192)
-    model = build_model(preset, dtype=torch.bfloat16)
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    if flags is not None:
-        liger_rt.patch(model, **flags)
     saved = {}
+    with _model(flags, seq, layers) as (model, ids):
+        weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in weights and storage.nbytes():
-            saved[storage.data_ptr()] = storage.nbytes()
-        return t
+        def pack(t):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in weights and storage.nbytes():
+                saved[storage.data_ptr()] = storage.nbytes()
+            return t
 
-    ids = torch.randint(0, preset.vocab, (1, seq))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, labels=ids)
-    if flags is not None:
-        liger_rt.unpatch(model)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(input_ids=ids, labels=ids)
     return {"saved_MB": round(sum(saved.values()) / 2**20, 2), "tensors": len(saved)}
 
 

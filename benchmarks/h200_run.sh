@@ -4,7 +4,7 @@
 #   bash benchmarks/h200_run.sh logprobs famparity fammodel      (issues 16, 17; LOGPROBS_ARGS="--rounds 3": counterbalanced medians)
 #   bash benchmarks/h200_run.sh mixtral fammodel   (issue 17: mixtral's step profiled, its experts swept, then the steps)
 #   bash benchmarks/h200_run.sh compiled      (issue 19 item 4; COMPILED_ARGS="--compile-mode reduce-overhead" for CUDA graphs)
-#   bash benchmarks/h200_run.sh compiledfuse  (the same under LIGER_RT_COMPILE_POLICY=fuse, its own CSV)
+#   bash benchmarks/h200_run.sh compiledfuse  (both compile policies side by side, its own CSV)
 #   bash benchmarks/h200_run.sh multigpu          (on nvidia-h200-x2: issue 21, benchmarks/multi_gpu.py)
 # GPUTEST_K="expr" selects gpu tests by pytest -k (e.g. "not test_parity_bf16 or a3b": families' slow cases out).
 # A stage's extra arguments come from NORMS_ARGS, LFM2_ARGS, ... (e.g. MOE_ARGS="--where experts=32").
@@ -83,12 +83,18 @@ for s in "$@"; do
               stage compiled ${COMPILED_S:-400} $B model --target ${COMPILED_TARGETS:-qwen3,lfm2,lfm2moe} \
                 --shape ${COMPILED_SHAPES:-4x2048,1x512} --compile --steps ${COMPILED_STEPS:-10} --warmup 3 \
                 --csv benchmarks/results/model_compiled_h200.csv ${COMPILED_ARGS:-} ;;
-    compiledfuse) # the compiled arms again under LIGER_RT_COMPILE_POLICY=fuse (norms, SwiGLU, RoPE traced as torch
-              # for inductor to fuse; the fused loss and MoE stay on liger_rt's kernels): vs_baseline_compile per policy
-              stage compiledfuse ${COMPILED_S:-400} env LIGER_RT_COMPILE_POLICY=fuse $B model \
-                --target ${COMPILED_TARGETS:-qwen3,lfm2,lfm2moe} --shape ${COMPILED_SHAPES:-4x2048} --compile \
-                --steps ${COMPILED_STEPS:-10} --warmup 3 --csv benchmarks/results/model_compiled_fuse_h200.csv \
-                ${COMPILED_ARGS:-} ;;
+    compiledfuse) # the compiled arms under both compile policies in one process, counterbalanced: liger_rt+compile
+              # (kernels) beside liger_rt+compile+fuse (LIGER_RT_COMPILE_POLICY=fuse: norms, SwiGLU, RoPE traced as
+              # torch for inductor to fuse; the fused loss and MoE stay on liger_rt's kernels)
+              stage compiledfuse ${COMPILED_S:-400} $B model --target ${COMPILED_TARGETS:-qwen3,lfm2} \
+                --shape ${COMPILED_SHAPES:-4x2048} --steps ${COMPILED_STEPS:-10} --warmup 3 \
+                --arms baseline,liger_rt,baseline+compile,liger_rt+compile,liger_rt+compile+fuse \
+                --csv benchmarks/results/model_compiled_fuse_h200.csv ${COMPILED_ARGS:-} ;;
+    shortconv3) # issue 18: short conv B1 T65536 three times (each run's CSV kept as lfm2_ops_h200_shortconv_runN.csv)
+              for i in 1 2 3; do
+                stage shortconv$i 90 $B kernels --op lfm2_ops --where op=short_conv --where seq=65536 --no-compile
+                cp benchmarks/results/lfm2_ops_h200.csv benchmarks/results/lfm2_ops_h200_shortconv_run$i.csv
+              done ;;
     logprobs) stage logprobs ${LOGPROBS_S:-300} python3 -m liger_rt.tools.bench.logprobs $Q ${LOGPROBS_ARGS:-} ;;
     famparity)  # issue 17: the new families' bf16 parity at real (or H200-cut) sizes, every flag that has a row
               for mp in gemma3_text:gemma3-4b mistral:mistral-7b-16L mixtral:mixtral-8x7b-2L qwen2:qwen2.5-7b-14L; do

@@ -17,6 +17,7 @@ import torch
 from liger_rt.tools.bench import model as B
 
 OURS = ("liger_rt", "transformers", "torchinductor", "benchmarks")
+ARMS = ("baseline", "liger_rt", "liger_kernel", "baseline+compile", "liger_rt+compile", "liger_kernel+compile")
 
 
 def _where(frames) -> str:
@@ -50,21 +51,14 @@ def peak_live_set(events: list[dict]) -> tuple[int, dict[str, int]]:
 
 
 def profile_arm(arm: str, preset, flags: dict, batch: int, seq: int, top: int) -> None:
-    import liger_rt
     base, compiled = arm.removesuffix("+compile"), arm.endswith("+compile")
     model = B.build(preset, torch.bfloat16, "cuda", 0, {})
     model.train()
-    if base == "liger_rt":
-        liger_rt.patch(model, **flags)
+    undo = B.apply_arm(model, base, flags)
     step_model = torch.compile(model) if compiled else model
     ids = B.random_ids(model, batch, seq, 0, "cuda")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
-
-    def step():
-        step_model(input_ids=ids, labels=ids).loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
+    step = B.step_fn(step_model, opt, ids)
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -82,8 +76,8 @@ def profile_arm(arm: str, preset, flags: dict, batch: int, seq: int, top: int) -
           f"live at its peak; {len(events)} events)")
     for where, size in sorted(groups.items(), key=lambda kv: -kv[1])[:top]:
         print(f"  {size / 1e9:8.3f} GB  {where}")
-    if base == "liger_rt":
-        liger_rt.unpatch(model)
+    if undo is not None:
+        undo()
     del model, step_model, opt
     torch.cuda.empty_cache()
 
@@ -98,12 +92,16 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--top", type=int, default=15)
     args = ap.parse_args()
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    bad = [a for a in arms if a not in ARMS]
+    if bad:
+        raise SystemExit(f"profile_memory.py: unknown arm {bad[0]!r}; valid: {', '.join(ARMS)}")
     if not torch.cuda.is_available():
         raise SystemExit("profile_memory.py needs a CUDA GPU (the allocator history is CUDA's)")
     preset = B.bench_preset(args.model, args.preset, None, None)
     flags = {"fused_linear_cross_entropy": True, **B.parse_flags(args.flags)}     # as `bench model`
-    for arm in args.arms.split(","):
-        profile_arm(arm.strip(), preset, flags, args.batch, args.seq, args.top)
+    for arm in arms:
+        profile_arm(arm, preset, flags, args.batch, args.seq, args.top)
 
 
 if __name__ == "__main__":

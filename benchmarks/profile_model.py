@@ -44,21 +44,10 @@ def main() -> None:
     for arm in args.arms.split(","):
         model = B.build(preset, torch.bfloat16, "cuda", 0, {})
         model.train()
-        undo = None
-        if arm == "liger_rt":
-            import liger_rt
-            liger_rt.patch(model, **flags)
-        elif arm == "liger_kernel":
-            lk = B.LigerKernelPatch()
-            lk.apply(model)
-            undo = lk.undo
+        undo = B.apply_arm(model, arm, flags)
         ids = B.random_ids(model, args.batch, args.seq, 0, "cuda")
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-
-        def step():
-            model(input_ids=ids, labels=ids).loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        step = B.step_fn(model, opt, ids)
         for _ in range(3):
             step()
         torch.cuda.synchronize()

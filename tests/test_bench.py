@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
 import types
 from importlib import metadata
@@ -148,18 +149,26 @@ def test_liger_kernel_arm_failure_is_reported_not_fatal(monkeypatch):
 
 
 @pytest.mark.slow
-def test_compiled_arms_have_no_graph_break_and_track_baseline():
+def test_compiled_arms_have_no_graph_break_and_track_baseline(monkeypatch):
     """torch.compile (aot_eager) of the baseline and of a tiny Qwen3 patched with the fused loss, the
-    liger_rt ops through the interpreter (their custom ops): zero graph breaks, compile time kept
-    out of the timed steps, loss curves on the baseline's."""
+    liger_rt ops through the interpreter (their custom ops), under either compile policy: zero graph
+    breaks, compile time kept out of the timed steps, loss curves on the baseline's."""
     _needs_patchers()
+    import liger_rt.opspec as S
+    taken, real = [], S.compiler_takes
+    monkeypatch.setattr(S, "compiler_takes", lambda op: taken.append(real(op)) or taken[-1])
+    monkeypatch.delenv("LIGER_RT_COMPILE_POLICY", raising=False)
     rows = M.run_model_bench("qwen3", "tiny", batch=2, seq=8, steps=1, warmup=1, dtype="fp32", device="cpu",
-                             arms=("baseline", "baseline+compile", "liger_rt+compile"), compile_backend="aot_eager",
-                             echo=None)
+                             arms=("baseline", "baseline+compile", "liger_rt+compile", "liger_rt+compile+fuse"),
+                             compile_backend="aot_eager", echo=None)
     runs = [r for r in rows if r["kind"] == "run"]
-    assert [r["arm"] for r in runs] == ["baseline", "baseline+compile", "liger_rt+compile", "liger_rt+compile",
-                                        "baseline+compile", "baseline"]
-    for r in runs[1:5]:
+    assert [r["arm"] for r in runs] == ["baseline", "baseline+compile", "liger_rt+compile", "liger_rt+compile+fuse",
+                                        "liger_rt+compile+fuse", "liger_rt+compile", "baseline+compile", "baseline"]
+    assert [r["compile_policy"] for r in runs[1:7]] == ["kernels", "kernels", "fuse", "fuse", "kernels", "kernels"]
+    assert True in taken and False in taken and "LIGER_RT_COMPILE_POLICY" not in os.environ  # fuse traced, restored
+    summ = {r["arm"]: r for r in rows if r["kind"] == "summary"}
+    assert summ["liger_rt+compile+fuse"]["loss_curves_overlap"] and summ["liger_rt+compile+fuse"]["graph_breaks"] == 0
+    for r in runs[1:7]:
         assert r["error"] == "" and r["graph_breaks"] == 0 and r["graphs"] >= 1, r
         assert r["compile_s"] > 0 and r["compile_backend"] == "aot_eager" and r["compile_mode"] == "default"
         assert r["tok_per_s"] > 0 and len(r["losses"]) == 2
@@ -175,7 +184,8 @@ def test_compiled_arms_have_no_graph_break_and_track_baseline():
         return x.cos()
     M._reset_dynamo()
     torch.compile(f, backend="eager")(torch.ones(3))
-    assert M.compile_stats()["graph_breaks"] == 1 and M.compile_stats()["graphs"] == 2 and counters["graph_break"]
+    stats = M.compile_stats("baseline+compile")
+    assert stats["graph_breaks"] == 1 and stats["graphs"] == 2 and counters["graph_break"]
     M._reset_dynamo()
 
 
@@ -299,6 +309,21 @@ def test_write_csv_records_versions_and_merges_partial_runs(tmp_path, monkeypatc
 
 
 # -- kernel cases ----------------------------------------------------------------------------------
+
+def test_decision_text_writes_nested_configs_as_json():
+    """The config column of a dispatched arm: MoE's config nests one launch per GEMM family (H200,
+    2026-12-03: `dict(config)` left them objects and every moe_experts arm failed on json.dumps)."""
+    from liger_rt import dispatch
+    d = dispatch.select("moe_experts", arch="hopper", dtype="bf16", experts=32, top_k=4, hidden=2048,
+                        intermediate=1792, tokens=4096)
+    impl, rest = H.decision_text(d).split(" ", 1)
+    text, origin = rest.rsplit(" ", 1)
+    assert impl == d.impl and origin.startswith("(")
+    if impl == "triton":
+        assert json.loads(text)["wgrad"]["BLOCK_M"] == d.config.wgrad.BLOCK_M
+    d = dispatch.select("rms_norm", arch="hopper", dtype="bf16", rows=4096, hidden=4096)
+    assert json.loads(H.decision_text(d).split(" ", 1)[1].rsplit(" ", 1)[0]) == dict(d.config)
+
 
 def test_select_specs():
     plan = H.select_specs([], [], quick=True)
@@ -455,7 +480,7 @@ def test_bench_model_arms_option(tmp_path, monkeypatch):
     _no_liger_kernel(monkeypatch)
     for args, needle in ((["--model", "qwen3", "--arms", "bogus"], "unknown arm 'bogus'; valid: baseline, liger_rt"),
                          (["--model", "qwen3", "--arms", "liger_rt"], "the arms must include baseline"),
-                         (["--target", "qwen3", "--arms", "baseline"], "--arms works with --model")):
+                         (["--target", "qwen3", "--arms", "baseline,bogus"], "unknown arm 'bogus'")):
         res = CliRunner().invoke(bench, ["model", "--device", "cpu", *args])
         assert res.exit_code != 0 and needle in res.output, res.output
     out = tmp_path / "model.csv"

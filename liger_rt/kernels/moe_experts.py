@@ -125,10 +125,15 @@ def moe_experts_grouped_mm(x: torch.Tensor, gate_up_proj: torch.Tensor, down_pro
 
 @functools.lru_cache(maxsize=8)
 def _grouped_mm_probe(device_index: int) -> bool:
-    """Does a tiny bf16 grouped MM launch on this device? (the honest availability test)."""
+    """Does a tiny bf16 grouped MM launch on this device? (the honest availability test).  Its copy of
+    the offsets to the device is a host sync: under torch's sync debug mode (the harness's host_syncs
+    check) it raised, the probe said False, and that answer stayed cached for the process (H200, 2026-12-03:
+    `bench kernels --op moe_experts` found grouped_mm "cannot run here"), so the probe runs with the mode off."""
     gmm = _grouped_mm_fn()
     if gmm is None:
         return False
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(0)
     try:
         dev = torch.device("cuda", device_index)
         a = torch.randn(32, 64, device=dev, dtype=torch.bfloat16)
@@ -137,6 +142,8 @@ def _grouped_mm_probe(device_index: int) -> bool:
         return True
     except Exception:
         return False
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
 
 
 def _grouped_mm_available(target) -> bool:

@@ -53,16 +53,20 @@ def _steps(model, inputs_list):
     return torch.stack(losses), grads
 
 
-@pytest.mark.parametrize("name,mode,dtype", [
-    ("qwen3-1.7b", "default", torch.bfloat16),
-    ("qwen3-1.7b", "reduce-overhead", torch.bfloat16),          # CUDA graphs around a whole patched training step
-    ("lfm2-1.2b", "reduce-overhead", torch.bfloat16),
+@pytest.mark.parametrize("name,mode,dtype,policy", [
+    ("qwen3-1.7b", "default", torch.bfloat16, "kernels"),
+    ("qwen3-1.7b", "reduce-overhead", torch.bfloat16, "kernels"),  # CUDA graphs around a whole patched training step
+    ("lfm2-1.2b", "reduce-overhead", torch.bfloat16, "kernels"),
+    # LIGER_RT_COMPILE_POLICY=fuse: norms, SwiGLU and RoPE traced as torch code for inductor to fuse
+    ("qwen3-1.7b", "default", torch.bfloat16, "fuse"),
+    ("lfm2-1.2b", "reduce-overhead", torch.bfloat16, "fuse"),
     # MoE in fp32: in bf16 inductor's own rounding of the surrounding ops moves near-tied tokens to
     # other experts, and after four SGD steps the router's gradient differed by 22% norm-relative
     # (H200, session 7): routing noise, not a kernel's error, and no bound could tell the two apart
-    ("lfm2-8b-a1b", "default", torch.float32),
+    ("lfm2-8b-a1b", "default", torch.float32, "kernels"),
 ])
-def test_compiled_patched_training_steps(name, mode, dtype):
+def test_compiled_patched_training_steps(name, mode, dtype, policy, monkeypatch):
+    monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", policy)
     torch._dynamo.reset()
     preset = _two_layers(name)
     flags = specs.parity_flags(preset.model_type)

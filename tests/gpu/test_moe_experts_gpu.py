@@ -242,3 +242,13 @@ def test_experts_interface_lfm2_bf16():
         ref = M.moe_experts_ref(x, mod.gate_up_proj, mod.down_proj, idx, w)   # fp32 compute
     assert _rel_rmse(ours, ref) < REL_RMSE[torch.bfloat16]
     assert _rel_rmse(ours, ref) < 2 * max(_rel_rmse(eager, ref), 2e-3)
+
+
+def test_grouped_mm_probe_under_sync_debug_mode():
+    """The availability probe answers the same when first asked inside the harness's host-sync check
+    (torch's sync debug mode "error"), and leaves the mode as it found it."""
+    from liger_rt import autotune
+    M._grouped_mm_probe.cache_clear()
+    assert not autotune.host_syncs(lambda: M._grouped_mm_probe(torch.cuda.current_device()))
+    assert M._grouped_mm_probe(torch.cuda.current_device()) is True
+    assert torch.cuda.get_sync_debug_mode() == 0

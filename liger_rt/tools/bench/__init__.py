@@ -125,9 +125,9 @@ def _layer_list(ctx, param, text):
 @click.option("--attention-layers", default=None, callback=_layer_list, help="LFM2: the attention layers, e.g. 2,5.")
 @click.option("--liger-kernel/--no-liger-kernel", "liger_kernel", default=True, show_default=True,
               help="Also time Liger-Kernel's own patch (where installed and supported for the model type).")
-@click.option("--arms", default=None, help="With --model: only these arms, comma-separated, baseline among them "
-              "(e.g. baseline,liger_kernel: a peer in its own process, under its own switches); it overrides "
-              "--liger-kernel and --compile.")
+@click.option("--arms", default=None, help="Only these arms, comma-separated, baseline among them (e.g. "
+              "baseline,liger_kernel: a peer in its own process, under its own switches; liger_rt+compile+fuse: "
+              "liger_rt compiled under LIGER_RT_COMPILE_POLICY=fuse); it overrides --liger-kernel and --compile.")
 @click.option("--compile/--no-compile", "compile_", default=False, show_default=True,
               help="Also time torch.compile(model) of the baseline and of the patched model (arms baseline+compile, "
               "liger_rt+compile: graph breaks and compile time recorded; a failing compile is a row with its error).")
@@ -153,13 +153,11 @@ def model_cmd(model_type, targets, preset, batch, seq, shapes, steps, warmup, qu
     from .harness import write_csv
     if bool(model_type) == bool(targets):
         raise click.UsageError("give --model TYPE or --target NAME (one of them)")
-    if arms and targets:
-        raise click.UsageError("--arms works with --model; a --target runs its own arms")
     arms = tuple(a.strip() for a in arms.split(",") if a.strip()) if arms else None
     shapes = _run(M.parse_shapes, shapes) or [(batch, seq)]
     compile_kw = dict(compile=compile_, compile_backend=compile_backend, compile_mode=compile_mode)
-    if compile_:          # a bad backend or warm-up is a usage error before any GPU check or model build
-        _run(M.resolve_arms, None, False, True, compile_backend, compile_mode, 3 if warmup is None else warmup)
+    if compile_ or arms:  # a bad arm, backend or warm-up is a usage error before any GPU check or model build
+        _run(M.resolve_arms, arms, False, compile_, compile_backend, compile_mode, 3 if warmup is None else warmup)
     if targets:
         targets = [t.strip() for text in targets for t in text.split(",") if t.strip()]
         names = list(M.TARGETS) if "all" in targets else list(dict.fromkeys(targets))
@@ -169,7 +167,7 @@ def model_cmd(model_type, targets, preset, batch, seq, shapes, steps, warmup, qu
                                      param_hint="--target")
         _need_gpu("bench model --target")
         failed = M.run_targets(names, out_dir=out_dir, quick=quick, steps=steps, warmup=warmup, shapes=shapes,
-                               liger_kernel=liger_kernel, csv_path=csv_path, echo=click.echo, **compile_kw)
+                               liger_kernel=liger_kernel, csv_path=csv_path, echo=click.echo, arms=arms, **compile_kw)
         if failed:
             raise click.ClickException(f"failed: {', '.join(failed)} (errors above)")
         return

@@ -264,6 +264,12 @@ def _grads(fn, ins, dy):
     return out, torch.autograd.grad(out, leaves, dy, allow_unused=True)
 
 
+def decision_text(d) -> str:
+    """A dispatch decision as the CSV's config column: impl, config as JSON (nested configs too), origin."""
+    from liger_rt.opspec import config_dict
+    return f"{d.impl} {json.dumps(config_dict(d.config), sort_keys=True)} ({d.origin})"
+
+
 def _arms(case: Case, dtype: str, compile_: bool) -> dict[str, tuple[Arm, str | None]]:
     """name -> (arm, the LIGER_RT_IMPL_<OP> value it runs under; None: no override): `eager` (the Hugging Face /
     PyTorch path; in fp32 also the reference of every error), `compile`, the peers (Liger-Kernel when importable),
@@ -275,8 +281,7 @@ def _arms(case: Case, dtype: str, compile_: bool) -> dict[str, tuple[Arm, str | 
     arms |= {k: (a, None) for k, a in case.peers.items()}
     for impl in (*case.forced, None):
         def desc() -> str:
-            d = dispatch.select(case.op, dtype=case.spec.get("dtype", dtype), **case.dims)
-            return f"{d.impl} {json.dumps(dict(d.config), sort_keys=True)} ({d.origin})"
+            return decision_text(dispatch.select(case.op, dtype=case.spec.get("dtype", dtype), **case.dims))
         arms[impl or "liger_rt"] = (Arm(case.ours, desc), impl)
     return arms
 

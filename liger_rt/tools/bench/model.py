@@ -18,6 +18,7 @@ import dataclasses
 import gc
 import importlib
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -27,8 +28,9 @@ import torch
 
 from .harness import fmt, format_table, measure_ceilings
 
-ARMS = ("baseline", "liger_rt", "liger_kernel", "baseline+compile", "liger_rt+compile")
-COMPILED = ("baseline+compile", "liger_rt+compile")
+ARMS = ("baseline", "liger_rt", "liger_kernel", "baseline+compile", "liger_rt+compile", "liger_rt+compile+fuse")
+# liger_rt+compile+fuse: liger_rt compiled under LIGER_RT_COMPILE_POLICY=fuse, beside liger_rt+compile in one process
+COMPILED = ("baseline+compile", "liger_rt+compile", "liger_rt+compile+fuse")
 COMPILE_MODES = ("default", "reduce-overhead")
 # What a run row holds (None in the row of a compiled run that failed)
 RUN_METRICS = ("median_step_ms", "min_step_ms", "max_step_ms", "tok_per_s", "peak_alloc_GB", "loss_first",
@@ -201,16 +203,34 @@ class LigerKernelPatch:
         self.saved.clear()
 
 
-def compile_stats() -> dict:
-    """Dynamo's counters since the last reset: graph breaks, unique graphs, the first break reasons; and
-    LIGER_RT_COMPILE_POLICY (what liger_rt's ops traced)."""
+def compile_stats(arm: str) -> dict:
+    """Dynamo's counters since the last reset: graph breaks, unique graphs, the first break reasons; and the
+    compile policy the arm ran under (what liger_rt's ops traced)."""
     from torch._dynamo.utils import counters
-
-    from liger_rt import env
     breaks = counters["graph_break"]
     reasons = [str(k).strip().splitlines()[0][:120] for k in list(breaks)[:3]]
     return {"graph_breaks": int(sum(breaks.values())), "graphs": int(counters["stats"]["unique_graphs"]),
-            "graph_break_reasons": " | ".join(reasons), "compile_policy": env.compile_policy()}
+            "graph_break_reasons": " | ".join(reasons), "compile_policy": arm_policy(arm)}
+
+
+def arm_policy(arm: str) -> str:
+    """The LIGER_RT_COMPILE_POLICY a compiled arm runs under: fuse for liger_rt+compile+fuse, else the environment's."""
+    from liger_rt import env
+    return "fuse" if arm.endswith("+fuse") else env.compile_policy()
+
+
+@contextlib.contextmanager
+def _policy(arm: str):
+    """LIGER_RT_COMPILE_POLICY set to the arm's policy while it runs (traces read it), restored after."""
+    old = os.environ.get("LIGER_RT_COMPILE_POLICY")
+    os.environ["LIGER_RT_COMPILE_POLICY"] = arm_policy(arm)
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["LIGER_RT_COMPILE_POLICY"]
+        else:
+            os.environ["LIGER_RT_COMPILE_POLICY"] = old
 
 
 def _reset_dynamo() -> None:
@@ -219,21 +239,51 @@ def _reset_dynamo() -> None:
     counters.clear()
 
 
+def apply_arm(model, base: str, flags: dict) -> Callable[[], None] | None:
+    """Patch `model` as an arm's base says (liger_rt with `flags`, liger_kernel; baseline: left as it is);
+    returns what undoes it, or None."""
+    import liger_rt.patch as P
+    if base == "liger_rt":
+        try:
+            P.patch(model, **flags)
+        except (TypeError, ValueError) as exc:      # unknown flag or model type: the patcher says which
+            raise ValueError(f"liger_rt.patch(model, {flags}): {exc}") from exc
+        return lambda: P.unpatch(model)
+    if base == "liger_kernel":
+        lk = LigerKernelPatch()
+        try:
+            lk.apply(model)
+        except BaseException:
+            lk.undo()                                 # what it changed before it failed
+            raise
+        return lk.undo
+    return None
+
+
+def step_fn(model, opt, ids) -> Callable[[], torch.Tensor]:
+    """One training step on `ids` (labels = input ids): forward, backward, optimizer step; returns the loss."""
+    def step():
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+    return step
+
+
 def train_steps(model, opt, ids, warmup: int, steps: int, cuda: bool) -> tuple[dict, float]:
     """warmup + steps training steps on `ids` (labels = input ids), each timed between two synchronisations: the
     measured steps' median/min/max ms, tokens/s, peak allocated and reserved GB (CUDA), first, last and every step's
     loss; and what the warm-up steps took beyond a steady step (seconds)."""
     sync = torch.cuda.synchronize if cuda else (lambda: None)
+    step = step_fn(model, opt, ids)
     losses, times = [], []
     for i in range(warmup + steps):
         sync()
         if i == warmup and cuda:          # the peak of steady-state steps
             torch.cuda.reset_peak_memory_stats()
         t = time.perf_counter()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = step()
         sync()
         times.append(time.perf_counter() - t)
         losses.append(float(loss.detach()))
@@ -250,25 +300,15 @@ def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, 
              compile_backend="inductor", compile_mode="default") -> dict:
     """One run: a fresh model, the arm's patch (then torch.compile for a +compile arm), warm-up + measured steps.
     `ids` None on the first run (drawn from the model's vocab here and returned for the later runs)."""
-    import liger_rt.patch as P
     cuda = device == "cuda"
-    base, compiled = arm.removesuffix("+compile"), arm in COMPILED
+    base, compiled = arm.split("+")[0], arm in COMPILED
     gc.collect()
     t0 = time.perf_counter()
     model = build(preset, dtype, device, seed, overrides)
     model.train()
     undo = step_model = None
     try:
-        if base == "liger_rt":
-            try:
-                P.patch(model, **flags)
-            except (TypeError, ValueError) as exc:      # unknown flag or model type: the patcher says which
-                raise ValueError(f"liger_rt.patch(model, {flags}): {exc}") from exc
-            undo = lambda: P.unpatch(model)  # noqa: E731
-        elif base == "liger_kernel":
-            lk = LigerKernelPatch()
-            undo = lk.undo
-            lk.apply(model)
+        undo = apply_arm(model, base, flags)
         step_model = model
         if compiled:
             _reset_dynamo()
@@ -277,9 +317,10 @@ def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, 
         build_s = time.perf_counter() - t0
         ids = random_ids(model, batch, seq, seed, device) if ids is None else ids
         opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=cuda)
-        res, warm_extra_s = train_steps(step_model, opt, ids, warmup, steps, cuda)
+        with _policy(arm) if compiled else contextlib.nullcontext():
+            res, warm_extra_s = train_steps(step_model, opt, ids, warmup, steps, cuda)
         return {**res, "build_s": build_s, "params_M": sum(p.numel() for p in model.parameters()) / 1e6,
-                "flops_per_step": train_flops_per_step(model, batch, seq), **(compile_stats() if compiled else {}),
+                "flops_per_step": train_flops_per_step(model, batch, seq), **(compile_stats(arm) if compiled else {}),
                 "compile_s": warm_extra_s if compiled else None, "ids": ids}
     finally:
         if undo is not None:
@@ -296,7 +337,7 @@ def arm_order(arms) -> list[str]:
 
 def resolve_arms(arms, liger_kernel: bool, compile: bool, compile_backend, compile_mode, warmup: int) -> list[str]:
     if arms is None:
-        arms = ["baseline", "liger_rt", *(COMPILED if compile else ()), *(["liger_kernel"] if liger_kernel else [])]
+        arms = ["baseline", "liger_rt", *(COMPILED[:2] if compile else ()), *(["liger_kernel"] if liger_kernel else [])]
     bad = [a for a in arms if a not in ARMS]
     if bad:
         raise ValueError(f"unknown arm {bad[0]!r}; valid: {', '.join(ARMS)}")
@@ -324,7 +365,7 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
     peak, speedup and memory against baseline, loss-curve difference).  `flags` go to liger_rt.patch on top of
     {fused_linear_cross_entropy: True}; `config` holds transformers config overrides for every arm.  `compile` adds
     the arms baseline+compile and liger_rt+compile (torch.compile with `compile_backend`, a name or a callable, and
-    `compile_mode`); `arms` picks the arms outright (baseline among them)."""
+    `compile_mode`); `arms` picks the arms outright (baseline among them; liger_rt+compile+fuse only so)."""
     from liger_rt.kernels._common import dtype_name, parse_dtype
     echo = echo or (lambda s: None)
     dt, device = parse_dtype(dtype), ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
@@ -372,7 +413,7 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
                 raise
             err = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
             failed.add(arm)           # a compiled arm that fails is a row; its repeat is skipped
-            runs.append({"arm": arm, "run_index": len(runs), **dict.fromkeys(RUN_METRICS), **compile_stats(),
+            runs.append({"arm": arm, "run_index": len(runs), **dict.fromkeys(RUN_METRICS), **compile_stats(arm),
                          "error": err})      # the other NEW_COLS come out None
             echo(f"  [{n + 1}/{len(order)}] {arm} FAILED ({err}); its repeat is skipped")
             continue
@@ -385,7 +426,7 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
         ids = res.pop("ids")
         mem = "n/a" if res["peak_alloc_GB"] is None else f"{res['peak_alloc_GB']:.2f} GB"
         extra = f"  {res['graph_breaks']} graph breaks, compile {res['compile_s']:.1f} s" if arm in COMPILED else ""
-        echo(f"  [{n + 1}] {arm:16s} {res['median_step_ms']:9.2f} ms/step {res['tok_per_s']:10.0f} tok/s  peak {mem}  "
+        echo(f"  [{n + 1}] {arm:21s} {res['median_step_ms']:9.2f} ms/step {res['tok_per_s']:10.0f} tok/s  peak {mem}  "
              f"loss {res['loss_first']:.4f} -> {res['loss_last']:.4f}{extra}  ({time.time() - t0:.1f} s)")
         runs.append({"arm": arm, "run_index": len(runs), **res, "error": ""})
     common = dict(model_type=model_type, preset=p.name, layers=p.layers, batch=batch, seq=seq, steps=steps,
@@ -517,12 +558,13 @@ def parse_shapes(texts) -> list[tuple[int, int]]:
 
 def run_targets(names: list[str], *, out_dir: str = "benchmarks/results", quick: bool = False, steps: int | None = None,
                 warmup: int | None = None, shapes: list | None = None, liger_kernel: bool = True,
-                csv_path: str | None = None, echo: Callable = print, **compile_kw) -> list[str]:
+                csv_path: str | None = None, echo: Callable = print, arms: tuple | None = None,
+                **compile_kw) -> list[str]:
     """Issue 9's runs (TARGETS) on the GPU at each (batch, seq) of `shapes` (default TARGET_SHAPE), into
     model_<device>[_quick].csv or `csv_path`, written after every run (a partial run keeps the other targets' and
     shapes' rows).  Anchors and targets ride along in the rows of TARGET_SHAPE, the shape they were measured at, where
     the liger_rt summary says whether it meets its target.  `compile_kw` (compile, compile_backend, compile_mode) go
-    to run_model_bench.  Returns the runs that failed, as name or name@BxT."""
+    and `arms` (None: the target's own) go to run_model_bench.  Returns the runs that failed, as name or name@BxT."""
     from .harness import device_tag, write_csv
     steps, warmup = steps or (8 if quick else 20), (3 if quick else 5) if warmup is None else warmup
     shapes = list(shapes or [TARGET_SHAPE])
@@ -535,7 +577,7 @@ def run_targets(names: list[str], *, out_dir: str = "benchmarks/results", quick:
             run["liger_kernel"] = run.get("liger_kernel", True) and liger_kernel
             try:
                 got = run_model_bench(**run, steps=steps, warmup=warmup, batch=b, seq=sq, dtype="bf16", device="cuda",
-                                      ceilings=ceilings, echo=echo, **compile_kw)
+                                      ceilings=ceilings, echo=echo, arms=arms, **compile_kw)
             except Exception as exc:      # one model failing must not hide the others' numbers
                 echo(f"{label}: FAILED: {type(exc).__name__}: {exc}")
                 failed.append(label)
