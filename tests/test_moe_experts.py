@@ -267,6 +267,8 @@ def test_smem_pruning_and_heuristics():
                     assert M._fits(fn(prof, dims, dtype), prof, dims, dtype), (arch, dtype, fn.__name__)
     assert M._heuristic(hopper, dict(BIG, tokens=256), torch.bfloat16).up.BLOCK_M == 64
     assert M._heuristic(hopper, BIG, torch.bfloat16).up.BLOCK_M == 128
+    assert M._heuristic(hopper, BIG, torch.bfloat16).wgrad_sorted == 2          # TMA where it runs (H200)
+    assert M._heuristic(hopper, BIG, torch.float16).wgrad_sorted == 1           # not measured on a GPU in fp16
     generic = backend.Arch(name="generic-nvidia", vendor="nvidia", capability="sm75", device_name="x", sm_count=40,
                            warp_size=32, max_num_warps=8, max_num_stages=2, smem_bytes=49152)
     assert M._fits(M._pinned(generic, BIG, torch.bfloat16), generic, BIG, torch.bfloat16)

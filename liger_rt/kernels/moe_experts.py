@@ -799,7 +799,11 @@ def _heuristic(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> MoEExperts
     if dtype == torch.float32:
         return _first_fit(_NVIDIA_FP32, arch, dims, dtype)
     order = [_HOPPER[5], _HOPPER[0]] if _rows_per_expert(dims) < 128 else [_HOPPER[0], _HOPPER[5]]
-    return _first_fit(order + _HOPPER + _NVIDIA_FP32, arch, dims, dtype)
+    cfg = _first_fit(order + _HOPPER + _NVIDIA_FP32, arch, dims, dtype)
+    # bf16: the weight gradients through tensor descriptors (sorted copies where TMA cannot run). H200,
+    # benchmarks/profile_moe_wgrad.py at these tiles, fwd+bwd: 33.9 / 9.9 / 9.2 ms against 36.5 / 10.2 /
+    # 9.4 with sorted copies and 42.7 / 11.7 / 10.4 with gathered rows (E8 H4096 T8192, E32 and E64 at T16384)
+    return cfg.replace(wgrad_sorted=2) if dtype == torch.bfloat16 else cfg
 
 
 def _pinned(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> MoEExpertsConfig:
