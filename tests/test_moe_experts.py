@@ -59,11 +59,12 @@ def _check_all(out, ref, dtype, dims):
 
 # -- correctness of the fused path --------------------------------------------------------------
 @pytest.mark.parametrize("tag", ["uniform", "skewed"])
-def test_fwd_bwd_fp32_odd_shapes(tag):
+@pytest.mark.parametrize("wgrad_sorted", [2, 1, 0])
+def test_fwd_bwd_fp32_odd_shapes(tag, wgrad_sorted):
     dims = _dims(37, 5, 2, 48, 40)    # nothing a power of two, H and I not multiples of BLOCK_K
     case = _case(dims, tag=tag)
     ref = _dense_fp64(case)
-    _check_all(_run("triton", case, M._CPU[0]), ref, torch.float32, dims)
+    _check_all(_run("triton", case, M._CPU[0].replace(wgrad_sorted=wgrad_sorted)), ref, torch.float32, dims)
     _check_all(_run("torch", case), ref, torch.float32, dims)     # the op's own reference, checked too
 
 
@@ -215,7 +216,7 @@ def _candidates(arch, dims=BIG, dtype=torch.bfloat16):
 @pytest.mark.parametrize("arch", ["hopper", "mi325x", "cpu"])
 def test_every_candidate_config(arch):
     cands = _candidates(backend.profile(arch))
-    assert 2 <= len(cands) <= 12
+    assert 2 <= len(cands) <= 20     # hopper: 12 tile sets + 8 weight-gradient operand variants
     if arch == "mi325x":
         for c in cands:
             assert _hip_safe(c)
@@ -266,6 +267,8 @@ def test_smem_pruning_and_heuristics():
                     assert M._fits(fn(prof, dims, dtype), prof, dims, dtype), (arch, dtype, fn.__name__)
     assert M._heuristic(hopper, dict(BIG, tokens=256), torch.bfloat16).up.BLOCK_M == 64
     assert M._heuristic(hopper, BIG, torch.bfloat16).up.BLOCK_M == 128
+    assert M._heuristic(hopper, BIG, torch.bfloat16).wgrad_sorted == 2          # TMA where it runs (H200)
+    assert M._heuristic(hopper, BIG, torch.float16).wgrad_sorted == 1           # not measured on a GPU in fp16
     generic = backend.Arch(name="generic-nvidia", vendor="nvidia", capability="sm75", device_name="x", sm_count=40,
                            warp_size=32, max_num_warps=8, max_num_stages=2, smem_bytes=49152)
     assert M._fits(M._pinned(generic, BIG, torch.bfloat16), generic, BIG, torch.bfloat16)

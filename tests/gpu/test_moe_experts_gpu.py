@@ -119,6 +119,19 @@ def test_bf16_8b_all_impls(impl, tag):
     _check(RUN[impl](case, dims), _refs(case), torch.bfloat16, f"{impl} {tag}")
 
 
+@pytest.mark.parametrize("wgrad_sorted", [0, 1, 2])
+@pytest.mark.parametrize("name,T,K,H,I", [("skewed", 2048, 2, 4096, 1792), ("empty_experts", 333, 2, 256, 200),
+                                          ("k1", 777, 1, 512, 384)])
+def test_bf16_wgrad_variants(wgrad_sorted, name, T, K, H, I):
+    """The weight gradients from gathered rows, sorted copies and sorted copies through tensor
+    descriptors (TMA; ragged expert ends are the descriptors' bounds), against the references."""
+    dims = dict(tokens=T, experts=8, top_k=K, hidden=H, intermediate=I)
+    idx = None if name == "skewed" else _edge_idx(name, T, 8, K)
+    case = _case(dims, torch.bfloat16, tag="skewed", idx=idx)
+    cfg = M._heuristic(backend.detect(), dims, torch.bfloat16).replace(wgrad_sorted=wgrad_sorted)
+    _check(_run("triton", case, cfg), _refs(case), torch.bfloat16, f"wgrad_sorted={wgrad_sorted} {name}")
+
+
 def test_bf16_every_candidate_config():
     arch = backend.detect()
     dims = dict(E8B, tokens=1024)

@@ -1,0 +1,75 @@
+"""MoE experts forward+backward with the weight gradients read gathered rows (wgrad_sorted=0),
+sorted copies (1) or sorted copies through tensor descriptors (2: TMA), beside grouped_mm (issue 18): do_bench wall time in counterbalanced
+rounds, TFLOP/s (18 * S * H * I per forward+backward, S = tokens * top_k), and the weight-gradient
+kernel's share from torch.profiler.
+
+    python benchmarks/profile_moe_wgrad.py [--rounds 3] [--csv PATH]
+
+Each variant runs the Hopper heuristic's tiles (no DB row), so only wgrad_sorted differs.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import statistics
+
+import torch
+import triton
+from torch.profiler import ProfilerActivity, profile
+from triton.testing import do_bench
+
+from liger_rt import backend
+from liger_rt.kernels import moe_experts as M
+
+SHAPES = [dict(experts=8, top_k=2, hidden=4096, intermediate=14336, tokens=8192),      # mixtral-8x7b step
+          dict(experts=32, top_k=4, hidden=2048, intermediate=1792, tokens=16384),     # issue 18
+          dict(experts=64, top_k=4, hidden=2048, intermediate=1536, tokens=16384)]
+
+
+def wgrad_ms(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(e.device_time_total for e in prof.key_averages() if "wgrad" in e.key) / 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--csv", default="benchmarks/results/moe_wgrad_h200.csv")
+    a = ap.parse_args()
+    rows = []
+    for dims in SHAPES:
+        case = M._make_case(dims, torch.bfloat16, "cuda", tag="uniform")
+        (x, gu, dn, idx, w, _), (dy,) = case.args, case.grads
+        base = M._heuristic(backend.detect(), dims, torch.bfloat16)
+        arms = {f"triton_sorted{s}": (lambda c=base.replace(wgrad_sorted=s): M.OP.call_impl(
+            "triton", c, x, gu, dn, idx, w, True)) for s in (0, 1, 2)}
+        arms["grouped_mm"] = lambda: M.OP.call_impl("grouped_mm", {}, x, gu, dn, idx, w, True)
+        steps = {k: (lambda f=f: torch.autograd.grad(f(), (x, gu, dn, w), dy)) for k, f in arms.items()}
+        flop = 18 * dims["tokens"] * dims["top_k"] * dims["hidden"] * dims["intermediate"]
+        times = {k: [] for k in steps}
+        for r in range(a.rounds):
+            for k in (list(steps) if r % 2 == 0 else list(reversed(steps))):
+                times[k].append(do_bench(steps[k], warmup=50, rep=300))
+        print(f"== {dims}: median of {a.rounds} rounds (range), TFLOP/s, weight-gradient kernels' device ms")
+        for k, t in times.items():
+            m, wg = statistics.median(t), (wgrad_ms(steps[k]) if k.startswith("triton") else float("nan"))
+            print(f"  {k:16s} {m:8.3f} ms ({min(t):.3f}-{max(t):.3f})  {flop / m / 1e9:6.1f} TFLOP/s  wgrad {wg:.3f} ms")
+            rows += [{**dims, "arm": k, "round": i, "ms": v, "TFLOPs": flop / v / 1e9, "wgrad_dev_ms": wg,
+                      "method": "do_bench wall (warmup 50 ms, rep 300 ms); wgrad: profiler device time",
+                      "torch": torch.__version__, "triton": triton.__version__,
+                      "gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat()}
+                     for i, v in enumerate(t)]
+    with open(a.csv, "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=list(rows[0]))
+        wr.writeheader()
+        wr.writerows(rows)
+    print(f"wrote {len(rows)} rows to {a.csv}")
+
+
+if __name__ == "__main__":
+    main()
