@@ -113,7 +113,7 @@ _PARSERS = {
     "LIGER_FUSED_MOE_AUTOTUNE": ("fused_moe_autotune", lambda: _flag("LIGER_FUSED_MOE_AUTOTUNE", True)),
     "LIGER_RT_DB_TIMEOUT": ("db_timeout", _timeout),
     "LIGER_RT_COMPILE_POLICY": ("compile_policy", lambda: _choice("LIGER_RT_COMPILE_POLICY", COMPILE_POLICIES,
-                                                                  "not a compile policy") or "kernels"),
+                                                                  "not a compile policy") or "fuse"),
 }
 
 
@@ -212,9 +212,10 @@ def db_timeout() -> float:
 
 
 def compile_policy() -> str:
-    """LIGER_RT_COMPILE_POLICY: what a torch.compile trace takes.  `kernels` (default): each op's
-    dispatched implementation, as in eager; `fuse`: the torch implementation of the ops the compiler
-    fuses with their neighbours (``Op.compiler_fuses``: the norms, SwiGLU/GeGLU, RoPE)."""
+    """LIGER_RT_COMPILE_POLICY: what a torch.compile trace takes.  `fuse` (default): the torch
+    implementation of the ops the compiler fuses with their neighbours (``Op.compiler_fuses``: the norms,
+    SwiGLU/GeGLU, RoPE), every other op's dispatched implementation; `kernels`: each op's dispatched
+    implementation, as in eager."""
     return _get("LIGER_RT_COMPILE_POLICY")
 
 

@@ -110,10 +110,10 @@ def test_bad_env_values_name_the_variable_and_accepted_values(monkeypatch, var, 
     assert var in str(info.value) and "accepted values" in str(info.value)
 
 
-def test_compile_policy_defaults_to_kernels(monkeypatch):
-    assert env.compile_policy() == "kernels"
-    monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", " Fuse ")
+def test_compile_policy_defaults_to_fuse(monkeypatch):
     assert env.compile_policy() == "fuse"
+    monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", " Kernels ")
+    assert env.compile_policy() == "kernels"
 
 
 def test_env_read_at_call_time(monkeypatch):

@@ -117,9 +117,10 @@ def test_explain_says_when_the_crossover_pick_cannot_run_here(monkeypatch):
 
 def test_explain_says_what_a_compiled_trace_takes_under_the_fuse_policy(monkeypatch):
     args = ["explain", "rms_norm", "--shape", "rows=8,hidden=64", "--dtype", "fp32", "--json"]
+    assert "under torch.compile: torch" in json.loads(CliRunner().invoke(main, args).stdout)["note"]   # the default
+    monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "kernels")
     assert json.loads(CliRunner().invoke(main, args).stdout)["note"] is None
     monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "fuse")
-    assert "under torch.compile: torch" in json.loads(CliRunner().invoke(main, args).stdout)["note"]
     monkeypatch.setenv("LIGER_RT_IMPL_RMS_NORM", "triton")          # the override decides under compile too
     assert json.loads(CliRunner().invoke(main, args).stdout)["note"] is None
     args[1] = "cross_entropy"

@@ -133,11 +133,16 @@ def _skip_if_the_host_breaks(base, inputs, reference, exc):
                     f"{transformers.__version__}, torch {torch.__version__}: {why}")
 
 
-def _check_compiled_step(model_type, flags, loss_of, reference, monkeypatch, to_compiler=frozenset()):
-    """Patch with `flags`; the compiled model: one graph (fullgraph), every op the patch routes through
-    ran its Triton kernel (those in `to_compiler`: their torch implementation), the loss and gradients
-    of the eager model, a second call of the same shapes reuses the graph, and both losses match
-    `reference` on HF's model."""
+def _check_compiled_step(model_type, flags, loss_of, reference, monkeypatch, policy="fuse"):
+    """Patch with `flags`; the model compiled under LIGER_RT_COMPILE_POLICY=`policy`: one graph (fullgraph),
+    every op the patch routes through ran its Triton kernel (under `fuse` the ops the compiler fuses: their
+    torch implementation), the loss and gradients of the eager model, a second call of the same shapes
+    reuses the graph, and both losses match `reference` on HF's model."""
+    monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", policy)
+    dispatch.reset()
+    fusable = {name for name in dispatch.OP_MODULES if dispatch.get_op(name).compiler_fuses}
+    assert {"rms_norm", "swiglu", "rope"} <= fusable and "fused_linear_cross_entropy" not in fusable
+    to_compiler = fusable if policy == "fuse" else set()
     preset = _preset(model_type)
     base = build_model(preset)
     model = build_model(preset)                                 # same seed: the same weights
@@ -216,11 +221,8 @@ def test_compiled_loss_heads_match_eager(loss_flags, loss_of, reference, monkeyp
 
 
 @pytest.mark.slow
-def test_compile_policy_fuse_hands_the_fusable_ops_to_the_compiler(monkeypatch):
-    """LIGER_RT_COMPILE_POLICY=fuse on Qwen3 with every flag: the norms, SwiGLU and RoPE trace their torch
-    implementation (the compiler fuses them), the fused loss stays on its kernel; same checks otherwise."""
-    monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "fuse")
-    dispatch.reset()
-    fusable = {name for name in dispatch.OP_MODULES if dispatch.get_op(name).compiler_fuses}
-    assert {"rms_norm", "swiglu", "rope"} <= fusable and "fused_linear_cross_entropy" not in fusable
-    _check_compiled_step("qwen3", _every_flag("qwen3"), _hf_loss, _hf_loss, monkeypatch, to_compiler=fusable)
+@pytest.mark.parametrize("model_type", ["qwen3", "lfm2", "lfm2_moe"])
+def test_compile_policy_kernels_keeps_every_op_on_its_kernel(model_type, monkeypatch):
+    """LIGER_RT_COMPILE_POLICY=kernels with every flag: the norms, SwiGLU and RoPE stay on their Triton
+    kernels as custom ops too (the default, fuse, traces them as torch code); same checks otherwise."""
+    _check_compiled_step(model_type, _every_flag(model_type), _hf_loss, _hf_loss, monkeypatch, policy="kernels")

@@ -213,7 +213,9 @@ def test_plan():
 
 @pytest.mark.parametrize("impl,bias", [("triton", True), ("torch", True), ("triton", False)])
 def test_torch_compile_fullgraph_dynamic(monkeypatch, impl, bias):
-    """Under torch.compile the kernels run as custom ops, decided at trace time (env respected)."""
+    """Under torch.compile (LIGER_RT_COMPILE_POLICY=kernels) the kernels run as custom ops, decided at trace
+    time (env respected)."""
+    monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "kernels")   # the custom-op path (the default fuse traces torch)
     if impl == "torch":
         monkeypatch.setenv("LIGER_RT_IMPL_LAYER_NORM", "torch")
         dispatch.reset()

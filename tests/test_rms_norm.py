@@ -199,12 +199,11 @@ def test_plan():
 
 @pytest.mark.parametrize("impl", ["triton", "torch", "fuse", "fuse+triton"])
 def test_torch_compile_fullgraph_dynamic(monkeypatch, impl):
-    """Under torch.compile the kernels run as custom ops, decided at trace time (env respected):
-    LIGER_RT_COMPILE_POLICY=fuse hands the op to the compiler unless LIGER_RT_IMPL_RMS_NORM says otherwise."""
+    """Under torch.compile with LIGER_RT_COMPILE_POLICY=kernels the kernels run as custom ops, decided at trace
+    time (env respected); =fuse hands the op to the compiler unless LIGER_RT_IMPL_RMS_NORM says otherwise."""
     if impl == "torch":
         monkeypatch.setenv("LIGER_RT_IMPL_RMS_NORM", "torch")
-    if impl.startswith("fuse"):
-        monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "fuse")
+    monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "fuse" if impl.startswith("fuse") else "kernels")
     if impl == "fuse+triton":
         monkeypatch.setenv("LIGER_RT_IMPL_RMS_NORM", "triton")
     dispatch.reset()

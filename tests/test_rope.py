@@ -304,7 +304,9 @@ def test_plan():
 
 @pytest.mark.parametrize("impl", ["triton", "torch"])
 def test_torch_compile_fullgraph_dynamic(monkeypatch, impl):
-    """Under torch.compile the kernels run as custom ops, decided at trace time (env respected)."""
+    """Under torch.compile (LIGER_RT_COMPILE_POLICY=kernels) the kernels run as custom ops, decided at trace
+    time (env respected)."""
+    monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "kernels")   # the custom-op path (the default fuse traces torch)
     if impl == "torch":
         monkeypatch.setenv("LIGER_RT_IMPL_ROPE", "torch")
         dispatch.reset()
