@@ -83,12 +83,12 @@ for s in "$@"; do
               stage compiled ${COMPILED_S:-400} $B model --target ${COMPILED_TARGETS:-qwen3,lfm2,lfm2moe} \
                 --shape ${COMPILED_SHAPES:-4x2048,1x512} --compile --steps ${COMPILED_STEPS:-10} --warmup 3 \
                 --csv benchmarks/results/model_compiled_h200.csv ${COMPILED_ARGS:-} ;;
-    compiledfuse) # the compiled arms under both compile policies in one process, counterbalanced: liger_rt+compile
-              # (kernels) beside liger_rt+compile+fuse (LIGER_RT_COMPILE_POLICY=fuse: norms, SwiGLU, RoPE traced as
-              # torch for inductor to fuse; the fused loss and MoE stay on liger_rt's kernels)
+    compiledfuse) # the compiled arms under both compile policies in one process, counterbalanced:
+              # liger_rt+compile+kernels (every op a custom op) beside liger_rt+compile+fuse (the default: norms,
+              # SwiGLU, RoPE traced as torch for inductor to fuse; the fused loss and MoE stay on liger_rt's kernels)
               stage compiledfuse ${COMPILED_S:-400} $B model --target ${COMPILED_TARGETS:-qwen3,lfm2} \
                 --shape ${COMPILED_SHAPES:-4x2048} --steps ${COMPILED_STEPS:-10} --warmup 3 \
-                --arms baseline,liger_rt,baseline+compile,liger_rt+compile,liger_rt+compile+fuse \
+                --arms baseline,liger_rt,baseline+compile,liger_rt+compile+kernels,liger_rt+compile+fuse \
                 --csv benchmarks/results/model_compiled_fuse_h200.csv ${COMPILED_ARGS:-} ;;
     shortconv3) # issue 18: short conv B1 T65536 three times (each run's CSV kept as lfm2_ops_h200_shortconv_runN.csv)
               for i in 1 2 3; do

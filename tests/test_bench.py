@@ -157,15 +157,16 @@ def test_compiled_arms_have_no_graph_break_and_track_baseline(monkeypatch):
     import liger_rt.opspec as S
     taken, real = [], S.compiler_takes
     monkeypatch.setattr(S, "compiler_takes", lambda op: taken.append(real(op)) or taken[-1])
-    monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "kernels")
+    monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "fuse")
     rows = M.run_model_bench("qwen3", "tiny", batch=2, seq=8, steps=1, warmup=1, dtype="fp32", device="cpu",
-                             arms=("baseline", "baseline+compile", "liger_rt+compile", "liger_rt+compile+fuse"),
+                             arms=("baseline", "baseline+compile", "liger_rt+compile+kernels", "liger_rt+compile+fuse"),
                              compile_backend="aot_eager", echo=None)
     runs = [r for r in rows if r["kind"] == "run"]
-    assert [r["arm"] for r in runs] == ["baseline", "baseline+compile", "liger_rt+compile", "liger_rt+compile+fuse",
-                                        "liger_rt+compile+fuse", "liger_rt+compile", "baseline+compile", "baseline"]
-    assert [r["compile_policy"] for r in runs[1:7]] == ["kernels", "kernels", "fuse", "fuse", "kernels", "kernels"]
-    assert True in taken and False in taken and os.environ["LIGER_RT_COMPILE_POLICY"] == "kernels"  # restored
+    assert [r["arm"] for r in runs] == ["baseline", "baseline+compile", "liger_rt+compile+kernels",
+                                        "liger_rt+compile+fuse", "liger_rt+compile+fuse", "liger_rt+compile+kernels",
+                                        "baseline+compile", "baseline"]
+    assert [r["compile_policy"] for r in runs[1:7]] == ["fuse", "kernels", "fuse", "fuse", "kernels", "fuse"]
+    assert True in taken and False in taken and os.environ["LIGER_RT_COMPILE_POLICY"] == "fuse"  # restored
     summ = {r["arm"]: r for r in rows if r["kind"] == "summary"}
     assert summ["liger_rt+compile+fuse"]["loss_curves_overlap"] and summ["liger_rt+compile+fuse"]["graph_breaks"] == 0
     for r in runs[1:7]:
@@ -174,8 +175,9 @@ def test_compiled_arms_have_no_graph_break_and_track_baseline(monkeypatch):
         assert r["tok_per_s"] > 0 and len(r["losses"]) == 2
     assert runs[0]["graph_breaks"] is None and runs[0]["compile_s"] is None
     summ = {r["arm"]: r for r in rows if r["kind"] == "summary"}
-    assert summ["liger_rt+compile"]["loss_curves_overlap"] and summ["baseline+compile"]["vs_baseline_compile"] == 1.0
-    assert summ["liger_rt+compile"]["graph_breaks"] == 0 and "breaks" in M.format_summary(rows)
+    assert summ["liger_rt+compile+kernels"]["loss_curves_overlap"]
+    assert summ["baseline+compile"]["vs_baseline_compile"] == 1.0
+    assert summ["liger_rt+compile+kernels"]["graph_breaks"] == 0 and "breaks" in M.format_summary(rows)
     from torch._dynamo.utils import counters                       # the counter the rows read does count breaks
 
     def f(x):

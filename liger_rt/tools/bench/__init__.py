@@ -126,8 +126,9 @@ def _layer_list(ctx, param, text):
 @click.option("--liger-kernel/--no-liger-kernel", "liger_kernel", default=True, show_default=True,
               help="Also time Liger-Kernel's own patch (where installed and supported for the model type).")
 @click.option("--arms", default=None, help="Only these arms, comma-separated, baseline among them (e.g. "
-              "baseline,liger_kernel: a peer in its own process, under its own switches; liger_rt+compile+fuse: "
-              "liger_rt compiled under LIGER_RT_COMPILE_POLICY=fuse); it overrides --liger-kernel and --compile.")
+              "baseline,liger_kernel: a peer in its own process, under its own switches; liger_rt+compile+kernels, "
+              "liger_rt+compile+fuse: liger_rt compiled under that LIGER_RT_COMPILE_POLICY); it overrides "
+              "--liger-kernel and --compile.")
 @click.option("--compile/--no-compile", "compile_", default=False, show_default=True,
               help="Also time torch.compile(model) of the baseline and of the patched model (arms baseline+compile, "
               "liger_rt+compile: graph breaks and compile time recorded; a failing compile is a row with its error).")
@@ -156,7 +157,7 @@ def model_cmd(model_type, targets, preset, batch, seq, shapes, steps, warmup, qu
     arms = tuple(a.strip() for a in arms.split(",") if a.strip()) if arms else None
     shapes = _run(M.parse_shapes, shapes) or [(batch, seq)]
     compile_kw = dict(compile=compile_, compile_backend=compile_backend, compile_mode=compile_mode)
-    if compile_ or arms:  # a bad arm, backend or warm-up is a usage error before any GPU check or model build
+    if compile_ or arms:      # a bad arm, backend or warm-up: a usage error before any GPU check or model build
         _run(M.resolve_arms, arms, False, compile_, compile_backend, compile_mode, 3 if warmup is None else warmup)
     if targets:
         targets = [t.strip() for text in targets for t in text.split(",") if t.strip()]

@@ -28,9 +28,12 @@ import torch
 
 from .harness import fmt, format_table, measure_ceilings
 
-ARMS = ("baseline", "liger_rt", "liger_kernel", "baseline+compile", "liger_rt+compile", "liger_rt+compile+fuse")
-# liger_rt+compile+fuse: liger_rt compiled under LIGER_RT_COMPILE_POLICY=fuse, beside liger_rt+compile in one process
-COMPILED = ("baseline+compile", "liger_rt+compile", "liger_rt+compile+fuse")
+ARMS = ("baseline", "liger_rt", "liger_kernel", "baseline+compile", "liger_rt+compile", "liger_rt+compile+kernels",
+        "liger_rt+compile+fuse")
+# liger_rt+compile runs under the environment's LIGER_RT_COMPILE_POLICY (default fuse); the +kernels and +fuse arms
+# under that policy whatever the environment says, so both policies run counterbalanced in one process
+COMPILED = ("baseline+compile", "liger_rt+compile", "liger_rt+compile+kernels", "liger_rt+compile+fuse")
+POLICY_ARMS = {"liger_rt+compile+kernels": "kernels", "liger_rt+compile+fuse": "fuse"}
 COMPILE_MODES = ("default", "reduce-overhead")
 # What a run row holds (None in the row of a compiled run that failed)
 RUN_METRICS = ("median_step_ms", "min_step_ms", "max_step_ms", "tok_per_s", "peak_alloc_GB", "loss_first",
@@ -214,9 +217,9 @@ def compile_stats(arm: str) -> dict:
 
 
 def arm_policy(arm: str) -> str:
-    """The LIGER_RT_COMPILE_POLICY a compiled arm runs under: fuse for liger_rt+compile+fuse, else the environment's."""
+    """The LIGER_RT_COMPILE_POLICY a compiled arm runs under: its own (POLICY_ARMS), else the environment's."""
     from liger_rt import env
-    return "fuse" if arm.endswith("+fuse") else env.compile_policy()
+    return POLICY_ARMS.get(arm) or env.compile_policy()
 
 
 @contextlib.contextmanager
@@ -365,7 +368,7 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
     peak, speedup and memory against baseline, loss-curve difference).  `flags` go to liger_rt.patch on top of
     {fused_linear_cross_entropy: True}; `config` holds transformers config overrides for every arm.  `compile` adds
     the arms baseline+compile and liger_rt+compile (torch.compile with `compile_backend`, a name or a callable, and
-    `compile_mode`); `arms` picks the arms outright (baseline among them; liger_rt+compile+fuse only so)."""
+    `compile_mode`); `arms` picks the arms outright (baseline among them; the POLICY_ARMS only so)."""
     from liger_rt.kernels._common import dtype_name, parse_dtype
     echo = echo or (lambda s: None)
     dt, device = parse_dtype(dtype), ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
