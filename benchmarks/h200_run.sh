@@ -90,6 +90,12 @@ for s in "$@"; do
                 --shape ${COMPILED_SHAPES:-4x2048} --steps ${COMPILED_STEPS:-10} --warmup 3 \
                 --arms baseline,liger_rt,baseline+compile,liger_rt+compile+kernels,liger_rt+compile+fuse \
                 --csv benchmarks/results/model_compiled_fuse_h200.csv ${COMPILED_ARGS:-} ;;
+    moe3)     # issue 18: the MoE experts at T16384 (both shapes, both routings, every peer) three times, each run's
+              # CSV kept as moe_experts_h200_t16384_runN.csv (the 450 TFLOP/s target is a median of three)
+              for i in 1 2 3; do
+                stage moe3_$i ${MOE3_S:-150} $B kernels --op moe_experts --where tokens=16384 ${MOE3_ARGS:-}
+                cp benchmarks/results/moe_experts_h200.csv benchmarks/results/moe_experts_h200_t16384_run$i.csv
+              done ;;
     shortconv3) # issue 18: short conv B1 T65536 three times (each run's CSV kept as lfm2_ops_h200_shortconv_runN.csv)
               for i in 1 2 3; do
                 stage shortconv$i 90 $B kernels --op lfm2_ops --where op=short_conv --where seq=65536 --no-compile
