@@ -58,6 +58,15 @@ def _check_all(out, ref, dtype, dims):
 
 
 # -- correctness of the fused path --------------------------------------------------------------
+def test_tma_weight_gradients_fall_back_where_rows_are_not_16_byte_aligned():
+    """wgrad_sorted=2 on rows of 37 fp32 (148 bytes: no tensor descriptor can stride them) runs the
+    sorted copies through the pointer kernel, and is still right against the fp64 reference."""
+    dims = _dims(29, 4, 2, 37, 20)
+    assert not M._descriptors_ok(torch.empty(8, 37)) and M._descriptors_ok(torch.empty(8, 40))
+    case = _case(dims, tag="skewed")
+    _check_all(_run("triton", case, M._CPU[0].replace(wgrad_sorted=2)), _dense_fp64(case), torch.float32, dims)
+
+
 @pytest.mark.parametrize("tag", ["uniform", "skewed"])
 @pytest.mark.parametrize("wgrad_sorted", [2, 1, 0])
 def test_fwd_bwd_fp32_odd_shapes(tag, wgrad_sorted):
