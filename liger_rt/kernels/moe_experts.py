@@ -772,8 +772,8 @@ def _fits(cfg: MoEExpertsConfig, arch: backend.Arch, dims: dict, dtype: torch.dt
 def _configs(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> list[MoEExpertsConfig]:
     if arch.name == "cpu":
         return _CPU
-    if arch.is_hip:
-        return _HIP
+    if arch.is_hip:   # sorted copies (the knob's default) and gathered rows: neither measured on AMD yet
+        return _HIP + [c.replace(wgrad_sorted=0) for c in _HIP[:2]]
     if dtype == torch.float32:
         return _NVIDIA_FP32
     # the weight-gradient operand variants (gathered rows, sorted copies through TMA) beside the
