@@ -23,11 +23,10 @@ import statistics
 import torch
 import torch.nn.functional as F
 import triton
-from triton.testing import do_bench
 
 from liger_rt import backend
 from liger_rt.kernels import fused_linear_cross_entropy as flce
-from liger_rt.tools.bench.harness import peak_extra_gb, profiled
+from liger_rt.tools.bench.harness import counterbalanced, peak_extra_gb, profiled
 
 SHAPES = {"BT8192_H2048_V65536": (8192, 2048, 65536), "BT8192_H2560_V151936": (8192, 2560, 151936)}
 
@@ -79,14 +78,10 @@ def main():
         x, w, y = make_inputs(t, h, v)
         table = arms(t, h, v, chunks)
         peaks = {name: peak_extra(fn, x, w, y) for name, fn in table.items()}
-        times = {name: [] for name in table}
-        for r in range(a.rounds):
-            order = list(table) if r % 2 == 0 else list(reversed(table))
-            for name in order:
-                ms = do_bench(lambda fn=table[name]: step(fn, x, w, y), warmup=100, rep=400)
-                times[name].append(ms)
-                rows.append({"shape": shape, "arm": name, "round": r, "ms": ms, "peak_extra_GB": peaks[name],
-                             "TFLOPs": 6 * t * h * v / ms / 1e9, **meta})
+        times = counterbalanced({name: (lambda fn=fn: step(fn, x, w, y)) for name, fn in table.items()}, a.rounds,
+                                warmup=100, rep=400)
+        rows += [{"shape": shape, "arm": name, "round": r, "ms": ms, "peak_extra_GB": peaks[name],
+                  "TFLOPs": 6 * t * h * v / ms / 1e9, **meta} for name, ts in times.items() for r, ms in enumerate(ts)]
         print(f"== {shape}: median of {a.rounds} rounds (spread), peak extra GB")
         ref = statistics.median(times["compile"])
         for name in table:

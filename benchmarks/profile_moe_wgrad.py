@@ -16,11 +16,9 @@ import statistics
 
 import torch
 import triton
-from torch.profiler import ProfilerActivity, profile
-from triton.testing import do_bench
-
 from liger_rt import backend
 from liger_rt.kernels import moe_experts as M
+from liger_rt.tools.bench.harness import counterbalanced, profiled
 
 SHAPES = [dict(experts=8, top_k=2, hidden=4096, intermediate=14336, tokens=8192),      # mixtral-8x7b step
           dict(experts=32, top_k=4, hidden=2048, intermediate=1792, tokens=16384),     # issue 18
@@ -28,11 +26,7 @@ SHAPES = [dict(experts=8, top_k=2, hidden=4096, intermediate=14336, tokens=8192)
 
 
 def wgrad_ms(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
+    prof = profiled(fn, warmup=1, calls=1)
     return sum(e.device_time_total for e in prof.key_averages() if "wgrad" in e.key) / 1e3
 
 
@@ -51,10 +45,7 @@ def main() -> None:
         arms["grouped_mm"] = lambda: M.OP.call_impl("grouped_mm", {}, x, gu, dn, idx, w, True)
         steps = {k: (lambda f=f: torch.autograd.grad(f(), (x, gu, dn, w), dy)) for k, f in arms.items()}
         flop = 18 * dims["tokens"] * dims["top_k"] * dims["hidden"] * dims["intermediate"]
-        times = {k: [] for k in steps}
-        for r in range(a.rounds):
-            for k in (list(steps) if r % 2 == 0 else list(reversed(steps))):
-                times[k].append(do_bench(steps[k], warmup=50, rep=300))
+        times = counterbalanced(steps, a.rounds, warmup=50, rep=300)
         print(f"== {dims}: median of {a.rounds} rounds (range), TFLOP/s, weight-gradient kernels' device ms")
         for k, t in times.items():
             m, wg = statistics.median(t), (wgrad_ms(steps[k]) if k.startswith("triton") else float("nan"))

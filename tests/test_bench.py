@@ -174,7 +174,6 @@ def test_compiled_arms_have_no_graph_break_and_track_baseline(monkeypatch):
         assert r["compile_s"] > 0 and r["compile_backend"] == "aot_eager" and r["compile_mode"] == "default"
         assert r["tok_per_s"] > 0 and len(r["losses"]) == 2
     assert runs[0]["graph_breaks"] is None and runs[0]["compile_s"] is None
-    summ = {r["arm"]: r for r in rows if r["kind"] == "summary"}
     assert summ["liger_rt+compile+kernels"]["loss_curves_overlap"]
     assert summ["baseline+compile"]["vs_baseline_compile"] == 1.0
     assert summ["liger_rt+compile+kernels"]["graph_breaks"] == 0 and "breaks" in M.format_summary(rows)
@@ -311,6 +310,15 @@ def test_write_csv_records_versions_and_merges_partial_runs(tmp_path, monkeypatc
 
 
 # -- kernel cases ----------------------------------------------------------------------------------
+
+def test_counterbalanced_reverses_the_order_every_other_round(monkeypatch):
+    import triton.testing
+    calls = []
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: calls.append(fn()) or float(len(calls)))
+    times = H.counterbalanced({"a": lambda: "a", "b": lambda: "b", "c": lambda: "c"}, 3, warmup=1, rep=2)
+    assert calls == list("abccbaabc")
+    assert times == {"a": [1.0, 6.0, 7.0], "b": [2.0, 5.0, 8.0], "c": [3.0, 4.0, 9.0]}
+
 
 def test_decision_text_writes_nested_configs_as_json():
     """The config column of a dispatched arm: MoE's config nests one launch per GEMM family (H200,

@@ -186,6 +186,16 @@ def profiled(step: Callable, *, warmup: int, calls: int, cpu: bool = False):
     return prof
 
 
+def counterbalanced(fns: dict[str, Callable], rounds: int, **do_bench_kw) -> dict[str, list[float]]:
+    """do_bench ms of each fn per round over `rounds` rounds, the order reversed every other round."""
+    from triton.testing import do_bench
+    times = {k: [] for k in fns}
+    for r in range(rounds):
+        for k in (list(fns) if r % 2 == 0 else list(reversed(fns))):
+            times[k].append(do_bench(fns[k], **do_bench_kw))
+    return times
+
+
 def rel_err(a, b) -> float:
     """||a - b|| / ||b|| in fp32."""
     a, b = a.detach().float(), b.detach().float()

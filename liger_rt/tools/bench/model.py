@@ -18,7 +18,6 @@ import dataclasses
 import gc
 import importlib
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from .harness import fmt, format_table, measure_ceilings
+from .harness import dispatch_env, fmt, format_table, measure_ceilings
 
 ARMS = ("baseline", "liger_rt", "liger_kernel", "baseline+compile", "liger_rt+compile", "liger_rt+compile+kernels",
         "liger_rt+compile+fuse")
@@ -222,20 +221,6 @@ def arm_policy(arm: str) -> str:
     return POLICY_ARMS.get(arm) or env.compile_policy()
 
 
-@contextlib.contextmanager
-def _policy(arm: str):
-    """LIGER_RT_COMPILE_POLICY set to the arm's policy while it runs (traces read it), restored after."""
-    old = os.environ.get("LIGER_RT_COMPILE_POLICY")
-    os.environ["LIGER_RT_COMPILE_POLICY"] = arm_policy(arm)
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["LIGER_RT_COMPILE_POLICY"]
-        else:
-            os.environ["LIGER_RT_COMPILE_POLICY"] = old
-
-
 def _reset_dynamo() -> None:
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
@@ -320,7 +305,8 @@ def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, 
         build_s = time.perf_counter() - t0
         ids = random_ids(model, batch, seq, seed, device) if ids is None else ids
         opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=cuda)
-        with _policy(arm) if compiled else contextlib.nullcontext():
+        # the arm's compile policy while it runs (its traces read it), restored after
+        with dispatch_env(LIGER_RT_COMPILE_POLICY=arm_policy(arm)) if compiled else contextlib.nullcontext():
             res, warm_extra_s = train_steps(step_model, opt, ids, warmup, steps, cuda)
         return {**res, "build_s": build_s, "params_M": sum(p.numel() for p in model.parameters()) / 1e6,
                 "flops_per_step": train_flops_per_step(model, batch, seq), **(compile_stats(arm) if compiled else {}),
