@@ -265,7 +265,7 @@ def test_bench_model_target_arguments():
     res = CliRunner().invoke(bench, ["model", "--model", "qwen3", "--target", "qwen3"])
     assert res.exit_code != 0 and "give --model TYPE or --target NAME" in res.output
     res = CliRunner().invoke(bench, ["model", "--target", "gpt"])
-    assert res.exit_code != 0 and "unknown target 'gpt'; valid: qwen3, lfm2, qwen3rope, lfm2moe, all" in res.output
+    assert res.exit_code != 0 and "unknown target 'gpt'; valid: qwen3, lfm2, qwen3rope, lfm2rope, lfm2moe, lfm2moerope, all" in res.output
 
 
 @NO_GPU

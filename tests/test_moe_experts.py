@@ -5,6 +5,7 @@ the ExpertsInterface registration against the Hugging Face module, torch.compile
 import dataclasses
 import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -212,6 +213,24 @@ def test_grouped_mm_math_on_cpu_and_availability():
     assert M._supports_grouped_mm(dims, torch.float32) is not None
     assert M._supports_grouped_mm(_dims(8, 4, 2, 2048, 1792), torch.bfloat16) is None
     assert "grouped_mm" not in M.OP.available_impls(cpu, dims, torch.bfloat16)
+
+
+def test_grouped_mm_probe_failure_is_said_once_and_asked_again(monkeypatch):
+    """A failed probe (here: no CUDA device) is warned once with its reason, and not kept: the next decision
+    probes again, so one bad moment cannot take grouped_mm away for the rest of the process."""
+    calls = []
+    monkeypatch.setattr(M, "_grouped_mm_fn", lambda: calls.append(1) or torch.matmul)
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    monkeypatch.setattr(M, "_PROBED", {})
+    monkeypatch.setattr(M, "PROBE_FAILURES", {})
+    with pytest.warns(RuntimeWarning, match="grouped_mm probe failed on cuda:7"):
+        assert M._grouped_mm_probe(7) is False
+    assert M.PROBE_FAILURES[7]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")       # the same reason is not warned twice
+        assert M._grouped_mm_probe(7) is False
+    assert len(calls) == 2 and not M._PROBED
 
 
 # -- configs --------------------------------------------------------------------------------------

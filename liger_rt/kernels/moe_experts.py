@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -123,12 +124,18 @@ def moe_experts_grouped_mm(x: torch.Tensor, gate_up_proj: torch.Tensor, down_pro
     return y.index_select(0, inv).view(T, K, H).sum(1)
 
 
-@functools.lru_cache(maxsize=8)
+_PROBED: dict[int, bool] = {}      # device index -> grouped_mm launched there (only successes are kept)
+PROBE_FAILURES: dict[int, str] = {}  # device index -> why the last probe failed (said in dispatch's errors)
+
+
 def _grouped_mm_probe(device_index: int) -> bool:
     """Does a tiny bf16 grouped MM launch on this device? (the honest availability test).  Its copy of
-    the offsets to the device is a host sync: under torch's sync debug mode (the harness's host_syncs
-    check) it raised, the probe said False, and that answer stayed cached for the process (H200, 2026-12-03:
-    `bench kernels --op moe_experts` found grouped_mm "cannot run here"), so the probe runs with the mode off."""
+    the offsets to the device is a host sync, so the probe runs with torch's sync debug mode off.  A failure
+    is not kept: on the H200 (2026-12-03) `bench kernels --op moe_experts` found grouped_mm "cannot run here"
+    in every case although the probe's own GPU test passed; now a failure is asked again at the next decision
+    and its reason is warned once and kept in PROBE_FAILURES."""
+    if _PROBED.get(device_index):
+        return True
     gmm = _grouped_mm_fn()
     if gmm is None:
         return False
@@ -139,8 +146,15 @@ def _grouped_mm_probe(device_index: int) -> bool:
         a = torch.randn(32, 64, device=dev, dtype=torch.bfloat16)
         b = torch.randn(2, 32, 64, device=dev, dtype=torch.bfloat16).transpose(-2, -1)
         gmm(a, b, offs=torch.tensor([16, 32], device=dev, dtype=torch.int32))
+        _PROBED[device_index] = True
+        PROBE_FAILURES.pop(device_index, None)
         return True
-    except Exception:
+    except Exception as exc:
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        if PROBE_FAILURES.get(device_index) != why:
+            warnings.warn(f"liger_rt: grouped_mm probe failed on cuda:{device_index} ({why}); moe_experts "
+                          "dispatches without grouped_mm until a probe succeeds", RuntimeWarning)
+        PROBE_FAILURES[device_index] = why
         return False
     finally:
         torch.cuda.set_sync_debug_mode(previous)

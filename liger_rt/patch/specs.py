@@ -96,11 +96,12 @@ SPECS: dict[str, ModelSpec] = {s.model_type: s for s in [
     _llama_like("qwen3_moe", "Qwen3Moe", experts=True),
     ModelSpec("lfm2", {"Lfm2RMSNorm": RMS_NORM, "Lfm2MLP": SWIGLU_W132, "Lfm2ShortConv": SHORT_CONV,
                        "Lfm2DecoderLayer": CONV_POSITIONS},
-              causal_lm=("Lfm2ForCausalLM",), defaults={"rms_norm", "swiglu", "short_conv"}),
+              causal_lm=("Lfm2ForCausalLM",), defaults={"rms_norm", "swiglu", "short_conv"},
+              functions={"apply_rotary_pos_emb": ROPE}),
     ModelSpec("lfm2_moe", {"Lfm2MoeRMSNorm": RMS_NORM, "Lfm2MoeMLP": SWIGLU_W132, "Lfm2MoeShortConv": SHORT_CONV,
                            "Lfm2MoeDecoderLayer": CONV_POSITIONS, "Lfm2MoeTopKRouter": MOE_ROUTER,
                            "Lfm2MoeExperts": MOE_EXPERTS},
-              causal_lm=("Lfm2MoeForCausalLM",),
+              causal_lm=("Lfm2MoeForCausalLM",), functions={"apply_rotary_pos_emb": ROPE},
               defaults={"rms_norm", "swiglu", "short_conv", "moe_router", "moe_experts"}),
     # the text decoder is LFM2; the SigLIP2 tower's LayerNorm is off by default (native LayerNorm
     # is faster at hidden 1152 in wall time: docs/perf.md)

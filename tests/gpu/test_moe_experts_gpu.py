@@ -248,7 +248,19 @@ def test_grouped_mm_probe_under_sync_debug_mode():
     """The availability probe answers the same when first asked inside the harness's host-sync check
     (torch's sync debug mode "error"), and leaves the mode as it found it."""
     from liger_rt import autotune
-    M._grouped_mm_probe.cache_clear()
+    M._PROBED.clear()
     assert not autotune.host_syncs(lambda: M._grouped_mm_probe(torch.cuda.current_device()))
     assert M._grouped_mm_probe(torch.cuda.current_device()) is True
     assert torch.cuda.get_sync_debug_mode() == 0
+
+
+def test_bench_forced_grouped_mm_arm_runs():
+    """The bench's forced grouped_mm arm runs where grouped_mm does (H200, 2026-12-03: every case of
+    `bench kernels --op moe_experts` said grouped_mm "cannot run here" while transformers' grouped_mm ran)."""
+    from liger_rt.tools.bench import harness
+    from liger_rt.tools.bench import moe_experts as B
+    case = B.build(dict(B.SPECS[0]), "bf16", "cuda")          # T512, E32, uniform
+    rows = harness.measure_case(case, dtype="bf16", device="cuda", quick=True, compile_=False, ceilings=None)
+    forced = [r for r in rows if r["impl"] == "grouped_mm"]
+    assert forced and all(not r["error"] for r in forced), [r["error"] for r in forced]
+    assert not M.PROBE_FAILURES
