@@ -34,7 +34,9 @@ def _short(name, layers):
     ("qwen3-4b", {"fused_linear_cross_entropy": True}),
     ("llama-3.2-1b", {}),
     ("lfm2-1.2b", {}),
+    ("lfm2-1.2b", {"rope": True, "fused_linear_cross_entropy": True}),
     ("lfm2-8b-a1b", {}),
+    ("lfm2-8b-a1b", {"rope": True}),
     ("lfm2-vl-1.6b", {"layer_norm": True}),
     ("qwen3-30b-a3b", {}),
 ])
