@@ -259,7 +259,9 @@ def test_bench_forced_grouped_mm_arm_runs():
     `bench kernels --op moe_experts` said grouped_mm "cannot run here" while transformers' grouped_mm ran)."""
     from liger_rt.tools.bench import harness
     from liger_rt.tools.bench import moe_experts as B
+    import dataclasses
     case = B.build(dict(B.SPECS[0]), "bf16", "cuda")          # T512, E32, uniform
+    case = dataclasses.replace(case, peers={}, forced=("grouped_mm",), passes=("fwd",))   # the arm in question
     rows = harness.measure_case(case, dtype="bf16", device="cuda", quick=True, compile_=False, ceilings=None)
     forced = [r for r in rows if r["impl"] == "grouped_mm"]
     assert forced and all(not r["error"] for r in forced), [r["error"] for r in forced]
