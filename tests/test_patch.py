@@ -339,8 +339,8 @@ def test_unknown_flag_lists_valid_flags():
     liger_rt.patch(model, rope=False)
     liger_rt.unpatch(model)
     assert liger_rt.patch.describe(model) is None
-    with pytest.raises(NotImplementedError, match="RoPE stays with the host.*rope=True works for qwen3, llama"):
-        liger_rt.patch(build_model("lfm2-tiny"), rope=True)       # a family without a rope row
+    with pytest.raises(NotImplementedError, match="RoPE stays with the host.*rope=True works for qwen3, llama, lfm2"):
+        liger_rt.patch(build_model("phi3-tiny"), rope=True)       # a family without a rope row (partial rotary)
 
 
 def test_unknown_model_type_lists_supported():
