@@ -91,9 +91,11 @@ for s in "$@"; do
                 --arms baseline,liger_rt,baseline+compile,liger_rt+compile+kernels,liger_rt+compile+fuse \
                 --csv benchmarks/results/model_compiled_fuse_h200.csv ${COMPILED_ARGS:-} ;;
     moe3)     # issue 18: the MoE experts at T16384 (both shapes, both routings, every peer) three times, each run's
-              # CSV kept as moe_experts_h200_t16384_runN.csv (the 450 TFLOP/s target is a median of three)
+              # CSV kept as moe_experts_h200_t16384_runN.csv (the 450 TFLOP/s target is a median of three); run 2
+              # times the arms last to first, so the three runs are counterbalanced (ABA)
               for i in 1 2 3; do
-                stage moe3_$i ${MOE3_S:-150} $B kernels --op moe_experts --where tokens=16384 ${MOE3_ARGS:-}
+                rev=""; [ $i = 2 ] && rev=--reverse-arms
+                stage moe3_$i ${MOE3_S:-200} $B kernels --op moe_experts --where tokens=16384 $rev ${MOE3_ARGS:-}
                 cp benchmarks/results/moe_experts_h200.csv benchmarks/results/moe_experts_h200_t16384_run$i.csv
               done ;;
     shortconv3) # issue 18: short conv B1 T65536 three times (each run's CSV kept as lfm2_ops_h200_shortconv_runN.csv)

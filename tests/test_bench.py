@@ -374,6 +374,20 @@ def test_measure_case_times_every_arm_against_an_fp32_reference():
     assert env.impl_override("rms_norm") is None                      # the override is gone after the arm
 
 
+def test_measure_case_reverse_arms_times_the_arms_last_to_first():
+    """--reverse-arms: the same arms and results, timed in the opposite order, and the rows say which."""
+    spec = dict(op="rms_norm", rows=3, hidden=24)
+    runs = {rev: H.measure_case(norms.build(spec, "fp32", "cpu", echo=lambda s: None), dtype="fp32", device="cpu",
+                                quick=True, compile_=False, ceilings=None, echo=lambda s: None, reverse_arms=rev)
+            for rev in (False, True)}
+    order = {rev: list(dict.fromkeys(r["impl"] for r in rows)) for rev, rows in runs.items()}
+    assert order[False][0] == "eager" and order[True] == order[False][::-1], order
+    assert {r["arm_order"] for r in runs[True]} == {"reversed"} and {r["arm_order"] for r in runs[False]} == {"listed"}
+    for rev in (False, True):
+        by = {(r["impl"], r["pass"]): r for r in runs[rev]}
+        assert by["liger_rt", "fwdbwd"]["err_grad"] < 1e-5 and by["eager", "fwd"]["vs_eager"] == 1.0
+
+
 def test_run_kernels_writes_one_csv_per_family_and_merges_narrowed_runs(tmp_path, monkeypatch):
     _torch_references(monkeypatch)
     _fake_metadata(monkeypatch, **{"liger-kernel": None})

@@ -55,14 +55,16 @@ def bench():
 @click.option("--quick", is_flag=True, help="The quick cases, shorter timing, no torch.compile.")
 @click.option("--no-compile", is_flag=True, help="Leave the torch.compile arm out.")
 @click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp16", "fp32"]))
+@click.option("--reverse-arms", is_flag=True, help="Time each case's arms last to first (alternate it between runs "
+              "to counterbalance them); the rows say so in arm_order.")
 @_OUT
-def kernels(names, where, quick, no_compile, dtype, out_dir):
+def kernels(names, where, quick, no_compile, dtype, reverse_arms, out_dir):
     """Every arm of every case (ours, forced implementations, eager, torch.compile, Liger-Kernel)."""
     from .harness import run_kernels, select_specs
     _run(select_specs, list(names), list(where), quick)       # bad arguments first, GPU or not
     _need_gpu("bench kernels")
     _run(run_kernels, list(names), where=list(where), quick=quick, compile_=not no_compile, dtype=dtype,
-         out_dir=out_dir, echo=lambda s: click.echo(s))
+         out_dir=out_dir, echo=lambda s: click.echo(s), reverse_arms=reverse_arms)
 
 
 @bench.command()

@@ -297,8 +297,9 @@ def _arms(case: Case, dtype: str, compile_: bool) -> dict[str, tuple[Arm, str | 
 
 
 def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: bool, ceilings: dict | None,
-                 echo: Callable = print) -> list[dict]:
-    """One row per (arm, pass); an arm that fails gets rows with `error` and never stops the run."""
+                 echo: Callable = print, reverse_arms: bool = False) -> list[dict]:
+    """One row per (arm, pass); an arm that fails gets rows with `error` and never stops the run.
+    `reverse_arms` times the arms last to first (runs alternating it are counterbalanced)."""
     label = {**case.dims, **{k: case.spec[k] for k in ("routing",) if k in case.spec},
              "dtype": case.spec.get("dtype", dtype)}
     key = ",".join(f"{k}={v}" for k, v in label.items())
@@ -307,8 +308,10 @@ def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: 
     ins32 = tuple(t.detach().float().requires_grad_(t.requires_grad) if _floating(t) else t for t in case.inputs)
     ref_out, ref_grads = _grads(case.ref or case.eager.fn, ins32, None if case.dy is None else case.dy.float())
     rows = []
-    for name, (arm, impl) in _arms(case, dtype, compile_).items():
+    arms = list(_arms(case, dtype, compile_).items())
+    for name, (arm, impl) in (reversed(arms) if reverse_arms else arms):
         base = {"op": case.op, "case": key, **label, "impl": name, **case.extra, "quick": quick,
+                "arm_order": "reversed" if reverse_arms else "listed",
                 "copy_ceiling_GBps": (ceilings or {}).get("copy_GBps"),
                 "matmul_ceiling_TFLOPs": (ceilings or {}).get("bf16_matmul_TFLOPs")}
         ins, dy = tuple(_copy(t) for t in case.inputs), None if case.dy is None else case.dy.clone()
@@ -407,10 +410,11 @@ def select_specs(names: list[str], where: list[str], quick: bool) -> dict[str, l
 
 def run_kernels(names: list[str] = (), *, where: list[str] = (), quick: bool = False, compile_: bool = True,
                 dtype: str = "bf16", device: str = "cuda", out_dir: str | Path = "benchmarks/results",
-                ceilings: dict | None = None, echo: Callable = print) -> list[dict]:
+                ceilings: dict | None = None, echo: Callable = print, reverse_arms: bool = False) -> list[dict]:
     """Every selected case of every family; one CSV per family, <family>_<device>[_quick].csv in
     out_dir, rewritten after each case (a run cut short keeps what it measured).  A run narrowed
-    by names or `where` replaces its own cases in an existing CSV and keeps the others."""
+    by names or `where` replaces its own cases in an existing CSV and keeps the others.
+    `reverse_arms`: each case's arms timed last to first (see measure_case)."""
     plan = select_specs(list(names), list(where), quick)
     if device == "cuda" and ceilings is None:
         ceilings = measure_ceilings(quick=quick)
@@ -425,7 +429,7 @@ def run_kernels(names: list[str] = (), *, where: list[str] = (), quick: bool = F
             case = importlib.import_module(f"liger_rt.tools.bench.{fam}").build(spec, spec.get("dtype", dtype),
                                                                                 device, echo)
             rows += measure_case(case, dtype=dtype, device=device, quick=quick, compile_=compile_ and not quick,
-                                 ceilings=ceilings, echo=echo)
+                                 ceilings=ceilings, echo=echo, reverse_arms=reverse_arms)
             write_csv(rows, path, ("op", "case") if names or where else None)
         unit = [u for u in ("GBps", "TFLOPs") if any(u in r for r in rows)]
         echo(format_table(rows, ["op", "case", "impl", "pass", "ms", "dev_ms", *unit, *[f"dev_{u}" for u in unit],
