@@ -125,7 +125,7 @@ def moe_experts_grouped_mm(x: torch.Tensor, gate_up_proj: torch.Tensor, down_pro
 
 
 _PROBED: dict[int, bool] = {}      # device index -> grouped_mm launched there (only successes are kept)
-PROBE_FAILURES: dict[int, str] = {}  # device index -> why the last probe failed (said in dispatch's errors)
+PROBE_FAILURES: dict[int, str] = {}  # device index -> why the last probe failed (warned once per reason)
 
 
 def _grouped_mm_probe(device_index: int) -> bool:
