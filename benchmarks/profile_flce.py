@@ -15,18 +15,14 @@ its inputs, the gradients it hands out included (as the losses benchmark counts 
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
-import os
 import statistics
 
 import torch
 import torch.nn.functional as F
-import triton
 
 from liger_rt import backend
 from liger_rt.kernels import fused_linear_cross_entropy as flce
-from liger_rt.tools.bench.harness import counterbalanced, peak_extra_gb, profiled
+from liger_rt.tools.bench.harness import counterbalanced, peak_extra_gb, profiled, write_csv
 
 SHAPES = {"BT8192_H2048_V65536": (8192, 2048, 65536), "BT8192_H2560_V151936": (8192, 2560, 151936)}
 
@@ -71,8 +67,7 @@ def main():
     ap.add_argument("--csv", default="benchmarks/results/flce_chunks_h200.csv")
     a = ap.parse_args()
     chunks = [int(c) for c in a.chunks.split(",")]
-    meta = {"torch": torch.__version__, "triton": triton.__version__, "gpu": torch.cuda.get_device_name(),
-            "date": datetime.date.today().isoformat(), "method": "do_bench wall (warmup 100 ms, rep 400 ms)"}
+    meta = {"method": "do_bench wall (warmup 100 ms, rep 400 ms)"}   # versions, device, date: write_csv
     rows = []
     for shape, (t, h, v) in SHAPES.items():
         x, w, y = make_inputs(t, h, v)
@@ -93,12 +88,7 @@ def main():
                 print(f"-- kernels of {name} at {shape}:\n{kernel_table(table[name], x, w, y)}")
         del x, w, y, table
         torch.cuda.empty_cache()
-    os.makedirs(os.path.dirname(a.csv) or ".", exist_ok=True)
-    with open(a.csv, "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-        wr.writeheader()
-        wr.writerows(rows)
-    print(f"wrote {len(rows)} rows to {a.csv}")
+    print(f"wrote {len(rows)} rows to {write_csv(rows, a.csv)}")
 
 
 if __name__ == "__main__":

@@ -10,15 +10,12 @@ Each variant runs the Hopper heuristic's tiles (no DB row), so only wgrad_sorted
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
 import statistics
 
 import torch
-import triton
 from liger_rt import backend
 from liger_rt.kernels import moe_experts as M
-from liger_rt.tools.bench.harness import counterbalanced, profiled
+from liger_rt.tools.bench.harness import counterbalanced, profiled, write_csv
 
 SHAPES = [dict(experts=8, top_k=2, hidden=4096, intermediate=14336, tokens=8192),      # mixtral-8x7b step
           dict(experts=32, top_k=4, hidden=2048, intermediate=1792, tokens=16384),     # issue 18
@@ -51,15 +48,9 @@ def main() -> None:
             m, wg = statistics.median(t), (wgrad_ms(steps[k]) if k.startswith("triton") else float("nan"))
             print(f"  {k:16s} {m:8.3f} ms ({min(t):.3f}-{max(t):.3f})  {flop / m / 1e9:6.1f} TFLOP/s  wgrad {wg:.3f} ms")
             rows += [{**dims, "arm": k, "round": i, "ms": v, "TFLOPs": flop / v / 1e9, "wgrad_dev_ms": wg,
-                      "method": "do_bench wall (warmup 50 ms, rep 300 ms); wgrad: profiler device time",
-                      "torch": torch.__version__, "triton": triton.__version__,
-                      "gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat()}
+                      "method": "do_bench wall (warmup 50 ms, rep 300 ms); wgrad: profiler device time"}
                      for i, v in enumerate(t)]
-    with open(a.csv, "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-        wr.writeheader()
-        wr.writerows(rows)
-    print(f"wrote {len(rows)} rows to {a.csv}")
+    print(f"wrote {len(rows)} rows to {write_csv(rows, a.csv)}")   # with versions, device and date
 
 
 if __name__ == "__main__":

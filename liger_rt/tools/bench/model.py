@@ -49,17 +49,19 @@ LOSS_RTOL = {"fp32": 1e-4, "fp16": 5e-3, "bf16": 1e-2}
 _QWEN3 = dict(model_type="qwen3", preset="qwen3-1.7b", config={"tie_word_embeddings": True},
               anchor_tok_per_s=29192.0, anchor_peak_GB=51.34, liger_kernel_tok_per_s=34579.0,
               liger_kernel_peak_GB=31.10, target_tok_per_s=38000.0, target_peak_GB=31.0)
+_LFM2 = dict(model_type="lfm2", preset="lfm2-1.2b", anchor_tok_per_s=50461.0, anchor_peak_GB=29.84,
+             target_tok_per_s=63000.0, target_peak_GB=22.0)
+_LFM2MOE = dict(model_type="lfm2_moe", preset="lfm2-8b-a1b", layers=8, attention_layers=(2, 5),
+                anchor_tok_per_s=67832.0, anchor_peak_GB=30.55, target_tok_per_s=78000.0, target_peak_GB=26.0)
+_ROPE = {"rope": True}
 TARGETS = {
     "qwen3": _QWEN3,
-    "lfm2": dict(model_type="lfm2", preset="lfm2-1.2b", anchor_tok_per_s=50461.0, anchor_peak_GB=29.84,
-                 target_tok_per_s=63000.0, target_peak_GB=22.0),
-    "qwen3rope": dict(_QWEN3, flags={"rope": True}, liger_kernel=False),
-    "lfm2rope": dict(model_type="lfm2", preset="lfm2-1.2b", flags={"rope": True}, anchor_tok_per_s=50461.0,
-                     anchor_peak_GB=29.84, target_tok_per_s=63000.0, target_peak_GB=22.0),
-    "lfm2moe": dict(model_type="lfm2_moe", preset="lfm2-8b-a1b", layers=8, attention_layers=(2, 5),
-                    anchor_tok_per_s=67832.0, anchor_peak_GB=30.55, target_tok_per_s=78000.0, target_peak_GB=26.0),
+    "lfm2": _LFM2,
+    "qwen3rope": dict(_QWEN3, flags=_ROPE, liger_kernel=False),
+    "lfm2rope": dict(_LFM2, flags=_ROPE),
+    "lfm2moe": _LFM2MOE,
+    "lfm2moerope": dict(_LFM2MOE, flags=_ROPE),
 }
-TARGETS["lfm2moerope"] = dict(TARGETS["lfm2moe"], flags={"rope": True})
 TARGET_SHAPE = (4, 2048)      # the batch x seq of the anchors and targets
 RUN_KEYS = ("model_type", "preset", "layers", "attention_layers", "config", "flags", "liger_kernel")
 
