@@ -98,6 +98,17 @@ for s in "$@"; do
                 stage moe3_$i ${MOE3_S:-200} $B kernels --op moe_experts --where tokens=16384 $rev ${MOE3_ARGS:-}
                 cp benchmarks/results/moe_experts_h200.csv benchmarks/results/moe_experts_h200_t16384_run$i.csv
               done ;;
+    moewarm)  # a fresh machine spends more than 150 s in the first MoE case (compiles and autotuning; which arm
+              # takes it was not measured. H200, 2026-12-03, logs h200_s11_call3/4): pay it once, in its own stage
+              stage moewarm ${MOEWARM_S:-300} $B kernels --op moe_experts --where tokens=512 --where routing=uniform \
+                --no-compile --out /tmp/moewarm ;;
+    moegrid3) # issue 18: the 12 grid points below T16384 three times, run 2 reversed (ABA); with moe3 the 16-point
+              # peer grid.  Each run's CSV kept as moe_experts_h200_grid_runN.csv
+              for i in 1 2 3; do
+                rev=""; [ $i = 2 ] && rev=--reverse-arms
+                stage moegrid_$i ${MOEGRID_S:-200} $B kernels --op moe_experts --where tokens=512,2048,4096 --no-compile $rev
+                cp benchmarks/results/moe_experts_h200.csv benchmarks/results/moe_experts_h200_grid_run$i.csv
+              done ;;
     shortconv3) # issue 18: short conv B1 T65536 three times (each run's CSV kept as lfm2_ops_h200_shortconv_runN.csv)
               for i in 1 2 3; do
                 stage shortconv$i 90 $B kernels --op lfm2_ops --where op=short_conv --where seq=65536 --no-compile
