@@ -31,6 +31,15 @@ stage() {  # name, seconds, command...
   echo "=== $name rc=${PIPESTATUS[0]}" | tee -a "$LOG"
   tar czf "$OUTDIR/results.tgz" benchmarks/results 2>/dev/null   # after every stage: a cut-off run keeps its results
 }
+moe_runs3() {  # name, seconds, csv tag, bench args...: three runs, run 2 timing the arms last to first (ABA,
+  # counterbalanced); each run's CSV kept as moe_experts_h200_<tag>_runN.csv
+  local name=$1 secs=$2 tag=$3 i rev; shift 3
+  for i in 1 2 3; do
+    rev=""; [ $i = 2 ] && rev=--reverse-arms
+    stage ${name}_$i $secs $B kernels --op moe_experts "$@" $rev
+    cp benchmarks/results/moe_experts_h200.csv benchmarks/results/moe_experts_h200_${tag}_run$i.csv
+  done
+}
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv 2>&1 | tee -a "$LOG"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$LOG"
 for s in "$@"; do
@@ -91,24 +100,15 @@ for s in "$@"; do
                 --arms baseline,liger_rt,baseline+compile,liger_rt+compile+kernels,liger_rt+compile+fuse \
                 --csv benchmarks/results/model_compiled_fuse_h200.csv ${COMPILED_ARGS:-} ;;
     moe3)     # issue 18: the MoE experts at T16384 (both shapes, both routings, every peer) three times, each run's
-              # CSV kept as moe_experts_h200_t16384_runN.csv (the 450 TFLOP/s target is a median of three); run 2
-              # times the arms last to first, so the three runs are counterbalanced (ABA)
-              for i in 1 2 3; do
-                rev=""; [ $i = 2 ] && rev=--reverse-arms
-                stage moe3_$i ${MOE3_S:-200} $B kernels --op moe_experts --where tokens=16384 $rev ${MOE3_ARGS:-}
-                cp benchmarks/results/moe_experts_h200.csv benchmarks/results/moe_experts_h200_t16384_run$i.csv
-              done ;;
+              # CSV kept as moe_experts_h200_t16384_runN.csv (the 450 TFLOP/s target is a median of three)
+              moe_runs3 moe3 ${MOE3_S:-200} t16384 --where tokens=16384 ${MOE3_ARGS:-} ;;
     moewarm)  # a fresh machine spends more than 150 s in the first MoE case (compiles and autotuning; which arm
               # takes it was not measured. H200, 2026-12-03, logs h200_s11_call3/4): pay it once, in its own stage
               stage moewarm ${MOEWARM_S:-300} $B kernels --op moe_experts --where tokens=512 --where routing=uniform \
                 --no-compile --out /tmp/moewarm ;;
-    moegrid3) # issue 18: the 12 grid points below T16384 three times, run 2 reversed (ABA); with moe3 the 16-point
-              # peer grid.  Each run's CSV kept as moe_experts_h200_grid_runN.csv
-              for i in 1 2 3; do
-                rev=""; [ $i = 2 ] && rev=--reverse-arms
-                stage moegrid_$i ${MOEGRID_S:-200} $B kernels --op moe_experts --where tokens=512,2048,4096 --no-compile $rev
-                cp benchmarks/results/moe_experts_h200.csv benchmarks/results/moe_experts_h200_grid_run$i.csv
-              done ;;
+    moegrid3) # issue 18: the 12 grid points below T16384 three times (moe_experts_h200_grid_runN.csv); with moe3
+              # the 16-point peer grid
+              moe_runs3 moegrid ${MOEGRID_S:-200} grid --where tokens=512,2048,4096 --no-compile ;;
     shortconv3) # issue 18: short conv B1 T65536 three times (each run's CSV kept as lfm2_ops_h200_shortconv_runN.csv)
               for i in 1 2 3; do
                 stage shortconv$i 90 $B kernels --op lfm2_ops --where op=short_conv --where seq=65536 --no-compile

@@ -143,8 +143,7 @@ def _grouped_mm_probe(device_index: int) -> bool:
     torch.cuda.set_sync_debug_mode(0)
     try:
         dev = torch.device("cuda", device_index)
-        # no torch.randn: with a CUDA graph capture registered on the generator (the bench's timing), an RNG
-        # call here failed with "Offset increment outside graph capture encountered unexpectedly" (H200, 2026-12-03)
+        # constant inputs: no RNG call, which failed here after a peer's failed CUDA-graph capture (see above)
         a = torch.ones(32, 64, device=dev, dtype=torch.bfloat16)
         b = torch.ones(2, 32, 64, device=dev, dtype=torch.bfloat16).transpose(-2, -1)
         gmm(a, b, offs=torch.tensor([16, 32], device=dev, dtype=torch.int32))
