@@ -32,9 +32,9 @@ stage() {  # name, seconds, command...
   tar czf "$OUTDIR/results.tgz" benchmarks/results 2>/dev/null   # after every stage: a cut-off run keeps its results
 }
 moe_runs3() {  # name, seconds, csv tag, bench args...: three runs, run 2 timing the arms last to first (ABA,
-  # counterbalanced); each run's CSV kept as moe_experts_h200_<tag>_runN.csv
+  # counterbalanced); each run's CSV kept as moe_experts_h200_<tag>_runN.csv; RUNS="2 3" runs a part of them
   local name=$1 secs=$2 tag=$3 i rev; shift 3
-  for i in 1 2 3; do
+  for i in ${RUNS:-1 2 3}; do
     rev=""; [ $i = 2 ] && rev=--reverse-arms
     stage ${name}_$i $secs $B kernels --op moe_experts "$@" $rev
     cp benchmarks/results/moe_experts_h200.csv benchmarks/results/moe_experts_h200_${tag}_run$i.csv

@@ -47,14 +47,18 @@ def graph_ms(fn: Callable[[], object], *, rep_ms: float = 30.0, replays: int = 1
     reps = int(min(200, max(3, rep_ms / max(a.elapsed_time(b), 1e-3))))
     # a one-call probe first: a failed capture keeps its private pool, so an uncapturable candidate
     # must fail holding one call's memory, not `reps` calls' (see host_syncs)
-    probe = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(probe, stream=s):
-        fn()
-    del probe
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        for _ in range(reps):
+    try:
+        probe = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(probe, stream=s):
             fn()
+        del probe
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            for _ in range(reps):
+                fn()
+    except Exception:
+        _release_cuda_rng()
+        raise
     torch.cuda.current_stream().wait_stream(s)
     g.replay()
     torch.cuda.synchronize()
@@ -67,6 +71,22 @@ def graph_ms(fn: Callable[[], object], *, rep_ms: float = 30.0, replays: int = 1
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b) / reps)
     return float(sorted(times)[len(times) // 2])
+
+
+def _release_cuda_rng() -> None:
+    """Take the default CUDA generator out of capture mode after a failed capture.  A capture that fails
+    in cudaStreamEndCapture skips the generator's capture epilogue, so every later draw in the process
+    raised "Offset increment outside graph capture encountered unexpectedly" (H200, 2026-12-03: after
+    Liger-Kernel's fused MoE failed its capture, the grouped_mm probe's torch.randn failed).  The
+    generator gets a fresh state object with the same seed and offset."""
+    try:
+        gen = torch.cuda.default_generators[torch.cuda.current_device()]
+        fresh = torch.Generator(device="cuda")
+        fresh.set_state(gen.get_state())
+        gen.graphsafe_set_state(fresh)
+    except Exception as exc:   # never hide the capture's own error behind this one
+        warnings.warn(f"liger_rt: could not reset the CUDA generator after a failed capture ({_why(exc)})",
+                      RuntimeWarning)
 
 
 _GRAPH_FAILURES: set[str] = set()

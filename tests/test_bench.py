@@ -320,6 +320,36 @@ def test_counterbalanced_reverses_the_order_every_other_round(monkeypatch):
     assert times == {"a": [1.0, 6.0, 7.0], "b": [2.0, 5.0, 8.0], "c": [3.0, 4.0, 9.0]}
 
 
+def test_an_arm_whose_capture_failed_is_not_captured_again(monkeypatch):
+    """A failed CUDA-graph capture never gives its memory pool back, so the bench captures a failing arm once per
+    process: later cases of that arm keep their wall time with no device time and say why; other arms still try."""
+    import triton.testing
+    from liger_rt import autotune
+    captured = []
+
+    def graph_ms(fn):
+        captured.append(fn)
+        if fn is fails:
+            raise RuntimeError("operation failed due to a previous error during capture")
+        return 0.5
+
+    def fails():
+        return None
+
+    def works():
+        return None
+
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: 2.0)
+    monkeypatch.setattr(autotune, "graph_ms", graph_ms)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(H, "_UNCAPTURABLE", {})
+    assert H.time_fn(fails, "cuda", arm=("moe_experts", "liger_kernel")) == (2.0, None, "none: capture failed (RuntimeError)")
+    assert H.time_fn(fails, "cuda", arm=("moe_experts", "liger_kernel")) == (
+        2.0, None, "none: capture failed earlier (RuntimeError)")
+    assert H.time_fn(works, "cuda", arm=("moe_experts", "liger_rt")) == (2.0, 0.5, "cuda-graph")
+    assert captured == [fails, works]
+
+
 def test_decision_text_writes_nested_configs_as_json():
     """The config column of a dispatched arm: MoE's config nests one launch per GEMM family (H200,
     2026-12-03: `dict(config)` left them objects and every moe_experts arm failed on json.dumps)."""

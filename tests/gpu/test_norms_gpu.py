@@ -223,3 +223,17 @@ def test_compiled_model_block_bf16():
     refs = _run(block, (x, w, lw, lb), dy)
     for i, (o, r) in enumerate(zip(outs, refs)):
         assert_close(o, r, torch.bfloat16, reduce_len=M if i >= 2 else 1, name=f"compiled output {i}")
+
+
+def test_rng_draws_after_a_failed_capture():
+    """A capture that fails (here: a host sync inside it) leaves the CUDA generator usable.  H200,
+    2026-12-03: after Liger-Kernel's fused MoE failed its capture in the bench, the next torch.randn
+    raised "Offset increment outside graph capture encountered unexpectedly"."""
+    x = torch.ones(4, device=DEV)
+    with pytest.raises(Exception):
+        autotune.graph_ms(lambda: x.sum().item())
+    torch.cuda.synchronize()
+    torch.manual_seed(0)
+    a = torch.randn(8, device=DEV)
+    torch.manual_seed(0)
+    assert torch.equal(a, torch.randn(8, device=DEV))

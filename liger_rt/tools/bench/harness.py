@@ -143,16 +143,25 @@ def measure_ceilings(*, quick: bool = False) -> dict:
     return {"copy_GBps": copy, "bf16_matmul_TFLOPs": mm, "device": torch.cuda.get_device_name()}
 
 
-def time_fn(fn: Callable, device: str, quick: bool = False) -> tuple[float, float | None, str]:
-    """(wall ms, device ms or None, how the device time was taken or why there is none)."""
+_UNCAPTURABLE: dict[tuple, str] = {}   # (op, arm) -> why its CUDA-graph capture failed, for this process
+
+
+def time_fn(fn: Callable, device: str, quick: bool = False, arm: tuple | None = None) -> tuple[float, float | None, str]:
+    """(wall ms, device ms or None, how the device time was taken or why there is none).  An `arm` whose capture
+    failed once is not captured again in this process: a failed capture never gives its memory pool back (H200,
+    2026-12-04: Liger-Kernel's fused MoE failed in every case, and the grid run held 137 GB at its eleventh)."""
     from liger_rt import autotune
     if device != "cuda":
         return autotune.measure(fn, device, quick=quick), None, "none: cpu"
     from triton.testing import do_bench
     wall = float(do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100, return_mode="median"))
+    if arm in _UNCAPTURABLE:
+        return wall, None, f"none: capture failed earlier ({_UNCAPTURABLE[arm]})"
     try:
         return wall, autotune.graph_ms(fn), "cuda-graph"
     except Exception as exc:        # an arm that cannot be captured keeps its wall time
+        if arm is not None:
+            _UNCAPTURABLE[arm] = type(exc).__name__
         return wall, None, f"none: capture failed ({type(exc).__name__})"
     finally:
         gc.collect()
@@ -324,7 +333,7 @@ def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: 
                           "err_out": rel_err(out, ref_out), "err_grad": max(errs, default=None)}
                 del out, grads
                 for p in case.passes:
-                    ms, dev, how = time_fn(fns[p], device, quick)
+                    ms, dev, how = time_fn(fns[p], device, quick, arm=(case.op, name))
                     work = case.work[1 if p == "fwdbwd" else 0] / scale
                     rate, dev_rate = work / (ms * 1e-3), dev and work / (dev * 1e-3)
                     rows.append({**common, "pass": p, "ms": ms, "dev_ms": dev, case.unit: rate,
