@@ -104,7 +104,8 @@ for s in "$@"; do
               moe_runs3 moe3 ${MOE3_S:-200} t16384 --where tokens=16384 ${MOE3_ARGS:-} ;;
     moewarm)  # a fresh machine spends more than 150 s in the first MoE case (compiles and autotuning; which arm
               # takes it was not measured. H200, 2026-12-03, logs h200_s11_call3/4): pay it once, in its own stage
-              stage moewarm ${MOEWARM_S:-300} $B kernels --op moe_experts --where tokens=512 --where routing=uniform \
+              # (2026-12-04, h200_s12_call1: these two T512 cases took more than 300 s on a fresh machine)
+              stage moewarm ${MOEWARM_S:-420} $B kernels --op moe_experts --where tokens=512 --where routing=uniform \
                 --no-compile --out /tmp/moewarm ;;
     moegrid3) # issue 18: the 12 grid points below T16384 three times (moe_experts_h200_grid_runN.csv); with moe3
               # the 16-point peer grid
