@@ -615,24 +615,32 @@ def _parse_decision(op_name: str, config_json: str):
 
 def _reachable(roots: list) -> list:
     """Functions and Triton kernels reachable from `roots` through module globals, in the roots'
-    modules and in liger_rt (library code of torch or triton does not count)."""
+    modules and in liger_rt (library code of torch or triton does not count); a class reached there
+    brings its methods (a launcher's helper class, e.g. MoE routing, changes behaviour too)."""
     home = {getattr(r, "__module__", "") for r in roots}
     seen, order, todo = set(), [], list(roots)
     while todo:
         fn = todo.pop()
-        inner = getattr(fn, "fn", fn)            # triton JITFunction -> the Python function
-        if not isinstance(inner, types.FunctionType) or id(inner) in seen:
+        fn = getattr(fn, "fn", fn)               # triton JITFunction -> the Python function
+        if (not isinstance(fn, (types.FunctionType, type)) or id(fn) in seen
+                or not (fn.__module__ in home or fn.__module__.startswith("liger_rt."))):
             continue
-        if not (inner.__module__ in home or inner.__module__.startswith("liger_rt.")):
+        seen.add(id(fn))
+        if isinstance(fn, type):
+            todo += [m for m in map(_method_function, vars(fn).values()) if m is not None]
             continue
-        seen.add(id(inner))
-        order.append(inner)
-        names = set(_code_names(inner.__code__))
-        for name in sorted(names):
-            obj = inner.__globals__.get(name)
-            if obj is not None and (isinstance(obj, types.FunctionType) or hasattr(obj, "fn")):
+        order.append(fn)
+        for name in sorted(set(_code_names(fn.__code__))):
+            obj = fn.__globals__.get(name)
+            if isinstance(obj, (types.FunctionType, type)) or hasattr(obj, "fn"):
                 todo.append(obj)
     return sorted(order, key=lambda f: (f.__module__, f.__qualname__))
+
+
+def _method_function(member):
+    """The plain function behind a class member (method, static/class method, property), else None."""
+    member = getattr(member, "__func__", None) or getattr(member, "fget", None) or member
+    return member if isinstance(member, types.FunctionType) else None
 
 
 def _code_names(code) -> list[str]:

@@ -80,6 +80,15 @@ def test_toy_hash_covers_kernel_and_launcher():
     assert {"_forward", "_backward", "toy_triton", "_toy_kernel"} <= names
 
 
+def test_hash_covers_the_methods_of_a_helper_class():
+    """MoE's launch code builds its tile schedule in `_Routing` methods and a kernel they launch: a change
+    there changes the grid, so the freshness hash must see it."""
+    from liger_rt.kernels import moe_experts as M
+    roots = [f for i in M.OP.impls for f in (i.forward, i.backward) if f is not None]
+    names = {f.__qualname__ for f in opspec._reachable(roots)}
+    assert {"_Routing.tiles", "_Routing.sort", "_moe_tiles_kernel", "_n_tiles"} <= names
+
+
 def test_traced_exact_and_bucket():
     for v in (1, 2, 3, 40, 64, 65, 1000):
         assert opspec._traced_exact(v) == v
