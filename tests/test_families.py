@@ -78,8 +78,8 @@ def test_spec_rows_resolve_in_this_transformers(model_type):
         for path in filter(None, (row.forward, row.applies)):
             name, _, attr = path.partition(":")
             assert callable(getattr(importlib.import_module(name), attr))
-    for _, fn_name, _ in specs.function_rows(specs.SPECS[model_type]):
-        assert callable(getattr(mod, fn_name))
+    for module_name, fn_name, _ in specs.function_rows(specs.SPECS[model_type]):
+        assert callable(getattr(importlib.import_module(module_name), fn_name)), (module_name, fn_name)
     for cls in specs.SPECS[model_type].causal_lm:
         assert isinstance(getattr(mod, cls), type)
 

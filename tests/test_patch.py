@@ -6,6 +6,7 @@ the Triton kernels (TRITON_INTERPRET=1 from conftest) and skip when a kernel mod
 from __future__ import annotations
 
 import copy
+import gc
 import importlib
 import importlib.util
 import io
@@ -41,6 +42,8 @@ def _no_class_patches():
     yield
     for model_type in list(core._CLASS_RECORDS):
         core.unpatch(model_type)
+    if _swaps.LEDGER:       # instance patches hold module-wide swaps (causal_mask, rope) until their model dies
+        gc.collect()
     assert not _swaps.LEDGER
 
 

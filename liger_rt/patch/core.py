@@ -53,8 +53,9 @@ def _flags(spec: specs.ModelSpec, given: dict[str, Any]) -> dict[str, bool]:
     valid = specs.flags(spec)
     if unknown := [k for k in given if k not in valid]:
         raise ValueError(f"unknown flag(s) {', '.join(map(repr, unknown))} for {spec.model_type}; "
-                         f"valid flags: {', '.join(valid)} (defaults on: {', '.join(sorted(spec.defaults)) or 'none'})")
-    out = {f: f in spec.defaults for f in valid}
+                         f"valid flags: {', '.join(valid)} "
+                         f"(defaults on: {', '.join(sorted(spec.defaults | specs.COMMON_DEFAULTS))})")
+    out = {f: f in spec.defaults or f in specs.COMMON_DEFAULTS for f in valid}
     for k, v in given.items():
         if not (isinstance(v, bool) or (isinstance(v, int) and v in (0, 1))):
             raise TypeError(f"flag {k}={v!r}: flags are booleans (True/False)")
@@ -98,7 +99,8 @@ class _Plan:
     given: dict[str, bool]
     layers: list[tuple[type, specs.Layer, Any]]       # (class, row, forward function)
     causal_lm: list[type]
-    functions: list[tuple[Any, str, Any]] = dataclasses.field(default_factory=list)   # (module, name, ours)
+    # (module, name, our function, row): module-wide function swaps
+    functions: list[tuple[Any, str, Any, specs.Layer]] = dataclasses.field(default_factory=list)
 
 
 def _refuse(flag: str, reason: str, explicit: set[str], model_type: str, exc=ImportError) -> None:
@@ -166,7 +168,7 @@ def _plan(model_type: str, given: dict[str, Any], *, for_class: bool) -> _Plan:
             _refuse(row.flag, reason, explicit, model_type)
             flags[row.flag] = False
             continue
-        functions.append((mod, fn_name, _load(row.forward)))
+        functions.append((mod, fn_name, _load(row.forward), row))
     causal_lm = [c for c in (getattr(lm_module, n, None) for n in spec.causal_lm) if isinstance(c, type)]
     return _Plan(model_type, flags, {k: bool(v) for k, v in given.items()}, layers, causal_lm, functions)
 
@@ -293,9 +295,8 @@ def _patch_instance(model, given: dict[str, Any]):
                 record.counts[row.flag] += 1
         if key in lm_classes:
             _patch_loss_instance(record, module, plan.flags)
-    record.hold_functions(root, plan.functions)   # module-wide: held by this instance patch
-    if plan.functions:
-        record.counts["rope"] = len(plan.functions)
+    record.hold_functions(root, [entry[:3] for entry in plan.functions])   # module-wide, held by this patch
+    record.counts.update(_function_counts(plan))
     for config in configs.values():
         from ..layers.moe import EXPERTS_IMPLEMENTATION
         record.config_saved.append((config, "_experts_implementation", getattr(config, "_experts_implementation", None)))
@@ -395,12 +396,18 @@ def _patch_class(model_type: str, given: dict[str, Any]) -> None:
         if plan.flags["cross_entropy"]:
             _swaps.hold(cls, "_loss_function", staticmethod(loss.causal_lm_loss), model_type, keys)
             counts[cls.__name__] += 1
-    for mod, fn_name, fn in plan.functions:
+    for mod, fn_name, fn, row in plan.functions:
         _swaps.hold(mod, fn_name, fn, model_type, keys)
-        counts[fn_name] += 1
+        if row.op is not None:
+            counts[fn_name] += 1
     _CLASS_RECORDS[model_type] = {"flags": plan.flags, "given": plan.given, "keys": keys, "counts": counts,
                                   "classes": classes, "causal_lm": list(plan.causal_lm),
-                                  "functions": len(plan.functions)}
+                                  "functions": _function_counts(plan)}
+
+
+def _function_counts(plan: _Plan) -> collections.Counter:
+    """Per flag, the module-wide function swaps that run an op (rope; not the causal-mask rule)."""
+    return collections.Counter(row.flag for *_, row in plan.functions if row.op is not None)
 
 
 def _instance_holder(root) -> str:
@@ -473,8 +480,8 @@ def _describe_class_patched(root) -> dict | None:
             if cls in rec["causal_lm"]:
                 patched.update(f for f in ("fused_linear_cross_entropy", "logprobs", "cross_entropy")
                                if rec["flags"][f])
-        if rec["functions"] and patched:
-            patched["rope"] = rec["functions"]
+        if patched:
+            patched.update(rec["functions"])
         if patched:
             return {"model_type": family, "level": "class", "flags": dict(rec["flags"]), "patched": dict(patched),
                     "modules": dict(modules), "skipped": []}

@@ -47,7 +47,8 @@ class ModelSpec:
 
 
 LOSS_FLAGS = ("cross_entropy", "fused_linear_cross_entropy", "logprobs", "keep_logits")
-COMMON_FLAGS = ("rope", *LOSS_FLAGS)
+COMMON_FLAGS = ("rope", *LOSS_FLAGS, "causal_mask")
+COMMON_DEFAULTS = frozenset({"causal_mask"})    # on for every family unless the caller says otherwise
 LOSS_OPS = {"cross_entropy": "cross_entropy", "fused_linear_cross_entropy": "fused_linear_cross_entropy",
             "logprobs": "fused_linear_logprobs"}
 
@@ -72,6 +73,9 @@ GATE_UP_SWIGLU = Layer("swiglu", _L + "families:gate_up_swiglu_forward", op="swi
                        applies=_L + "families:silu_gate_up")
 GEGLU = Layer("geglu", _L + "mlp:geglu_forward", op="geglu", applies=_L + "mlp:gelu_tanh_gated")
 ROPE_AS_INPUT = Layer("rope", _L + "families:apply_rotary_pos_emb_as_input", op="rope")         # OLMo-2's casts
+# every family: under torch.compile, no padding mask keeps SDPA on is_causal (flash attention), as eager does
+CAUSAL_MASK = Layer("causal_mask", _L + "attention:ignore_causal_mask_sdpa")
+COMMON_FUNCTIONS = {"transformers.masking_utils:_ignore_causal_mask_sdpa": CAUSAL_MASK}
 
 
 def _llama_like(model_type: str, prefix: str, rope: Layer | None = ROPE, norm: Layer = RMS_NORM,
@@ -175,9 +179,13 @@ def rows(spec: ModelSpec) -> list[tuple[str, str, Layer]]:
 
 
 def function_rows(spec: ModelSpec) -> list[tuple[str, str, Layer]]:
-    """(module name, function name, Layer) for every function row of a spec and its includes."""
+    """(module name, function name, Layer) for every function row of a spec, its includes and
+    COMMON_FUNCTIONS ("module:name" keys name a function outside the modeling module)."""
     out = [row for other in spec.includes for row in function_rows(SPECS[other])]
-    return out + [(spec.module, name, layer) for name, layer in spec.functions.items()]
+    for key, layer in {**spec.functions, **COMMON_FUNCTIONS}.items():
+        module, _, name = key.rpartition(":")
+        out.append((module or spec.module, name, layer))
+    return list(dict.fromkeys(out))
 
 
 def has_rope(spec: ModelSpec) -> bool:

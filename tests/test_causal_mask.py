@@ -1,0 +1,121 @@
+"""The ``causal_mask`` flag (liger_rt/layers/attention.py): under torch.compile a patched model given no
+padding mask runs SDPA on ``is_causal`` with no mask, as transformers does eagerly.  transformers 5.17
+(the H200 image's) never skips the mask while compiling; the compile tests simulate that release by
+making its rule answer False under dynamo, so they fail here too if the swap stops working."""
+from __future__ import annotations
+
+import gc
+import itertools
+
+import pytest
+import torch
+from transformers import masking_utils
+
+import liger_rt
+from liger_rt import _swaps
+from liger_rt.layers import attention
+from liger_rt.patch import specs
+from liger_rt.tools.models import build_model
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    gc.collect()
+    assert not _swaps.LEDGER
+
+
+def test_rule_answers_as_transformers_does_eagerly():
+    """Against transformers' own rule, called eagerly: no padding mask, every size, offset and window;
+    with a padding mask (none, some padded) ours hands the question to it."""
+    hf = attention._HF_RULE
+    for q, kv, q_off, kv_off, local in itertools.product((1, 5, 16), (1, 5, 16, 24), (0, 3), (0, 2), (None, 4, 64)):
+        ours = attention.ignore_causal_mask_sdpa(None, q, kv, q_off, kv_off, local)
+        assert ours == hf(None, q, kv, q_off, kv_off, local), (q, kv, q_off, kv_off, local)
+    padded = torch.ones(2, 16, dtype=torch.bool)
+    padded[1, :3] = False
+    for mask in (torch.ones(2, 16, dtype=torch.bool), padded):
+        assert attention.ignore_causal_mask_sdpa(mask, 16, 16, 0, 0) == hf(mask, 16, 16, 0, 0)
+
+
+def _old_transformers_rule(monkeypatch):
+    """transformers 5.17 under torch.compile: never skip the mask."""
+    real = masking_utils._ignore_causal_mask_sdpa
+    monkeypatch.setattr(masking_utils, "_ignore_causal_mask_sdpa",
+                        lambda *a, **k: False if torch.compiler.is_compiling() else real(*a, **k))
+
+
+def _compiled_step(model, ids, mask=None):
+    """(loss, grads, [(sdpa got a mask, is_causal)]) of a compiled forward+backward (graphs run eagerly)."""
+    seen = []
+
+    def backend(gm, _inputs):
+        for node in gm.graph.nodes:
+            if "scaled_dot_product_attention" in str(node.target):
+                has_mask = node.kwargs.get("attn_mask") is not None or (len(node.args) > 3 and node.args[3] is not None)
+                seen.append((has_mask, node.kwargs.get("is_causal")))
+        return gm.forward
+
+    model.zero_grad()
+    loss = torch.compile(model, backend=backend, fullgraph=True)(input_ids=ids, attention_mask=mask, labels=ids).loss
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()], seen
+
+
+def _eager_step(model, ids, mask=None):
+    model.zero_grad()
+    loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "lfm2-tiny"])
+def test_compiled_model_without_padding_keeps_sdpa_on_is_causal(preset, monkeypatch):
+    _old_transformers_rule(monkeypatch)
+    torch.manual_seed(0)
+    model = build_model(preset, dtype=torch.float32, attn_implementation="sdpa")
+    ids = torch.randint(0, model.config.vocab_size, (2, 12))
+    ref_loss, ref_grads = _eager_step(model, ids)
+    *_, seen = _compiled_step(model, ids)
+    assert seen and all(has_mask for has_mask, _ in seen), seen          # the old rule: a mask while compiling
+    torch._dynamo.reset()
+    layer_flags = [f for f in specs.flags(specs.SPECS[model.config.model_type]) if f not in specs.COMMON_FLAGS]
+    liger_rt.patch(model, **dict.fromkeys(layer_flags, False))          # only the mask rule (on by default)
+    assert liger_rt.patch.describe(model)["flags"]["causal_mask"]
+    loss, grads, seen = _compiled_step(model, ids)
+    assert seen and all(not has_mask and causal for has_mask, causal in seen), seen
+    torch.testing.assert_close(loss, ref_loss)
+    for g, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-5)
+    liger_rt.unpatch(model)
+    assert masking_utils._ignore_causal_mask_sdpa is not attention.ignore_causal_mask_sdpa
+
+
+def test_a_padding_mask_is_still_built_and_honoured(monkeypatch):
+    _old_transformers_rule(monkeypatch)
+    torch.manual_seed(1)
+    model = build_model("qwen3-tiny", dtype=torch.float32, attn_implementation="sdpa")
+    ids = torch.randint(0, model.config.vocab_size, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[0, :4] = 0                                                     # left padding in the first row
+    ref_loss, ref_grads = _eager_step(model, ids, mask)
+    liger_rt.patch(model, rms_norm=False, swiglu=False)
+    loss, grads, seen = _compiled_step(model, ids, mask)
+    assert seen and all(has_mask for has_mask, _ in seen), seen
+    torch.testing.assert_close(loss, ref_loss)
+    for g, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_causal_mask_false_leaves_transformers_rule_alone():
+    model = build_model("qwen3-tiny", dtype=torch.float32)
+    host = masking_utils._ignore_causal_mask_sdpa
+    liger_rt.patch(model, causal_mask=False)
+    assert masking_utils._ignore_causal_mask_sdpa is host and not liger_rt.patch.describe(model)["flags"]["causal_mask"]
+    liger_rt.patch(model)
+    assert masking_utils._ignore_causal_mask_sdpa is attention.ignore_causal_mask_sdpa
+    assert "causal_mask" not in liger_rt.patch.describe(model)["patched"]      # a rule, not a module on an op
+    liger_rt.unpatch(model)
+    assert masking_utils._ignore_causal_mask_sdpa is host
