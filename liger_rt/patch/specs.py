@@ -5,9 +5,10 @@ Class names resolve through the family's modeling module,
 never a from-import captured when liger_rt was imported, so the patch sees the class the model is
 really built from; ``"torch.nn:LayerNorm"`` names a class in another module.  ``functions`` rows swap
 a function of the modeling module itself (``apply_rotary_pos_emb``, which attention looks up as a
-module global): module-wide, reference-counted, undone by the last unpatch.  Every family also takes
-``rope``, ``cross_entropy``, ``fused_linear_cross_entropy``, ``logprobs`` and ``keep_logits``, off by
-default; rope=True keeps the host's cos/sin and never touches attention.
+module global; a "module:name" key names one elsewhere, as COMMON_FUNCTIONS does): module-wide,
+reference-counted, undone by the last unpatch.  Every family also takes ``rope``, ``cross_entropy``,
+``fused_linear_cross_entropy``, ``logprobs`` and ``keep_logits``, off by default, and ``causal_mask``,
+on; rope=True keeps the host's cos/sin and never touches attention.
 
 Adding a family is adding one ``ModelSpec`` here, a tiny preset in tools/presets.py and a parity
 test; ``supported_models()`` is the list of families validated that way.
