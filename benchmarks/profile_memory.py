@@ -11,6 +11,7 @@ memory already allocated when the step began (weights, gradients of the last ste
 """
 import argparse
 import collections
+import linecache
 
 import torch
 
@@ -21,27 +22,34 @@ ARMS = ("baseline", "liger_rt", "liger_kernel", "baseline+compile", "liger_rt+co
 
 
 def _where(frames) -> str:
-    """The frame an allocation is charged to: the innermost in OURS, else the innermost outside torch."""
+    """The frame an allocation is charged to: the innermost in OURS, else the innermost outside torch.
+    Inductor's generated files have hashed names: their line's source (the buffer and its shape) is added."""
     frames = frames or []
     pick = next((f for f in frames if any(k in f["filename"] for k in OURS)), None)
     pick = pick or next((f for f in frames if "/torch/" not in f["filename"]), None)
     if pick is None:
         return "(torch internals)"
-    return f"{'/'.join(pick['filename'].split('/')[-2:])}:{pick['line']} {pick['name']}"
+    where = f"{'/'.join(pick['filename'].split('/')[-2:])}:{pick['line']} {pick['name']}"
+    if "torchinductor" in pick["filename"]:
+        where += "  " + linecache.getline(pick["filename"], pick["line"]).strip()[:100]
+    return where
 
 
 def peak_live_set(events: list[dict]) -> tuple[int, dict[str, int]]:
     """(bytes live at the peak, {where: bytes}) over allocator events in order: `alloc` adds a block,
-    `free_completed` removes it (blocks freed but still in use by a stream count until then)."""
+    `free_completed` removes it (blocks freed but still in use by a stream count until then).
+    `peak_live_set.at` is the peak's event index (where in the step it falls)."""
     live: dict[int, tuple[int, str]] = {}
     total = peak = 0
     at_peak: dict[int, tuple[int, str]] = {}
-    for e in events:
+    peak_live_set.at = 0
+    for i, e in enumerate(events):
         if e["action"] == "alloc":
             live[e["addr"]] = (e["size"], _where(e.get("frames")))
             total += e["size"]
             if total > peak:
                 peak, at_peak = total, dict(live)
+                peak_live_set.at = i
         elif e["action"] == "free_completed" and e["addr"] in live:
             total -= live.pop(e["addr"])[0]
     groups: dict[str, int] = collections.Counter()
@@ -73,7 +81,7 @@ def profile_arm(arm: str, preset, flags: dict, batch: int, seq: int, top: int) -
     peak, groups = peak_live_set(events)
     print(f"\n== {arm}: {start / 1e9:.2f} GB allocated at the step's start, peak "
           f"{torch.cuda.max_memory_allocated() / 1e9:.2f} GB (+{peak / 1e9:.2f} GB allocated during the step and "
-          f"live at its peak; {len(events)} events)")
+          f"live at its peak; peak at event {peak_live_set.at} of {len(events)})")
     for where, size in sorted(groups.items(), key=lambda kv: -kv[1])[:top]:
         print(f"  {size / 1e9:8.3f} GB  {where}")
     if undo is not None:
@@ -90,7 +98,7 @@ def main() -> None:
     ap.add_argument("--flags", default=None, help="extra liger_rt.patch flags, e.g. rope=1")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=2048)
-    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in arms if a not in ARMS]

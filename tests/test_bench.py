@@ -545,7 +545,7 @@ def test_bench_model_arms_option(tmp_path, monkeypatch):
     assert [r["arm"] for r in _read(out) if r["kind"] == "run"] == ["baseline", "baseline"]
 
 
-def test_profile_memory_finds_what_is_live_at_the_peak():
+def test_profile_memory_finds_what_is_live_at_the_peak(tmp_path):
     """benchmarks/profile_memory.py's replay of allocator events: the peak is where the live bytes are
     largest (a block counts until its free completes), charged to the innermost liger_rt/transformers
     frame, else the innermost outside torch."""
@@ -573,3 +573,9 @@ def test_profile_memory_finds_what_is_live_at_the_peak():
     assert peak == 180
     assert groups == {"kernels/fused_linear_cross_entropy.py:2 f1": 100, "w/train.py:2 f1": 80}
     assert pm._where(frames("/x/torch/_tensor.py")) == "(torch internals)"
+    assert pm.peak_live_set.at == 3
+    generated = tmp_path / "torchinductor_root" / "ab" / "cabc.py"              # inductor's output code
+    generated.parent.mkdir(parents=True)
+    generated.write_text("def call(args):\n    buf0 = empty_strided_cuda((4, 2048), (2048, 1), torch.float32)\n")
+    where = pm._where([{"filename": str(generated), "line": 2, "name": "call"}])
+    assert where.startswith("ab/cabc.py:2 call") and "buf0 = empty_strided_cuda((4, 2048)" in where
