@@ -482,7 +482,6 @@ def _describe_class_patched(root) -> dict | None:
                                if rec["flags"][f])
         if patched:
             patched.update(rec["functions"])
-        if patched:
             return {"model_type": family, "level": "class", "flags": dict(rec["flags"]), "patched": dict(patched),
                     "modules": dict(modules), "skipped": []}
     return None
