@@ -50,12 +50,11 @@ def _spec(model_type: str) -> specs.ModelSpec:
 
 
 def _flags(spec: specs.ModelSpec, given: dict[str, Any]) -> dict[str, bool]:
-    valid = specs.flags(spec)
+    valid, defaults = specs.flags(spec), spec.defaults | specs.COMMON_DEFAULTS
     if unknown := [k for k in given if k not in valid]:
         raise ValueError(f"unknown flag(s) {', '.join(map(repr, unknown))} for {spec.model_type}; "
-                         f"valid flags: {', '.join(valid)} "
-                         f"(defaults on: {', '.join(sorted(spec.defaults | specs.COMMON_DEFAULTS))})")
-    out = {f: f in spec.defaults or f in specs.COMMON_DEFAULTS for f in valid}
+                         f"valid flags: {', '.join(valid)} (defaults on: {', '.join(sorted(defaults))})")
+    out = {f: f in defaults for f in valid}
     for k, v in given.items():
         if not (isinstance(v, bool) or (isinstance(v, int) and v in (0, 1))):
             raise TypeError(f"flag {k}={v!r}: flags are booleans (True/False)")
