@@ -12,6 +12,7 @@ memory already allocated when the step began (weights, gradients of the last ste
 import argparse
 import collections
 import linecache
+import re
 
 import torch
 
@@ -23,22 +24,26 @@ ARMS = ("baseline", "liger_rt", "liger_kernel", "baseline+compile", "liger_rt+co
 
 def _where(frames) -> str:
     """The frame an allocation is charged to: the innermost in OURS, else the innermost outside torch.
-    Inductor's generated files have hashed names: their line's source (the buffer and its shape) is added."""
+    Inductor's generated files have hashed names: they are grouped by file and the line's source with the
+    buffer's name taken out (its shape stays), so one buffer repeated over the layers is one group."""
     frames = frames or []
     pick = next((f for f in frames if any(k in f["filename"] for k in OURS)), None)
     pick = pick or next((f for f in frames if "/torch/" not in f["filename"]), None)
-    if pick is None:
-        return "(torch internals)"
-    where = f"{'/'.join(pick['filename'].split('/')[-2:])}:{pick['line']} {pick['name']}"
+    if pick is None:   # torch's own allocation: its innermost frames name it
+        inner = " < ".join(f"{f['filename'].split('/')[-1]}:{f['line']} {f['name']}" for f in frames[:3])
+        return f"(torch internals) {inner}".rstrip()
+    file = '/'.join(pick['filename'].split('/')[-2:])
     if "torchinductor" in pick["filename"]:
-        where += "  " + linecache.getline(pick["filename"], pick["line"]).strip()[:100]
-    return where
+        source = re.sub(r"\bbuf\d+\b", "buf", linecache.getline(pick["filename"], pick["line"]).strip())
+        return f"{file} {pick['name']}  {source[:110]}"
+    return f"{file}:{pick['line']} {pick['name']}"
 
 
 def peak_live_set(events: list[dict]) -> tuple[int, dict[str, int]]:
     """(bytes live at the peak, {where: bytes}) over allocator events in order: `alloc` adds a block,
     `free_completed` removes it (blocks freed but still in use by a stream count until then).
-    `peak_live_set.at` is the peak's event index (where in the step it falls)."""
+    `peak_live_set.at` is the peak's event index (where in the step it falls), `peak_live_set.blocks` the
+    number of blocks per group."""
     live: dict[int, tuple[int, str]] = {}
     total = peak = 0
     at_peak: dict[int, tuple[int, str]] = {}
@@ -53,8 +58,10 @@ def peak_live_set(events: list[dict]) -> tuple[int, dict[str, int]]:
         elif e["action"] == "free_completed" and e["addr"] in live:
             total -= live.pop(e["addr"])[0]
     groups: dict[str, int] = collections.Counter()
+    peak_live_set.blocks = collections.Counter()
     for size, where in at_peak.values():
         groups[where] += size
+        peak_live_set.blocks[where] += 1
     return peak, dict(groups)
 
 
@@ -83,7 +90,7 @@ def profile_arm(arm: str, preset, flags: dict, batch: int, seq: int, top: int) -
           f"{torch.cuda.max_memory_allocated() / 1e9:.2f} GB (+{peak / 1e9:.2f} GB allocated during the step and "
           f"live at its peak; peak at event {peak_live_set.at} of {len(events)})")
     for where, size in sorted(groups.items(), key=lambda kv: -kv[1])[:top]:
-        print(f"  {size / 1e9:8.3f} GB  {where}")
+        print(f"  {size / 1e9:8.3f} GB {peak_live_set.blocks[where]:4d} blocks  {where}")
     if undo is not None:
         undo()
     del model, step_model, opt

@@ -572,10 +572,12 @@ def test_profile_memory_finds_what_is_live_at_the_peak(tmp_path):
     peak, groups = pm.peak_live_set(events)
     assert peak == 180
     assert groups == {"kernels/fused_linear_cross_entropy.py:2 f1": 100, "w/train.py:2 f1": 80}
-    assert pm._where(frames("/x/torch/_tensor.py")) == "(torch internals)"
+    assert pm._where(frames("/x/torch/_tensor.py")) == "(torch internals) _tensor.py:1 f0"
+    assert pm.peak_live_set.blocks == {"kernels/fused_linear_cross_entropy.py:2 f1": 1, "w/train.py:2 f1": 2}
     assert pm.peak_live_set.at == 3
     generated = tmp_path / "torchinductor_root" / "ab" / "cabc.py"              # inductor's output code
     generated.parent.mkdir(parents=True)
-    generated.write_text("def call(args):\n    buf0 = empty_strided_cuda((4, 2048), (2048, 1), torch.float32)\n")
-    where = pm._where([{"filename": str(generated), "line": 2, "name": "call"}])
-    assert where.startswith("ab/cabc.py:2 call") and "buf0 = empty_strided_cuda((4, 2048)" in where
+    generated.write_text("def call(args):\n    buf0 = empty_strided_cuda((4, 2048), (2048, 1), torch.float32)\n"
+                         "    buf17 = empty_strided_cuda((4, 2048), (2048, 1), torch.float32)\n")
+    where = [pm._where([{"filename": str(generated), "line": line, "name": "call"}]) for line in (2, 3)]
+    assert where[0] == where[1] == "ab/cabc.py call  buf = empty_strided_cuda((4, 2048), (2048, 1), torch.float32)"

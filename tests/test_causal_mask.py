@@ -119,3 +119,35 @@ def test_causal_mask_false_leaves_transformers_rule_alone():
     assert "causal_mask" not in liger_rt.patch.describe(model)["patched"]      # a rule, not a module on an op
     liger_rt.unpatch(model)
     assert masking_utils._ignore_causal_mask_sdpa is host
+
+
+def test_fused_loss_without_a_cache_keeps_sdpa_on_is_causal(monkeypatch):
+    """The fused loss asks for no KV cache; transformers then looks for packed sequences in the position
+    ids, which it cannot read while compiling (a mask every step).  The flag answers "not packed" while the
+    model runs on positions it made itself, and leaves positions the caller passed to transformers."""
+    _old_transformers_rule(monkeypatch)
+    monkeypatch.setenv("LIGER_RT_DISABLE", "1")             # every op on its torch reference: this is about masks
+    from liger_rt import dispatch
+    dispatch.reset()
+    torch.manual_seed(2)
+    model = build_model("qwen3-tiny", dtype=torch.float32, attn_implementation="sdpa")
+    ids = torch.randint(0, model.config.vocab_size, (2, 12))
+    ref_loss, ref_grads = _eager_step(model, ids)
+    liger_rt.patch(model, rms_norm=False, swiglu=False, fused_linear_cross_entropy=True)
+    asked = []
+    monkeypatch.setattr(attention, "_HF_PACKED", lambda p: asked.append(p))
+    out = model(input_ids=ids, labels=ids)
+    assert out.past_key_values is None and asked == []             # eager: no cache, the positions not read
+    loss, grads, seen = _compiled_step(model, ids)
+    assert seen and all(not has_mask and causal for has_mask, causal in seen), seen
+    assert asked == [] and attention.OWN_POSITIONS == [0]
+    torch.testing.assert_close(loss, ref_loss)
+    for g, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-5)
+    positions = torch.arange(12).expand(2, 12)
+    model(input_ids=ids, labels=ids, position_ids=positions)      # the caller's positions: a cache, as before
+    assert asked == []
+    model(input_ids=ids, labels=ids, position_ids=positions, use_cache=False)
+    assert len(asked) == 1 and asked[0] is positions               # no cache, the caller's positions: transformers reads them
+    liger_rt.unpatch(model)
+    assert masking_utils.find_packed_sequence_indices is not attention.find_packed_sequence_indices

@@ -410,6 +410,24 @@ def test_fused_linear_cross_entropy_loss_and_grads_without_logits(monkeypatch, f
 
 
 @needs("fused_linear_cross_entropy")
+@pytest.mark.parametrize("preset", ["qwen3-tiny", "lfm2-tiny"])
+def test_fused_loss_builds_no_kv_cache_unless_asked(preset, fallback):
+    """transformers builds a KV cache in every training forward (config.use_cache); the fused loss returns
+    no logits, so it asks for none, unless the caller passes use_cache=True.  The loss is unchanged."""
+    base, new = _pair(preset)
+    liger_rt.patch(new, fused_linear_cross_entropy=True)
+    ids, mask, labels = _inputs()
+    want = base(input_ids=ids, attention_mask=mask, labels=labels)
+    assert want.past_key_values is not None                     # the host's default, which we leave
+    got = new(input_ids=ids, attention_mask=mask, labels=labels)
+    assert got.logits is None and got.past_key_values is None
+    torch.testing.assert_close(got.loss, want.loss)
+    asked = new(input_ids=ids, attention_mask=mask, labels=labels, use_cache=True)
+    assert asked.logits is None and asked.past_key_values is not None
+    torch.testing.assert_close(asked.loss, want.loss)
+
+
+@needs("fused_linear_cross_entropy")
 def test_logits_stay_when_the_caller_needs_them(monkeypatch, fallback):
     base, new = _pair("qwen3-tiny")
     flce = Counter(monkeypatch, "fused_linear_cross_entropy")

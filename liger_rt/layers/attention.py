@@ -7,6 +7,10 @@ model builds a (batch, 1, q, kv) mask and SDPA leaves flash attention for a mask
 skip the mask again on newer torch.  This rule answers as transformers does eagerly when no padding mask
 was given (known at trace time, no tensor is read) and asks transformers' own rule otherwise.  The
 attention is the same either way: a causal mask and ``is_causal`` select the same keys.
+
+With no cache (the fused loss asks for none, layers/loss.py), transformers also looks for packed
+sequences in the position ids, which it cannot do while compiling: the flag's second swap,
+``find_packed_sequence_indices``, answers "not packed" while the base model runs on positions it made.
 """
 from __future__ import annotations
 
@@ -15,9 +19,17 @@ from transformers import masking_utils
 from .. import _swaps
 
 NAME = "_ignore_causal_mask_sdpa"
-_HF_RULE = getattr(masking_utils, NAME, None)
-if getattr(_HF_RULE, _swaps.SWAPPED, False):           # this module re-imported while the swap is held
-    _HF_RULE = _swaps.LEDGER[(masking_utils, NAME)].original
+PACKED = "find_packed_sequence_indices"
+
+
+def _host(name: str):
+    """transformers' own ``masking_utils.<name>`` (also when this module is re-imported under a held swap)."""
+    fn = getattr(masking_utils, name, None)
+    return _swaps.LEDGER[(masking_utils, name)].original if getattr(fn, _swaps.SWAPPED, False) else fn
+
+
+_HF_RULE, _HF_PACKED = _host(NAME), _host(PACKED)
+OWN_POSITIONS = [0]        # > 0 while a base model runs on the positions it builds itself (layers/loss.py)
 
 
 def ignore_causal_mask_sdpa(padding_mask, q_length, kv_length, q_offset, kv_offset, local_attention_size=None):
@@ -27,3 +39,19 @@ def ignore_causal_mask_sdpa(padding_mask, q_length, kv_length, q_offset, kv_offs
     if local_attention_size is not None and kv_length >= local_attention_size:
         return False                    # a sliding window needs its mask
     return q_length == 1 or q_length == kv_length or q_offset == 0
+
+
+def find_packed_sequence_indices(position_ids):
+    """transformers' packed-sequence detector, which it runs when there is no cache and no padding mask.
+    Eager, it reads the positions (a host sync) and answers None for one sequence per row; while compiling
+    it cannot read them and returns a tensor, so a mask is built.  While the base model runs on the
+    positions it built itself (``arange``: one sequence per row, known before any tensor exists) this
+    answers None; otherwise transformers' own detector runs."""
+    if OWN_POSITIONS[0]:
+        return None
+    return _HF_PACKED(position_ids)
+
+
+def own_positions_rule_held() -> bool:
+    """Whether ``find_packed_sequence_indices`` above stands in transformers (the causal_mask flag)."""
+    return _swaps.function_at(masking_utils, PACKED) is find_packed_sequence_indices

@@ -7,7 +7,9 @@ labels and no need of logits it runs the base model, then
                                                    shifted labels (N,), lm_head.bias, ignore_index, reduction)
 
 with HF's ForCausalLMLoss semantics (shift, ``num_items_in_batch``, MoE aux loss), returning the
-host's output class with ``logits=None``.  Otherwise (no labels, ``return_logits=True``,
+host's output class with ``logits=None`` and, unless the caller asks for one (``use_cache=True``, a cache
+or position ids passed in, the ``causal_mask`` flag off), no KV cache: transformers would build one in
+every training forward.  Otherwise (no labels, ``return_logits=True``,
 ``keep_logits``, eval mode, ``logits_to_keep`` != 0, a custom loss, an lm_head that is not a plain
 Linear) the host forward runs.  ``causal_lm_loss`` is ForCausalLMLoss through liger_rt.ops.cross_entropy
 (the ``cross_entropy`` flag's ``loss_function``).  docs/patching.md ("Loss forwards") has the details.
@@ -24,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
+from . import attention
 from .._swaps import original_function
 
 
@@ -141,6 +144,11 @@ def _split(opts: LossOptions, args: tuple, kwargs: dict):
     return arguments, {k: v for k, v in kwargs.items() if k not in opts.parameters}
 
 
+def _given_cache(arguments: dict, extra: dict) -> bool:
+    """The caller passed a cache (``cache``, or ``past_key_values`` before transformers renamed it)."""
+    return any(d.get(k) is not None for d in (arguments, extra) for k in ("cache", "past_key_values"))
+
+
 def _fused_plan(self, opts, args, kwargs, return_logits):
     """(named arguments, var-kwargs) when the fused path can run for this call, else None."""
     if opts is None:
@@ -173,7 +181,19 @@ def causal_lm_forward(self, *args, return_logits: bool | None = None, **kwargs):
         return_dict = getattr(self.config, "return_dict", True)
     labels = arguments.pop("labels", None)
     arguments.pop("logits_to_keep", None)
-    outputs = self.model(**arguments, **extra)
+    # no logits come back, so a KV cache would only hold memory; without one transformers looks for
+    # packed sequences in the positions, which the causal_mask flag answers when the model makes them
+    no_cache = ("use_cache" in opts.parameters and arguments.get("use_cache") is None
+                and arguments.get("position_ids") is None and not _given_cache(arguments, extra)
+                and attention.own_positions_rule_held())
+    if no_cache:
+        arguments["use_cache"] = False
+        attention.OWN_POSITIONS[0] += 1
+    try:
+        outputs = self.model(**arguments, **extra)
+    finally:
+        if no_cache:
+            attention.OWN_POSITIONS[0] -= 1
     hidden = outputs[0]
     loss = fused_causal_lm_loss(hidden, self.lm_head, labels, **head_transform(self.config, self.lm_head), **extra)
 

@@ -75,8 +75,11 @@ GATE_UP_SWIGLU = Layer("swiglu", _L + "families:gate_up_swiglu_forward", op="swi
 GEGLU = Layer("geglu", _L + "mlp:geglu_forward", op="geglu", applies=_L + "mlp:gelu_tanh_gated")
 ROPE_AS_INPUT = Layer("rope", _L + "families:apply_rotary_pos_emb_as_input", op="rope")         # OLMo-2's casts
 # every family: under torch.compile, no padding mask keeps SDPA on is_causal (flash attention), as eager does
+# (and no cache, positions the model made itself: not packed, known without reading them)
 CAUSAL_MASK = Layer("causal_mask", _L + "attention:ignore_causal_mask_sdpa")
-COMMON_FUNCTIONS = {"transformers.masking_utils:_ignore_causal_mask_sdpa": CAUSAL_MASK}
+OWN_POSITIONS = Layer("causal_mask", _L + "attention:find_packed_sequence_indices")
+COMMON_FUNCTIONS = {"transformers.masking_utils:_ignore_causal_mask_sdpa": CAUSAL_MASK,
+                    "transformers.masking_utils:find_packed_sequence_indices": OWN_POSITIONS}
 
 
 def _llama_like(model_type: str, prefix: str, rope: Layer | None = ROPE, norm: Layer = RMS_NORM,
