@@ -3,7 +3,9 @@
     python benchmarks/profile_moe.py [--tokens 512] [--experts 32]
 
 Shows which kernel of the fused path grows when routing is skewed (E32 T512: the fused forward
-took 0.65 ms skewed against 0.32 ms uniform on the H200).
+took 0.65 ms skewed against 0.32 ms uniform on the H200), and each GEMM family's share of the
+18 * S * H * I FLOPs of a forward + backward (S = tokens * top_k) at its device time: which one keeps
+the whole below 450 TFLOP/s (issue 18: E64 T16384 at 419-426).
 """
 import argparse
 
@@ -12,6 +14,20 @@ import torch
 import liger_rt  # noqa: F401
 from liger_rt.kernels import moe_experts as M
 from liger_rt.tools.bench.harness import profiled
+
+# kernel -> FLOPs per forward + backward in units of S * H * I: up (x @ gate|up, 4), down (h @ down, 2, and the
+# backward's dX, dgu @ gate_up, 4: one kernel), up_bwd (dy @ down, 2), weight gradients (dgate_up 4, ddown 2)
+FAMILIES = {"_moe_up_fwd_kernel": 4, "_moe_down_kernel": 6, "_moe_up_bwd_kernel": 2, "_moe_wgrad": 6}
+
+
+def family_rates(events, steps: int, shi: int) -> list[tuple[str, float, float]]:
+    """(family, device ms per step, TFLOP/s) from torch.profiler key averages over `steps` steps; the weight
+    gradients sum both of their kernels (pointer and descriptor) and anything else is "other"."""
+    ms = dict.fromkeys([*FAMILIES, "other"], 0.0)
+    for e in events:
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+        ms[next((f for f in FAMILIES if e.key.startswith(f)), "other")] += us / 1e3 / steps
+    return [(f, t, FAMILIES[f] * shi / t / 1e9 if f in FAMILIES and t > 0 else float("nan")) for f, t in ms.items()]
 
 
 def main() -> None:
@@ -31,10 +47,17 @@ def main() -> None:
         def step():
             y = M.OP.call_impl("triton", cfg, x, gu, dn, idx, w, True)
             return torch.autograd.grad(y, (x, gu, dn, w), dy)
-        prof = profiled(step, warmup=3, calls=5)
+        steps = 5
+        prof = profiled(step, warmup=3, calls=steps)
         counts = torch.bincount(idx.flatten(), minlength=E)
         print(f"== E{E} T{args.tokens} {tag}: max rows/expert {int(counts.max())}, empty {int((counts == 0).sum())}")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=50))
+        shi = args.tokens * 4 * 2048 * I
+        rates = family_rates(prof.key_averages(), steps, shi)
+        total = sum(t for _, t, _ in rates)
+        print(f"-- {cfg}\n-- per family (device ms per step, TFLOP/s), all: {total:.3f} ms, {18 * shi / total / 1e9:.1f} TFLOP/s")
+        for name, t, rate in rates:
+            print(f"   {name:22s} {t:8.3f} ms  {rate:7.1f} TFLOP/s")
 
 
 if __name__ == "__main__":

@@ -581,3 +581,23 @@ def test_profile_memory_finds_what_is_live_at_the_peak(tmp_path):
                          "    buf17 = empty_strided_cuda((4, 2048), (2048, 1), torch.float32)\n")
     where = [pm._where([{"filename": str(generated), "line": line, "name": "call"}]) for line in (2, 3)]
     assert where[0] == where[1] == "ab/cabc.py call  buf = empty_strided_cuda((4, 2048), (2048, 1), torch.float32)"
+
+
+def test_profile_moe_splits_device_time_by_gemm_family():
+    """benchmarks/profile_moe.py: each MoE GEMM family's device time per step and its TFLOP/s (its share of
+    the 18 * S * H * I FLOPs); both weight-gradient kernels count as one family, the rest as other."""
+    import importlib.util
+    from pathlib import Path
+    from types import SimpleNamespace as E
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_moe.py"
+    spec = importlib.util.spec_from_file_location("profile_moe", path)
+    pm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pm)
+    assert sum(pm.FAMILIES.values()) == 18
+    events = [E(key="_moe_up_fwd_kernel", device_time_total=8000.0), E(key="_moe_down_kernel", device_time_total=12000.0),
+              E(key="_moe_up_bwd_kernel", device_time_total=4000.0), E(key="_moe_wgrad_kernel", device_time_total=2000.0),
+              E(key="_moe_wgrad_desc_kernel", device_time_total=10000.0), E(key="elementwise", device_time_total=1000.0)]
+    rates = {name: (ms, rate) for name, ms, rate in pm.family_rates(events, steps=2, shi=10**12)}
+    assert rates["_moe_up_fwd_kernel"] == (4.0, 1000.0)            # 4e12 FLOPs in 4 ms
+    assert rates["_moe_wgrad"] == (6.0, 1000.0) and rates["_moe_down_kernel"] == (6.0, 1000.0)
+    assert rates["other"][0] == 0.5
