@@ -140,7 +140,7 @@ def test_fused_loss_without_a_cache_keeps_sdpa_on_is_causal(monkeypatch):
     assert out.past_key_values is None and asked == []             # eager: no cache, the positions not read
     loss, grads, seen = _compiled_step(model, ids)
     assert seen and all(not has_mask and causal for has_mask, causal in seen), seen
-    assert asked == [] and attention.OWN_POSITIONS == [0]
+    assert asked == [] and attention._OWN_POSITIONS.depth == 0
     torch.testing.assert_close(loss, ref_loss)
     for g, ref in zip(grads, ref_grads):
         torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-5)
@@ -151,3 +151,22 @@ def test_fused_loss_without_a_cache_keeps_sdpa_on_is_causal(monkeypatch):
     assert len(asked) == 1 and asked[0] is positions               # no cache, the caller's positions: transformers reads them
     liger_rt.unpatch(model)
     assert masking_utils.find_packed_sequence_indices is not attention.find_packed_sequence_indices
+
+
+def test_own_positions_answer_only_the_thread_that_made_them():
+    """One thread's fused forward (positions it made) never answers another thread's call that passed packed positions."""
+    import threading
+    packed = torch.tensor([[0, 1, 2, 0, 1, 2]])
+    want = attention._HF_PACKED(packed)
+    assert want is not None                                           # transformers finds two sequences
+    seen = {}
+    attention.enter_own_positions()
+    try:
+        worker = threading.Thread(target=lambda: seen.setdefault("other", attention.find_packed_sequence_indices(packed)))
+        worker.start()
+        worker.join()
+        assert attention.find_packed_sequence_indices(packed) is None
+    finally:
+        attention.leave_own_positions()
+    torch.testing.assert_close(seen["other"], want)
+    torch.testing.assert_close(attention.find_packed_sequence_indices(packed), want)

@@ -14,6 +14,8 @@ sequences in the position ids, which it cannot do while compiling: the flag's se
 """
 from __future__ import annotations
 
+import threading
+
 from transformers import masking_utils
 
 from .. import _swaps
@@ -29,7 +31,9 @@ def _host(name: str):
 
 
 _HF_RULE, _HF_PACKED = _host(NAME), _host(PACKED)
-OWN_POSITIONS = [0]        # > 0 while a base model runs on the positions it builds itself (layers/loss.py)
+# per thread: > 0 while a base model runs on the positions it builds itself (layers/loss.py); a thread
+# (DataParallel's replicas run in threads) never answers for another's call
+_OWN_POSITIONS = threading.local()
 
 
 def ignore_causal_mask_sdpa(padding_mask, q_length, kv_length, q_offset, kv_offset, local_attention_size=None):
@@ -47,9 +51,17 @@ def find_packed_sequence_indices(position_ids):
     it cannot read them and returns a tensor, so a mask is built.  While the base model runs on the
     positions it built itself (``arange``: one sequence per row, known before any tensor exists) this
     answers None; otherwise transformers' own detector runs."""
-    if OWN_POSITIONS[0]:
+    if getattr(_OWN_POSITIONS, "depth", 0):
         return None
     return _HF_PACKED(position_ids)
+
+
+def enter_own_positions() -> None:
+    _OWN_POSITIONS.depth = getattr(_OWN_POSITIONS, "depth", 0) + 1
+
+
+def leave_own_positions() -> None:
+    _OWN_POSITIONS.depth -= 1
 
 
 def own_positions_rule_held() -> bool:

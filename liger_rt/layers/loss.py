@@ -188,12 +188,12 @@ def causal_lm_forward(self, *args, return_logits: bool | None = None, **kwargs):
                 and attention.own_positions_rule_held())
     if no_cache:
         arguments["use_cache"] = False
-        attention.OWN_POSITIONS[0] += 1
+        attention.enter_own_positions()
     try:
         outputs = self.model(**arguments, **extra)
     finally:
         if no_cache:
-            attention.OWN_POSITIONS[0] -= 1
+            attention.leave_own_positions()
     hidden = outputs[0]
     loss = fused_causal_lm_loss(hidden, self.lm_head, labels, **head_transform(self.config, self.lm_head), **extra)
 
