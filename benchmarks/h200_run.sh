@@ -69,7 +69,7 @@ for s in "$@"; do
               stage export 60 python3 -m liger_rt.tools.cli export benchmarks/results/hopper.jsonl --arch hopper ;;
     profile)  stage profile 90 python3 benchmarks/profile_norms.py ;;
     profmoe)  stage profmoe 120 python3 benchmarks/profile_moe.py ${PROFMOE_ARGS:-} ;;   # PROFMOE_ARGS="--tokens 16384 --experts 64"
-    moewgrad) stage moewgrad ${MOEWGRAD_S:-300} python3 benchmarks/profile_moe_wgrad.py ${MOEWGRAD_ARGS:-} ;;   # issue 18: wgrad_sorted 0/1/2 (gathered, sorted, sorted+TMA) vs grouped_mm (first: GPUTEST_K=wgrad_variants gputests)
+    moewgrad) stage moewgrad ${MOEWGRAD_S:-300} python3 benchmarks/profile_moe_wgrad.py ${MOEWGRAD_ARGS:-} ;;   # issue 18: wgrad_sorted 0/1/2 (gathered, sorted, sorted+TMA) vs grouped_mm (first: GPUTEST_K=wgrad_variants gputests); MOEWGRAD_ARGS="--desc --shapes 1,2 --csv benchmarks/results/moe_desc_h200.csv": the up/down descriptor knobs
     profflce) stage profflce ${PROFFLCE_S:-240} python3 benchmarks/profile_flce.py ${PROFFLCE_ARGS:-} ;;   # issue 18: FLCE chunk sizes vs torch.compile
     mixtral)  # issue 17: why mixtral-8x7b-2L steps slower than its baseline: the step profile, then the experts
               # at the step's shape (B4 x T2048 = 8192 tokens) swept (triton candidates, grouped_mm, torch), explained

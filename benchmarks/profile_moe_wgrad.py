@@ -3,9 +3,11 @@ sorted copies (1) or sorted copies through tensor descriptors (2: TMA), beside g
 rounds, TFLOP/s (18 * S * H * I per forward+backward, S = tokens * top_k), and the weight-gradient
 kernel's share from torch.profiler.
 
-    python benchmarks/profile_moe_wgrad.py [--rounds 3] [--csv PATH]
+    python benchmarks/profile_moe_wgrad.py [--rounds 3] [--csv PATH] [--desc] [--shapes 1,2]
 
-Each variant runs the Hopper heuristic's tiles (no DB row), so only wgrad_sorted differs.
+Each variant runs the Hopper heuristic's tiles (no DB row), so only wgrad_sorted differs.  --desc times
+the up and down/dX GEMMs through tensor descriptors instead (up_desc, down_desc: 00, 10, 01, 11, on the
+heuristic's TMA weight gradients); --shapes picks SHAPES by index (1,2: E32 and E64 at T16384).
 """
 from __future__ import annotations
 
@@ -31,14 +33,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--csv", default="benchmarks/results/moe_wgrad_h200.csv")
+    ap.add_argument("--desc", action="store_true", help="time the up/down GEMM descriptor variants instead")
+    ap.add_argument("--shapes", default="0,1,2", help="indices into SHAPES")
     a = ap.parse_args()
     rows = []
-    for dims in SHAPES:
+    for dims in [SHAPES[int(i)] for i in a.shapes.split(",")]:
         case = M._make_case(dims, torch.bfloat16, "cuda", tag="uniform")
         (x, gu, dn, idx, w, _), (dy,) = case.args, case.grads
         base = M._heuristic(backend.detect(), dims, torch.bfloat16)
-        arms = {f"triton_sorted{s}": (lambda c=base.replace(wgrad_sorted=s): M.OP.call_impl(
-            "triton", c, x, gu, dn, idx, w, True)) for s in (0, 1, 2)}
+        variants = ({f"triton_desc{u}{d}": dict(up_desc=u, down_desc=d) for u in (0, 1) for d in (0, 1)} if a.desc
+                    else {f"triton_sorted{s}": dict(wgrad_sorted=s) for s in (0, 1, 2)})
+        arms = {k: (lambda c=base.replace(**v): M.OP.call_impl("triton", c, x, gu, dn, idx, w, True))
+                for k, v in variants.items()}
         arms["grouped_mm"] = lambda: M.OP.call_impl("grouped_mm", {}, x, gu, dn, idx, w, True)
         steps = {k: (lambda f=f: torch.autograd.grad(f(), (x, gu, dn, w), dy)) for k, f in arms.items()}
         flop = 18 * dims["tokens"] * dims["top_k"] * dims["hidden"] * dims["intermediate"]

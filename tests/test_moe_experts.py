@@ -68,6 +68,32 @@ def test_tma_weight_gradients_fall_back_where_rows_are_not_16_byte_aligned():
     _check_all(_run("triton", case, M._CPU[0].replace(wgrad_sorted=2)), _dense_fp64(case), torch.float32, dims)
 
 
+@pytest.mark.parametrize("up_desc,down_desc", [(1, 1), (1, 0), (0, 1)])
+def test_gemms_through_tensor_descriptors(up_desc, down_desc, monkeypatch):
+    """up_desc / down_desc: the up GEMMs' weights and the down/dX GEMMs' operands through tensor descriptors
+    (the interpreter emulates them). I = 40 is not a multiple of the 32-column up tile (its gate rows run
+    into the up rows), H = 48 not of BLOCK_K: against the fp64 reference; each asked-for launch takes them."""
+    dims = _dims(37, 5, 2, 48, 40)
+    taken = []
+    real = M._tma
+    monkeypatch.setattr(M, "_tma", lambda on, *ts: taken.append(bool(on)) or real(on, *ts))
+    for tag in ("uniform", "skewed"):
+        case = _case(dims, tag=tag)
+        cfg = M._CPU[0].replace(wgrad_sorted=2, up_desc=up_desc, down_desc=down_desc)
+        _check_all(_run("triton", case, cfg), _dense_fp64(case), torch.float32, dims)
+    # per forward + backward: up, down, up_bwd, dX, then the two weight gradients (asked by wgrad_sorted=2)
+    assert taken == [bool(up_desc), bool(down_desc), bool(up_desc), bool(down_desc), True, True] * 2
+    x, gu, dn = _case(dims).args[:3]
+    assert M._descriptors_ok(gu.view(-1, 48), dn.view(-1, 40), torch.empty(74, 80))
+
+
+def test_gemm_descriptors_fall_back_where_rows_are_not_16_byte_aligned():
+    dims = _dims(29, 4, 2, 37, 20)       # rows of 37 fp32: no descriptor can stride them
+    case = _case(dims, tag="skewed")
+    cfg = M._CPU[0].replace(up_desc=1, down_desc=1)
+    _check_all(_run("triton", case, cfg), _dense_fp64(case), torch.float32, dims)
+
+
 @pytest.mark.parametrize("tag", ["uniform", "skewed"])
 @pytest.mark.parametrize("wgrad_sorted", [2, 1, 0])
 def test_fwd_bwd_fp32_odd_shapes(tag, wgrad_sorted):
@@ -244,7 +270,7 @@ def _candidates(arch, dims=BIG, dtype=torch.bfloat16):
 @pytest.mark.parametrize("arch", ["hopper", "mi325x", "cpu"])
 def test_every_candidate_config(arch):
     cands = _candidates(backend.profile(arch))
-    assert 2 <= len(cands) <= 20     # hopper: 12 tile sets + 8 weight-gradient operand variants
+    assert 2 <= len(cands) <= 28     # hopper: 12 tile sets, 8 weight-gradient operand variants, 8 descriptor ones
     if arch == "mi325x":
         for c in cands:
             assert _hip_safe(c)

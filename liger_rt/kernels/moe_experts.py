@@ -208,8 +208,11 @@ def _moe_up_fwd_kernel(
     perm_ptr, tile_ptr, bounds_ptr, n_tiles_m, x_ptr, w_ptr, gu_ptr, h_ptr, H, I, TOP_K,
     STORE_GU: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    W_DESC: tl.constexpr = False,
 ):
-    """h[r, n] = silu(x[tok_r] . Wg[e, n]) * (x[tok_r] . Wu[e, n]) over the rows r of one expert tile."""
+    """h[r, n] = silu(x[tok_r] . Wg[e, n]) * (x[tok_r] . Wu[e, n]) over the rows r of one expert tile.
+    W_DESC: the expert's gate|up rows through a tensor descriptor (TMA on Hopper; past H zero-filled,
+    gate rows past I read up rows that the store masks); the token rows stay gathered."""
     pid = tl.program_id(0)
     n_tiles_n = tl.cdiv(I, BLOCK_N)
     pid_m, pid_n = _tile_swizzle(pid, n_tiles_m, n_tiles_n, GROUP_M)
@@ -229,10 +232,17 @@ def _moe_up_fwd_kernel(
     p_x = x_ptr + tok[:, None] * H + o_k[None, :]
     p_wg = w_ptr + e.to(tl.int64) * (2 * I * H) + o_nw[None, :].to(tl.int64) * H + o_k[:, None]
     p_wu = p_wg + I * H
+    if W_DESC:
+        w_desc = tl.make_tensor_descriptor(w_ptr + e.to(tl.int64) * (2 * I * H), shape=[2 * I, H], strides=[H, 1],
+                                           block_shape=[BLOCK_N, BLOCK_K])
     b_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     b_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(H, BLOCK_K)):
-        if EVEN_K:
+        if W_DESC:
+            a = tl.load(p_x) if EVEN_K else tl.load(p_x, mask=(o_k < H - k * BLOCK_K)[None, :], other=0.0)
+            wg = w_desc.load([pid_n * BLOCK_N, k * BLOCK_K]).T
+            wu = w_desc.load([I + pid_n * BLOCK_N, k * BLOCK_K]).T
+        elif EVEN_K:
             a = tl.load(p_x)
             wg = tl.load(p_wg)
             wu = tl.load(p_wu)
@@ -265,10 +275,13 @@ def _moe_down_kernel(
     perm_ptr, tile_ptr, bounds_ptr, n_tiles_m, a_ptr, w_ptr, out_ptr, scale_ptr, N, KD, stride_we, stride_wk, stride_wn,
     HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    DESC: tl.constexpr = False, W_T: tl.constexpr = False,
 ):
     """out[slot_r, n] = (scale[slot_r] *) sum_k a[r, k] * W[e, k, n]; a in sorted order, out in slot order.
 
-    Forward: a = h (S, I), W[e, k, n] = down[e, n, k]. Backward dX: a = dgu (S, 2I), W = gate_up[e]."""
+    Forward: a = h (S, I), W[e, k, n] = down[e, n, k]. Backward dX: a = dgu (S, 2I), W = gate_up[e].
+    DESC: both operands through tensor descriptors (TMA on Hopper): a's rows up to the expert's end and
+    W[e] (stored n-major where W_T, the forward's down[e]), zero-filled past their bounds."""
     pid = tl.program_id(0)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = _tile_swizzle(pid, n_tiles_m, n_tiles_n, GROUP_M)
@@ -285,9 +298,23 @@ def _moe_down_kernel(
     o_k = tl.arange(0, BLOCK_K)
     p_a = a_ptr + o_ma[:, None] * KD + o_k[None, :]
     p_w = w_ptr + e.to(tl.int64) * stride_we + o_k[:, None] * stride_wk + o_nw[None, :].to(tl.int64) * stride_wn
+    if DESC:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[row_end, KD], strides=[KD, 1], block_shape=[BLOCK_M, BLOCK_K])
+        if W_T:
+            w_desc = tl.make_tensor_descriptor(w_ptr + e.to(tl.int64) * stride_we, shape=[N, KD],
+                                               strides=[stride_wn, 1], block_shape=[BLOCK_N, BLOCK_K])
+        else:
+            w_desc = tl.make_tensor_descriptor(w_ptr + e.to(tl.int64) * stride_we, shape=[KD, N],
+                                               strides=[stride_wk, 1], block_shape=[BLOCK_K, BLOCK_N])
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(KD, BLOCK_K)):
-        if EVEN_K:
+        if DESC:
+            a = a_desc.load([row0, k * BLOCK_K])
+            if W_T:
+                w = w_desc.load([pid_n * BLOCK_N, k * BLOCK_K]).T
+            else:
+                w = w_desc.load([k * BLOCK_K, pid_n * BLOCK_N])
+        elif EVEN_K:
             a = tl.load(p_a)
             w = tl.load(p_w)
         else:
@@ -314,8 +341,10 @@ def _moe_up_bwd_kernel(
     NEED_DW: tl.constexpr, STORE_HW: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    W_DESC: tl.constexpr = False,
 ):
     """g = dy[tok_r] @ down[e] (fp32); dw partial <g, h>; dgate/dup through SwiGLU of w * g.
+    W_DESC: down[e] through a tensor descriptor, as in _moe_up_fwd_kernel.
 
     STORE_HW also writes hw = w * h (the scaled A^T of dW_down) while the h tile is in registers,
     so the dW_down GEMM streams both operands straight into shared memory (a scale applied in its
@@ -337,9 +366,15 @@ def _moe_up_bwd_kernel(
     o_k = tl.arange(0, BLOCK_K)
     p_a = dy_ptr + tok[:, None] * H + o_k[None, :]
     p_w = w_ptr + e.to(tl.int64) * H * I + o_k[:, None].to(tl.int64) * I + o_nw[None, :]
+    if W_DESC:
+        w_desc = tl.make_tensor_descriptor(w_ptr + e.to(tl.int64) * H * I, shape=[H, I], strides=[I, 1],
+                                           block_shape=[BLOCK_K, BLOCK_N])
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(H, BLOCK_K)):
-        if EVEN_K:
+        if W_DESC:
+            a = tl.load(p_a) if EVEN_K else tl.load(p_a, mask=(o_k < H - k * BLOCK_K)[None, :], other=0.0)
+            w = w_desc.load([k * BLOCK_K, pid_n * BLOCK_N])
+        elif EVEN_K:
             a = tl.load(p_a)
             w = tl.load(p_w)
         else:
@@ -550,13 +585,20 @@ def _descriptors_ok(*ts: torch.Tensor) -> bool:
         ts[0].is_cuda and torch.version.hip is None and torch.cuda.get_device_capability(ts[0].device)[0] >= 9)
 
 
+def _tma(on, *ts: torch.Tensor) -> bool:
+    """Whether a launch reads these 2-D operands through tensor descriptors: the config asks (`on`) and
+    _descriptors_ok; then Triton's allocator gives the device-side descriptors their global scratch."""
+    if not (on and _descriptors_ok(*ts)):
+        return False
+    triton.set_allocator(lambda size, alignment, stream, d=ts[0].device: torch.empty(size, device=d, dtype=torch.int8))
+    return True
+
+
 def _wgrad(a, b, out, route: _Routing, c: Gemm, *, a_gather: bool, b_gather: bool, desc: bool = False) -> None:
     """out (E, M, N) <- per expert sum over its rows of A[r]^T B[r] (A, B gathered by token or sorted;
     `desc`: sorted both, through tensor descriptors where _descriptors_ok)."""
     E, M, N = out.shape
-    if desc and not (a_gather or b_gather) and _descriptors_ok(a, b):
-        # global scratch for the device-side descriptors, which Triton asks its allocator for
-        triton.set_allocator(lambda size, alignment, stream, d=a.device: torch.empty(size, device=d, dtype=torch.int8))
+    if _tma(desc and not (a_gather or b_gather), a, b):
         _moe_wgrad_desc_kernel[(E * triton.cdiv(M, c.BLOCK_M) * triton.cdiv(N, c.BLOCK_N),)](
             a, b, out, route.bounds, M, N, a.stride(0), b.stride(0), **_gemm_opts(c, a))
         return
@@ -581,11 +623,11 @@ def _forward(config, x, gate_up_proj, down_proj, top_k_index, top_k_weights, sav
     h = x.new_empty(route.S, I)
     gu = x.new_empty(route.S, 2 * I) if save else x.new_empty(0)
     _launch(_moe_up_fwd_kernel, route, config.up, I, x, gate_up_proj, gu if save else h, h, H, I, route.K,
-            STORE_GU=save)
+            STORE_GU=save, W_DESC=_tma(config.up_desc, gate_up_proj.view(-1, H)))
     y_slot = x.new_empty(route.S, H)
     # W[e, k=i, n=h] = down[e, h, i]
     _launch(_moe_down_kernel, route, config.down, H, h, down_proj, y_slot, top_k_weights.contiguous().view(-1),
-            H, I, H * I, 1, I, HAS_SCALE=True)
+            H, I, H * I, 1, I, HAS_SCALE=True, DESC=_tma(config.down_desc, h, down_proj.view(-1, I)), W_T=True)
     meta = route.tiles(config.down.BLOCK_M)[0]
     return (_sum_k(y_slot, T, route.K),), (gu, h, route.perm, route.bounds, meta)
 
@@ -606,13 +648,14 @@ def _backward(config, args, saved, needs, dy):
     dwp = x.new_empty(S, triton.cdiv(I, config.up_bwd.BLOCK_N), dtype=torch.float32) if need_dw else dgu
     hw = x.new_empty(S, I) if need_ddown else dgu
     _launch(_moe_up_bwd_kernel, route, config.up_bwd, I, dy, down_proj, gu, h, top_k_weights.contiguous().view(-1),
-            dgu, dwp, hw, H, I, K, NEED_DW=need_dw, STORE_HW=need_ddown)
+            dgu, dwp, hw, H, I, K, NEED_DW=need_dw, STORE_HW=need_ddown,
+            W_DESC=_tma(config.up_desc, down_proj.view(-1, I)))
     dx = dgate_up = ddown = dw = None
     if need_dx:
         dx_slot = x.new_empty(S, H)
         # W[e, k=j, n=h] = gate_up[e, j, h]
         _launch(_moe_down_kernel, route, config.down, H, dgu, gate_up_proj, dx_slot, dgu, H, 2 * I, 2 * I * H, H, 1,
-                HAS_SCALE=False)
+                HAS_SCALE=False, DESC=_tma(config.down_desc, dgu, gate_up_proj.view(-1, H)))
         dx = _sum_k(dx_slot, T, K)
     # wgrad_sorted: the token-ordered operand (x, dy) gathered into sorted order first (one copy of
     # S x H), so the weight-gradient K loop, which runs over an expert's rows, loads plain strided
@@ -717,6 +760,10 @@ class MoEExpertsConfig(Config):
     # the weight gradients read 0: gathered rows, 1: sorted copies, 2: sorted copies through tensor
     # descriptors (TMA; 1 where they cannot run) (see _backward)
     wgrad_sorted: int = knob(1, (0, 1, 2))
+    # through tensor descriptors (TMA; pointers where they cannot run): the up GEMMs' expert weights
+    # (forward, and dy @ down), and both operands of the down and dX GEMMs. Not yet measured on a GPU.
+    up_desc: int = knob(0, (0, 1))
+    down_desc: int = knob(0, (0, 1))
 
 
 _C, _g = MoEExpertsConfig, Gemm     # _C(up, up_bwd, down, wgrad), _g(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
@@ -793,7 +840,10 @@ def _configs(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> list[MoEExpe
         return _NVIDIA_FP32
     # the weight-gradient operand variants (gathered rows, sorted copies through TMA) beside the
     # default sorted copies, on the first tiles of the list (the variant is independent of the tiles)
-    return _HOPPER + [c.replace(wgrad_sorted=v) for c in _HOPPER[:4] for v in (0, 2)] + _NVIDIA_FP32
+    # and the up and down/dX GEMMs through tensor descriptors, both or one, on the TMA weight gradients
+    desc = [c.replace(wgrad_sorted=2, up_desc=u, down_desc=d) for u, d, tiles in ((1, 1, 4), (0, 1, 2), (1, 0, 2))
+            for c in _HOPPER[:tiles]]
+    return _HOPPER + [c.replace(wgrad_sorted=v) for c in _HOPPER[:4] for v in (0, 2)] + desc + _NVIDIA_FP32
 
 
 def _first_fit(cands: list[MoEExpertsConfig], arch, dims, dtype) -> MoEExpertsConfig:
@@ -949,4 +999,4 @@ OP = register(Op(
     fake=_fake, make_case=_make_case, plan=_plan, reduce_len=_reduce_len, heuristic_impl=_heuristic_impl,
     crossover_axis=_rows_per_expert, crossover_axis_name="rows_per_expert", pinned_by_fused_moe_env=True,
     tags=("uniform", "skewed"),
-    schema_version=2))   # 2: a frozen config with one Gemm per family, no top-level num_warps/num_stages
+    schema_version=3))   # 2: one frozen Gemm per family, no top-level num_warps/num_stages; 3: up_desc, down_desc

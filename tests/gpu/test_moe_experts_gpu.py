@@ -132,6 +132,19 @@ def test_bf16_wgrad_variants(wgrad_sorted, name, T, K, H, I):
     _check(_run("triton", case, cfg), _refs(case), torch.bfloat16, f"wgrad_sorted={wgrad_sorted} {name}")
 
 
+@pytest.mark.parametrize("up_desc,down_desc", [(1, 1), (1, 0), (0, 1)])
+@pytest.mark.parametrize("name,T,K,H,I", [("skewed", 2048, 2, 4096, 1792), ("empty_experts", 333, 2, 256, 200),
+                                          ("k1", 777, 1, 512, 384)])
+def test_bf16_gemm_descriptor_variants(up_desc, down_desc, name, T, K, H, I):
+    """The up GEMMs' weights and the down/dX GEMMs' operands through tensor descriptors (TMA), with
+    ragged expert ends, empty experts and I not a multiple of the tile, against the references."""
+    dims = dict(tokens=T, experts=8, top_k=K, hidden=H, intermediate=I)
+    idx = None if name == "skewed" else _edge_idx(name, T, 8, K)
+    case = _case(dims, torch.bfloat16, tag="skewed", idx=idx)
+    cfg = M._heuristic(backend.detect(), dims, torch.bfloat16).replace(up_desc=up_desc, down_desc=down_desc)
+    _check(_run("triton", case, cfg), _refs(case), torch.bfloat16, f"up_desc={up_desc} down_desc={down_desc} {name}")
+
+
 def test_bf16_every_candidate_config():
     arch = backend.detect()
     dims = dict(E8B, tokens=1024)
