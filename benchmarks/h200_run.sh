@@ -5,6 +5,7 @@
 #   bash benchmarks/h200_run.sh mixtral fammodel   (issue 17: mixtral's step profiled, its experts swept, then the steps)
 #   bash benchmarks/h200_run.sh compiled      (issue 19 item 4; COMPILED_ARGS="--compile-mode reduce-overhead" for CUDA graphs)
 #   bash benchmarks/h200_run.sh compiledfuse  (both compile policies side by side, its own CSV)
+#   bash benchmarks/h200_run.sh moedesc       (issue 18: the MoE up/down descriptor knobs: GPU tests, per-GEMM TFLOP/s, timings)
 #   bash benchmarks/h200_run.sh multigpu          (on nvidia-h200-x2: issue 21, benchmarks/multi_gpu.py)
 # GPUTEST_K="expr" selects gpu tests by pytest -k (e.g. "not test_parity_bf16 or a3b": families' slow cases out).
 # A stage's extra arguments come from NORMS_ARGS, LFM2_ARGS, ... (e.g. MOE_ARGS="--where experts=32").
@@ -107,6 +108,13 @@ for s in "$@"; do
               # (2026-12-04, h200_s12_call1: these two T512 cases took more than 300 s on a fresh machine)
               stage moewarm ${MOEWARM_S:-420} $B kernels --op moe_experts --where tokens=512 --where routing=uniform \
                 --no-compile --out /tmp/moewarm ;;
+    moedesc)  # issue 18 (session 14's knobs, first run): the MoE descriptor GPU tests, each GEMM family's TFLOP/s at
+              # E64 T16384, then the four up_desc/down_desc combinations at E32 and E64 T16384 (moe_desc_h200.csv)
+              stage moedesc_tests ${GPUTEST_S:-240} python3 -m pytest -m gpu tests/gpu/test_moe_experts_gpu.py -q \
+                -k "descriptor or every_candidate or wgrad_variants" -p no:cacheprovider -rfE
+              stage moedesc_prof 150 python3 benchmarks/profile_moe.py --tokens 16384 --experts 64
+              stage moedesc_time ${MOEDESC_S:-300} python3 benchmarks/profile_moe_wgrad.py --desc --shapes 1,2 \
+                --csv benchmarks/results/moe_desc_h200.csv ;;
     moegrid3) # issue 18: the 12 grid points below T16384 three times (moe_experts_h200_grid_runN.csv); with moe3
               # the 16-point peer grid
               moe_runs3 moegrid ${MOEGRID_S:-200} grid --where tokens=512,2048,4096 --no-compile ;;
