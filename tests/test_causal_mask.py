@@ -148,13 +148,14 @@ def test_fused_loss_without_a_cache_keeps_sdpa_on_is_causal(monkeypatch):
     model(input_ids=ids, labels=ids, position_ids=positions)      # the caller's positions: a cache, as before
     assert asked == []
     model(input_ids=ids, labels=ids, position_ids=positions, use_cache=False)
-    assert len(asked) == 1 and asked[0] is positions               # no cache, the caller's positions: transformers reads them
+    assert len(asked) == 1 and asked[0] is positions      # no cache, the caller's positions: transformers reads them
     liger_rt.unpatch(model)
     assert masking_utils.find_packed_sequence_indices is not attention.find_packed_sequence_indices
 
 
 def test_own_positions_answer_only_the_thread_that_made_them():
-    """One thread's fused forward (positions it made) never answers another thread's call that passed packed positions."""
+    """One thread's fused forward (on positions it made) never answers for another thread's call, which
+    passed packed positions."""
     import threading
     packed = torch.tensor([[0, 1, 2, 0, 1, 2]])
     want = attention._HF_PACKED(packed)
@@ -162,7 +163,8 @@ def test_own_positions_answer_only_the_thread_that_made_them():
     seen = {}
     attention.enter_own_positions()
     try:
-        worker = threading.Thread(target=lambda: seen.setdefault("other", attention.find_packed_sequence_indices(packed)))
+        other = attention.find_packed_sequence_indices
+        worker = threading.Thread(target=lambda: seen.setdefault("other", other(packed)))
         worker.start()
         worker.join()
         assert attention.find_packed_sequence_indices(packed) is None
