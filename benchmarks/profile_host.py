@@ -9,6 +9,9 @@ no_grad (dispatch, no autograd node), the op with an autograd node, and forward+
 autograd engine on the caller's thread; then cProfile's top functions by own time over the
 forward+backward on the caller's thread (cProfile sees one thread), which name the Python that
 the layers above cannot split.
+
+Without a GPU (TRITON_INTERPRET=1) it compares ops.rms_norm forward + backward, its kernel launches replaced by
+no-ops, with the floor of any Python autograd.Function: one that only allocates the same outputs.
 """
 import argparse
 import cProfile
@@ -56,6 +59,31 @@ def layers(op_name: str):
                 lambda: torch.autograd.grad(ops.rope(q, kk, cos, sin), (q, kk), (dq, dk)))}
 
 
+def cpu_floor(calls: int) -> None:
+    """Host cost of ops.rms_norm forward + backward beside an autograd.Function that only allocates (CPU, launches
+    stubbed: what liger_rt's own Python adds over the floor every Python autograd op pays)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    InterpretedFunction.run = lambda self, *a, **k: None       # no kernel runs: host time only
+
+    class Floor(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w, torch.empty(x.shape[0]))
+            return torch.empty_like(x)
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, w, _ = ctx.saved_tensors
+            return torch.empty_like(x), torch.empty_like(w)
+
+    x, w = torch.randn(256, 4096, requires_grad=True), torch.randn(4096, requires_grad=True)
+    dy = torch.randn_like(x)
+    probes = {"autograd.Function floor fwd+bwd": lambda: torch.autograd.grad(Floor.apply(x, w), (x, w), dy),
+              "ops.rms_norm fwd+bwd, launches stubbed": lambda: torch.autograd.grad(ops.rms_norm(x, w), (x, w), dy)}
+    for name, fn in probes.items():
+        print(f"cpu {name:45s} {per_call_us(fn, calls, sync=False, warmup=200):8.1f} us")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--op", default="rms_norm,swiglu,rope")
@@ -63,7 +91,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=22)
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("profile_host needs a GPU")
+        return cpu_floor(args.calls)
     for op_name in args.op.split(","):
         probes = layers(op_name)
         for name, fn in probes.items():
