@@ -601,3 +601,20 @@ def test_profile_moe_splits_device_time_by_gemm_family():
     assert rates["_moe_up_fwd_kernel"] == (4.0, 1000.0)            # 4e12 FLOPs in 4 ms
     assert rates["_moe_wgrad"] == (6.0, 1000.0) and rates["_moe_down_kernel"] == (6.0, 1000.0)
     assert rates["other"][0] == 0.5
+
+
+def test_profile_host_cpu_floor_runs_and_restores_the_interpreter(capsys):
+    """benchmarks/profile_host.py without a GPU: both probes print, and the interpreter's run is put back."""
+    import importlib.util
+    from pathlib import Path
+
+    from triton.runtime.interpreter import InterpretedFunction
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_host.py"
+    spec = importlib.util.spec_from_file_location("profile_host", path)
+    ph = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ph)
+    run = InterpretedFunction.run
+    ph.cpu_floor(calls=20)
+    assert InterpretedFunction.run is run
+    out = capsys.readouterr().out
+    assert "floor fwd+bwd" in out and "ops.rms_norm fwd+bwd, launches stubbed" in out
