@@ -52,7 +52,7 @@ def main() -> None:
         counts = torch.bincount(idx.flatten(), minlength=E)
         print(f"== E{E} T{args.tokens} {tag}: max rows/expert {int(counts.max())}, empty {int((counts == 0).sum())}")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=50))
-        shi = args.tokens * 4 * 2048 * I
+        shi = dims["tokens"] * dims["top_k"] * dims["hidden"] * dims["intermediate"]
         rates = family_rates(prof.key_averages(), steps, shi)
         total = sum(t for _, t, _ in rates)
         print(f"-- {cfg}\n-- per family (device ms per step, TFLOP/s), all: {total:.3f} ms, {18 * shi / total / 1e9:.1f} TFLOP/s")

@@ -586,9 +586,10 @@ def _descriptors_ok(*ts: torch.Tensor) -> bool:
 
 
 def _tma(on, *ts: torch.Tensor) -> bool:
-    """Whether a launch reads these 2-D operands through tensor descriptors: the config asks (`on`) and
-    _descriptors_ok; then Triton's allocator gives the device-side descriptors their global scratch."""
-    if not (on and _descriptors_ok(*ts)):
+    """Whether a launch reads these operands (expert weights seen as their rows) through tensor descriptors:
+    the config asks (`on`) and _descriptors_ok; then Triton's allocator gives the device-side descriptors
+    their global scratch.  Nothing is built when `on` is false (the hot path of the default configs)."""
+    if not (on and _descriptors_ok(*[t.view(-1, t.shape[-1]) for t in ts])):
         return False
     triton.set_allocator(lambda size, alignment, stream, d=ts[0].device: torch.empty(size, device=d, dtype=torch.int8))
     return True
@@ -623,11 +624,11 @@ def _forward(config, x, gate_up_proj, down_proj, top_k_index, top_k_weights, sav
     h = x.new_empty(route.S, I)
     gu = x.new_empty(route.S, 2 * I) if save else x.new_empty(0)
     _launch(_moe_up_fwd_kernel, route, config.up, I, x, gate_up_proj, gu if save else h, h, H, I, route.K,
-            STORE_GU=save, W_DESC=_tma(config.up_desc, gate_up_proj.view(-1, H)))
+            STORE_GU=save, W_DESC=_tma(config.up_desc, gate_up_proj))
     y_slot = x.new_empty(route.S, H)
     # W[e, k=i, n=h] = down[e, h, i]
     _launch(_moe_down_kernel, route, config.down, H, h, down_proj, y_slot, top_k_weights.contiguous().view(-1),
-            H, I, H * I, 1, I, HAS_SCALE=True, DESC=_tma(config.down_desc, h, down_proj.view(-1, I)), W_T=True)
+            H, I, H * I, 1, I, HAS_SCALE=True, DESC=_tma(config.down_desc, h, down_proj), W_T=True)
     meta = route.tiles(config.down.BLOCK_M)[0]
     return (_sum_k(y_slot, T, route.K),), (gu, h, route.perm, route.bounds, meta)
 
@@ -649,13 +650,13 @@ def _backward(config, args, saved, needs, dy):
     hw = x.new_empty(S, I) if need_ddown else dgu
     _launch(_moe_up_bwd_kernel, route, config.up_bwd, I, dy, down_proj, gu, h, top_k_weights.contiguous().view(-1),
             dgu, dwp, hw, H, I, K, NEED_DW=need_dw, STORE_HW=need_ddown,
-            W_DESC=_tma(config.up_desc, down_proj.view(-1, I)))
+            W_DESC=_tma(config.up_desc, down_proj))
     dx = dgate_up = ddown = dw = None
     if need_dx:
         dx_slot = x.new_empty(S, H)
         # W[e, k=j, n=h] = gate_up[e, j, h]
         _launch(_moe_down_kernel, route, config.down, H, dgu, gate_up_proj, dx_slot, dgu, H, 2 * I, 2 * I * H, H, 1,
-                HAS_SCALE=False, DESC=_tma(config.down_desc, dgu, gate_up_proj.view(-1, H)))
+                HAS_SCALE=False, DESC=_tma(config.down_desc, dgu, gate_up_proj))
         dx = _sum_k(dx_slot, T, K)
     # wgrad_sorted: the token-ordered operand (x, dy) gathered into sorted order first (one copy of
     # S x H), so the weight-gradient K loop, which runs over an expert's rows, loads plain strided
