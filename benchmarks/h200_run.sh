@@ -5,6 +5,7 @@
 #   bash benchmarks/h200_run.sh mixtral fammodel   (issue 17: mixtral's step profiled, its experts swept, then the steps)
 #   bash benchmarks/h200_run.sh compiled      (issue 19 item 4; COMPILED_ARGS="--compile-mode reduce-overhead" for CUDA graphs)
 #   bash benchmarks/h200_run.sh compiledfuse  (both compile policies side by side, its own CSV)
+#   bash benchmarks/h200_run.sh moesplit      (issue 18: the split up backward: GPU tests, per-GEMM TFLOP/s, timings)
 #   bash benchmarks/h200_run.sh moedesc       (issue 18: the MoE up/down descriptor knobs: GPU tests, per-GEMM TFLOP/s, timings)
 #   bash benchmarks/h200_run.sh multigpu          (on nvidia-h200-x2: issue 21, benchmarks/multi_gpu.py)
 # GPUTEST_K="expr" selects gpu tests by pytest -k (e.g. "not test_parity_bf16 or a3b": families' slow cases out).
@@ -115,6 +116,17 @@ for s in "$@"; do
               stage moedesc_prof 150 python3 benchmarks/profile_moe.py --tokens 16384 --experts 64
               stage moedesc_time ${MOEDESC_S:-300} python3 benchmarks/profile_moe_wgrad.py --desc --shapes 1,2 \
                 --csv benchmarks/results/moe_desc_h200.csv ;;
+    moesplit) # issue 18 (session 15): the split up backward (up_bwd_split): GPU tests, per-GEMM TFLOP/s at E64
+              # T16384 with the split (pointer and TMA dy), then the heuristic against split variants timed
+              # (E32 and E64 T16384, moe_split_h200.csv)
+              stage moesplit_tests ${GPUTEST_S:-240} python3 -m pytest -m gpu tests/gpu/test_moe_experts_gpu.py -q \
+                -k "split or descriptor or every_candidate or wgrad_variants" -p no:cacheprovider -rfE
+              for kn in up_bwd_split=1 up_bwd_split=1,down_desc=1; do
+                stage moesplit_prof_$kn 120 python3 benchmarks/profile_moe.py --tokens 16384 --experts 64 --set $kn
+              done
+              stage moesplit_time ${MOESPLIT_S:-300} python3 benchmarks/profile_moe_wgrad.py --shapes 1,2 \
+                --variants "${MOESPLIT_VARIANTS:-split:up_bwd_split=1;split_d:up_bwd_split=1,down_desc=1;split_ud:up_bwd_split=1,down_desc=1,up_desc=1}" \
+                --csv benchmarks/results/moe_split_h200.csv ;;
     moegrid3) # issue 18: the 12 grid points below T16384 three times (moe_experts_h200_grid_runN.csv); with moe3
               # the 16-point peer grid
               moe_runs3 moegrid ${MOEGRID_S:-200} grid --where tokens=512,2048,4096 --no-compile ;;

@@ -3,9 +3,9 @@ constexprs that commit's configs launch them with (no GPU: Triton's offline comp
 
     python benchmarks/moe_ptx_same.py [--rev dc88796]
 
-Session 14 added the up_desc / down_desc knobs as constexpr branches and re-keyed the shipped rows
-(measured before) instead of re-sweeping them; this checks that with both knobs off the kernels are
-the ones those rows timed.  Debug line info is dropped before comparing.
+Session 14 added the up_desc / down_desc knobs, session 15 OUT_SORTED (up_bwd_split), as constexpr branches, and re-keyed the shipped rows
+(measured before) instead of re-sweeping them; this checks that with every knob off the kernels are
+the ones those rows timed (knobs off).  Debug line info is dropped before comparing.
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ INTS = {"n_tiles_m", "H", "I", "TOP_K", "N", "KD", "stride_we", "stride_wk", "st
 ALIGNED = {"H", "I", "N", "KD", "stride_we", "stride_wk", "stride_wn"}
 POINTERS = {"perm_ptr": "*i32", "tile_ptr": "*i32", "bounds_ptr": "*i32", "dwp_ptr": "*fp32"}
 CASES = [("_moe_up_fwd_kernel", "up", dict(STORE_GU=True, EVEN_K=True), dict(W_DESC=False)),
-         ("_moe_down_kernel", "down", dict(HAS_SCALE=True, EVEN_K=True), dict(DESC=False, W_T=True)),
-         ("_moe_down_kernel", "down", dict(HAS_SCALE=False, EVEN_K=False), dict(DESC=False, W_T=False)),
+         ("_moe_down_kernel", "down", dict(HAS_SCALE=True, EVEN_K=True), dict(DESC=False, W_T=True, OUT_SORTED=False)),
+         ("_moe_down_kernel", "down", dict(HAS_SCALE=False, EVEN_K=False), dict(DESC=False, W_T=False, OUT_SORTED=False)),
          ("_moe_up_bwd_kernel", "up_bwd", dict(NEED_DW=True, STORE_HW=True, EVEN_K=True), dict(W_DESC=False))]
 
 

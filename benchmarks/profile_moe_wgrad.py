@@ -4,10 +4,13 @@ rounds, TFLOP/s (18 * S * H * I per forward+backward, S = tokens * top_k), and t
 kernel's share from torch.profiler.
 
     python benchmarks/profile_moe_wgrad.py [--rounds 3] [--csv PATH] [--desc] [--shapes 1,2]
+        [--variants "split:up_bwd_split=1;split_d:up_bwd_split=1,down_desc=1"]
 
 Each variant runs the Hopper heuristic's tiles (no DB row), so only wgrad_sorted differs.  --desc times
 the up and down/dX GEMMs through tensor descriptors instead (up_desc, down_desc: 00, 10, 01, 11, on the
-heuristic's TMA weight gradients); --shapes picks SHAPES by index (1,2: E32 and E64 at T16384).
+heuristic's TMA weight gradients); --variants names knob sets over the heuristic's config (each arm its
+name:knob=v,...; the heuristic itself runs as `heuristic`); --shapes picks SHAPES by index (1,2: E32 and E64
+at T16384).
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--csv", default="benchmarks/results/moe_wgrad_h200.csv")
     ap.add_argument("--desc", action="store_true", help="time the up/down GEMM descriptor variants instead")
+    ap.add_argument("--variants", default="", help='"name:knob=v,...;name2:..." over the heuristic config')
     ap.add_argument("--shapes", default="0,1,2", help="indices into SHAPES")
     a = ap.parse_args()
     rows = []
@@ -41,8 +45,14 @@ def main() -> None:
         case = M._make_case(dims, torch.bfloat16, "cuda", tag="uniform")
         (x, gu, dn, idx, w, _), (dy,) = case.args, case.grads
         base = M._heuristic(backend.detect(), dims, torch.bfloat16)
-        variants = ({f"triton_desc{u}{d}": dict(up_desc=u, down_desc=d) for u in (0, 1) for d in (0, 1)} if a.desc
-                    else {f"triton_sorted{s}": dict(wgrad_sorted=s) for s in (0, 1, 2)})
+        if a.variants:
+            variants = {"triton_heuristic": {}} | {
+                f"triton_{name}": {k: int(v) for k, v in (kv.split("=") for kv in knobs.split(",") if kv)}
+                for name, knobs in (arm.split(":") for arm in a.variants.split(";"))}
+        elif a.desc:
+            variants = {f"triton_desc{u}{d}": dict(up_desc=u, down_desc=d) for u in (0, 1) for d in (0, 1)}
+        else:
+            variants = {f"triton_sorted{s}": dict(wgrad_sorted=s) for s in (0, 1, 2)}
         arms = {k: (lambda c=base.replace(**v): M.OP.call_impl("triton", c, x, gu, dn, idx, w, True))
                 for k, v in variants.items()}
         arms["grouped_mm"] = lambda: M.OP.call_impl("grouped_mm", {}, x, gu, dn, idx, w, True)

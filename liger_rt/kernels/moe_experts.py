@@ -275,11 +275,13 @@ def _moe_down_kernel(
     perm_ptr, tile_ptr, bounds_ptr, n_tiles_m, a_ptr, w_ptr, out_ptr, scale_ptr, N, KD, stride_we, stride_wk, stride_wn,
     HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    DESC: tl.constexpr = False, W_T: tl.constexpr = False,
+    DESC: tl.constexpr = False, W_T: tl.constexpr = False, OUT_SORTED: tl.constexpr = False,
 ):
-    """out[slot_r, n] = (scale[slot_r] *) sum_k a[r, k] * W[e, k, n]; a in sorted order, out in slot order.
+    """out[slot_r, n] = (scale[slot_r] *) sum_k a[r, k] * W[e, k, n]; a in sorted order, out in slot order
+    (OUT_SORTED: out[r, n], sorted order too).
 
     Forward: a = h (S, I), W[e, k, n] = down[e, n, k]. Backward dX: a = dgu (S, 2I), W = gate_up[e].
+    Split up backward (up_bwd_split): a = dy in sorted order (S, H), W = down[e], out = g (S, I), sorted.
     DESC: both operands through tensor descriptors (TMA on Hopper): a's rows up to the expert's end and
     W[e] (stored n-major where W_T, the forward's down[e]), zero-filled past their bounds."""
     pid = tl.program_id(0)
@@ -327,10 +329,14 @@ def _moe_down_kernel(
         acc = tl.dot(a, w, acc, input_precision=PRECISION)
         p_a += BLOCK_K
         p_w += BLOCK_K * stride_wk
-    slot = tl.load(perm_ptr + o_m, mask=m_m, other=0)
-    if HAS_SCALE:
-        acc = acc * tl.load(scale_ptr + slot, mask=m_m, other=0.0).to(tl.float32)[:, None]
-    p_o = out_ptr + slot.to(tl.int64)[:, None] * N + o_n[None, :]
+    if OUT_SORTED:
+        row = o_m.to(tl.int64)
+    else:
+        slot = tl.load(perm_ptr + o_m, mask=m_m, other=0)
+        if HAS_SCALE:
+            acc = acc * tl.load(scale_ptr + slot, mask=m_m, other=0.0).to(tl.float32)[:, None]
+        row = slot.to(tl.int64)
+    p_o = out_ptr + row[:, None] * N + o_n[None, :]
     tl.store(p_o, acc.to(out_ptr.dtype.element_ty), mask=m_m[:, None] & (o_n < N)[None, :])
 
 
@@ -407,6 +413,41 @@ def _moe_up_bwd_kernel(
     p_dgu = dgu_ptr + o_r[:, None] * (2 * I) + o_n[None, :]
     tl.store(p_dgu, b_dg.to(dgu_ptr.dtype.element_ty), mask=m_o)
     tl.store(p_dgu + I, b_du.to(dgu_ptr.dtype.element_ty), mask=m_o)
+
+
+@triton.jit
+def _moe_swiglu_bwd_kernel(g_ptr, perm_ptr, gu_ptr, h_ptr, scale_ptr, dgu_ptr, dw_ptr, hw_ptr, S, I,
+                           NEED_DW: tl.constexpr, STORE_HW: tl.constexpr,
+                           BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
+    """_moe_up_bwd_kernel's epilogue on its own (up_bwd_split), over BLOCK_R sorted rows: g (S, I), the
+    GEMM's dy[tok_r] @ down[e], gives dw[slot_r] = <g, h>, hw = w * h and dgate|dup. hw may be g's
+    buffer (each tile is read before it is written, by the same program)."""
+    o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    m_r = o_r < S
+    slot = tl.load(perm_ptr + o_r, mask=m_r, other=0)
+    b_w = tl.load(scale_ptr + slot, mask=m_r, other=0.0).to(tl.float32)
+    r = o_r.to(tl.int64)[:, None]
+    dw = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    for i0 in range(0, I, BLOCK_I):
+        o_i = i0 + tl.arange(0, BLOCK_I)
+        m = m_r[:, None] & (o_i < I)[None, :]
+        b_gr = tl.load(g_ptr + r * I + o_i[None, :], mask=m, other=0.0).to(tl.float32)
+        if NEED_DW or STORE_HW:
+            b_h = tl.load(h_ptr + r * I + o_i[None, :], mask=m, other=0.0).to(tl.float32)
+            if NEED_DW:
+                dw += tl.sum(b_gr * b_h, axis=1)
+            if STORE_HW:
+                tl.store(hw_ptr + r * I + o_i[None, :], (b_h * b_w[:, None]).to(hw_ptr.dtype.element_ty), mask=m)
+        b_dh = b_gr * b_w[:, None]
+        p_gu = gu_ptr + r * (2 * I) + o_i[None, :]
+        b_g = tl.load(p_gu, mask=m, other=0.0).to(tl.float32)
+        b_u = tl.load(p_gu + I, mask=m, other=0.0).to(tl.float32)
+        b_sig = tl.sigmoid(b_g)
+        p_dgu = dgu_ptr + r * (2 * I) + o_i[None, :]
+        tl.store(p_dgu, (b_dh * b_u * b_sig * (1.0 + b_g * (1.0 - b_sig))).to(dgu_ptr.dtype.element_ty), mask=m)
+        tl.store(p_dgu + I, (b_dh * b_g * b_sig).to(dgu_ptr.dtype.element_ty), mask=m)
+    if NEED_DW:
+        tl.store(dw_ptr + slot, dw, mask=m_r)
 
 
 @triton.jit
@@ -645,12 +686,28 @@ def _backward(config, args, saved, needs, dy):
     I = down_proj.shape[2]
     route = _Routing(perm, bounds, top_k_index.shape[-1], {config.down.BLOCK_M: (meta, meta.shape[1])})
     S, K = route.S, route.K
+    split = config.up_bwd_split
     dgu = x.new_empty(S, 2 * I)
-    dwp = x.new_empty(S, triton.cdiv(I, config.up_bwd.BLOCK_N), dtype=torch.float32) if need_dw else dgu
+    dwp = x.new_empty(S, 1 if split else triton.cdiv(I, config.up_bwd.BLOCK_N), dtype=torch.float32) \
+        if need_dw else dgu
     hw = x.new_empty(S, I) if need_ddown else dgu
-    _launch(_moe_up_bwd_kernel, route, config.up_bwd, I, dy, down_proj, gu, h, top_k_weights.contiguous().view(-1),
-            dgu, dwp, hw, H, I, K, NEED_DW=need_dw, STORE_HW=need_ddown,
-            W_DESC=_tma(config.up_desc, down_proj))
+    scale = top_k_weights.contiguous().view(-1)
+    # wgrad_sorted / up_bwd_split: the token-ordered operands (x, dy) gathered into sorted order first (one
+    # copy of S x H each), so the GEMMs that read them load plain strided tiles (through tensor descriptors
+    # where asked) instead of rows whose addresses come from a load in the same iteration
+    tok = route.perm.long() // K if split or (config.wgrad_sorted and (need_dgu or need_ddown)) else None
+    dy_s = dy.index_select(0, tok) if split or (tok is not None and need_ddown) else None
+    if split:   # g = dy @ down[e] through the down/dX launch (sorted rows in and out), then the SwiGLU backward
+        g = hw if need_ddown else x.new_empty(S, I)
+        _launch(_moe_down_kernel, route, config.down, I, dy_s, down_proj, g, scale, I, H, H * I, I, 1,
+                HAS_SCALE=False, OUT_SORTED=True, DESC=_tma(config.down_desc, dy_s, down_proj))
+        block_i = min(512, triton.next_power_of_2(I))
+        _moe_swiglu_bwd_kernel[(triton.cdiv(S, 4096 // block_i),)](
+            g, route.perm, gu, h, scale, dgu, dwp, hw, S, I, NEED_DW=need_dw, STORE_HW=need_ddown,
+            BLOCK_R=4096 // block_i, BLOCK_I=block_i, num_warps=4)
+    else:
+        _launch(_moe_up_bwd_kernel, route, config.up_bwd, I, dy, down_proj, gu, h, scale, dgu, dwp, hw, H, I, K,
+                NEED_DW=need_dw, STORE_HW=need_ddown, W_DESC=_tma(config.up_desc, down_proj))
     dx = dgate_up = ddown = dw = None
     if need_dx:
         dx_slot = x.new_empty(S, H)
@@ -658,23 +715,19 @@ def _backward(config, args, saved, needs, dy):
         _launch(_moe_down_kernel, route, config.down, H, dgu, gate_up_proj, dx_slot, dgu, H, 2 * I, 2 * I * H, H, 1,
                 HAS_SCALE=False, DESC=_tma(config.down_desc, dgu, gate_up_proj))
         dx = _sum_k(dx_slot, T, K)
-    # wgrad_sorted: the token-ordered operand (x, dy) gathered into sorted order first (one copy of
-    # S x H), so the weight-gradient K loop, which runs over an expert's rows, loads plain strided
-    # tiles instead of rows whose addresses come from a load in the same iteration
-    tok = route.perm.long() // K if config.wgrad_sorted and (need_dgu or need_ddown) else None
     if need_dgu:
         dgate_up = torch.empty_like(gate_up_proj)
-        if tok is None:
+        if not config.wgrad_sorted:
             _wgrad(dgu, x, dgate_up, route, config.wgrad, a_gather=False, b_gather=True)
         else:
             _wgrad(dgu, x.index_select(0, tok), dgate_up, route, config.wgrad, a_gather=False, b_gather=False,
                    desc=config.wgrad_sorted == 2)
     if need_ddown:
         ddown = torch.empty_like(down_proj)
-        if tok is None:
+        if not config.wgrad_sorted:
             _wgrad(dy, hw, ddown, route, config.wgrad, a_gather=True, b_gather=False)
         else:
-            _wgrad(dy.index_select(0, tok), hw, ddown, route, config.wgrad, a_gather=False, b_gather=False,
+            _wgrad(dy_s, hw, ddown, route, config.wgrad, a_gather=False, b_gather=False,
                    desc=config.wgrad_sorted == 2)
     if need_dw:
         dw = dwp.sum(1).view(T, K).to(top_k_weights.dtype)
@@ -765,6 +818,11 @@ class MoEExpertsConfig(Config):
     # (forward, and dy @ down), and both operands of the down and dX GEMMs. Not yet measured on a GPU.
     up_desc: int = knob(0, (0, 1))
     down_desc: int = knob(0, (0, 1))
+    # 1: the up backward split in two: dy @ down[e] as a plain GEMM through the down/dX launch (its tiles,
+    # dy copied into sorted order, down_desc applies), then the SwiGLU backward as its own pass over the rows.
+    # The fused kernel (0) is held to 128x64 tiles by its epilogue's registers (222-231 TFLOP/s at E64 T16384,
+    # H200, benchmarks/profile_moe.py, session 15), where the down GEMM runs at 600.
+    up_bwd_split: int = knob(0, (0, 1))
 
 
 _C, _g = MoEExpertsConfig, Gemm     # _C(up, up_bwd, down, wgrad), _g(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
@@ -844,7 +902,9 @@ def _configs(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> list[MoEExpe
     # and the up and down/dX GEMMs through tensor descriptors, both or one, on the TMA weight gradients
     desc = [c.replace(wgrad_sorted=2, up_desc=u, down_desc=d) for u, d, tiles in ((1, 1, 4), (0, 1, 2), (1, 0, 2))
             for c in _HOPPER[:tiles]]
-    return _HOPPER + [c.replace(wgrad_sorted=v) for c in _HOPPER[:4] for v in (0, 2)] + desc + _NVIDIA_FP32
+    # and the split up backward (its GEMM on the down tiles), with pointer or descriptor loads there
+    split = [c.replace(wgrad_sorted=2, up_bwd_split=1, down_desc=d) for d in (0, 1) for c in _HOPPER[:4]]
+    return _HOPPER + [c.replace(wgrad_sorted=v) for c in _HOPPER[:4] for v in (0, 2)] + desc + split + _NVIDIA_FP32
 
 
 def _first_fit(cands: list[MoEExpertsConfig], arch, dims, dtype) -> MoEExpertsConfig:
@@ -1000,4 +1060,5 @@ OP = register(Op(
     fake=_fake, make_case=_make_case, plan=_plan, reduce_len=_reduce_len, heuristic_impl=_heuristic_impl,
     crossover_axis=_rows_per_expert, crossover_axis_name="rows_per_expert", pinned_by_fused_moe_env=True,
     tags=("uniform", "skewed"),
-    schema_version=3))   # 2: one frozen Gemm per family, no top-level num_warps/num_stages; 3: up_desc, down_desc
+    schema_version=4))   # 2: one frozen Gemm per family, no top-level num_warps/num_stages; 3: up_desc, down_desc;
+#                          4: up_bwd_split

@@ -145,6 +145,18 @@ def test_bf16_gemm_descriptor_variants(up_desc, down_desc, name, T, K, H, I):
     _check(_run("triton", case, cfg), _refs(case), torch.bfloat16, f"up_desc={up_desc} down_desc={down_desc} {name}")
 
 
+@pytest.mark.parametrize("down_desc", [0, 1])
+@pytest.mark.parametrize("name,T,K,H,I", [("skewed", 2048, 2, 4096, 1792), ("empty_experts", 333, 2, 256, 200),
+                                          ("k1", 777, 1, 512, 384)])
+def test_bf16_split_up_backward(down_desc, name, T, K, H, I):
+    """up_bwd_split: dy @ down[e] on the down tiles (pointers or TMA), the SwiGLU backward on its own."""
+    dims = dict(tokens=T, experts=8, top_k=K, hidden=H, intermediate=I)
+    idx = None if name == "skewed" else _edge_idx(name, T, 8, K)
+    case = _case(dims, torch.bfloat16, tag="skewed", idx=idx)
+    cfg = M._heuristic(backend.detect(), dims, torch.bfloat16).replace(up_bwd_split=1, down_desc=down_desc)
+    _check(_run("triton", case, cfg), _refs(case), torch.bfloat16, f"up_bwd_split down_desc={down_desc} {name}")
+
+
 def test_bf16_every_candidate_config():
     arch = backend.detect()
     dims = dict(E8B, tokens=1024)
