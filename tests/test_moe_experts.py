@@ -343,6 +343,9 @@ def test_smem_pruning_and_heuristics():
     assert M._heuristic(hopper, dict(BIG, tokens=256), torch.bfloat16).up.BLOCK_M == 64
     assert M._heuristic(hopper, BIG, torch.bfloat16).up.BLOCK_M == 128
     assert M._heuristic(hopper, BIG, torch.bfloat16).wgrad_sorted == 2          # TMA where it runs (H200)
+    assert M._heuristic(hopper, BIG, torch.bfloat16).up_bwd_split == 0          # 512 rows per expert: not measured
+    many = M._heuristic(hopper, dict(BIG, tokens=16384), torch.bfloat16)        # 2048 rows per expert
+    assert many.up_bwd_split == 1 and many.down_desc == 1
     assert M._heuristic(hopper, BIG, torch.float16).wgrad_sorted == 1           # not measured on a GPU in fp16
     generic = backend.Arch(name="generic-nvidia", vendor="nvidia", capability="sm75", device_name="x", sm_count=40,
                            warp_size=32, max_num_warps=8, max_num_stages=2, smem_bytes=49152)

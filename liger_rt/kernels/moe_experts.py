@@ -929,7 +929,13 @@ def _heuristic(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> MoEExperts
     # bf16: the weight gradients through tensor descriptors (sorted copies where TMA cannot run). H200,
     # benchmarks/profile_moe_wgrad.py at these tiles, fwd+bwd: 33.9 / 9.9 / 9.2 ms against 36.5 / 10.2 /
     # 9.4 with sorted copies and 42.7 / 11.7 / 10.4 with gathered rows (E8 H4096 T8192, E32 and E64 at T16384)
-    return cfg.replace(wgrad_sorted=2) if dtype == torch.bfloat16 else cfg
+    if dtype != torch.bfloat16:
+        return cfg
+    # and from 1024 rows per expert the split up backward with TMA down/dX operands. H200, session 15,
+    # benchmarks/profile_moe_wgrad.py at T16384, fwd+bwd medians of 3: 8.82 against 9.61 ms (E32), 8.20
+    # against 8.97 (E64); below 1024 rows it was not measured against the fused up backward
+    big = _rows_per_expert(dims) >= 1024
+    return cfg.replace(wgrad_sorted=2, up_bwd_split=int(big), down_desc=int(big))
 
 
 def _pinned(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> MoEExpertsConfig:
