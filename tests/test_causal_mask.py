@@ -172,3 +172,35 @@ def test_own_positions_answer_only_the_thread_that_made_them():
         attention.leave_own_positions()
     torch.testing.assert_close(seen["other"], want)
     torch.testing.assert_close(attention.find_packed_sequence_indices(packed), want)
+
+
+def test_own_positions_state_costs_no_recompile_in_a_fresh_thread():
+    """A thread's first compiled call, before any eager call set the state, and its later ones see the
+    same state: one graph for compiled, eager, compiled (a missing attribute once made dynamo guard on
+    its absence and recompile after the first eager call)."""
+    import threading
+    graphs, out = [], {}
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def step(x):
+        attention.enter_own_positions()
+        y = x * 2 if attention.find_packed_sequence_indices(x) is None else x
+        attention.leave_own_positions()
+        return y
+
+    def run():
+        torch._dynamo.reset()
+        compiled = torch.compile(step, backend=backend, fullgraph=True)
+        x = torch.arange(6.0)
+        out["first"] = compiled(x)
+        step(x)                                 # eager, in between
+        out["second"] = compiled(x + 1)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    assert len(graphs) == 1
+    torch.testing.assert_close(out["second"], (torch.arange(6.0) + 1) * 2)

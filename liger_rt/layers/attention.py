@@ -31,9 +31,19 @@ def _host(name: str):
 
 
 _HF_RULE, _HF_PACKED = _host(NAME), _host(PACKED)
-# per thread: > 0 while a base model runs on the positions it builds itself (layers/loss.py); a thread
-# (DataParallel's replicas run in threads) never answers for another's call
-_OWN_POSITIONS = threading.local()
+
+
+class _Depth(threading.local):
+    """Per thread: > 0 while a base model runs on the positions it builds itself (layers/loss.py); a thread
+    (DataParallel's replicas run in threads) never answers for another's call.  Every thread starts with
+    ``depth`` set, so a compiled graph's guard on it holds on every call (a missing attribute before the
+    first eager call and a present one after it once cost a recompile)."""
+
+    def __init__(self):
+        self.depth = 0
+
+
+_OWN_POSITIONS = _Depth()
 
 
 def ignore_causal_mask_sdpa(padding_mask, q_length, kv_length, q_offset, kv_offset, local_attention_size=None):
@@ -51,13 +61,13 @@ def find_packed_sequence_indices(position_ids):
     it cannot read them and returns a tensor, so a mask is built.  While the base model runs on the
     positions it built itself (``arange``: one sequence per row, known before any tensor exists) this
     answers None; otherwise transformers' own detector runs."""
-    if getattr(_OWN_POSITIONS, "depth", 0):
+    if _OWN_POSITIONS.depth:
         return None
     return _HF_PACKED(position_ids)
 
 
 def enter_own_positions() -> None:
-    _OWN_POSITIONS.depth = getattr(_OWN_POSITIONS, "depth", 0) + 1
+    _OWN_POSITIONS.depth += 1
 
 
 def leave_own_positions() -> None:
