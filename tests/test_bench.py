@@ -601,6 +601,13 @@ def test_profile_moe_splits_device_time_by_gemm_family():
     assert rates["_moe_up_fwd_kernel"] == (4.0, 1000.0)            # 4e12 FLOPs in 4 ms
     assert rates["_moe_wgrad"] == (6.0, 1000.0) and rates["_moe_down_kernel"] == (6.0, 1000.0)
     assert rates["other"][0] == 0.5
+    # up_bwd_split: dy @ down runs in the down kernel (8 units), the SwiGLU backward is its own family (no FLOPs)
+    assert sum(pm.SPLIT.values()) == 18
+    events[1] = E(key="_moe_down_kernel", device_time_total=16000.0)
+    events[2] = E(key="_moe_swiglu_bwd_kernel", device_time_total=800.0)
+    rates = {name: (ms, rate) for name, ms, rate in pm.family_rates(events, steps=2, shi=10**12, families=pm.SPLIT)}
+    assert rates["_moe_down_kernel"] == (8.0, 1000.0) and rates["_moe_swiglu_bwd_kernel"][0] == 0.4
+    assert rates["_moe_up_bwd_kernel"][0] == 0.0 and rates["other"][0] == 0.5
 
 
 def test_profile_host_cpu_floor_runs_and_restores_the_interpreter(capsys):
