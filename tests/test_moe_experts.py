@@ -81,8 +81,8 @@ def test_gemms_through_tensor_descriptors(up_desc, down_desc, monkeypatch):
         case = _case(dims, tag=tag)
         cfg = M._CPU[0].replace(wgrad_sorted=2, up_desc=up_desc, down_desc=down_desc)
         _check_all(_run("triton", case, cfg), _dense_fp64(case), torch.float32, dims)
-    # per forward + backward: up, down, up_bwd, dX, then the two weight gradients (asked by wgrad_sorted=2)
-    assert taken == [bool(up_desc), bool(down_desc), bool(up_desc), bool(down_desc), True, True] * 2
+    # per forward + backward: up, down, up_bwd, dW_down, dX, dW_gate_up (the weight gradients asked by wgrad_sorted=2)
+    assert taken == [bool(up_desc), bool(down_desc), bool(up_desc), True, bool(down_desc), True] * 2
     x, gu, dn = _case(dims).args[:3]
     assert M._descriptors_ok(gu.view(-1, 48), dn.view(-1, 40), torch.empty(74, 80))
 
@@ -112,6 +112,57 @@ def test_split_up_backward(wgrad_sorted, down_desc):
         y = y[0] if isinstance(y, tuple) else y
         (grad,) = torch.autograd.grad(y, args[i], case.grads[0])
         assert_close(grad, ref[name], torch.float32, M._reduce_len(dims), name=name)
+
+
+@pytest.mark.parametrize("split", [0, 1])
+def test_backward_frees_its_buffers_early(split, monkeypatch):
+    """The backward's own buffers at their peak: dgate|dup, the two weight gradients, dx and the sorted x copy;
+    w*h, the sorted dy copy and dX's slot rows are gone by then (the first MoE layer's backward runs beside
+    nearly every activation of a step, so these add to its peak). Launches stubbed: allocations only."""
+    import weakref
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+    from triton.runtime.interpreter import InterpretedFunction
+
+    class Live(TorchDispatchMode):      # bytes of the storages ops create, while a tensor of theirs lives
+        def __init__(self):
+            super().__init__()
+            self.refs, self.now, self.peak = {}, 0, 0
+
+        def _drop(self, ptr, ref):
+            entry = self.refs.get(ptr)
+            if entry is not None:
+                entry[1].discard(ref)
+                if not entry[1]:
+                    self.now -= entry[0]
+                    del self.refs[ptr]
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > 0:
+                    ptr = t.untyped_storage().data_ptr()
+                    if ptr not in self.refs:
+                        self.refs[ptr] = [t.untyped_storage().nbytes(), set()]
+                        self.now += self.refs[ptr][0]
+                        self.peak = max(self.peak, self.now)
+                    self.refs[ptr][1].add(weakref.ref(t, lambda r, p=ptr: self._drop(p, r)))
+            return out
+
+    T, E, K, H, I = 512, 8, 4, 64, 48
+    (x, gu, dn, idx, w, _), (dy,) = (c := _case(_dims(T, E, K, H, I))).args, c.grads
+    monkeypatch.setattr(InterpretedFunction, "run", lambda self, *a, **k: None)
+    cfg = M._CPU[0].replace(wgrad_sorted=2, up_bwd_split=split)
+    y = M.OP.call_impl("triton", cfg, x, gu, dn, idx, w, True)
+    with Live() as live:
+        torch.autograd.grad(y[0] if isinstance(y, tuple) else y, (x, gu, dn, w), dy)
+    S = T * K
+    dgu, hw, sorted_rows, ddown, dgate_up, dx = S * 2 * I, S * I, S * H, E * H * I, E * 2 * I * H, T * H
+    phases = [dgu + hw + sorted_rows + ddown,                 # dW_down: w*h and the sorted dy copy
+              dgu + ddown + sorted_rows + dx,                 # dX: its slot rows, then their sum
+              dgu + ddown + dx + sorted_rows + dgate_up]      # dW_gate_up: the sorted x copy
+    at_once = dgu + hw + 3 * sorted_rows + ddown + dgate_up + dx
+    assert 4 * max(phases) <= live.peak <= 4 * max(phases) + 24 * S < 4 * at_once, (live.peak, phases, at_once)
 
 
 @pytest.mark.parametrize("tag", ["uniform", "skewed"])

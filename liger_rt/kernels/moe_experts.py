@@ -705,23 +705,17 @@ def _backward(config, args, saved, needs, dy):
         _moe_swiglu_bwd_kernel[(triton.cdiv(S, 4096 // block_i),)](
             g, route.perm, gu, h, scale, dgu, dwp, hw, S, I, NEED_DW=need_dw, STORE_HW=need_ddown,
             BLOCK_R=4096 // block_i, BLOCK_I=block_i, num_warps=4)
+        del g
     else:
         _launch(_moe_up_bwd_kernel, route, config.up_bwd, I, dy, down_proj, gu, h, scale, dgu, dwp, hw, H, I, K,
                 NEED_DW=need_dw, STORE_HW=need_ddown, W_DESC=_tma(config.up_desc, down_proj))
+    # the buffers go as soon as their last reader has run (the first MoE layer's backward runs beside nearly
+    # every activation of the step, so its transients add to the step's peak): the dW_down GEMM first, which
+    # frees hw and the sorted dy; then dX (its slot rows summed and freed); then dW_gate_up
     dx = dgate_up = ddown = dw = None
-    if need_dx:
-        dx_slot = x.new_empty(S, H)
-        # W[e, k=j, n=h] = gate_up[e, j, h]
-        _launch(_moe_down_kernel, route, config.down, H, dgu, gate_up_proj, dx_slot, dgu, H, 2 * I, 2 * I * H, H, 1,
-                HAS_SCALE=False, DESC=_tma(config.down_desc, dgu, gate_up_proj))
-        dx = _sum_k(dx_slot, T, K)
-    if need_dgu:
-        dgate_up = torch.empty_like(gate_up_proj)
-        if not config.wgrad_sorted:
-            _wgrad(dgu, x, dgate_up, route, config.wgrad, a_gather=False, b_gather=True)
-        else:
-            _wgrad(dgu, x.index_select(0, tok), dgate_up, route, config.wgrad, a_gather=False, b_gather=False,
-                   desc=config.wgrad_sorted == 2)
+    if need_dw:
+        dw = dwp.sum(1).view(T, K).to(top_k_weights.dtype)
+    del dwp
     if need_ddown:
         ddown = torch.empty_like(down_proj)
         if not config.wgrad_sorted:
@@ -729,8 +723,21 @@ def _backward(config, args, saved, needs, dy):
         else:
             _wgrad(dy_s, hw, ddown, route, config.wgrad, a_gather=False, b_gather=False,
                    desc=config.wgrad_sorted == 2)
-    if need_dw:
-        dw = dwp.sum(1).view(T, K).to(top_k_weights.dtype)
+    del hw, dy_s
+    if need_dx:
+        dx_slot = x.new_empty(S, H)
+        # W[e, k=j, n=h] = gate_up[e, j, h]
+        _launch(_moe_down_kernel, route, config.down, H, dgu, gate_up_proj, dx_slot, dgu, H, 2 * I, 2 * I * H, H, 1,
+                HAS_SCALE=False, DESC=_tma(config.down_desc, dgu, gate_up_proj))
+        dx = _sum_k(dx_slot, T, K)
+        del dx_slot
+    if need_dgu:
+        dgate_up = torch.empty_like(gate_up_proj)
+        if not config.wgrad_sorted:
+            _wgrad(dgu, x, dgate_up, route, config.wgrad, a_gather=False, b_gather=True)
+        else:
+            _wgrad(dgu, x.index_select(0, tok), dgate_up, route, config.wgrad, a_gather=False, b_gather=False,
+                   desc=config.wgrad_sorted == 2)
     return dx, dgate_up, ddown, None, dw, None
 
 
