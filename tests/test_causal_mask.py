@@ -204,3 +204,9 @@ def test_own_positions_state_costs_no_recompile_in_a_fresh_thread():
     worker.join()
     assert len(graphs) == 1
     torch.testing.assert_close(out["second"], (torch.arange(6.0) + 1) * 2)
+
+
+def test_leaving_own_positions_without_entering_raises():
+    with pytest.raises(RuntimeError, match="without a matching enter_own_positions"):
+        attention.leave_own_positions()
+    assert attention._OWN_POSITIONS.depth == 0

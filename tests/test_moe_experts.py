@@ -94,12 +94,13 @@ def test_gemm_descriptors_fall_back_where_rows_are_not_16_byte_aligned():
     _check_all(_run("triton", case, cfg), _dense_fp64(case), torch.float32, dims)
 
 
-@pytest.mark.parametrize("wgrad_sorted,down_desc", [(2, 1), (0, 0)])
-def test_split_up_backward(wgrad_sorted, down_desc):
+@pytest.mark.parametrize("wgrad_sorted,down_desc,I", [(2, 1, 40), (0, 0, 40), (2, 0, 600)])
+def test_split_up_backward(wgrad_sorted, down_desc, I):
     """up_bwd_split: dy @ down[e] as a plain GEMM into sorted rows, then the SwiGLU backward on its own (the
-    hw buffer doubles as the GEMM's output). I = 40 is not a multiple of the elementwise pass's 32-column
-    block, H = 48 not of BLOCK_K; every gradient against fp64, then each one alone (the other buffers' paths)."""
-    dims = _dims(37, 5, 2, 48, 40)
+    hw buffer doubles as the GEMM's output). I = 40 fills part of the elementwise pass's one 64-column block;
+    I = 600 takes two 512-column blocks, the second partly masked (dw summed across them); H = 48 is not a
+    multiple of BLOCK_K; every gradient against fp64, then each one alone (the other buffers' paths)."""
+    dims = _dims(37, 5, 2, 48, I)
     cfg = M._CPU[0].replace(wgrad_sorted=wgrad_sorted, down_desc=down_desc, up_bwd_split=1)
     for tag in ("uniform", "skewed"):
         case = _case(dims, tag=tag)
@@ -397,6 +398,8 @@ def test_smem_pruning_and_heuristics():
     assert M._heuristic(hopper, BIG, torch.bfloat16).up_bwd_split == 0          # 512 rows per expert: not measured
     many = M._heuristic(hopper, dict(BIG, tokens=16384), torch.bfloat16)        # 2048 rows per expert
     assert many.up_bwd_split == 1 and many.down_desc == 1
+    for other in ("ampere", "blackwell"):                                       # measured on the H200 only
+        assert M._heuristic(backend.profile(other), dict(BIG, tokens=16384), torch.bfloat16).up_bwd_split == 0
     assert M._heuristic(hopper, BIG, torch.float16).wgrad_sorted == 1           # not measured on a GPU in fp16
     generic = backend.Arch(name="generic-nvidia", vendor="nvidia", capability="sm75", device_name="x", sm_count=40,
                            warp_size=32, max_num_warps=8, max_num_stages=2, smem_bytes=49152)

@@ -421,7 +421,8 @@ def _moe_swiglu_bwd_kernel(g_ptr, perm_ptr, gu_ptr, h_ptr, scale_ptr, dgu_ptr, d
                            BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
     """_moe_up_bwd_kernel's epilogue on its own (up_bwd_split), over BLOCK_R sorted rows: g (S, I), the
     GEMM's dy[tok_r] @ down[e], gives dw[slot_r] = <g, h>, hw = w * h and dgate|dup. hw may be g's
-    buffer (each tile is read before it is written, by the same program)."""
+    buffer (each tile is read before it is written, by the same program). g arrives rounded to the
+    inputs' dtype (as torch's own dy @ down would be); the fused kernel keeps it in fp32."""
     o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     m_r = o_r < S
     slot = tl.load(perm_ptr + o_r, mask=m_r, other=0)
@@ -607,7 +608,7 @@ def _gemm_opts(c: Gemm, a: torch.Tensor) -> dict:
 
 
 def _launch(kernel, route: _Routing, c: Gemm, n_cols: int, a: torch.Tensor, *args, **flags) -> None:
-    """A routed GEMM (up, down/dX, up_bwd) over the sorted rows: route's BLOCK_M tiles times
+    """A routed GEMM (up, down/dX and the split's dy @ down, up_bwd) over the sorted rows: route's BLOCK_M tiles times
     ceil(n_cols / BLOCK_N) column tiles; `a` is the A operand, its columns the reduction."""
     meta, n_m = route.tiles(c.BLOCK_M)
     kernel[(n_m * triton.cdiv(n_cols, c.BLOCK_N),)](
@@ -813,7 +814,7 @@ class MoEExpertsConfig(Config):
     accumulators of BLOCK_N columns each); ``up_bwd``: dy @ down[e] with the SwiGLU-backward
     epilogue (it loads three more tiles there, so it gets narrower tiles than ``up``: ptxas spills
     at 128x128 with 8 warps); ``down``: the down GEMM (fwd) and the dX GEMM (bwd), both scattering
-    to slot rows; ``wgrad``: both weight-gradient GEMMs (BLOCK_K runs over an expert's rows)."""
+    to slot rows, and with up_bwd_split the up backward's dy @ down (sorted rows); ``wgrad``: both weight-gradient GEMMs (BLOCK_K runs over an expert's rows)."""
     up: Gemm
     up_bwd: Gemm
     down: Gemm
@@ -939,10 +940,11 @@ def _heuristic(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> MoEExperts
     # 9.4 with sorted copies and 42.7 / 11.7 / 10.4 with gathered rows (E8 H4096 T8192, E32 and E64 at T16384)
     if dtype != torch.bfloat16:
         return cfg
-    # and from 1024 rows per expert the split up backward with TMA down/dX operands. H200, session 15,
+    # and on Hopper from 1024 rows per expert the split up backward with TMA down/dX operands. H200, session 15,
     # benchmarks/profile_moe_wgrad.py at T16384, fwd+bwd medians of 3: 8.82 against 9.61 ms (E32), 8.20
-    # against 8.97 (E64); below 1024 rows it was not measured against the fused up backward
-    big = _rows_per_expert(dims) >= 1024
+    # against 8.97 (E64); sweeps chose it at T8192 and T16384. Measured at H 2048 only; not below 1024 rows
+    # per expert, and not on other NVIDIA parts
+    big = arch.name == "hopper" and _rows_per_expert(dims) >= 1024
     return cfg.replace(wgrad_sorted=2, up_bwd_split=int(big), down_desc=int(big))
 
 

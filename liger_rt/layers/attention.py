@@ -71,6 +71,8 @@ def enter_own_positions() -> None:
 
 
 def leave_own_positions() -> None:
+    if _OWN_POSITIONS.depth <= 0:
+        raise RuntimeError("leave_own_positions() without a matching enter_own_positions() in this thread")
     _OWN_POSITIONS.depth -= 1
 
 
