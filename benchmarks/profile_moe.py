@@ -14,6 +14,7 @@ import torch
 import liger_rt  # noqa: F401
 from liger_rt.kernels import moe_experts as M
 from liger_rt.tools.bench.harness import profiled
+from liger_rt.tools.bench.model import parse_config
 
 # kernel -> FLOPs per forward + backward in units of S * H * I: up (x @ gate|up, 4), down (h @ down, 2, and the
 # backward's dX, dgu @ gate_up, 4: one kernel), up_bwd (dy @ down, 2), weight gradients (dgate_up 4, ddown 2).
@@ -39,7 +40,7 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=32)
     ap.add_argument("--set", default="", help="knobs over the dispatched config, e.g. up_bwd_split=1,down_desc=1")
     args = ap.parse_args()
-    knobs = {k: int(v) for k, v in (kv.split("=") for kv in args.set.split(",") if kv)}
+    knobs = parse_config(args.set)
     if not torch.cuda.is_available():
         raise SystemExit("profile_moe needs a GPU")
     E, I = args.experts, (1792 if args.experts == 32 else 1536)

@@ -21,6 +21,7 @@ import torch
 from liger_rt import backend
 from liger_rt.kernels import moe_experts as M
 from liger_rt.tools.bench.harness import counterbalanced, profiled, write_csv
+from liger_rt.tools.bench.model import parse_config
 
 SHAPES = [dict(experts=8, top_k=2, hidden=4096, intermediate=14336, tokens=8192),      # mixtral-8x7b step
           dict(experts=32, top_k=4, hidden=2048, intermediate=1792, tokens=16384),     # issue 18
@@ -46,9 +47,8 @@ def main() -> None:
         (x, gu, dn, idx, w, _), (dy,) = case.args, case.grads
         base = M._heuristic(backend.detect(), dims, torch.bfloat16)
         if a.variants:
-            variants = {"triton_heuristic": {}} | {
-                f"triton_{name}": {k: int(v) for k, v in (kv.split("=") for kv in knobs.split(",") if kv)}
-                for name, knobs in (arm.split(":") for arm in a.variants.split(";"))}
+            variants = {"triton_heuristic": {}} | {f"triton_{name}": parse_config(knobs)
+                                                    for name, knobs in (arm.split(":") for arm in a.variants.split(";"))}
         elif a.desc:
             variants = {f"triton_desc{u}{d}": dict(up_desc=u, down_desc=d) for u in (0, 1) for d in (0, 1)}
         else:
