@@ -3,6 +3,7 @@
 #   bash benchmarks/h200_run.sh gputests norms lfm2 losses moe host sweep parity model
 #   bash benchmarks/h200_run.sh logprobs famparity fammodel      (issues 16, 17; LOGPROBS_ARGS="--rounds 3": counterbalanced medians)
 #   bash benchmarks/h200_run.sh mixtral fammodel   (issue 17: mixtral's step profiled, its experts swept, then the steps)
+#   bash benchmarks/h200_run.sh model3        (issue 18: MODEL3_TARGETS="lfm2moerope lfm2rope", three runs each)
 #   bash benchmarks/h200_run.sh compiled      (issue 19 item 4; COMPILED_ARGS="--compile-mode reduce-overhead" for CUDA graphs)
 #   bash benchmarks/h200_run.sh compiledfuse  (both compile policies side by side, its own CSV)
 #   bash benchmarks/h200_run.sh moesplit      (issue 18: the split up backward: GPU tests, per-GEMM TFLOP/s, timings)
@@ -87,6 +88,14 @@ for s in "$@"; do
     profmodel) stage profmodel ${PROFMODEL_S:-200} python3 benchmarks/profile_model.py ${PROFMODEL_ARGS:-} ;;   # host-bound case: PROFMODEL_ARGS="--arms baseline,liger_rt --batch 1 --seq 512 --host"
     parity)   stage parity 300 python3 -m liger_rt.tools.cli parity --model qwen3 --preset qwen3-4b --dtype bf16 --device cuda ;;
     model)    stage model ${MODEL_S:-540} $B model --target ${MODEL_TARGET:-all} $Q ${MODEL_ARGS:-} ;;
+    model3)   # issue 18: each of MODEL3_TARGETS (default lfm2moerope) three times, every run in its own process (each
+              # run's CSV kept as model_h200_<target>_runN.csv; a target is met by the median of three)
+              for t in ${MODEL3_TARGETS:-lfm2moerope}; do
+                for i in 1 2 3; do
+                  stage model_${t}_$i ${MODEL_S:-150} $B model --target $t ${MODEL_ARGS:-}
+                  cp benchmarks/results/model_h200.csv benchmarks/results/model_h200_${t}_run$i.csv
+                done
+              done ;;
     regs)     stage regs 120 python3 benchmarks/profile_regs.py ;;
     compiled) # issue 19 item 4: model steps, baseline / liger_rt eager and torch.compile'd, Liger-Kernel eager (where
               # it patches the model), counterbalanced, at 4x2048 and the host-bound 1x512; every target at 4x2048

@@ -43,16 +43,16 @@ NEW_COLS = ("peak_reserved_GB", "graph_breaks", "graphs", "graph_break_reasons",
 # batch, only kernel rounding separates the arms (fp32 tiny models through the interpreter: ~2e-7; the H200 bf16
 # qwen3-1.7b baseline vs Liger-Kernel: 4e-5 after 13 steps); a wrong gradient moves a curve by percents.
 LOSS_RTOL = {"fp32": 1e-4, "fp16": 5e-3, "bf16": 1e-2}
-# Issue 9's runs: anchors are the baseline / Liger-Kernel figures of the anchor runs (one H200), targets what liger_rt
-# must reach (tokens/s, peak GB).  qwen3rope: rope=True, ops.rope in place of HF's apply_rotary_pos_emb (Liger-Kernel's
+# The model-step runs: anchors are the baseline / Liger-Kernel figures of the anchor runs (one H200), targets what
+# liger_rt must reach (tokens/s, peak GB): issue 18's (issue 9's were 38k / 31 GB, 63k / 22 GB, 78k / 26 GB).  qwen3rope: rope=True, ops.rope in place of HF's apply_rotary_pos_emb (Liger-Kernel's
 # patch always swaps it; lfm2rope, lfm2moerope likewise); lfm2moe: 8 layers, attention at 2, 5.
 _QWEN3 = dict(model_type="qwen3", preset="qwen3-1.7b", config={"tie_word_embeddings": True},
               anchor_tok_per_s=29192.0, anchor_peak_GB=51.34, liger_kernel_tok_per_s=34579.0,
-              liger_kernel_peak_GB=31.10, target_tok_per_s=38000.0, target_peak_GB=31.0)
+              liger_kernel_peak_GB=31.10, target_tok_per_s=42000.0, target_peak_GB=27.8)
 _LFM2 = dict(model_type="lfm2", preset="lfm2-1.2b", anchor_tok_per_s=50461.0, anchor_peak_GB=29.84,
-             target_tok_per_s=63000.0, target_peak_GB=22.0)
+             target_tok_per_s=78000.0, target_peak_GB=18.4)
 _LFM2MOE = dict(model_type="lfm2_moe", preset="lfm2-8b-a1b", layers=8, attention_layers=(2, 5),
-                anchor_tok_per_s=67832.0, anchor_peak_GB=30.55, target_tok_per_s=78000.0, target_peak_GB=26.0)
+                anchor_tok_per_s=67832.0, anchor_peak_GB=30.55, target_tok_per_s=110000.0, target_peak_GB=21.9)
 _ROPE = {"rope": True}
 TARGETS = {
     "qwen3": _QWEN3,
@@ -554,7 +554,7 @@ def run_targets(names: list[str], *, out_dir: str = "benchmarks/results", quick:
                 warmup: int | None = None, shapes: list | None = None, liger_kernel: bool = True,
                 csv_path: str | None = None, echo: Callable = print, arms: tuple | None = None,
                 **compile_kw) -> list[str]:
-    """Issue 9's runs (TARGETS) on the GPU at each (batch, seq) of `shapes` (default TARGET_SHAPE), into
+    """The model-step runs (TARGETS) on the GPU at each (batch, seq) of `shapes` (default TARGET_SHAPE), into
     model_<device>[_quick].csv or `csv_path`, written after every run (a partial run keeps the other targets' and
     shapes' rows).  Anchors and targets ride along in the rows of TARGET_SHAPE, the shape they were measured at, where
     the liger_rt summary says whether it meets its target.  `compile_kw` (compile, compile_backend, compile_mode) go
