@@ -12,7 +12,8 @@ from norm_checks import assert_candidate_spaces_modest_and_arch_aware
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 CPU = backend.profile("cpu")
 # wide tiles: few programs, so the larger odd shapes stay cheap in the interpreter
-WIDE = {"num_warps": 4, "ROWS": 32, "bwd_num_warps": 4, "bwd_progs_per_sm": 2, "bwd_prefetch": 1}
+WIDE = {"num_warps": 4, "ROWS": 32, "bwd_num_warps": 4, "bwd_progs_per_sm": 2, "bwd_prefetch": 1, "bwd_rows": 1}
+TILED = dict(WIDE, bwd_rows=16, bwd_prefetch=0)   # the backward on (16, hidden) tiles
 
 
 def _inputs(shape, dtype, seed=0, w_scale=0.5, w_mean=1.0):
@@ -88,10 +89,12 @@ def test_one_row():
     _check(_fwd_bwd(_triton(_heuristic(64)), x, w, dy), _fwd_bwd(rn.rms_norm_ref, x, w, dy), torch.float32, 1)
 
 
-@pytest.mark.parametrize("rows,hidden,dtype", [(199, 760, torch.bfloat16), (1151, 1000, torch.float32)])
-def test_odd_sizes(rows, hidden, dtype):
+@pytest.mark.parametrize("rows,hidden,dtype,config", [(199, 760, torch.bfloat16, WIDE), (1151, 1000, torch.float32, WIDE),
+                                                      (199, 60, torch.bfloat16, TILED), (1151, 100, torch.float32, TILED)])
+def test_odd_sizes(rows, hidden, dtype, config):
+    """Odd rows and hidden: the last row tile and the column tail are masked (1-D walk and tiles)."""
     x, w, dy = _inputs((rows, hidden), dtype, seed=5)
-    _check(_fwd_bwd(_triton(WIDE), x, w, dy), _fwd_bwd(rn.rms_norm_ref, x, w, dy), dtype, rows, f"{rows}x{hidden}")
+    _check(_fwd_bwd(_triton(config), x, w, dy), _fwd_bwd(rn.rms_norm_ref, x, w, dy), dtype, rows, f"{rows}x{hidden}")
 
 
 def test_non_contiguous():

@@ -17,26 +17,37 @@ Kernels
   while this one computes, register double buffering); dx is written per row, dW is accumulated
   in fp32 registers and written as one fp32 partial row per program, then a column-parallel
   kernel sums the (G, N) partials (32 contiguous columns per program) and casts to the weight
-  dtype.  No atomics.  Minimum traffic: fwd reads x, writes y (2MN); bwd reads dy and x,
+  dtype.  No atomics.  With bwd_rows > 1 (small hidden) programs walk (bwd_rows, N) tiles instead
+  of single rows.  Minimum traffic: fwd reads x, writes y (2MN); bwd reads dy and x,
   writes dx (3MN).
 - the op spec at the bottom gives dispatch, tuning, the autograd wiring and the torch.compile
   custom ops (liger_rt::rms_norm_fwd/bwd) to the runtime.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
 
 from ..dispatch import register
-from ..opspec import Case, Impl, Op
-from ._common import RowNormConfig as RMSNormConfig
+from ..opspec import Case, Impl, Op, knob, pow2
+from ._common import RowNormConfig
 from ._common import (bind, interpreter_on, launch_memo, next_pow2, norm_bwd, norm_candidates, norm_fwd,
                       partial_sum_tile, persistent_grid, row_layout, to_dtype, triton_available)
 
 # One row lives in registers: BLOCK_N 32768 over 1024 threads is 32 fp32 values per thread and
 # tensor, the most the backward (dy, x, dW accumulator) holds without spilling.
 MAX_HIDDEN = 32768
+TILE_BWD_MAX_HIDDEN = 256   # the heuristic's backward walks (rows, hidden) tiles up to this hidden
+
+
+@dataclasses.dataclass(frozen=True)
+class RMSNormConfig(RowNormConfig):
+    """The row-norm knobs, and bwd_rows: rows per backward tile.  1 is the 1-D row walk; above 1 the
+    backward walks (bwd_rows, hidden) tiles, for small hidden (per-head q/k norms: rows of 64-256)."""
+    bwd_rows: int = knob(1, pow2(1, 256))
 
 
 # -- reference ------------------------------------------------------------------------------------
@@ -118,6 +129,36 @@ def _rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW_PART, stride_dy, stride_x, strid
     tl.store(DW_PART + pid.to(tl.int64) * N + o_n, acc, mask=m_n)
 
 
+@triton.jit(do_not_specialize=["M"])
+def _rms_norm_bwd_tile_kernel(DY, X, W, RSTD, DX, DW_PART, stride_dy, stride_x, stride_dx, M, N, offset,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RNE_BF16: tl.constexpr):
+    """The backward on (BLOCK_M, BLOCK_N) tiles for small hidden, where one row is too little work
+    per step of the walk: program pid takes row blocks pid, pid + G, ... (G = grid <= blocks); dW
+    accumulates as a tile in fp32 registers and leaves as one partial row per program."""
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    o_m = tl.arange(0, BLOCK_M)
+    o_n = tl.arange(0, BLOCK_N)
+    m_n = o_n < N
+    w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32) + offset
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for i in tl.range(0, tl.cdiv(tl.cdiv(M, BLOCK_M) - pid, G)):
+        rows = (pid + i * G).to(tl.int64) * BLOCK_M + o_m
+        m_m = rows < M
+        mask = m_m[:, None] & m_n[None, :]
+        dy = tl.load(DY + rows[:, None] * stride_dy + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(X + rows[:, None] * stride_x + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=m_m, other=0.0)
+        xhat = x * rstd[:, None]
+        acc += dy * to_dtype(xhat, X.dtype.element_ty, RNE_BF16).to(tl.float32)
+        g = dy * w[None, :]
+        c = tl.sum(g * xhat, axis=1) / N
+        dx = (g - xhat * c[:, None]) * rstd[:, None]
+        tl.store(DX + rows[:, None] * stride_dx + o_n[None, :], to_dtype(dx, DX.dtype.element_ty, RNE_BF16),
+                 mask=mask)
+    tl.store(DW_PART + pid.to(tl.int64) * N + o_n, tl.sum(acc, axis=0), mask=m_n)
+
+
 @triton.jit
 def _rms_norm_dw_kernel(PART, DW, G, N, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, RNE_BF16: tl.constexpr):
     """Column-parallel sum of the (G, N) fp32 partials: each program owns BLOCK_R columns (rows of
@@ -150,11 +191,16 @@ def _fwd_launch(config, m: int, n: int):
 @launch_memo
 def _bwd_launch(config, m: int, n: int, device: torch.device):
     """(programs, the backward kernel, the dW-sum kernel), bound, at m rows of n on `device`."""
-    grid = persistent_grid(m, device, config.bwd_progs_per_sm)
     block_r, block_g = partial_sum_tile(device)
-    return (grid,
-            bind(_rms_norm_bwd_kernel, (grid,), BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch),
-                 RNE_BF16=interpreter_on(), num_warps=config.bwd_num_warps),
+    if config.bwd_rows > 1:
+        grid = persistent_grid(triton.cdiv(m, config.bwd_rows), device, config.bwd_progs_per_sm)
+        bwd = bind(_rms_norm_bwd_tile_kernel, (grid,), BLOCK_M=config.bwd_rows, BLOCK_N=next_pow2(n),
+                   RNE_BF16=interpreter_on(), num_warps=config.bwd_num_warps)
+    else:
+        grid = persistent_grid(m, device, config.bwd_progs_per_sm)
+        bwd = bind(_rms_norm_bwd_kernel, (grid,), BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch),
+                   RNE_BF16=interpreter_on(), num_warps=config.bwd_num_warps)
+    return (grid, bwd,
             bind(_rms_norm_dw_kernel, (triton.cdiv(n, block_r),), BLOCK_G=block_g, BLOCK_R=block_r,
                  RNE_BF16=interpreter_on(), num_warps=4))
 
@@ -242,14 +288,31 @@ def _heuristic(arch, dims, dtype):
     rows with the grid's stride (neighbouring rows in flight together), 8 values per thread (16
     warps at 4096: 57 registers on Triton 3.9 sm_90, both programs resident), the next row
     prefetched into registers: 4 row pairs (64 KB at 4096) of loads in flight per SM; fp32 dW
-    partials (2 * sm_count rows, 4 MB at 4096) summed by a column-parallel kernel.
-    Not measured on a GPU yet: `liger-tune sweep` decides among _configs (kernels/_common.py)."""
+    partials (2 * sm_count rows, 4 MB at 4096) summed by a column-parallel kernel.  Up to hidden
+    256 (per-head q/k norms) the backward walks 2048-element tiles of 2048 / hidden rows, 4
+    programs per SM: one row per step left each program ~1000 dependent steps at 262144 x 64.
+    `liger-tune sweep` decides among _configs."""
     e = next_pow2(dims["hidden"])
-    return RMSNormConfig(**norm_fwd(arch, e, 2048, 8 if e <= 2048 else 16), **norm_bwd(arch, e, 8, 2, 1))
+    fwd = norm_fwd(arch, e, 2048, 8 if e <= 2048 else 16)
+    if e <= TILE_BWD_MAX_HIDDEN:
+        return RMSNormConfig(**fwd, **norm_bwd(arch, 2048, 16, 4, 0), bwd_rows=min(256, 2048 // e))
+    return RMSNormConfig(**fwd, **norm_bwd(arch, e, 8, 2, 1))
 
 
 def _configs(arch, dims, dtype):
-    return norm_candidates(arch, dims["hidden"], _heuristic(arch, dims, dtype))
+    """The row norms' space; from hidden 512 down, backward tiles of 2048-8192 elements at 4 and 8
+    programs per SM take the place of most 1-D backward variants (12 at most)."""
+    base, e = _heuristic(arch, dims, dtype), next_pow2(dims["hidden"])
+    if arch.name == "cpu":   # the interpreter: both backward kernels' code paths
+        return norm_candidates(arch, dims["hidden"], base) + [
+            base.replace(bwd_rows=4 if base.bwd_rows == 1 else 1, **norm_bwd(arch, e, 16, 2, 0))]
+    if e > 2 * TILE_BWD_MAX_HIDDEN:
+        return norm_candidates(arch, dims["hidden"], base)
+    walk = base.replace(bwd_rows=1, **norm_bwd(arch, e, 8, 2, 1))
+    tiles = [base.replace(bwd_rows=min(256, t // e), **norm_bwd(arch, t, 16, p, 0))
+             for t in (2048, 4096, 8192) for p in (4, 8)]
+    fwds = [base.replace(**norm_fwd(arch, e, t, 16)) for t in (1024, 4096, 8192)]
+    return list(dict.fromkeys([base, *tiles, walk, walk.replace(**norm_bwd(arch, e, 8, 8, 0)), *fwds]))[:12]
 
 
 def _smem(config, dims, dtype) -> int:
@@ -282,4 +345,4 @@ OP = register(Op(
     config=RMSNormConfig, candidates=_configs, heuristic=_heuristic, smem=_smem,
     schema="Tensor x, Tensor weight, float eps, float offset", fake=_fake,
     make_case=_make_case, plan=_plan, reduce_len=lambda d: d["rows"],
-    schema_version=2, compiler_fuses=True))   # 2: grid-strided backward; bwd_ROWS and bwd_stages are gone
+    schema_version=3, compiler_fuses=True))   # 2: grid-strided backward; 3: bwd_rows (tiled backward)

@@ -83,7 +83,8 @@ def _no_worse_than_eager(out, eager, exact, name):
 
 # -- rms_norm ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("M,N", [(4096, 4096), (16384, 2048), (1151, 1000), (1, 4096), (2048, 8192)])
+@pytest.mark.parametrize("M,N", [(4096, 4096), (16384, 2048), (1151, 1000), (1, 4096), (2048, 8192),
+                                 (262144, 64), (131071, 128)])   # per-head q/k norms: the tiled backward
 @pytest.mark.parametrize("offset", [0.0, 1.0])
 def test_rms_norm_bf16_real_sizes(M, N, offset, force_triton):
     x, w, dy = _rand(M, N, scale=2.0), _rand(N, scale=0.3, shift=0.0 if offset else 1.0, seed=1), _rand(M, N, seed=2)
@@ -175,6 +176,7 @@ def test_layer_norm_bf16_real_sizes(M, N, bias, force_triton):
     ("rms_norm", {"rows": 4096, "hidden": 4096}, torch.bfloat16),
     ("rms_norm", {"rows": 8192, "hidden": 2048}, torch.bfloat16),
     ("rms_norm", {"rows": 32768, "hidden": 128}, torch.float32),
+    ("rms_norm", {"rows": 65536, "hidden": 64}, torch.bfloat16),
     ("swiglu", {"rows": 4096, "cols": 8192}, torch.bfloat16),
     ("swiglu", {"rows": 2048, "cols": 12288}, torch.float32),
     ("layer_norm", {"rows": 4096, "hidden": 1152}, torch.bfloat16),
