@@ -1,7 +1,7 @@
 """Where one training step's time goes, per arm (torch.profiler tables).
 
     python benchmarks/profile_model.py [--model qwen3 --preset qwen3-1.7b] [--arms baseline,liger_rt,liger_kernel]
-                                       [--flags rope=1] [--batch 1 --seq 512] [--host] [--steps 10] [--gc-freeze]
+                                       [--flags rope=1] [--batch 1 --seq 512] [--host] [--gaps] [--steps 10] [--gc-freeze]
 
 Builds the preset with random weights (same seed per arm), patches it like `liger-tune bench model`
 does, runs three warm-up steps, times `--steps` steps by wall clock (median and min per step, with the
@@ -10,7 +10,9 @@ a host-bound step pays for it), then profiles two steps and prints
 the kernels by total CUDA time, so the step-time gap between two arms can be read kernel by kernel.
 Each arm's line gives wall ms per step, kernel ms per step and kernel launches per step: a step
 whose wall time far exceeds its kernel time is bound by the host. `--host` adds the CPU-side table
-(self CPU time per op, Python functions included), which says where that host time goes.
+(self CPU time per op, Python functions included), which says where that host time goes.  `--gaps`
+lists the device's idle time between kernels, charged to the host ops that launched the kernel after
+each gap: where a step's wall time exceeds its kernel time, this says which host work holds it.
 """
 import argparse
 import gc
@@ -27,6 +29,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen3")
     ap.add_argument("--preset", default="qwen3-1.7b")
+    ap.add_argument("--target", default=None, help="a `bench model` target (lfm2moerope: model, preset, layers "
+                                                   "and flags from it); --model/--preset/--flags are then ignored")
     ap.add_argument("--arms", default="liger_rt,liger_kernel")
     ap.add_argument("--flags", default=None, help="extra liger_rt.patch flags, e.g. rope=1")
     ap.add_argument("--batch", type=int, default=4)
@@ -34,15 +38,27 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--host", action="store_true", help="also the CPU-side table (self CPU time, with Python stacks)")
     ap.add_argument("--steps", type=int, default=10, help="steps timed by wall clock")
+    ap.add_argument("--gaps", action="store_true", help="the device's idle gaps per step, each named by the host op "
+                                                         "that launched the kernel after it (a trace with CPU ops)")
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the warm-up: the model's objects "
                                                            "leave the collector's generations")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("profile_model needs a GPU")
-    preset = B.bench_preset(args.model, args.preset, None, None)
-    flags = {"fused_linear_cross_entropy": True, **B.parse_flags(args.flags)}
+    if args.target:
+        t = B.TARGETS[args.target]
+        args.model, args.preset = t["model_type"], t["preset"]
+        preset = B.bench_preset(t["model_type"], t["preset"], t.get("layers"), t.get("attention_layers"))
+        flags = {"fused_linear_cross_entropy": True, **t.get("flags", {})}
+        overrides = dict(t.get("config", {}))
+    else:
+        overrides = {}
+        preset = B.bench_preset(args.model, args.preset, None, None)
+        flags = {"fused_linear_cross_entropy": True, **B.parse_flags(args.flags)}
+    if args.model in ("lfm2_moe", "qwen3_moe"):     # as `bench model` builds them
+        overrides["experts_implementation"] = "grouped_mm"
     for arm in args.arms.split(","):
-        model = B.build(preset, torch.bfloat16, "cuda", 0, {})
+        model = B.build(preset, torch.bfloat16, "cuda", 0, overrides)
         model.train()
         undo = B.apply_arm(model, arm, flags)
         ids = B.random_ids(model, args.batch, args.seq, 0, "cuda")
@@ -62,7 +78,7 @@ def main() -> None:
             times.append((time.perf_counter() - t0) * 1e3)
         gc_log.stop()
         wall = statistics.median(times)
-        prof = profiled(step, warmup=0, calls=2, cpu=args.host)
+        prof = profiled(step, warmup=0, calls=2, cpu=args.host or args.gaps)
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         total = sum(e.self_device_time_total for e in prof.key_averages()) / 2e3
         print(f"== {arm} ({args.preset} B{args.batch}xT{args.seq}, flags {flags}{', gc frozen' if args.gc_freeze else ''}): "
@@ -73,12 +89,53 @@ def main() -> None:
         if args.host:
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows,
                                             max_name_column_width=70))
+        if args.gaps:
+            print_gaps(prof, steps=2, rows=args.rows)
         if undo:
             undo()
         del model, opt
         gc.unfreeze()
         gc.collect()
         torch.cuda.empty_cache()
+
+
+def print_gaps(prof, steps: int, rows: int, min_us: float = 3.0) -> None:
+    """Where the device idles between kernels: each gap (>= min_us) is charged to the host op whose
+    launch ended it (the innermost CPU ops around the launch); "host late" means the kernel was
+    launched after the device had gone idle, so the host, not a dependency, held the device."""
+    import json
+    import os
+    import tempfile
+    from collections import defaultdict
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    dev = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+    launch = {e["args"]["correlation"]: e["ts"] for e in events
+              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    ops = sorted(((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e.get("cat") == "cpu_op"))
+    def chain(t):   # the CPU ops around host time t, outermost first (at most the innermost three)
+        inside = sorted((o for o in ops if o[0] <= t <= o[1]), key=lambda o: o[1] - o[0], reverse=True)
+        return " > ".join(o[2] for o in inside[-3:]) or "(no CPU op)"
+    by, total, late_total, end = defaultdict(lambda: [0, 0.0, 0]), 0.0, 0.0, None
+    for k in dev:
+        if end is not None and k["ts"] - end >= min_us:
+            gap = k["ts"] - end
+            t = launch.get(k.get("args", {}).get("correlation"))
+            late = t is not None and t > end
+            row = by[(chain(t) if t is not None else "(launch not traced)", k["name"][:60], late)]
+            row[0] += 1
+            row[1] += gap
+            total += gap
+            late_total += gap if late else 0.0
+        end = max(end or 0.0, k["ts"] + k.get("dur", 0))
+    print(f"device idle between kernels: {total / steps / 1e3:.2f} ms per step ({late_total / steps / 1e3:.2f} ms with "
+          f"the host late), in gaps of >= {min_us:g} us; the largest by total:")
+    print(f"{'ms/step':>8} {'gaps':>5}  host late  host ops around the launch  ->  the kernel after the gap")
+    for (where, name, late), (n, us, _) in sorted(by.items(), key=lambda kv: -kv[1][1])[:rows]:
+        print(f"{us / steps / 1e3:8.3f} {n / steps:5.0f}  {'yes' if late else 'no ':9}  {where}  ->  {name}")
 
 
 class _GcLog:
