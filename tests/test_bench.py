@@ -625,3 +625,36 @@ def test_profile_host_cpu_floor_runs_and_restores_the_interpreter(capsys):
     assert InterpretedFunction.run is run
     out = capsys.readouterr().out
     assert "floor fwd+bwd" in out and "ops.rms_norm fwd+bwd, launches stubbed" in out
+
+
+def test_profile_model_gaps_charge_idle_to_the_launching_host_ops(capsys):
+    """benchmarks/profile_model.py --gaps: an idle gap on the device is charged to the innermost CPU ops
+    around the launch of the kernel after it, "host late" when that launch came after the device went idle;
+    overlapping kernels leave no gap, and a gap ended by an early launch (a dependency) is not host late."""
+    import importlib.util
+    import json
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_model.py"
+    spec = importlib.util.spec_from_file_location("profile_model", path)
+    pm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pm)
+
+    def x(cat, name, ts, dur, corr=None):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur,
+                **({"args": {"correlation": corr}} if corr is not None else {})}
+    events = [x("cpu_op", "step", 0, 1000), x("cpu_op", "aten::mm", 100, 50),
+              x("cuda_runtime", "cudaLaunchKernel", 110, 5, 1), x("kernel", "k_mm", 120, 100, 1),
+              x("cuda_runtime", "cudaLaunchKernel", 130, 5, 2), x("kernel", "k_overlap", 150, 20, 2),
+              x("cpu_op", "liger_rt::rms_norm", 300, 40),
+              x("cuda_runtime", "cuLaunchKernelEx", 320, 5, 3), x("kernel", "k_norm", 330, 20, 3),   # 110 us, late
+              x("cuda_runtime", "cudaLaunchKernel", 345, 5, 4), x("kernel", "k_dep", 400, 10, 4)]   # 50 us, not late
+
+    class Prof:
+        def export_chrome_trace(self, file):
+            Path(file).write_text(json.dumps({"traceEvents": events}))
+    pm.print_gaps(Prof(), steps=1, rows=5)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("device idle between kernels: 0.16 ms per step (0.11 ms with the host late)")
+    assert out[2].split() == ["0.110", "1", "yes", "step", ">", "liger_rt::rms_norm", "->", "k_norm"]
+    assert out[3].split() == ["0.050", "1", "no", "step", "->", "k_dep"]
+    assert len(out) == 4
