@@ -1,0 +1,68 @@
+"""A model forward's host time per arm on CPU, every liger_rt Triton launch stubbed (no GPU needed).
+
+    TRITON_INTERPRET=1 python benchmarks/profile_forward_host.py [--model lfm2 --preset lfm2-tiny --layers 16
+        --attention-layers 2,5,8,10,12,14 --tokens 8] [--cprofile tottime]
+
+Builds the preset (tiny widths: the per-call host costs do not depend on them) with the layer count changed, patches
+it per arm like `liger-tune bench model` (fused loss, rope), and times forwards with labels in this thread's CPU time
+(min and median of 7 means of 20) while :class:`StubbedLaunches` turns every Triton launch into a no-op and
+LIGER_RT_IMPL_<OP>=triton makes dispatch take the Triton paths.  It says whether liger_rt's own Python costs more
+than the eager ops it replaces; costs only a GPU pays (launches, CUDA allocations) need `profile_model.py --host`.
+"""
+import argparse
+import importlib
+import os
+import pkgutil
+import statistics
+import time
+
+for _op in ("RMS_NORM", "SWIGLU", "ROPE"):
+    os.environ.setdefault(f"LIGER_RT_IMPL_{_op}", "triton")
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+import liger_rt.kernels as kernels  # noqa: E402
+from liger_rt.tools.bench import model as B  # noqa: E402
+from liger_rt.tools.bench.host_overhead import StubbedLaunches  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="lfm2")
+    ap.add_argument("--preset", default="lfm2-tiny")
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--attention-layers", default="2,5,8,10,12,14")
+    ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--arms", default="baseline,liger_rt")
+    ap.add_argument("--cprofile", default=None, help="also cProfile the liger_rt arm's forwards, sorted by this key")
+    args = ap.parse_args()
+    attn = tuple(int(a) for a in args.attention_layers.split(",")) if args.attention_layers else None
+    preset = B.bench_preset(args.model, args.preset, args.layers, attn)
+    mods = [importlib.import_module(f"liger_rt.kernels.{m.name}") for m in pkgutil.iter_modules(kernels.__path__)]
+    for arm in args.arms.split(","):
+        model = B.build(preset, torch.float32, "cpu", 0, {})
+        model.train()
+        B.apply_arm(model, arm, {"fused_linear_cross_entropy": True, "rope": True})
+        ids = torch.randint(0, preset.vocab, (1, args.tokens), generator=torch.Generator().manual_seed(0))
+        with StubbedLaunches(*mods):
+            def forwards(n=20):
+                for _ in range(n):
+                    model(input_ids=ids, labels=ids)
+            forwards()
+            means = []
+            for _ in range(7):
+                t0 = time.thread_time()
+                forwards()
+                means.append((time.thread_time() - t0) / 20 * 1e3)
+            print(f"{arm:9s} forward host {min(means):7.2f} ms (min of 7 means of 20), median {statistics.median(means):.2f}")
+            if args.cprofile and arm == "liger_rt":
+                import cProfile
+                import pstats
+                prof = cProfile.Profile()
+                prof.runcall(forwards)
+                pstats.Stats(prof).sort_stats(args.cprofile).print_stats(30)
+
+
+if __name__ == "__main__":
+    main()
