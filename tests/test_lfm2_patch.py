@@ -162,6 +162,36 @@ def test_packed_sequences_fall_back_to_the_segment_reference_when_the_op_cannot(
     torch.testing.assert_close(got, separate, atol=1e-5, rtol=1e-5)
 
 
+def test_conv_layers_share_one_seq_idx_per_forward(monkeypatch, fallback):
+    """The conv layers of a forward receive one position_ids tensor: its sequence ids are computed
+    once (each recomputation costs launches), and again only for another tensor, another batch, or
+    the same tensor changed in place; inference tensors (no version counter) are not cached."""
+    base, new = _pair("lfm2-tiny", layer_types=["conv"] * 3)
+    _patch(new)
+    calls = []
+    real = sc.seq_idx_from_position_ids
+    monkeypatch.setattr(sc, "seq_idx_from_position_ids", lambda p, b=None: calls.append(p) or real(p, b))
+    monkeypatch.setattr(sc, "_last_seq_idx", [None])
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randint(1, 150, (1, 4), generator=g), torch.randint(1, 150, (1, 4), generator=g)
+    separate = torch.cat([base(input_ids=a, use_cache=False).logits, base(input_ids=b, use_cache=False).logits], 1)
+    pos = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]])
+    got = new(input_ids=torch.cat([a, b], 1), position_ids=pos, use_cache=False).logits
+    torch.testing.assert_close(got, separate, atol=1e-5, rtol=1e-5)
+    assert len(calls) == 1                                   # three conv layers, one computation
+
+    x = sc._seq_idx(None, None, pos, 1, 8)
+    assert x is sc._seq_idx(None, None, pos, 1, 8) and len(calls) == 1
+    pos[0, 4:] = torch.arange(4, 8)                          # in place: one sequence now
+    assert sc._seq_idx(None, None, pos, 1, 8).tolist() == [[0] * 8] and len(calls) == 2
+    assert sc._seq_idx(None, None, pos.clone(), 1, 8).tolist() == [[0] * 8] and len(calls) == 3
+    assert sc._seq_idx(None, None, pos, 2, 8).shape == (2, 8) and len(calls) == 4
+    with torch.inference_mode():
+        ip = torch.tensor([[0, 1, 0]])
+        assert sc._seq_idx(None, None, ip, 1, 3).tolist() == sc._seq_idx(None, None, ip, 1, 3).tolist() == [[0, 0, 1]]
+    assert len(calls) == 6
+
+
 def test_seq_idx_helpers():
     pos = torch.tensor([[0, 1, 2, 0, 1, 5, 6]])
     assert sc.seq_idx_from_position_ids(pos, 2).tolist() == [[0, 0, 0, 1, 1, 2, 2]] * 2

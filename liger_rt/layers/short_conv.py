@@ -52,10 +52,29 @@ def _seq_idx(seq_idx, cu, positions, batch: int, seq: int) -> torch.Tensor | Non
     if seq_idx is not None:
         return seq_idx.to(torch.int32).reshape(batch, seq) if seq_idx.numel() == batch * seq else None
     if cu is not None and batch == 1:
-        return seq_idx_from_cu_seqlens(cu, seq)
+        return _shared(seq_idx_from_cu_seqlens, cu, seq)
     if positions is not None and positions.shape[-1] == seq:
-        return seq_idx_from_position_ids(positions, batch)
+        return _shared(seq_idx_from_position_ids, positions, batch)
     return None
+
+
+_last_seq_idx = [None]   # (fn, source tensor, its version, arg, seq_idx): the conv layers of one forward
+
+
+def _shared(fn, source: torch.Tensor, arg: int) -> torch.Tensor:
+    """fn(source, arg), computed once for the conv layers of a forward: they all receive the same
+    position_ids (or cu_seq_lens_q) tensor, and each recomputation costs ~5 launches.  Reused only
+    for the same tensor object at the same version (an in-place change recomputes); the entry holds
+    that tensor, so its identity cannot pass to another.  Not under torch.compile (traced as is) or
+    for inference tensors (no version counter)."""
+    if torch.compiler.is_compiling() or source.is_inference():
+        return fn(source, arg)
+    hit = _last_seq_idx[0]
+    if hit is not None and hit[0] is fn and hit[1] is source and hit[2] == source._version and hit[3] == arg:
+        return hit[4]
+    out = fn(source, arg)
+    _last_seq_idx[0] = (fn, source, source._version, arg, out)
+    return out
 
 
 @functools.lru_cache(maxsize=None)
