@@ -99,12 +99,15 @@ def test_split_up_backward(wgrad_sorted, down_desc, I):
     """up_bwd_split: dy @ down[e] as a plain GEMM into sorted rows, then the SwiGLU backward on its own (the
     hw buffer doubles as the GEMM's output). I = 40 fills part of the elementwise pass's one 64-column block;
     I = 600 takes two 512-column blocks, the second partly masked (dw summed across them); H = 48 is not a
-    multiple of BLOCK_K; every gradient against fp64, then each one alone (the other buffers' paths)."""
+    multiple of BLOCK_K; every gradient against fp64, then (I = 40: which buffers exist does not depend on I)
+    each one alone (the other buffers' paths)."""
     dims = _dims(37, 5, 2, 48, I)
     cfg = M._CPU[0].replace(wgrad_sorted=wgrad_sorted, down_desc=down_desc, up_bwd_split=1)
     for tag in ("uniform", "skewed"):
         case = _case(dims, tag=tag)
         _check_all(_run("triton", case, cfg), _dense_fp64(case), torch.float32, dims)
+    if I > 64:       # the interpreter's slowest case (~36 s with the loop below)
+        return
     x, gu, dn, idx, w, _ = case.args
     ref = dict(zip(NAMES, _dense_fp64(case)))
     for name, i in (("dweights", 3), ("ddown", 2), ("dgate_up", 1), ("dx", 0)):
