@@ -41,7 +41,7 @@ def main() -> None:
     preset = B.bench_preset(args.model, args.preset, args.layers, attn)
     mods = [importlib.import_module(f"liger_rt.kernels.{m.name}") for m in pkgutil.iter_modules(kernels.__path__)]
     for arm in args.arms.split(","):
-        model = B.build(preset, torch.float32, "cpu", 0, {})
+        model = B.build(preset, torch.float32, "cpu", 0, B.config_overrides(args.model))
         model.train()
         B.apply_arm(model, arm, {"fused_linear_cross_entropy": True, "rope": True})
         ids = torch.randint(0, preset.vocab, (1, args.tokens), generator=torch.Generator().manual_seed(0))

@@ -50,13 +50,10 @@ def main() -> None:
         args.model, args.preset = t["model_type"], t["preset"]
         preset = B.bench_preset(t["model_type"], t["preset"], t.get("layers"), t.get("attention_layers"))
         flags = {"fused_linear_cross_entropy": True, **t.get("flags", {})}
-        overrides = dict(t.get("config", {}))
     else:
-        overrides = {}
         preset = B.bench_preset(args.model, args.preset, None, None)
         flags = {"fused_linear_cross_entropy": True, **B.parse_flags(args.flags)}
-    if args.model in ("lfm2_moe", "qwen3_moe"):     # as `bench model` builds them
-        overrides["experts_implementation"] = "grouped_mm"
+    overrides = B.config_overrides(args.model, B.TARGETS[args.target].get("config") if args.target else None)
     for arm in args.arms.split(","):
         model = B.build(preset, torch.bfloat16, "cuda", 0, overrides)
         model.train()

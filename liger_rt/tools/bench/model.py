@@ -122,6 +122,17 @@ def bench_preset(model_type: str, preset, layers: int | None = None, attention_l
     return p
 
 
+def config_overrides(model_type: str, config: dict | None = None, experts_implementation: str | None = None) -> dict:
+    """The config keywords every arm's model is built with: `config`, and for the MoE families the experts'
+    implementation (default grouped_mm, the baseline the targets were set against)."""
+    overrides = dict(config or {})
+    if model_type in ("lfm2_moe", "qwen3_moe"):
+        overrides["experts_implementation"] = experts_implementation or "grouped_mm"
+    elif experts_implementation:
+        raise ValueError(f"experts_implementation applies to MoE models, not {model_type}")
+    return overrides
+
+
 def build(preset, dtype, device, seed: int, overrides: dict):
     """A fresh model from the preset (random weights from `seed`, sdpa attention)."""
     from liger_rt.tools.models import build_model
@@ -371,11 +382,7 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
         raise ValueError("need steps >= 1, warmup >= 0, batch >= 1, seq >= 2")
     arms = resolve_arms(arms, liger_kernel, compile, compile_backend, compile_mode, warmup)
     p = bench_preset(model_type, preset, layers, attention_layers)
-    overrides = dict(config or {})
-    if model_type in ("lfm2_moe", "qwen3_moe"):
-        overrides["experts_implementation"] = experts_implementation or "grouped_mm"
-    elif experts_implementation:
-        raise ValueError(f"experts_implementation applies to MoE models, not {model_type}")
+    overrides = config_overrides(model_type, config, experts_implementation)
     flags = {"fused_linear_cross_entropy": True, **(flags or {})}
     _dry_patch(p, overrides, flags)      # fail before any timing when the patcher rejects flags or model
     lk_ok, lk_note = LigerKernelPatch.supported(model_type) if "liger_kernel" in arms else (False, "not requested")
