@@ -368,7 +368,7 @@ def test_decision_text_writes_nested_configs_as_json():
 def test_select_specs():
     plan = H.select_specs([], [], quick=True)
     assert list(plan) == ["norms", "lfm2_ops", "losses", "moe_experts"] and all(s["quick"] for v in plan.values() for s in v)
-    assert [s["op"] for s in H.select_specs(["rms_norm"], [], False)["norms"]] == ["rms_norm", "rms_norm"]
+    assert [s["op"] for s in H.select_specs(["rms_norm"], [], False)["norms"]] == ["rms_norm"] * 4
     moe = H.select_specs(["moe_experts"], ["experts=32", "tokens=512,4096"], False)["moe_experts"]
     assert sorted((s["tokens"], s["routing"]) for s in moe) == [(512, "skewed"), (512, "uniform"), (4096, "skewed"),
                                                                 (4096, "uniform")]

@@ -22,6 +22,8 @@ def _spec(op, dim, m, n, quick=False, target=True):
 
 
 SPECS = [_spec("rms_norm", "hidden", 16384, 4096, True), _spec("rms_norm", "hidden", 65536, 2048),
+         _spec("rms_norm", "hidden", 262144, 64, False, False),           # per-head q/k norms (LFM2 q, Qwen3 q):
+         _spec("rms_norm", "hidden", 131072, 128, False, False),          # the tiled backward; no target
          _spec("swiglu", "cols", 16384, 8192, True), _spec("swiglu", "cols", 8192, 12288),
          _spec("layer_norm", "hidden", 16384, 4096, True), _spec("layer_norm", "hidden", 65536, 2048),
          _spec("layer_norm", "hidden", 4096, 1152, True, False),             # SigLIP2 widths: no target
