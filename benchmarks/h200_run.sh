@@ -84,6 +84,16 @@ for s in "$@"; do
                 --shape experts=8,top_k=2,hidden=4096,intermediate=14336,tokens=8192 ;;
     profmem)  # what is live at a step's memory peak per arm (issue 19: liger_rt compiled held more than liger_rt eager)
               stage profmem ${PROFMEM_S:-300} python3 benchmarks/profile_memory.py ${PROFMEM_ARGS:-} ;;
+    normsqk3) # the per-head q/k norm shapes (hidden 64, 128) against eager, torch.compile, Liger-Kernel, three runs
+              # (run 2 times the arms last to first); each run's CSV kept as norms_h200_qk_runN.csv
+              for i in 1 2 3; do
+                rev=""; [ $i = 2 ] && rev=--reverse-arms
+                stage normsqk_$i ${NORMS_S:-240} $B kernels --op rms_norm --where hidden=64,128 $rev
+                cp benchmarks/results/norms_h200.csv benchmarks/results/norms_h200_qk_run$i.csv
+              done ;;
+    fwdhost)  # a bench target's forward: host time per arm with real launches, and cProfile of the forwards
+              stage fwdhost ${FWDHOST_S:-240} python3 benchmarks/profile_forward_host.py --device cuda \
+                ${FWDHOST_ARGS:---target lfm2rope --cprofile tottime} ;;
     profhost) stage profhost ${PROFHOST_S:-120} python3 benchmarks/profile_host.py ${PROFHOST_ARGS:-} ;;
     profmodel) stage profmodel ${PROFMODEL_S:-200} python3 benchmarks/profile_model.py ${PROFMODEL_ARGS:-} ;;   # host-bound case: PROFMODEL_ARGS="--arms baseline,liger_rt --batch 1 --seq 512 --host"
     parity)   stage parity 300 python3 -m liger_rt.tools.cli parity --model qwen3 --preset qwen3-4b --dtype bf16 --device cuda ;;

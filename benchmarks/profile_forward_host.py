@@ -8,6 +8,12 @@ it per arm like `liger-tune bench model` (fused loss, rope), and times forwards 
 (min and median of 7 means of 20) while :class:`StubbedLaunches` turns every Triton launch into a no-op and
 LIGER_RT_IMPL_<OP>=triton makes dispatch take the Triton paths.  It says whether liger_rt's own Python costs more
 than the eager ops it replaces; costs only a GPU pays (launches, CUDA allocations) need `profile_model.py --host`.
+
+    python benchmarks/profile_forward_host.py --device cuda --target lfm2rope [--cprofile tottime]
+
+On a GPU: the bench target's model (bf16, B4 x T2048), launches real, no stubs; the host time of a forward is the wall
+time until `model(...)` returns (the device is synchronised before each forward, and the backward runs after it so
+the allocator is in its training state), median of 15, and cProfile of the forwards splits it per function.
 """
 import argparse
 import importlib
@@ -16,9 +22,13 @@ import pkgutil
 import statistics
 import time
 
-for _op in ("RMS_NORM", "SWIGLU", "ROPE"):
-    os.environ.setdefault(f"LIGER_RT_IMPL_{_op}", "triton")
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import sys  # noqa: E402
+
+ON_GPU = "cuda" in sys.argv
+if not ON_GPU:
+    for _op in ("RMS_NORM", "SWIGLU", "ROPE"):
+        os.environ.setdefault(f"LIGER_RT_IMPL_{_op}", "triton")
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
 
@@ -36,7 +46,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--arms", default="baseline,liger_rt")
     ap.add_argument("--cprofile", default=None, help="also cProfile the liger_rt arm's forwards, sorted by this key")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--target", default="lfm2rope", help="with --device cuda: the `bench model` target to build")
     args = ap.parse_args()
+    if args.device == "cuda":
+        return on_gpu(args)
     attn = tuple(int(a) for a in args.attention_layers.split(",")) if args.attention_layers else None
     preset = B.bench_preset(args.model, args.preset, args.layers, attn)
     mods = [importlib.import_module(f"liger_rt.kernels.{m.name}") for m in pkgutil.iter_modules(kernels.__path__)]
@@ -62,6 +76,50 @@ def main() -> None:
                 prof = cProfile.Profile()
                 prof.runcall(forwards)
                 pstats.Stats(prof).sort_stats(args.cprofile).print_stats(30)
+
+
+def on_gpu(args) -> None:
+    import cProfile
+    import pstats
+    t = B.TARGETS[args.target]
+    preset = B.bench_preset(t["model_type"], t["preset"], t.get("layers"), t.get("attention_layers"))
+    flags = {"fused_linear_cross_entropy": True, **t.get("flags", {})}
+    overrides = B.config_overrides(t["model_type"], t.get("config"))
+    batch, seq = B.TARGET_SHAPE
+    for arm in args.arms.split(","):
+        model = B.build(preset, torch.bfloat16, "cuda", 0, overrides)
+        model.train()
+        undo = B.apply_arm(model, arm, flags)
+        ids = B.random_ids(model, batch, seq, 0, "cuda")
+
+        def forward_host() -> float:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            loss = model(input_ids=ids, labels=ids).loss
+            host = time.perf_counter() - t0
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+            return host * 1e3
+        for _ in range(3):
+            forward_host()
+        times = [forward_host() for _ in range(15)]
+        print(f"{arm:9s} {args.target} B{batch}xT{seq}: forward host {statistics.median(times):7.2f} ms "
+              f"(median of 15, min {min(times):.2f})", flush=True)
+        if args.cprofile:
+            prof = cProfile.Profile()
+            for _ in range(3):
+                torch.cuda.synchronize()
+                prof.enable()
+                loss = model(input_ids=ids, labels=ids).loss
+                prof.disable()
+                loss.backward()
+                model.zero_grad(set_to_none=True)
+            print(f"-- cProfile of 3 {arm} forwards (sorted by {args.cprofile})")
+            pstats.Stats(prof).sort_stats(args.cprofile).print_stats(35)
+        if undo:
+            undo()
+        del model
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
