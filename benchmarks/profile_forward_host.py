@@ -12,8 +12,9 @@ than the eager ops it replaces; costs only a GPU pays (launches, CUDA allocation
     python benchmarks/profile_forward_host.py --device cuda --target lfm2rope [--cprofile tottime]
 
 On a GPU: the bench target's model (bf16, B4 x T2048), launches real, no stubs; the host time of a forward is the wall
-time until `model(...)` returns (the device is synchronised before each forward, and the backward runs after it so
-the allocator is in its training state), median of 15, and cProfile of the forwards splits it per function.
+time until `model(...)` returns (the device is synchronised before each forward), the backward's until `backward()`
+returns, medians of 15; cProfile splits each per function (the backward's with the autograd engine on the calling
+thread, where cProfile sees it).
 """
 import argparse
 import importlib
@@ -92,30 +93,39 @@ def on_gpu(args) -> None:
         undo = B.apply_arm(model, arm, flags)
         ids = B.random_ids(model, batch, seq, 0, "cuda")
 
-        def forward_host() -> float:
+        def host_times() -> tuple[float, float]:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             loss = model(input_ids=ids, labels=ids).loss
-            host = time.perf_counter() - t0
+            t1 = time.perf_counter()
             loss.backward()
+            t2 = time.perf_counter()
             model.zero_grad(set_to_none=True)
-            return host * 1e3
+            return (t1 - t0) * 1e3, (t2 - t1) * 1e3
         for _ in range(3):
-            forward_host()
-        times = [forward_host() for _ in range(15)]
-        print(f"{arm:9s} {args.target} B{batch}xT{seq}: forward host {statistics.median(times):7.2f} ms "
-              f"(median of 15, min {min(times):.2f})", flush=True)
+            host_times()
+        fwd, bwd = zip(*[host_times() for _ in range(15)])
+        print(f"{arm:9s} {args.target} B{batch}xT{seq}: host forward {statistics.median(fwd):7.2f} ms "
+              f"(median of 15, min {min(fwd):.2f}), backward {statistics.median(bwd):7.2f} ms "
+              f"(min {min(bwd):.2f}; until backward() returns)", flush=True)
         if args.cprofile:
-            prof = cProfile.Profile()
-            for _ in range(3):
-                torch.cuda.synchronize()
-                prof.enable()
-                loss = model(input_ids=ids, labels=ids).loss
-                prof.disable()
-                loss.backward()
-                model.zero_grad(set_to_none=True)
-            print(f"-- cProfile of 3 {arm} forwards (sorted by {args.cprofile})")
-            pstats.Stats(prof).sort_stats(args.cprofile).print_stats(35)
+            for phase in ("forward", "backward"):
+                prof = cProfile.Profile()
+                for _ in range(3):
+                    torch.cuda.synchronize()
+                    if phase == "forward":
+                        prof.enable()
+                    loss = model(input_ids=ids, labels=ids).loss
+                    prof.disable()
+                    if phase == "backward":     # the engine on this thread, so that cProfile sees it
+                        torch.autograd.set_multithreading_enabled(False)
+                        prof.enable()
+                    loss.backward()
+                    prof.disable()
+                    torch.autograd.set_multithreading_enabled(True)
+                    model.zero_grad(set_to_none=True)
+                print(f"-- cProfile of 3 {arm} {phase}s (sorted by {args.cprofile})")
+                pstats.Stats(prof).sort_stats(args.cprofile).print_stats(40)
         if undo:
             undo()
         del model
