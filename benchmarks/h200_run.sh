@@ -94,6 +94,8 @@ for s in "$@"; do
     fwdhost)  # a bench target's forward: host time per arm with real launches, and cProfile of the forwards
               stage fwdhost ${FWDHOST_S:-240} python3 benchmarks/profile_forward_host.py --device cuda \
                 ${FWDHOST_ARGS:---target lfm2rope --cprofile tottime} ;;
+    flcechunk) # a model step's speed and peak per fused-loss chunk, ABBA (FLCECHUNK_ARGS="--target lfm2rope --chunks 1280,2048")
+              stage flcechunk ${FLCECHUNK_S:-300} python3 benchmarks/flce_chunk_step.py ${FLCECHUNK_ARGS:-} ;;
     profhost) stage profhost ${PROFHOST_S:-120} python3 benchmarks/profile_host.py ${PROFHOST_ARGS:-} ;;
     profmodel) stage profmodel ${PROFMODEL_S:-200} python3 benchmarks/profile_model.py ${PROFMODEL_ARGS:-} ;;   # host-bound case: PROFMODEL_ARGS="--arms baseline,liger_rt --batch 1 --seq 512 --host"
     parity)   stage parity 300 python3 -m liger_rt.tools.cli parity --model qwen3 --preset qwen3-4b --dtype bf16 --device cuda ;;
