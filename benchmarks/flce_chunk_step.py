@@ -10,6 +10,7 @@ answers: does a larger chunk than the 160 MiB logits budget allows buy step time
 """
 import argparse
 import dataclasses
+import gc
 
 import torch
 
@@ -49,7 +50,7 @@ def main() -> None:
     for chunk in chunks + chunks[::-1]:
         model = B.build(preset, torch.bfloat16, "cuda", 0, overrides)
         model.train()
-        B.apply_arm(model, "liger_rt", flags)
+        unpatch = B.apply_arm(model, "liger_rt", flags)
         ids = B.random_ids(model, batch, seq, 0, "cuda")
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         undo = forced_chunk(chunk)
@@ -61,7 +62,9 @@ def main() -> None:
         print(f"chunk {chunk:5d}: {res['tok_per_s']:9.0f} tok/s, {res['median_step_ms']:.2f} ms/step "
               f"(min {res['min_step_ms']:.2f}), peak {res['peak_alloc_GB']:.3f} GB, loss {res['loss_last']:.4f}",
               flush=True)
+        unpatch()        # the patch's ledger holds the model: without this, each run's peak counts the last ones
         del model, opt
+        gc.collect()
         torch.cuda.empty_cache()
     print(f"{args.target}, B{batch}xT{seq}, ABBA over chunks {chunks}:")
     for c, rs in results.items():
