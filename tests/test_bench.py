@@ -158,7 +158,7 @@ def test_compiled_arms_have_no_graph_break_and_track_baseline(monkeypatch):
     taken, real = [], S.compiler_takes
     monkeypatch.setattr(S, "compiler_takes", lambda op: taken.append(real(op)) or taken[-1])
     monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "fuse")
-    rows = M.run_model_bench("qwen3", "tiny", batch=2, seq=8, steps=1, warmup=1, dtype="fp32", device="cpu",
+    rows = M.run_model_bench("qwen3", "tiny", batch=2, seq=8, steps=1, warmup=1, dtype="fp32", device="cpu", layers=1,
                              arms=("baseline", "baseline+compile", "liger_rt+compile+kernels", "liger_rt+compile+fuse"),
                              compile_backend="aot_eager", echo=None)
     runs = [r for r in rows if r["kind"] == "run"]
