@@ -96,6 +96,7 @@ for s in "$@"; do
                 ${FWDHOST_ARGS:---target lfm2rope --cprofile tottime} ;;
     flcechunk) # a model step's speed and peak per fused-loss chunk, ABBA (FLCECHUNK_ARGS="--target lfm2rope --chunks 1280,2048")
               stage flcechunk ${FLCECHUNK_S:-300} python3 benchmarks/flce_chunk_step.py ${FLCECHUNK_ARGS:-} ;;
+    scstep)   stage scstep ${SCSTEP_S:-200} python3 benchmarks/short_conv_step_shape.py ${SCSTEP_ARGS:-} ;;   # the short conv at the lfm2 step's shape: seq_idx or not, every candidate
     profhost) stage profhost ${PROFHOST_S:-120} python3 benchmarks/profile_host.py ${PROFHOST_ARGS:-} ;;
     profmodel) stage profmodel ${PROFMODEL_S:-200} python3 benchmarks/profile_model.py ${PROFMODEL_ARGS:-} ;;   # host-bound case: PROFMODEL_ARGS="--arms baseline,liger_rt --batch 1 --seq 512 --host"
     parity)   stage parity 300 python3 -m liger_rt.tools.cli parity --model qwen3 --preset qwen3-4b --dtype bf16 --device cuda ;;
