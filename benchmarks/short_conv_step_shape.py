@@ -42,7 +42,7 @@ def main() -> None:
     print(f"B{B} T{T} H{H} bf16; dispatched: {d.impl} {d.config} ({d.origin}: {d.reason[:120]})")
     for name, fn in (("dispatched, no seq_idx", step()), ("dispatched, seq_idx", step(seq_idx=seq))):
         ms = graph_ms(fn)
-        print(f"  {name:28s} {ms * 1e3:8.1f} us  {moved / ms / 1e9:6.0f} GB/s", flush=True)
+        print(f"  {name:28s} {ms * 1e3:8.1f} us  {moved / ms / 1e6:6.0f} GB/s", flush=True)
     target = dispatch.current_target("cuda", bcx.device)
     for cfg in op.candidates_for(op.impl("triton"), target.arch, op.dims(bcx, w, None, seq), torch.bfloat16):
         try:
@@ -50,7 +50,7 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - a candidate that does not compile here is a row, not the end
             print(f"  {str(cfg)[:110]:110s} failed: {str(exc)[:80]}")
             continue
-        print(f"  {str(cfg)[:110]:110s} {ms * 1e3:8.1f} us  {moved / ms / 1e9:6.0f} GB/s", flush=True)
+        print(f"  {str(cfg)[:110]:110s} {ms * 1e3:8.1f} us  {moved / ms / 1e6:6.0f} GB/s", flush=True)
 
 
 if __name__ == "__main__":
