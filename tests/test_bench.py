@@ -658,3 +658,35 @@ def test_profile_model_gaps_charge_idle_to_the_launching_host_ops(capsys):
     assert out[2].split() == ["0.110", "1", "yes", "step", ">", "liger_rt::rms_norm", "->", "k_norm"]
     assert out[3].split() == ["0.050", "1", "no", "step", "->", "k_dep"]
     assert len(out) == 4
+
+
+def test_flce_chunk_step_forces_the_chunk_and_restores_dispatch(monkeypatch):
+    """benchmarks/flce_chunk_step.py: within forced_chunk(c) the fused loss runs ceil(tokens / c) chunks (counted at
+    the per-chunk cross-entropy launch) with the loss unchanged against the fp64 formula; after undo the dispatcher's
+    own decision is back (dispatch.decide restored, memo cleared)."""
+    import importlib.util
+    from pathlib import Path
+
+    from liger_rt import dispatch, ops
+    from liger_rt.kernels import fused_linear_cross_entropy as flce
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "flce_chunk_step.py"
+    spec = importlib.util.spec_from_file_location("flce_chunk_step", path)
+    fcs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fcs)
+    g = torch.Generator().manual_seed(7)
+    x, w = torch.randn(24, 16, generator=g), torch.randn(37, 16, generator=g)
+    t = torch.randint(0, 37, (24,), generator=g)
+    ref = torch.nn.functional.cross_entropy(x.double() @ w.double().t(), t)
+    calls, real = [], flce.cross_entropy_rows
+    monkeypatch.setattr(flce, "cross_entropy_rows", lambda *a, **k: calls.append(a[1].shape[0]) or real(*a, **k))
+    original = dispatch.decide
+    undo = fcs.forced_chunk(5)
+    try:
+        loss = ops.fused_linear_cross_entropy(x, w, t)
+        d = dispatch.get_op("fused_linear_cross_entropy").select(x, tokens=24, hidden=16, vocab=37)
+    finally:
+        undo()
+    assert calls == [5, 5, 5, 5, 4] and d.config.chunk == 5 and d.origin == "env"
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-5)
+    assert dispatch.decide is original
+    assert dispatch.get_op("fused_linear_cross_entropy").select(x, tokens=24, hidden=16, vocab=37).origin != "env"
