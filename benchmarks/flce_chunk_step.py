@@ -40,10 +40,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args()
-    t = B.TARGETS[args.target]
-    preset = B.bench_preset(t["model_type"], t["preset"], t.get("layers"), t.get("attention_layers"))
-    flags = {"fused_linear_cross_entropy": True, **t.get("flags", {})}
-    overrides = B.config_overrides(t["model_type"], t.get("config"))
+    preset, flags, overrides = B.target_setup(args.target)
     batch, seq = B.TARGET_SHAPE
     chunks = [int(c) for c in args.chunks.split(",")]
     results: dict[int, list] = {c: [] for c in chunks}

@@ -34,13 +34,13 @@ stage() {  # name, seconds, command...
   echo "=== $name rc=${PIPESTATUS[0]}" | tee -a "$LOG"
   tar czf "$OUTDIR/results.tgz" benchmarks/results 2>/dev/null   # after every stage: a cut-off run keeps its results
 }
-moe_runs3() {  # name, seconds, csv tag, bench args...: three runs, run 2 timing the arms last to first (ABA,
-  # counterbalanced); each run's CSV kept as moe_experts_h200_<tag>_runN.csv; RUNS="2 3" runs a part of them
-  local name=$1 secs=$2 tag=$3 i rev; shift 3
+runs3() {  # name, seconds, family (norms, moe_experts, ...), csv tag, bench args...: three runs, run 2 timing the
+  # arms last to first (counterbalanced); each run's CSV kept as <family>_h200_<tag>_runN.csv; RUNS="2 3" runs a part
+  local name=$1 secs=$2 fam=$3 tag=$4 i rev; shift 4
   for i in ${RUNS:-1 2 3}; do
     rev=""; [ $i = 2 ] && rev=--reverse-arms
-    stage ${name}_$i $secs $B kernels --op moe_experts "$@" $rev
-    cp benchmarks/results/moe_experts_h200.csv benchmarks/results/moe_experts_h200_${tag}_run$i.csv
+    stage ${name}_$i $secs $B kernels "$@" $rev
+    cp benchmarks/results/${fam}_h200.csv benchmarks/results/${fam}_h200_${tag}_run$i.csv
   done
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv 2>&1 | tee -a "$LOG"
@@ -85,12 +85,8 @@ for s in "$@"; do
     profmem)  # what is live at a step's memory peak per arm (issue 19: liger_rt compiled held more than liger_rt eager)
               stage profmem ${PROFMEM_S:-300} python3 benchmarks/profile_memory.py ${PROFMEM_ARGS:-} ;;
     normsqk3) # the per-head q/k norm shapes (hidden 64, 128) against eager, torch.compile, Liger-Kernel, three runs
-              # (run 2 times the arms last to first); each run's CSV kept as norms_h200_qk_runN.csv
-              for i in 1 2 3; do
-                rev=""; [ $i = 2 ] && rev=--reverse-arms
-                stage normsqk_$i ${NORMS_S:-240} $B kernels --op rms_norm --where hidden=64,128 $rev
-                cp benchmarks/results/norms_h200.csv benchmarks/results/norms_h200_qk_run$i.csv
-              done ;;
+              # (norms_h200_qk_runN.csv)
+              runs3 normsqk ${NORMS_S:-240} norms qk --op rms_norm --where hidden=64,128 ;;
     fwdhost)  # a bench target's forward: host time per arm with real launches, and cProfile of the forwards
               stage fwdhost ${FWDHOST_S:-240} python3 benchmarks/profile_forward_host.py --device cuda \
                 ${FWDHOST_ARGS:---target lfm2rope --cprofile tottime} ;;
@@ -125,7 +121,7 @@ for s in "$@"; do
                 --csv benchmarks/results/model_compiled_fuse_h200.csv ${COMPILED_ARGS:-} ;;
     moe3)     # issue 18: the MoE experts at T16384 (both shapes, both routings, every peer) three times, each run's
               # CSV kept as moe_experts_h200_t16384_runN.csv (the 450 TFLOP/s target is a median of three)
-              moe_runs3 moe3 ${MOE3_S:-200} t16384 --where tokens=16384 ${MOE3_ARGS:-} ;;
+              runs3 moe3 ${MOE3_S:-200} moe_experts t16384 --op moe_experts --where tokens=16384 ${MOE3_ARGS:-} ;;
     moewarm)  # a fresh machine spends more than 150 s in the first MoE case (compiles and autotuning; which arm
               # takes it was not measured. H200, 2026-12-03, logs h200_s11_call3/4): pay it once, in its own stage
               # (2026-12-04, h200_s12_call1: these two T512 cases took more than 300 s on a fresh machine)
@@ -151,7 +147,7 @@ for s in "$@"; do
                 --csv benchmarks/results/moe_split_h200.csv ;;
     moegrid3) # issue 18: the 12 grid points below T16384 three times (moe_experts_h200_grid_runN.csv); with moe3
               # the 16-point peer grid
-              moe_runs3 moegrid ${MOEGRID_S:-200} grid --where tokens=512,2048,4096 --no-compile ;;
+              runs3 moegrid ${MOEGRID_S:-200} moe_experts grid --op moe_experts --where tokens=512,2048,4096 --no-compile ;;
     shortconv3) # issue 18: short conv B1 T65536 three times (each run's CSV kept as lfm2_ops_h200_shortconv_runN.csv)
               for i in 1 2 3; do
                 stage shortconv$i 90 $B kernels --op lfm2_ops --where op=short_conv --where seq=65536 --no-compile

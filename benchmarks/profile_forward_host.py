@@ -82,10 +82,7 @@ def main() -> None:
 def on_gpu(args) -> None:
     import cProfile
     import pstats
-    t = B.TARGETS[args.target]
-    preset = B.bench_preset(t["model_type"], t["preset"], t.get("layers"), t.get("attention_layers"))
-    flags = {"fused_linear_cross_entropy": True, **t.get("flags", {})}
-    overrides = B.config_overrides(t["model_type"], t.get("config"))
+    preset, flags, overrides = B.target_setup(args.target)
     batch, seq = B.TARGET_SHAPE
     for arm in args.arms.split(","):
         model = B.build(preset, torch.bfloat16, "cuda", 0, overrides)

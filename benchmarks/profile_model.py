@@ -46,14 +46,12 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("profile_model needs a GPU")
     if args.target:
-        t = B.TARGETS[args.target]
-        args.model, args.preset = t["model_type"], t["preset"]
-        preset = B.bench_preset(t["model_type"], t["preset"], t.get("layers"), t.get("attention_layers"))
-        flags = {"fused_linear_cross_entropy": True, **t.get("flags", {})}
+        preset, flags, overrides = B.target_setup(args.target)
+        args.model, args.preset = B.TARGETS[args.target]["model_type"], B.TARGETS[args.target]["preset"]
     else:
         preset = B.bench_preset(args.model, args.preset, None, None)
         flags = {"fused_linear_cross_entropy": True, **B.parse_flags(args.flags)}
-    overrides = B.config_overrides(args.model, B.TARGETS[args.target].get("config") if args.target else None)
+        overrides = B.config_overrides(args.model)
     for arm in args.arms.split(","):
         model = B.build(preset, torch.bfloat16, "cuda", 0, overrides)
         model.train()

@@ -44,8 +44,9 @@ NEW_COLS = ("peak_reserved_GB", "graph_breaks", "graphs", "graph_break_reasons",
 # qwen3-1.7b baseline vs Liger-Kernel: 4e-5 after 13 steps); a wrong gradient moves a curve by percents.
 LOSS_RTOL = {"fp32": 1e-4, "fp16": 5e-3, "bf16": 1e-2}
 # The model-step runs: anchors are the baseline / Liger-Kernel figures of the anchor runs (one H200), targets what
-# liger_rt must reach (tokens/s, peak GB): issue 18's (issue 9's were 38k / 31 GB, 63k / 22 GB, 78k / 26 GB).  qwen3rope: rope=True, ops.rope in place of HF's apply_rotary_pos_emb (Liger-Kernel's
-# patch always swaps it; lfm2rope, lfm2moerope likewise); lfm2moe: 8 layers, attention at 2, 5.
+# liger_rt must reach (tokens/s, peak GB): issue 18's (issue 9's were 38k / 31 GB, 63k / 22 GB, 78k / 26 GB).
+# qwen3rope: rope=True, ops.rope in place of HF's apply_rotary_pos_emb (Liger-Kernel's patch always swaps it;
+# lfm2rope, lfm2moerope likewise); lfm2moe: 8 layers, attention at 2, 5.
 _QWEN3 = dict(model_type="qwen3", preset="qwen3-1.7b", config={"tie_word_embeddings": True},
               anchor_tok_per_s=29192.0, anchor_peak_GB=51.34, liger_kernel_tok_per_s=34579.0,
               liger_kernel_peak_GB=31.10, target_tok_per_s=42000.0, target_peak_GB=27.8)
@@ -131,6 +132,14 @@ def config_overrides(model_type: str, config: dict | None = None, experts_implem
     elif experts_implementation:
         raise ValueError(f"experts_implementation applies to MoE models, not {model_type}")
     return overrides
+
+
+def target_setup(name: str) -> tuple:
+    """A `bench model` target as the profile scripts build it: (preset, patch flags, config overrides)."""
+    t = TARGETS[name]
+    preset = bench_preset(t["model_type"], t["preset"], t.get("layers"), t.get("attention_layers"))
+    return preset, {"fused_linear_cross_entropy": True, **t.get("flags", {})}, config_overrides(t["model_type"],
+                                                                                                  t.get("config"))
 
 
 def build(preset, dtype, device, seed: int, overrides: dict):
