@@ -6,10 +6,9 @@
     liger-tune bench model --target qwen3 --shape 4x2048,1x512 --compile   # + torch.compile arms
     liger-tune bench host | dispatch | ceilings
 
-The harness is importable: `harness` (versions, CSV, ceilings, timers, the kernel-case loop), one module per kernel
-family (`norms`, `lfm2_ops`, `losses`, `moe_experts`: their cases and arms), `model` (the training step) and
-`host_overhead`.  CSVs go to --out (default benchmarks/results, relative to the working directory), named
-<bench>_<device>[_quick].csv.
+Modules: `harness` (versions, CSV, ceilings, timers, the kernel-case loop), one per kernel family (`norms`,
+`lfm2_ops`, `losses`, `moe_experts`: cases and arms), `model` (the training step), `host_overhead`, `logprobs`.
+CSVs go to --out (default benchmarks/results), named <bench>_<device>[_quick].csv.
 """
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ import click
 
 
 def _run(fn, *args, **kw):
-    """Library errors as one clear line: bad arguments as usage errors, the rest as errors."""
+    """Library errors as one line: ValueError as a usage error, RuntimeError as an error."""
     try:
         return fn(*args, **kw)
     except ValueError as exc:
@@ -47,16 +46,14 @@ def bench():
 
 @bench.command()
 @click.option("--op", "names", multiple=True, help="A family (norms, lfm2_ops, losses, moe_experts) or an op "
-              "(rms_norm, swiglu, layer_norm, short_conv, moe_router, cross_entropy, fused_linear_cross_entropy, "
-              "moe_experts); repeatable. Default: every family.")
+              "(rms_norm, swiglu, ...); repeatable. Default: every family.")
 @click.option("--where", multiple=True, help="Only the cases whose field has one of the values: field=v[,v...], "
-              "repeatable (e.g. --where experts=32 --where tokens=512,4096). A narrowed run replaces its own "
-              "cases in the CSV and keeps the others.")
+              "repeatable (e.g. --where tokens=512,4096). A narrowed run replaces only its own cases in the CSV.")
 @click.option("--quick", is_flag=True, help="The quick cases, shorter timing, no torch.compile.")
 @click.option("--no-compile", is_flag=True, help="Leave the torch.compile arm out.")
 @click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp16", "fp32"]))
-@click.option("--reverse-arms", is_flag=True, help="Time each case's arms last to first (alternate it between runs "
-              "to counterbalance them); the rows say so in arm_order.")
+@click.option("--reverse-arms", is_flag=True, help="Time each case's arms last to first (alternate it between runs); "
+              "the rows say so in arm_order.")
 @_OUT
 def kernels(names, where, quick, no_compile, dtype, reverse_arms, out_dir):
     """Every arm of every case (ours, forced implementations, eager, torch.compile, Liger-Kernel)."""
@@ -77,8 +74,8 @@ def ceilings():
 
 
 @bench.command()
-@click.option("--cpu-stub", is_flag=True, help="The Python path of rms_norm fwd+bwd on CPU tensors with the "
-              "Triton launches stubbed (no GPU): host_overhead_cpu_stub.csv.")
+@click.option("--cpu-stub", is_flag=True, help="The Python path on CPU tensors, Triton launches stubbed (no GPU): "
+              "host_overhead_cpu_stub.csv.")
 @_OUT
 def host(cpu_stub, out_dir):
     """Host microseconds per layer of a norm call, and device against wall time (GPU)."""
@@ -110,15 +107,14 @@ def _layer_list(ctx, param, text):
 @bench.command("model")
 @click.option("--model", "model_type", default=None,
               help="Model type: qwen3, llama, qwen3_moe, lfm2, lfm2_moe, lfm2_vl (lfm2_vl: text-only step).")
-@click.option("--target", "targets", multiple=True, help="One of issue 9's runs instead of --model, repeatable or "
-              "comma-separated: qwen3, lfm2, qwen3rope, lfm2moe or all (GPU; CSV model_<device>[_quick].csv in --out, "
-              "or --csv).")
+@click.option("--target", "targets", multiple=True, help="Issue 9's runs instead of --model (GPU), repeatable or "
+              "comma-separated: qwen3, lfm2, qwen3rope, lfm2rope, lfm2moe, lfm2moerope or all.")
 @click.option("--preset", default="tiny", show_default=True,
               help="Preset name (qwen3-1.7b, lfm2-1.2b, ...), 'tiny' for the family's tiny one, or a PATH.json.")
 @click.option("--batch", default=4, show_default=True, type=int)
 @click.option("--seq", default=2048, show_default=True, type=int)
 @click.option("--shape", "shapes", multiple=True, help="BATCHxSEQ in place of --batch/--seq, repeatable or "
-              "comma-separated: every model or target runs at each (e.g. --shape 4x2048,1x512: 1x512 is host-bound).")
+              "comma-separated (e.g. --shape 4x2048,1x512).")
 @click.option("--steps", default=None, type=int, help="Measured steps per run [default: 20; --quick 8].")
 @click.option("--warmup", default=None, type=int, help="Warm-up steps per run, not timed [default: 5; --quick 3].")
 @click.option("--quick", is_flag=True, help="--target runs: 8 measured steps after 3 warm-up steps.")
@@ -128,12 +124,10 @@ def _layer_list(ctx, param, text):
 @click.option("--liger-kernel/--no-liger-kernel", "liger_kernel", default=True, show_default=True,
               help="Also time Liger-Kernel's own patch (where installed and supported for the model type).")
 @click.option("--arms", default=None, help="Only these arms, comma-separated, baseline among them (e.g. "
-              "baseline,liger_kernel: a peer in its own process, under its own switches; liger_rt+compile+kernels, "
-              "liger_rt+compile+fuse: liger_rt compiled under that LIGER_RT_COMPILE_POLICY); it overrides "
-              "--liger-kernel and --compile.")
-@click.option("--compile/--no-compile", "compile_", default=False, show_default=True,
-              help="Also time torch.compile(model) of the baseline and of the patched model (arms baseline+compile, "
-              "liger_rt+compile: graph breaks and compile time recorded; a failing compile is a row with its error).")
+              "baseline,liger_kernel; liger_rt+compile+kernels, +fuse: compiled under that LIGER_RT_COMPILE_POLICY); "
+              "overrides --liger-kernel and --compile.")
+@click.option("--compile/--no-compile", "compile", default=False, show_default=True,
+              help="Also time torch.compile of the baseline and of the patched model (graph breaks, compile time).")
 @click.option("--compile-mode", default="default", show_default=True, type=click.Choice(["default", "reduce-overhead"]),
               help="torch.compile mode of the compiled arms (reduce-overhead: CUDA graphs; give --warmup >= 3).")
 @click.option("--compile-backend", default="inductor", show_default=True,
@@ -144,13 +138,12 @@ def _layer_list(ctx, param, text):
 @click.option("--lr", default=1e-4, show_default=True, type=float, help="AdamW learning rate.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--csv", "csv_path", default=None, type=click.Path(dir_okay=False),
-              help="Write the rows to a CSV (--target: in place of model_<device>[_quick].csv).")
+              help="Write the rows to this CSV (--target: in place of model_<device>[_quick].csv).")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]))
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON instead of the table.")
 @_OUT
-def model_cmd(model_type, targets, preset, batch, seq, shapes, steps, warmup, quick, dtype, layers, attention_layers,
-              arms, liger_kernel, compile_, compile_mode, compile_backend, flags, experts_implementation, config_text, lr,
-              seed, csv_path, device, as_json, out_dir):
+def model_cmd(model_type, targets, batch, seq, shapes, steps, warmup, quick, arms, flags, config_text, csv_path,
+              as_json, out_dir, **kw):
     """Time an SFT training step: baseline vs liger_rt.patch (and Liger-Kernel, torch.compile), counterbalanced."""
     from . import model as M
     from .harness import write_csv
@@ -158,9 +151,10 @@ def model_cmd(model_type, targets, preset, batch, seq, shapes, steps, warmup, qu
         raise click.UsageError("give --model TYPE or --target NAME (one of them)")
     arms = tuple(a.strip() for a in arms.split(",") if a.strip()) if arms else None
     shapes = _run(M.parse_shapes, shapes) or [(batch, seq)]
-    compile_kw = dict(compile=compile_, compile_backend=compile_backend, compile_mode=compile_mode)
-    if compile_ or arms:      # a bad arm, backend or warm-up: a usage error before any GPU check or model build
-        _run(M.resolve_arms, arms, False, compile_, compile_backend, compile_mode, 3 if warmup is None else warmup)
+    compile_kw = {k: kw.pop(k) for k in ("compile", "compile_backend", "compile_mode")}
+    if compile_kw["compile"] or arms:      # a bad arm, backend or warm-up: a usage error before any GPU check or build
+        _run(M.resolve_arms, arms, False, compile_kw["compile"], compile_kw["compile_backend"],
+             compile_kw["compile_mode"], 3 if warmup is None else warmup)
     if targets:
         targets = [t.strip() for text in targets for t in text.split(",") if t.strip()]
         names = list(M.TARGETS) if "all" in targets else list(dict.fromkeys(targets))
@@ -170,18 +164,16 @@ def model_cmd(model_type, targets, preset, batch, seq, shapes, steps, warmup, qu
                                      param_hint="--target")
         _need_gpu("bench model --target")
         failed = M.run_targets(names, out_dir=out_dir, quick=quick, steps=steps, warmup=warmup, shapes=shapes,
-                               liger_kernel=liger_kernel, csv_path=csv_path, echo=click.echo, arms=arms, **compile_kw)
+                               liger_kernel=kw["liger_kernel"], csv_path=csv_path, echo=click.echo, arms=arms,
+                               **compile_kw)
         if failed:
             raise click.ClickException(f"failed: {', '.join(failed)} (errors above)")
         return
+    kw.update(flags=_run(M.parse_flags, flags), config=_run(M.parse_config, config_text), arms=arms, **compile_kw)
     rows = []
     for b, sq in shapes:
-        rows += _run(M.run_model_bench, model_type, preset, batch=b, seq=sq, steps=steps or 20,
-                     warmup=5 if warmup is None else warmup, dtype=dtype, layers=layers,
-                     attention_layers=attention_layers, liger_kernel=liger_kernel, flags=_run(M.parse_flags, flags),
-                     device=device, seed=seed, lr=lr, experts_implementation=experts_implementation,
-                     config=_run(M.parse_config, config_text), arms=arms,
-                     echo=lambda m: click.echo(m, err=as_json), **compile_kw)
+        rows += _run(M.run_model_bench, model_type, batch=b, seq=sq, steps=steps or 20,
+                     warmup=5 if warmup is None else warmup, echo=lambda m: click.echo(m, err=as_json), **kw)
     click.echo(json.dumps(rows, indent=1, default=str) if as_json else "\n" + M.format_summary(rows))
     if csv_path:
         click.echo(f"wrote {write_csv(rows, csv_path)}")

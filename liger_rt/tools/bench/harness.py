@@ -32,13 +32,12 @@ FORCED = ("triton", "grouped_mm")          # our implementations forced by env: 
 # -- versions, CSV, tables ------------------------------------------------------------------------
 
 def dist_version(dist: str) -> str | None:
-    """The installed version of a distribution (package metadata), or None."""
     with contextlib.suppress(metadata.PackageNotFoundError):
         return metadata.version(dist)
 
 
 def versions() -> dict:
-    """Device, date and the installed version of torch and of every peer (package metadata)."""
+    """Device, date and the installed version (package metadata) of torch and of every peer."""
     cuda = torch.version.cuda or (f"hip {torch.version.hip}" if torch.version.hip else "")
     out = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "cuda": cuda,
            "date": datetime.date.today().isoformat()}
@@ -52,13 +51,13 @@ def source_version() -> str:
     import subprocess
 
     import liger_rt
-    root = Path(liger_rt.__file__).resolve().parents[1]
+    git = ["git", "-C", str(Path(liger_rt.__file__).resolve().parents[1])]
     try:
-        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=5).stdout.strip()
+        rev = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             timeout=5).stdout.strip()
         # a tree whose tracked files differ from HEAD (a copied working tree, local edits) says so
-        if rev and subprocess.run(["git", "-C", str(root), "diff", "--quiet", "HEAD", "--", "liger_rt"],
-                                  capture_output=True, timeout=10).returncode == 1:
+        if rev and subprocess.run([*git, "diff", "--quiet", "HEAD", "--", "liger_rt"], capture_output=True,
+                                  timeout=10).returncode == 1:
             rev += ".dirty"
     except (OSError, subprocess.SubprocessError):
         rev = ""
@@ -66,11 +65,15 @@ def source_version() -> str:
 
 
 def device_tag() -> str:
-    """Short device name for CSV names: h200, h100, mi300x, ... (cpu without a GPU)."""
+    """h200, h100, mi300x, ...; cpu without a GPU."""
     if not torch.cuda.is_available():
         return "cpu"
     m = re.search(r"\b([A-Z]+\d+[A-Z]?)\b", torch.cuda.get_device_name())
     return m.group(1).lower() if m else "gpu"
+
+
+def csv_path(out_dir: str | Path, bench: str, quick: bool) -> Path:
+    return Path(out_dir) / f"{bench}_{device_tag()}{'_quick' if quick else ''}.csv"
 
 
 def _cell(v):
@@ -78,9 +81,8 @@ def _cell(v):
 
 
 def write_csv(rows: list[dict], path: str | Path, merge_on: tuple[str, ...] | None = None) -> Path:
-    """Rows plus the version columns to a CSV (lists/dicts as JSON, None as n/a).  `merge_on`: keep the existing
-    file's rows whose values in those columns no new row has (a partial run replaces its own cases only).  A copy
-    goes to $OUT when that is set (the device tool)."""
+    """Rows plus the version columns (lists/dicts as JSON, None as n/a).  `merge_on`: keep the existing file's rows
+    whose values in those columns no new row has.  A copy goes to $OUT when that is set (the device tool)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     info = versions()
@@ -182,8 +184,7 @@ def peak_extra_gb(fn: Callable) -> float | None:
 
 
 def profiled(step: Callable, *, warmup: int, calls: int, cpu: bool = False):
-    """torch.profiler over `calls` synchronised calls of step() after `warmup` unprofiled ones: the CUDA kernels
-    (and with `cpu` the host side)."""
+    """torch.profiler (CUDA, and with `cpu` the host) over `calls` calls of step() after `warmup` unprofiled ones."""
     from torch.profiler import ProfilerActivity, profile
     for _ in range(warmup):
         step()
@@ -272,10 +273,6 @@ def _floating(t) -> bool:
     return isinstance(t, torch.Tensor) and t.is_floating_point()
 
 
-def _copy(t):
-    return t.detach().clone().requires_grad_(t.requires_grad) if _floating(t) else t
-
-
 def _grads(fn, ins, dy):
     out = fn(*ins)
     out = out[0] if isinstance(out, (tuple, list)) else out
@@ -290,29 +287,28 @@ def decision_text(d) -> str:
 
 
 def _arms(case: Case, dtype: str, compile_: bool) -> dict[str, tuple[Arm, str | None]]:
-    """name -> (arm, the LIGER_RT_IMPL_<OP> value it runs under; None: no override): `eager` (the Hugging Face /
-    PyTorch path; in fp32 also the reference of every error), `compile`, the peers (Liger-Kernel when importable),
-    one per forced implementation and `liger_rt` as dispatched."""
+    """name -> (arm, the LIGER_RT_IMPL_<OP> value it runs under, or None): `eager` (in fp32 also the reference of
+    every error), `compile`, the peers, one per forced implementation and `liger_rt` as dispatched."""
     from liger_rt import dispatch
     arms = {"eager": (case.eager, None)}
     if compile_ and case.compile:
         arms["compile"] = (Arm(torch.compile(case.eager.fn, dynamic=False), f"torch.compile({case.eager.desc})"), None)
     arms |= {k: (a, None) for k, a in case.peers.items()}
-    for impl in (*case.forced, None):
-        def desc() -> str:
-            return decision_text(dispatch.select(case.op, dtype=case.spec.get("dtype", dtype), **case.dims))
-        arms[impl or "liger_rt"] = (Arm(case.ours, desc), impl)
-    return arms
+    ours = Arm(case.ours, lambda: decision_text(dispatch.select(case.op, dtype=case.spec.get("dtype", dtype),
+                                                                **case.dims)))
+    return arms | {impl or "liger_rt": (ours, impl) for impl in (*case.forced, None)}
 
 
 def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: bool, ceilings: dict | None,
                  echo: Callable = print, reverse_arms: bool = False) -> list[dict]:
     """One row per (arm, pass); an arm that fails gets rows with `error` and never stops the run.
     `reverse_arms` times the arms last to first (runs alternating it are counterbalanced)."""
+    from liger_rt.autotune import _why
     label = {**case.dims, **{k: case.spec[k] for k in ("routing",) if k in case.spec},
              "dtype": case.spec.get("dtype", dtype)}
     key = ",".join(f"{k}={v}" for k, v in label.items())
-    ceiling = (ceilings or {}).get("copy_GBps" if case.unit == "GBps" else "bf16_matmul_TFLOPs")
+    ceilings = ceilings or {}
+    ceiling = ceilings.get("copy_GBps" if case.unit == "GBps" else "bf16_matmul_TFLOPs")
     scale = 1e9 if case.unit == "GBps" else 1e12
     ins32 = tuple(t.detach().float().requires_grad_(t.requires_grad) if _floating(t) else t for t in case.inputs)
     ref_out, ref_grads = _grads(case.ref or case.eager.fn, ins32, None if case.dy is None else case.dy.float())
@@ -320,10 +316,10 @@ def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: 
     arms = list(_arms(case, dtype, compile_).items())
     for name, (arm, impl) in (reversed(arms) if reverse_arms else arms):
         base = {"op": case.op, "case": key, **label, "impl": name, **case.extra, "quick": quick,
-                "arm_order": "reversed" if reverse_arms else "listed",
-                "copy_ceiling_GBps": (ceilings or {}).get("copy_GBps"),
-                "matmul_ceiling_TFLOPs": (ceilings or {}).get("bf16_matmul_TFLOPs")}
-        ins, dy = tuple(_copy(t) for t in case.inputs), None if case.dy is None else case.dy.clone()
+                "arm_order": "reversed" if reverse_arms else "listed", "copy_ceiling_GBps": ceilings.get("copy_GBps"),
+                "matmul_ceiling_TFLOPs": ceilings.get("bf16_matmul_TFLOPs")}
+        ins = tuple(t.detach().clone().requires_grad_(t.requires_grad) if _floating(t) else t for t in case.inputs)
+        dy = None if case.dy is None else case.dy.clone()
         fns = {"fwd": lambda: arm.fn(*ins), "fwdbwd": lambda: _grads(arm.fn, ins, dy)}
         try:
             with dispatch_env(**({f"LIGER_RT_IMPL_{case.op.upper()}": impl} if impl else {})):
@@ -343,9 +339,8 @@ def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: 
                                  "ms_method": "do_bench" if device == "cuda" else "cpu-wall",
                                  "dev_ms_method": how, "error": ""})
         except Exception as exc:        # a peer or config that cannot take this case: recorded, not fatal
-            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-            echo(f"  {case.op} {key} {name}: {why}")
-            rows += [{**base, "pass": p, "error": why} for p in case.passes]
+            echo(f"  {case.op} {key} {name}: {_why(exc)}")
+            rows += [{**base, "pass": p, "error": _why(exc)} for p in case.passes]
         del ins, dy, fns
         gc.collect()
     _relative(rows, case.spec.get("target") or {})
@@ -369,8 +364,8 @@ def _relative(rows: list[dict], target: dict) -> None:
 
 
 def verdicts(rows: list[dict]) -> list[str]:
-    """Per case and pass (wall time): the dispatched arm against the best peer (eager, compile,
-    Liger-Kernel, ...) and against the fastest arm; TARGET MISSED where it misses its target."""
+    """Per case and pass (wall time): the dispatched arm against the best peer and the fastest arm; TARGET MISSED
+    where it misses its target."""
     lines = []
     for key in dict.fromkeys((r["op"], r["case"], r["pass"]) for r in rows):
         by = {r["impl"]: r for r in rows if (r["op"], r["case"], r["pass"]) == key and r.get("ms")}
@@ -392,8 +387,8 @@ def verdicts(rows: list[dict]) -> list[str]:
 # -- the kernels run -------------------------------------------------------------------------------
 
 def select_specs(names: list[str], where: list[str], quick: bool) -> dict[str, list[dict]]:
-    """family -> the specs to run: `names` are families or ops (none: all), `where` field=v[,v...]
-    filters on spec fields (AND across fields, OR within one), `quick` keeps the quick specs."""
+    """family -> the specs to run: `names` are families or ops (none: all), `where` field=v[,v...] filters on spec
+    fields (AND across fields, OR within one), `quick` keeps the quick specs."""
     specs = {f: importlib.import_module(f"liger_rt.tools.bench.{f}").SPECS for f in FAMILIES}
     valid = list(dict.fromkeys([*FAMILIES, *(s["op"] for v in specs.values() for s in v)]))
     bad = [n for n in names if n not in valid]
@@ -420,10 +415,8 @@ def select_specs(names: list[str], where: list[str], quick: bool) -> dict[str, l
 def run_kernels(names: list[str] = (), *, where: list[str] = (), quick: bool = False, compile_: bool = True,
                 dtype: str = "bf16", device: str = "cuda", out_dir: str | Path = "benchmarks/results",
                 ceilings: dict | None = None, echo: Callable = print, reverse_arms: bool = False) -> list[dict]:
-    """Every selected case of every family; one CSV per family, <family>_<device>[_quick].csv in
-    out_dir, rewritten after each case (a run cut short keeps what it measured).  A run narrowed
-    by names or `where` replaces its own cases in an existing CSV and keeps the others.
-    `reverse_arms`: each case's arms timed last to first (see measure_case)."""
+    """Every selected case of every family; one CSV per family (`csv_path`), rewritten after each case.  A run
+    narrowed by names or `where` replaces its own cases in an existing CSV and keeps the others."""
     plan = select_specs(list(names), list(where), quick)
     if device == "cuda" and ceilings is None:
         ceilings = measure_ceilings(quick=quick)
@@ -432,13 +425,12 @@ def run_kernels(names: list[str] = (), *, where: list[str] = (), quick: bool = F
     echo(f"versions: {versions()}")
     every = []
     for fam, specs in plan.items():
-        path, rows = Path(out_dir) / f"{fam}_{device_tag()}{'_quick' if quick else ''}.csv", []
+        path, rows, mod = csv_path(out_dir, fam, quick), [], importlib.import_module(f"liger_rt.tools.bench.{fam}")
         for spec in specs:
             echo(f"[{fam}] " + ", ".join(f"{k}={v}" for k, v in spec.items() if k not in ("quick", "target")))
-            case = importlib.import_module(f"liger_rt.tools.bench.{fam}").build(spec, spec.get("dtype", dtype),
-                                                                                device, echo)
-            rows += measure_case(case, dtype=dtype, device=device, quick=quick, compile_=compile_ and not quick,
-                                 ceilings=ceilings, echo=echo, reverse_arms=reverse_arms)
+            rows += measure_case(mod.build(spec, spec.get("dtype", dtype), device, echo), dtype=dtype, device=device,
+                                 quick=quick, compile_=compile_ and not quick, ceilings=ceilings, echo=echo,
+                                 reverse_arms=reverse_arms)
             write_csv(rows, path, ("op", "case") if names or where else None)
         unit = [u for u in ("GBps", "TFLOPs") if any(u in r for r in rows)]
         echo(format_table(rows, ["op", "case", "impl", "pass", "ms", "dev_ms", *unit, *[f"dev_{u}" for u in unit],

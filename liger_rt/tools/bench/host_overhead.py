@@ -1,16 +1,15 @@
 """Host cost of a call, layer by layer of the path (GPU), and of a dispatch decision (any machine).
 
 `host`: microseconds of Python per call at 256 x 4096 (the kernels take a few microseconds, so the GPU never holds the
-host back; the mean over many calls between two synchronisations), then at 16384 x 4096 the device time (CUDA-graph
-replay) beside do_bench's wall time, which measures the host whenever host time exceeds device time.  `dispatch`: a
-decision that hits the memo, on CPU (one tuple build and one dict lookup: no SQL, no env parsing; the target is
-< 5 us).  `cpu_stub` (``python -m liger_rt.tools.bench.host_overhead --cpu-stub``): the whole Python path of an
-rms_norm, swiglu and rope forward+backward on CPU tensors with the Triton launches stubbed, beside the autograd
-floors; any machine, no GPU (docs/architecture.md, "The eager hot path").
+host back), then at 16384 x 4096 the CUDA-graph device time beside do_bench's wall time.  `dispatch`: a decision that
+hits the memo, on CPU (the target is < 5 us).  `cpu_stub` (``python -m liger_rt.tools.bench.host_overhead
+--cpu-stub``): the whole Python path of rms_norm, swiglu and rope fwd+bwd on CPU tensors with the Triton launches
+stubbed, beside the autograd floors; no GPU (docs/architecture.md, "The eager hot path").
 """
 from __future__ import annotations
 
 import platform
+import statistics
 import time
 from typing import Callable
 
@@ -44,7 +43,7 @@ class _Identity(torch.autograd.Function):
 
 
 def on_caller_thread(fn: Callable) -> Callable:
-    """fn run with the autograd engine on the calling thread (no device threads for the backward)."""
+    """fn with the autograd engine on the calling thread (no device threads for the backward)."""
     def run():
         with torch.autograd.set_multithreading_enabled(False):
             return fn()
@@ -65,13 +64,14 @@ def _probes(m: int, echo) -> dict[str, Callable]:
     w = torch.randn(4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy, xd, buf = torch.randn_like(x), x.detach(), torch.empty(4096, device="cuda")
     op = dispatch.get_op("rms_norm")
+
+    def norm_grads():
+        return torch.autograd.grad(ops.rms_norm(x, w), (x, w), dy)
     out = {"torch.empty (m, n)": lambda: torch.empty((m, 4096), device="cuda", dtype=torch.bfloat16),
            "dispatch select (memo hit)": lambda: op.select(xd, rows=m, hidden=4096),
            "triton launch (a 4096-element copy kernel)": lambda: _copy[(1,)](buf, buf, 4096, BLOCK=4096),
-           "ops.rms_norm fwd": lambda: ops.rms_norm(x, w),
-           "ops.rms_norm fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(ops.rms_norm(x, w), (x, w), dy),
-           "ops.rms_norm fwd+bwd, engine on the caller's thread": on_caller_thread(
-               lambda: torch.autograd.grad(ops.rms_norm(x, w), (x, w), dy)),
+           "ops.rms_norm fwd": lambda: ops.rms_norm(x, w), "ops.rms_norm fwd+bwd (autograd.grad)": norm_grads,
+           "ops.rms_norm fwd+bwd, engine on the caller's thread": on_caller_thread(norm_grads),
            "eager x*2 fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(x * 2, (x,), dy),
            "identity Function fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(_Identity.apply(x), (x,), dy)}
     lk, xl = peer("liger_kernel.ops.rms_norm", "LigerRMSNormFunction", echo), x.detach().clone().requires_grad_()
@@ -82,7 +82,7 @@ def _probes(m: int, echo) -> dict[str, Callable]:
 
 
 def host(echo: Callable = print) -> list[dict]:
-    """Rows (what, us, shape, method) of the host probes and the device/wall times at 16384 x 4096."""
+    """Rows (what, us, shape, method) of the host probes, then the device and wall times at 16384 x 4096."""
     rows = []
     for name, fn in _probes(256, echo).items():
         try:
@@ -105,8 +105,7 @@ def dispatch_overhead(calls: int = 200_000, echo: Callable = print) -> list[dict
     from liger_rt import dispatch
     op, x = dispatch.get_op("rms_norm"), torch.empty(8, 4096, dtype=torch.bfloat16)
     op.select(x, rows=8, hidden=4096)                       # the miss: decided once
-    memo = {("cpu", torch.bfloat16, 8, 4096): 1}
-    rows = []
+    memo, rows = {("cpu", torch.bfloat16, 8, 4096): 1}, []
     for label, fn in (("select (memo hit)", lambda: op.select(x, rows=8, hidden=4096)),
                       ("floor: x.device.type + dict.get", lambda: memo.get((x.device.type, x.dtype, 8, 4096)))):
         us = per_call_us(fn, calls, sync=False)
@@ -119,11 +118,9 @@ def dispatch_overhead(calls: int = 200_000, echo: Callable = print) -> list[dict
 # -- the CPU stub: the Python path of a call with every Triton launch a no-op ---------------------------
 
 class StubbedLaunches:
-    """Within the block, a launch of every Triton kernel in `modules` does nothing but count itself: the JIT
-    function's own `run` (where the launch starts: argument binding, the compiled-kernel cache, the driver call) is
-    replaced on the instance, so everything above it (the functional, dispatch, the autograd Function, the launchers,
-    `kernel[grid]` or the memoised bound run) is the real code.  The launch memos are cleared on entry and exit (they
-    hold bound runs).  `launches` counts the stubbed calls."""
+    """Within the block, a launch of every Triton kernel in `modules` only counts itself (`launches`): the kernel's
+    own `run` (argument binding, the compiled-kernel cache, the driver call) is replaced on the instance, so
+    everything above it is the real code.  The launch memos (they hold bound runs) are cleared on entry and exit."""
 
     def __init__(self, *modules):
         from triton.runtime.jit import KernelInterface     # JITFunction and the interpreter's InterpretedFunction
@@ -149,9 +146,8 @@ class StubbedLaunches:
 
 
 def _stub_probes(rows: int, hidden: int) -> dict[str, tuple[str | None, Callable]]:
-    """name -> (the op whose forward this is, or None; the call): rms_norm and swiglu on (rows,
-    hidden) bf16; rope as Qwen3-1.7B calls it (16 q / 8 kv heads, head_dim 128, `rows` positions;
-    q, k the transposed views of (1, S, H, D) projections, cos/sin (1, S, 128))."""
+    """name -> (the op whose forward this is, or None; the call): rms_norm and swiglu on (rows, hidden) bf16; rope
+    as Qwen3-1.7B calls it (16 q / 8 kv heads, head_dim 128; q, k transposed views of (1, S, H, D))."""
     from liger_rt import ops
     x = torch.randn(rows, hidden, dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(hidden, dtype=torch.bfloat16, requires_grad=True)
@@ -161,29 +157,23 @@ def _stub_probes(rows: int, hidden: int) -> dict[str, tuple[str | None, Callable
     k = torch.randn(1, rows, 8, 128, dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
     cos, sin = torch.randn(1, rows, 128, dtype=torch.bfloat16), torch.randn(1, rows, 128, dtype=torch.bfloat16)
     dq, dk = torch.randn(q.shape, dtype=q.dtype), torch.randn(k.shape, dtype=k.dtype)
+    grad = torch.autograd.grad
     return {"ops.rms_norm fwd": ("rms_norm", lambda: ops.rms_norm(x, w)),
-            "ops.rms_norm fwd+bwd (autograd.grad)": (None, lambda: torch.autograd.grad(ops.rms_norm(x, w), (x, w), dy)),
+            "ops.rms_norm fwd+bwd (autograd.grad)": (None, lambda: grad(ops.rms_norm(x, w), (x, w), dy)),
             "ops.swiglu fwd": ("swiglu", lambda: ops.swiglu(gate, up)),
-            "ops.swiglu fwd+bwd (autograd.grad)": (None, lambda: torch.autograd.grad(ops.swiglu(gate, up), (gate, up),
-                                                                                     dy)),
+            "ops.swiglu fwd+bwd (autograd.grad)": (None, lambda: grad(ops.swiglu(gate, up), (gate, up), dy)),
             "ops.rope fwd": ("rope", lambda: ops.rope(q, k, cos, sin)),
-            "ops.rope fwd+bwd (autograd.grad)": (None, lambda: torch.autograd.grad(ops.rope(q, k, cos, sin), (q, k),
-                                                                                   (dq, dk))),
-            "floor: identity Function fwd+bwd": (None, lambda: torch.autograd.grad(_Identity.apply(x), (x,), dy)),
-            "floor: eager x*2 fwd+bwd": (None, lambda: torch.autograd.grad(x * 2, (x,), dy))}
+            "ops.rope fwd+bwd (autograd.grad)": (None, lambda: grad(ops.rope(q, k, cos, sin), (q, k), (dq, dk))),
+            "floor: identity Function fwd+bwd": (None, lambda: grad(_Identity.apply(x), (x,), dy)),
+            "floor: eager x*2 fwd+bwd": (None, lambda: grad(x * 2, (x,), dy))}
 
 
 def cpu_stub(repeats: int = 7, calls: int = 2000, rows: int = 16, hidden: int = 1024,
              echo: Callable = print) -> list[dict]:
-    """Host microseconds of rms_norm, swiglu and rope fwd and fwd+bwd through the real Python path on CPU
-    tensors, Triton launches stubbed (:class:`StubbedLaunches`), beside the floors (an identity autograd
-    Function, eager x * 2): the median over `repeats` of the mean of `calls` calls in this thread's CPU
-    time (on CPU tensors autograd runs the backward on the calling thread; other processes do not count).
+    """Host microseconds of the `_stub_probes`, launches stubbed: the median over `repeats` of the mean of `calls`
+    calls in this thread's CPU time (on CPU tensors autograd runs the backward on the calling thread).
     TRITON_INTERPRET=1 and LIGER_RT_IMPL_<OP>=triton during the run: dispatch takes the Triton path."""
-    import statistics
-
     from liger_rt.kernels import rms_norm, rope, swiglu
-
     rows_out = []
     with dispatch_env(TRITON_INTERPRET="1", LIGER_RT_IMPL_RMS_NORM="triton", LIGER_RT_IMPL_SWIGLU="triton",
                       LIGER_RT_IMPL_ROPE="triton"), StubbedLaunches(rms_norm, swiglu, rope) as stub:
@@ -197,13 +187,11 @@ def cpu_stub(repeats: int = 7, calls: int = 2000, rows: int = 16, hidden: int = 
                                        "expected 1 (the triton path)")
         for name, (_, fn) in probes.items():
             samples = [per_call_us(fn, calls, sync=False, clock=time.thread_time) for _ in range(repeats)]
-            shape = f"q 1x16x{rows}x128" if "rope" in name else f"{rows}x{hidden}"
-            rows_out.append({"what": name, "us": round(statistics.median(samples), 2),
-                             "min_us": round(min(samples), 2), "shape": shape,
+            rows_out.append({"what": name, "us": round(statistics.median(samples), 2), "min_us": round(min(samples), 2),
+                             "shape": f"q 1x16x{rows}x128" if "rope" in name else f"{rows}x{hidden}",
                              "python": platform.python_version(), "torch": torch.__version__,
-                             "cpu": platform.processor() or platform.machine(),
-                             "method": f"CPU stub (Triton launches no-ops): median of {repeats} means "
-                                       f"of {calls} calls, this thread's CPU time"})
+                             "cpu": platform.processor() or platform.machine(), "method": f"CPU stub (Triton launches "
+                             f"no-ops): median of {repeats} means of {calls} calls, this thread's CPU time"})
     for r in rows_out:
         echo(f"{r['what']:45s} {r['shape']:>15s} {r['us']:8.2f} us (min {r['min_us']:.2f})  {r['method']}")
     return rows_out
@@ -212,9 +200,8 @@ def cpu_stub(repeats: int = 7, calls: int = 2000, rows: int = 16, hidden: int = 
 def main(argv=None) -> int:
     """python -m liger_rt.tools.bench.host_overhead --cpu-stub [--repeats N --calls N --rows M --hidden N]"""
     import argparse
-    p = argparse.ArgumentParser(prog="python -m liger_rt.tools.bench.host_overhead",
-                                description="Host microseconds of rms_norm, swiglu and rope fwd+bwd on CPU, "
-                                            "Triton launches stubbed.")
+    p = argparse.ArgumentParser(prog="python -m liger_rt.tools.bench.host_overhead", description="Host microseconds "
+                                "of rms_norm, swiglu and rope fwd+bwd on CPU, Triton launches stubbed.")
     p.add_argument("--cpu-stub", action="store_true", required=True, help="the CPU stub probe (no GPU needed)")
     for name, default in (("--repeats", 7), ("--calls", 2000), ("--rows", 16), ("--hidden", 1024)):
         p.add_argument(name, type=int, default=default)

@@ -1,39 +1,27 @@
 """Fused linear log-probs and entropy (RL's per-token log p(action) and entropy from hidden states).
 
-    python -m liger_rt.tools.bench.logprobs [--quick] [--no-compile] [--tokens 8192] [--out DIR]
+    python -m liger_rt.tools.bench.logprobs [--quick] [--no-compile] [--tokens 8192] [--rounds 3] [--out DIR]
 
-Cases: bf16 (tokens, hidden, vocab) = (16384, 2560, 151936) and (8192, 2048, 65536), 10% ignored targets,
-temperature 1.  Passes:
-- `fwdbwd`: log-probs and entropy, then autograd.grad of sum(lp * g_lp + H * g_H) into x and W with random
-  upstream gradients g_lp, g_H (what a PPO/GRPO loss does to them);
-- `fwd_nograd`: log-probs and entropy under torch.no_grad() (old-policy and reference-model log-probs).
-Arms:
-- `liger_rt`: liger_rt.ops.fused_linear_logprobs (whatever dispatch picks; the config is recorded);
-- `eager`: the materialised path RL code runs today: logits = x @ W.T (bf16), log_softmax of logits.float() / T,
-  gather, entropy = -(p * logp).sum(-1); `compile`: torch.compile of it;
-- `trl`: TRL's tiled fused LM head (trl.kernels.ChunkedLogProbFunction, as trl's add_fused_lm_head calls it:
-  valid rows compacted, 32768-wide vocab tiles, entropy requested);
-- `liger_kernel`: Liger-Kernel's selected-token log-probs (liger_kernel.ops.grpo_loss.fused_selective_log_softmax)
-  on materialised bf16 logits: no-grad and log-probs only, so its `fwdbwd` row says why it is absent.
-An arm whose package does not import is skipped with the reason.  Columns: `ms` (median wall time,
-triton.testing.do_bench), `dev_ms` (liger_rt.autotune.time_fn: CUDA-graph device time, or do_bench where the arm
-cannot be captured; `dev_ms_method` says which), `peak_GB` (memory the call allocates beyond what is live before
-it, the gradients it returns included), `err_lp`/`err_ent` (max abs against an fp64 formula of the same bf16
-inputs), `err_dx`/`err_dw` (relative L2 against fp64).  The CSV (logprobs_<device>[_quick].csv) carries the
-version of every peer.
+Cases: bf16 (tokens, hidden, vocab) = (16384, 2560, 151936) and (8192, 2048, 65536), 10% ignored targets.  Passes:
+`fwdbwd` (log-probs and entropy, then autograd.grad of sum(lp * g_lp + H * g_H) into x and W, as a PPO/GRPO loss
+does) and `fwd_nograd` (old-policy and reference-model log-probs).  Arms: `liger_rt` (as dispatched), `eager` (the
+materialised path: bf16 logits, log_softmax in fp32) and `compile` of it, `trl` (trl.kernels.ChunkedLogProbFunction
+as add_fused_lm_head calls it) and `liger_kernel` (fused_selective_log_softmax on materialised logits, no-grad only);
+an arm whose package does not import is skipped with the reason.  Columns: `ms` (do_bench median), `dev_ms`
+(autotune.time_fn: CUDA-graph device time, or do_bench where the arm cannot be captured), `peak_GB` (what the call
+allocates beyond what is live before it, returned gradients included), `err_lp`/`err_ent` (max abs against an fp64
+formula of the same inputs), `err_dx`/`err_dw` (relative L2 against fp64).  The CSV carries every peer's version.
 """
 from __future__ import annotations
 
 import gc
-import json
-from pathlib import Path
 from typing import Callable
 
 import click
 import torch
 
-from . import _need_gpu
-from .harness import device_tag, dist_version, format_table, peak_extra_gb, peer, versions, write_csv
+from . import _OUT, _need_gpu
+from .harness import csv_path, decision_text, dist_version, format_table, peak_extra_gb, peer, versions, write_csv
 
 OP = "fused_linear_logprobs"
 SPECS = [dict(op=OP, tokens=8192, hidden=2048, vocab=65536, quick=True),
@@ -42,11 +30,8 @@ TEMPERATURE = 1.0
 PASSES = ("fwdbwd", "fwd_nograd")
 PEERS = {"trl": "trl", "liger_kernel": "liger-kernel"}        # CSV column -> distribution
 
-
-# -- inputs and the fp64 reference ------------------------------------------------------------------
-
 def make_inputs(tokens: int, hidden: int, vocab: int, dtype=torch.bfloat16, device="cuda", seed=0):
-    """x, W (logits of std ~4, as a trained head's spread), targets with 10% ignored, g_lp, g_H."""
+    """x, W (logits of std ~4, a trained head's spread), targets with 10% ignored, g_lp, g_H."""
     g = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(tokens, hidden, device=device, generator=g).to(dtype)
     w = (torch.randn(vocab, hidden, device=device, generator=g) * (4.0 / hidden ** 0.5)).to(dtype)
@@ -57,7 +42,7 @@ def make_inputs(tokens: int, hidden: int, vocab: int, dtype=torch.bfloat16, devi
 
 
 def reference(x, w, t, g_lp, g_h, temperature=TEMPERATURE, rows=1024):
-    """(lp, H, dx, dW) in fp64, 1024 token rows at a time (the fp64 logits of one block at most)."""
+    """(lp, H, dx, dW) in fp64, `rows` token rows at a time."""
     w64 = w.detach().double().requires_grad_()
     blocks = []
     for s in range(0, x.shape[0], rows):
@@ -90,8 +75,7 @@ def ours(x, w, t):
 
 
 def trl_arm(echo=print) -> Callable | None:
-    fn = peer("trl.kernels", "ChunkedLogProbFunction", echo)
-    if fn is None:
+    if (fn := peer("trl.kernels", "ChunkedLogProbFunction", echo)) is None:
         return None
     note = ""
     try:        # its backward imports this at call time; it needs accelerate, datasets, pandas, ...
@@ -121,8 +105,7 @@ def trl_arm(echo=print) -> Callable | None:
 
 
 def liger_arm(echo=print) -> Callable | None:
-    fn = peer("liger_kernel.ops.grpo_loss", "fused_selective_log_softmax", echo)
-    if fn is None:
+    if (fn := peer("liger_kernel.ops.grpo_loss", "fused_selective_log_softmax", echo)) is None:
         return None
 
     def arm(x, w, t):
@@ -148,8 +131,6 @@ def arms(compile_: bool, echo=print) -> dict[str, Callable | str]:
     return out
 
 
-# -- measuring ----------------------------------------------------------------------------------------
-
 def _timed(fn: Callable, quick: bool, device: str) -> dict:
     from liger_rt import autotune
     if device != "cuda":        # the plumbing check on CPU: wall time only
@@ -160,22 +141,20 @@ def _timed(fn: Callable, quick: bool, device: str) -> dict:
     return {"ms": wall, "dev_ms": dev, "dev_ms_method": method, "peak_GB": peak_extra_gb(fn)}
 
 
-def _max_abs(a, b) -> float:
-    return float((a.double() - b).abs().max())
-
-
-def _rel(a, b) -> float:
-    return float((a.double() - b).norm() / b.norm().clamp_min(1e-30))
+def _err(a, b, rel: bool = False) -> float:
+    """max |a - b|, or with `rel` ||a - b|| / ||b||, against the fp64 `b`."""
+    diff = a.double() - b
+    return float(diff.norm() / b.norm().clamp_min(1e-30) if rel else diff.abs().max())
 
 
 def measure(spec: dict, arm_set: dict, *, quick: bool, device: str = "cuda", rnd: int = 0, echo=print) -> list[dict]:
     """Every arm of `arm_set` (from :func:`arms`, shared by the rounds: a compiled arm compiles once) on one case, in
-    its order on even rounds and reversed on odd ones (counterbalanced repeats)."""
+    its order on even rounds and reversed on odd ones."""
     from liger_rt import dispatch
+    from liger_rt.autotune import _why
     from liger_rt.kernels._common import dtype_name
     dims = {k: spec[k] for k in ("tokens", "hidden", "vocab")}
-    x, w, t, g_lp, g_h = make_inputs(**dims, dtype=torch.bfloat16 if device == "cuda" else torch.float32,
-                                     device=device)
+    x, w, t, g_lp, g_h = make_inputs(**dims, dtype=torch.bfloat16 if device == "cuda" else torch.float32, device=device)
     ref_lp, ref_ent, ref_dx, ref_dw = reference(x, w, t, g_lp, g_h)
     d = dispatch.select(OP, dtype=dtype_name(x.dtype), arch=None if device == "cuda" else "cpu", **dims)
     label = {"op": OP, **dims, "dtype": d.dtype, "temperature": TEMPERATURE, "quick": quick, "round": rnd}
@@ -185,8 +164,7 @@ def measure(spec: dict, arm_set: dict, *, quick: bool, device: str = "cuda", rnd
         if isinstance(fn, str):
             rows += [{**label, "impl": name, "pass": p, "error": f"skipped: {fn}"} for p in PASSES]
             continue
-        desc = (f"{d.impl} {json.dumps(dict(d.config), sort_keys=True)} ({d.origin})" if name == "liger_rt"
-                else getattr(fn, "desc", ""))
+        desc = decision_text(d) if name == "liger_rt" else getattr(fn, "desc", "")
         xs, ws = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
 
         def fwdbwd(fn=fn, xs=xs, ws=ws):
@@ -201,16 +179,15 @@ def measure(spec: dict, arm_set: dict, *, quick: bool, device: str = "cuda", rnd
             try:
                 lp, ent = fwd_nograd()
                 scored = slice(0, -1) if name == "liger_kernel" else slice(None)
-                row.update(err_lp=_max_abs(lp[scored], ref_lp[scored]),
-                           err_ent=None if ent is None else _max_abs(ent, ref_ent))
+                row.update(err_lp=_err(lp[scored], ref_lp[scored]), err_ent=None if ent is None else _err(ent, ref_ent))
                 del lp, ent
                 if p == "fwdbwd":
                     dx, dw = fwdbwd()
-                    row.update(err_dx=_rel(dx, ref_dx), err_dw=_rel(dw, ref_dw))
+                    row.update(err_dx=_err(dx, ref_dx, rel=True), err_dw=_err(dw, ref_dw, rel=True))
                     del dx, dw
                 row.update(_timed(run, quick, device))
             except Exception as exc:          # an arm that cannot take the case: recorded, never fatal
-                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                row["error"] = _why(exc)
                 echo(f"  {name} {p}: {row['error']}")
             rows.append(row)
             gc.collect()
@@ -233,7 +210,7 @@ def _relative(rows: list[dict]) -> None:
 
 
 def _median_rows(rows: list[dict]) -> dict[str, dict]:
-    """impl -> its row with the median ms over the rounds (the middle one of an odd count) and the spread (min..max)."""
+    """impl -> its row with the median ms over the rounds and the spread (min..max)."""
     out = {}
     for impl in dict.fromkeys(r["impl"] for r in rows):
         runs = sorted((r for r in rows if r["impl"] == impl), key=lambda r: r["ms"])
@@ -243,27 +220,22 @@ def _median_rows(rows: list[dict]) -> dict[str, dict]:
 
 
 def verdicts(rows: list[dict]) -> list[str]:
-    """The issue's targets for the liger_rt fwdbwd row of each case: time <= torch.compile's, peak memory <= 1/4 of
-    it, faster than TRL and Liger-Kernel (in the same run; the median over the counterbalanced rounds if several)."""
+    """The targets of each case's liger_rt fwdbwd row (median over the rounds): time <= torch.compile's and TRL's,
+    peak memory <= 1/4 of compile's."""
     lines = []
     for key in dict.fromkeys((r["tokens"], r["hidden"], r["vocab"]) for r in rows):
         by = _median_rows([r for r in rows if (r["tokens"], r["hidden"], r["vocab"]) == key
                            and r["pass"] == "fwdbwd" and r.get("ms")])
-        ours_row, name = by.get("liger_rt"), "T{} H{} V{}".format(*key)
-        if ours_row is None:
+        mine, name = by.get("liger_rt"), "T{} H{} V{}".format(*key)
+        if mine is None:
             lines.append(f"{name}: liger_rt did not run")
             continue
-        parts = []
-        for peer_name in ("compile", "trl"):
-            if peer_name in by:
-                ok = ours_row["ms"] <= by[peer_name]["ms"]
-                parts.append(f"{'ok' if ok else 'MISSED'} time vs {peer_name} "
-                             f"({ours_row['ms']:.4g} vs {by[peer_name]['ms']:.4g} ms; median of {ours_row['runs']}, "
-                             f"spread {ours_row['spread']} vs {by[peer_name]['spread']})")
-        if "compile" in by and by["compile"].get("peak_GB") and ours_row.get("peak_GB"):
-            ok = ours_row["peak_GB"] <= by["compile"]["peak_GB"] / 4
-            parts.append(f"{'ok' if ok else 'MISSED'} peak <= 1/4 compile "
-                         f"({ours_row['peak_GB']:.3g} vs {by['compile']['peak_GB']:.3g} GB)")
+        parts = [f"{'ok' if mine['ms'] <= by[p]['ms'] else 'MISSED'} time vs {p} ({mine['ms']:.4g} vs "
+                 f"{by[p]['ms']:.4g} ms; median of {mine['runs']}, spread {mine['spread']} vs {by[p]['spread']})"
+                 for p in ("compile", "trl") if p in by]
+        if "compile" in by and by["compile"].get("peak_GB") and mine.get("peak_GB"):
+            parts.append(f"{'ok' if mine['peak_GB'] <= by['compile']['peak_GB'] / 4 else 'MISSED'} peak <= 1/4 "
+                         f"compile ({mine['peak_GB']:.3g} vs {by['compile']['peak_GB']:.3g} GB)")
         lines.append(f"{name} fwdbwd: " + "; ".join(parts or ["no peer ran"]))
     return lines
 
@@ -274,14 +246,13 @@ COLUMNS = ["tokens", "hidden", "vocab", "round", "impl", "pass", "ms", "dev_ms",
 
 def run(*, quick: bool = False, compile_: bool = True, tokens: tuple[int, ...] = (), out_dir="benchmarks/results",
         specs: list[dict] | None = None, device: str = "cuda", echo: Callable = print, rounds: int = 1) -> list[dict]:
-    """Every selected case `rounds` times, the arm order reversed every other round; one CSV rewritten after each
-    round (a run cut short keeps what it measured)."""
+    """Every selected case `rounds` times, the arm order reversed every other round; the CSV rewritten after each."""
     specs = [s for s in (specs or SPECS) if (s.get("quick") or not quick) and (not tokens or s["tokens"] in tokens)]
     if not specs:
         raise ValueError(f"no case has tokens in {list(tokens)}; cases: {', '.join(str(s['tokens']) for s in SPECS)}")
     peers = {col: dist_version(dist) or "not installed" for col, dist in PEERS.items()}
     echo(f"versions: {({**versions(), **peers})}")
-    path = Path(out_dir) / f"logprobs_{device_tag()}{'_quick' if quick else ''}.csv"
+    path = csv_path(out_dir, "logprobs", quick)
     rows: list[dict] = []
     for spec in specs:
         arm_set = arms(compile_ and not quick, echo)
@@ -290,9 +261,7 @@ def run(*, quick: bool = False, compile_: bool = True, tokens: tuple[int, ...] =
                  f"round {rnd + 1}/{rounds}")
             rows += [{**r, **peers} for r in measure(spec, arm_set, quick=quick, device=device, rnd=rnd, echo=echo)]
             write_csv(rows, path)
-    echo(format_table(rows, COLUMNS))
-    echo("\n".join(verdicts(rows)))
-    echo(f"wrote {path}")
+    echo("\n".join([format_table(rows, COLUMNS), *verdicts(rows), f"wrote {path}"]))
     return rows
 
 
@@ -302,8 +271,7 @@ def run(*, quick: bool = False, compile_: bool = True, tokens: tuple[int, ...] =
 @click.option("--tokens", multiple=True, type=int, help="Only the case(s) with these token counts (repeatable).")
 @click.option("--rounds", default=1, show_default=True, type=click.IntRange(1, 9),
               help="Measure every case this many times, the arm order reversed every other round (medians).")
-@click.option("--out", "out_dir", default="benchmarks/results", show_default=True, type=click.Path(file_okay=False),
-              help="Folder for the CSV.")
+@_OUT
 def main(quick, no_compile, tokens, rounds, out_dir):
     """fused_linear_logprobs fwd+bwd and no-grad forward vs the materialised path, TRL and Liger-Kernel."""
     _need_gpu("the log-probs benchmark")

@@ -1,14 +1,11 @@
 """One SFT training step: baseline against liger_rt.patch (and Liger-Kernel's patch), counterbalanced (`arm_order`;
 docs/cli.md, "bench").
 
-Each run builds a fresh model from the same seed (random weights, no hub download) and runs warm-up + measured steps
-on the same random batch (labels = input_ids, AdamW, sdpa): the median of the synchronized step times, tokens/s, the
-peak allocated memory of the measured steps and every step's loss (the loss curves of all runs must overlap).  Model
-TFLOP/s is an estimate (`train_flops_per_step`); mfu is its fraction of the bf16 matmul ceiling measured in the same
-process.  A compiled arm records dynamo's graph breaks and unique graphs and `compile_s`, what the warm-up steps took
-beyond a steady step; one that fails is a row with its `error`.
+Each run builds a fresh model from the same seed (random weights, sdpa) and trains on the same random batch (labels =
+input_ids, AdamW): median synchronized step time, tokens/s, peak allocated memory and every step's loss (the loss
+curves of all runs must overlap).  Model TFLOP/s is an estimate (`train_flops_per_step`), mfu its fraction of the
+measured bf16 matmul ceiling.  A compiled arm records dynamo's graph breaks and `compile_s`.
 
-    from liger_rt.tools.bench.model import run_model_bench
     rows = run_model_bench("qwen3", "tiny", batch=2, seq=16, steps=3, warmup=1, device="cpu")
 """
 from __future__ import annotations
@@ -55,22 +52,20 @@ _LFM2 = dict(model_type="lfm2", preset="lfm2-1.2b", anchor_tok_per_s=50461.0, an
 _LFM2MOE = dict(model_type="lfm2_moe", preset="lfm2-8b-a1b", layers=8, attention_layers=(2, 5),
                 anchor_tok_per_s=67832.0, anchor_peak_GB=30.55, target_tok_per_s=110000.0, target_peak_GB=21.9)
 _ROPE = {"rope": True}
-TARGETS = {
-    "qwen3": _QWEN3,
-    "lfm2": _LFM2,
-    "qwen3rope": dict(_QWEN3, flags=_ROPE, liger_kernel=False),
-    "lfm2rope": dict(_LFM2, flags=_ROPE),
-    "lfm2moe": _LFM2MOE,
-    "lfm2moerope": dict(_LFM2MOE, flags=_ROPE),
-}
+TARGETS = {"qwen3": _QWEN3, "lfm2": _LFM2, "qwen3rope": dict(_QWEN3, flags=_ROPE, liger_kernel=False),
+           "lfm2rope": dict(_LFM2, flags=_ROPE), "lfm2moe": _LFM2MOE, "lfm2moerope": dict(_LFM2MOE, flags=_ROPE)}
 TARGET_SHAPE = (4, 2048)      # the batch x seq of the anchors and targets
 RUN_KEYS = ("model_type", "preset", "layers", "attention_layers", "config", "flags", "liger_kernel")
+
+
+def _parts(text: str | None):
+    return filter(None, (p.strip() for p in (text or "").split(",")))
 
 
 def parse_flags(text: str | None) -> dict[str, bool]:
     """'rms_norm=1,fused_linear_cross_entropy=0,swiglu' -> {'rms_norm': True, ...}."""
     out = {}
-    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+    for part in _parts(text):
         key, _, val = part.partition("=")
         val = val.strip().lower() or "1"
         if val not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
@@ -82,7 +77,7 @@ def parse_flags(text: str | None) -> dict[str, bool]:
 def parse_config(text: str | None) -> dict:
     """'tie_word_embeddings=true,rope_theta=1e6' -> {'tie_word_embeddings': True, 'rope_theta': 1000000.0}."""
     out = {}
-    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+    for part in _parts(text):
         key, eq, val = part.partition("=")
         if not eq or not key.strip():
             raise ValueError(f"{part!r}: expected key=value")
@@ -94,7 +89,7 @@ def parse_config(text: str | None) -> dict:
 
 
 def bench_preset(model_type: str, preset, layers: int | None = None, attention_layers: tuple | None = None):
-    """The Preset to build (a name, `tiny`, PATH.json or a Preset), with the layer count changed."""
+    """The Preset (a name, `tiny`, PATH.json or a Preset) with the layer count changed."""
     from liger_rt.tools.presets import TINY_FOR_MODEL, get_preset, presets_for
     if model_type not in TINY_FOR_MODEL:
         raise ValueError(f"unknown model type {model_type!r}; valid: {', '.join(TINY_FOR_MODEL)}")
@@ -124,8 +119,8 @@ def bench_preset(model_type: str, preset, layers: int | None = None, attention_l
 
 
 def config_overrides(model_type: str, config: dict | None = None, experts_implementation: str | None = None) -> dict:
-    """The config keywords every arm's model is built with: `config`, and for the MoE families the experts'
-    implementation (default grouped_mm, the baseline the targets were set against)."""
+    """Every arm's config keywords: `config`, and for MoE the experts' implementation (default grouped_mm, the
+    baseline the targets were set against)."""
     overrides = dict(config or {})
     if model_type in ("lfm2_moe", "qwen3_moe"):
         overrides["experts_implementation"] = experts_implementation or "grouped_mm"
@@ -137,24 +132,22 @@ def config_overrides(model_type: str, config: dict | None = None, experts_implem
 def target_setup(name: str) -> tuple:
     """A `bench model` target as the profile scripts build it: (preset, patch flags, config overrides)."""
     t = TARGETS[name]
-    preset = bench_preset(t["model_type"], t["preset"], t.get("layers"), t.get("attention_layers"))
-    return preset, {"fused_linear_cross_entropy": True, **t.get("flags", {})}, config_overrides(t["model_type"],
-                                                                                                  t.get("config"))
+    return (bench_preset(t["model_type"], t["preset"], t.get("layers"), t.get("attention_layers")),
+            {"fused_linear_cross_entropy": True, **t.get("flags", {})},
+            config_overrides(t["model_type"], t.get("config")))
 
 
 def build(preset, dtype, device, seed: int, overrides: dict):
-    """A fresh model from the preset (random weights from `seed`, sdpa attention)."""
     from liger_rt.tools.models import build_model
     return build_model(preset, dtype=dtype, device=device, seed=seed, attn_implementation="sdpa", **overrides)
 
 
 def _text_config(model):
-    cfg = model.config
-    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
 
 
 def random_ids(model, batch: int, seq: int, seed: int, device: str):
-    """Random tokens fixed by seed, without the model's image/video placeholder tokens."""
+    """Random tokens fixed by seed, without the image/video placeholder tokens."""
     vocab = int(_text_config(model).vocab_size)
     ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed + 1))
     for attr in ("image_token_id", "image_token_index", "video_token_id", "video_token_index"):
@@ -165,9 +158,9 @@ def random_ids(model, batch: int, seq: int, seed: int, device: str):
 
 
 def train_flops_per_step(model, batch: int, seq: int) -> float:
-    """6 * active matmul params * tokens + causal attention (3 * 2 * seq * heads * head_dim per token and attention
-    layer).  Active: weights of >= 2 dims except the input embedding and the vision tower, experts scaled by top_k /
-    experts, the LM head once even if tied."""
+    """6 * active matmul params * tokens + attention (6 * seq * heads * head_dim per token and attention layer).
+    Active: weights of >= 2 dims except the input embedding and the vision tower, experts scaled by top_k / experts,
+    the LM head once even if tied."""
     tc = _text_config(model)
     emb, head = model.get_input_embeddings().weight, model.get_output_embeddings()
     head_w = head.weight if head is not None else None
@@ -191,8 +184,8 @@ def train_flops_per_step(model, batch: int, seq: int) -> float:
 
 
 class LigerKernelPatch:
-    """Liger-Kernel's instance patch, with the module-level changes it makes (classes and rope functions of the HF
-    modeling modules, F.cross_entropy) undone after the run."""
+    """Liger-Kernel's instance patch; `undo` reverts its module-level changes (the HF modeling modules' classes and
+    functions, F.cross_entropy)."""
 
     def __init__(self):
         self.saved: list[tuple[object, dict]] = []
@@ -231,8 +224,8 @@ class LigerKernelPatch:
 
 
 def compile_stats(arm: str) -> dict:
-    """Dynamo's counters since the last reset: graph breaks, unique graphs, the first break reasons; and the
-    compile policy the arm ran under (what liger_rt's ops traced)."""
+    """Dynamo's counters since the last reset (graph breaks, unique graphs, the first break reasons) and the arm's
+    compile policy."""
     from torch._dynamo.utils import counters
     breaks = counters["graph_break"]
     reasons = [str(k).strip().splitlines()[0][:120] for k in list(breaks)[:3]]
@@ -241,7 +234,7 @@ def compile_stats(arm: str) -> dict:
 
 
 def arm_policy(arm: str) -> str:
-    """The LIGER_RT_COMPILE_POLICY a compiled arm runs under: its own (POLICY_ARMS), else the environment's."""
+    """The LIGER_RT_COMPILE_POLICY of a compiled arm: its own (POLICY_ARMS), else the environment's."""
     from liger_rt import env
     return POLICY_ARMS.get(arm) or env.compile_policy()
 
@@ -253,8 +246,7 @@ def _reset_dynamo() -> None:
 
 
 def apply_arm(model, base: str, flags: dict) -> Callable[[], None] | None:
-    """Patch `model` as an arm's base says (liger_rt with `flags`, liger_kernel; baseline: left as it is);
-    returns what undoes it, or None."""
+    """Patch `model` for an arm's base (liger_rt with `flags`, liger_kernel, baseline as is); returns the undo."""
     import liger_rt.patch as P
     if base == "liger_rt":
         try:
@@ -274,7 +266,7 @@ def apply_arm(model, base: str, flags: dict) -> Callable[[], None] | None:
 
 
 def step_fn(model, opt, ids) -> Callable[[], torch.Tensor]:
-    """One training step on `ids` (labels = input ids): forward, backward, optimizer step; returns the loss."""
+    """One training step on `ids` (labels = input ids); returns the loss."""
     def step():
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -285,9 +277,8 @@ def step_fn(model, opt, ids) -> Callable[[], torch.Tensor]:
 
 
 def train_steps(model, opt, ids, warmup: int, steps: int, cuda: bool) -> tuple[dict, float]:
-    """warmup + steps training steps on `ids` (labels = input ids), each timed between two synchronisations: the
-    measured steps' median/min/max ms, tokens/s, peak allocated and reserved GB (CUDA), first, last and every step's
-    loss; and what the warm-up steps took beyond a steady step (seconds)."""
+    """warmup + steps steps, each timed between two synchronisations: (the measured steps' median/min/max ms,
+    tokens/s, peak allocated and reserved GB, the losses; seconds the warm-up steps took beyond a steady step)."""
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     step = step_fn(model, opt, ids)
     losses, times = [], []
@@ -311,8 +302,8 @@ def train_steps(model, opt, ids, warmup: int, steps: int, cuda: bool) -> tuple[d
 
 def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, seq, ids, steps, warmup, lr,
              compile_backend="inductor", compile_mode="default") -> dict:
-    """One run: a fresh model, the arm's patch (then torch.compile for a +compile arm), warm-up + measured steps.
-    `ids` None on the first run (drawn from the model's vocab here and returned for the later runs)."""
+    """One run: a fresh model, the arm's patch (then torch.compile), warm-up + measured steps.  `ids` None on the
+    first run (drawn here and returned for the later runs)."""
     cuda = device == "cuda"
     base, compiled = arm.split("+")[0], arm in COMPILED
     gc.collect()
@@ -343,8 +334,7 @@ def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, 
 
 
 def arm_order(arms) -> list[str]:
-    """The counterbalanced run order of a set of arms: the eager and compiled arms, Liger-Kernel's two runs in the
-    middle, then the first ones in reverse."""
+    """Counterbalanced: the eager and compiled arms, Liger-Kernel's two runs, then the first ones in reverse."""
     first = [a for a in ("baseline", "liger_rt", *COMPILED) if a in arms]
     return [*first, *(["liger_kernel"] * 2 if "liger_kernel" in arms else []), *reversed(first)]
 
@@ -375,11 +365,10 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
                     ceilings: dict | None = None, compile: bool = False, compile_backend="inductor",
                     compile_mode: str = "default", arms: tuple | None = None,
                     echo: Callable | None = print) -> list[dict]:
-    """Rows of one model: one per run (kind="run", in run order) and one per arm (kind="summary": mean tokens/s, max
-    peak, speedup and memory against baseline, loss-curve difference).  `flags` go to liger_rt.patch on top of
-    {fused_linear_cross_entropy: True}; `config` holds transformers config overrides for every arm.  `compile` adds
-    the arms baseline+compile and liger_rt+compile (torch.compile with `compile_backend`, a name or a callable, and
-    `compile_mode`); `arms` picks the arms outright (baseline among them; the POLICY_ARMS only so)."""
+    """Rows of one model: one per run (kind="run", in run order) and one per arm (kind="summary").  `flags` go to
+    liger_rt.patch over {fused_linear_cross_entropy: True}; `config`: transformers config overrides of every arm.
+    `compile` adds baseline+compile and liger_rt+compile (`compile_backend`: a name or a callable); `arms` picks the
+    arms outright (baseline among them; the POLICY_ARMS only so)."""
     from liger_rt.kernels._common import dtype_name, parse_dtype
     echo = echo or (lambda s: None)
     dt, device = parse_dtype(dtype), ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
@@ -461,7 +450,7 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
 
 
 def _dry_patch(preset, overrides: dict, flags: dict) -> None:
-    """liger_rt.patch on the same model built on the meta device (no memory); other errors are the run's."""
+    """liger_rt.patch of the model built on the meta device: a rejected flag or model fails before any timing."""
     import liger_rt.patch as P
     try:
         model = build(preset, torch.float32, "meta", 0, overrides)
@@ -477,9 +466,9 @@ def _dry_patch(preset, overrides: dict, flags: dict) -> None:
 
 
 def summarize_runs(run_rows: list[dict]) -> list[dict]:
-    """One row per arm: tokens/s the mean of its runs, median ms = batch*seq / that, peak the max, speedup and memory
-    against baseline (and tokens/s against baseline+compile when it ran), loss-curve overlap against the first
-    baseline run.  Failed runs count in no figure; an arm whose every run failed is a row with its error."""
+    """One row per arm: mean tokens/s, median ms = batch*seq / that, max peak, speedup and memory against baseline
+    (tokens/s against baseline+compile when it ran), loss-curve overlap against the first baseline run.  Failed runs
+    count in no figure; an arm whose every run failed is a row with its error."""
     out, base = [], None
     tol = LOSS_RTOL[run_rows[0]["dtype"]]
     drop = ("run_index", "min_step_ms", "max_step_ms", "losses", "build_s")
@@ -570,15 +559,14 @@ def run_targets(names: list[str], *, out_dir: str = "benchmarks/results", quick:
                 warmup: int | None = None, shapes: list | None = None, liger_kernel: bool = True,
                 csv_path: str | None = None, echo: Callable = print, arms: tuple | None = None,
                 **compile_kw) -> list[str]:
-    """The model-step runs (TARGETS) on the GPU at each (batch, seq) of `shapes` (default TARGET_SHAPE), into
-    model_<device>[_quick].csv or `csv_path`, written after every run (a partial run keeps the other targets' and
-    shapes' rows).  Anchors and targets ride along in the rows of TARGET_SHAPE, the shape they were measured at, where
-    the liger_rt summary says whether it meets its target.  `compile_kw` (compile, compile_backend, compile_mode) go
-    and `arms` (None: the target's own) go to run_model_bench.  Returns the runs that failed, as name or name@BxT."""
-    from .harness import device_tag, write_csv
+    """The TARGETS runs on the GPU at each (batch, seq) of `shapes`, into `csv_path` or model_<device>[_quick].csv,
+    written after every run.  Anchors and targets ride along in the rows of TARGET_SHAPE, where the liger_rt summary
+    says whether it meets its target.  `compile_kw` and `arms` (None: the target's own) go to run_model_bench.
+    Returns the runs that failed, as name or name@BxT."""
+    from .harness import csv_path as default_csv, write_csv
     steps, warmup = steps or (8 if quick else 20), (3 if quick else 5) if warmup is None else warmup
     shapes = list(shapes or [TARGET_SHAPE])
-    path = Path(csv_path) if csv_path else Path(out_dir) / f"model_{device_tag()}{'_quick' if quick else ''}.csv"
+    path = Path(csv_path) if csv_path else default_csv(out_dir, "model", quick)
     ceilings, rows, failed = measure_ceilings(quick=True), [], []
     for (b, sq) in shapes:
         for name in names:

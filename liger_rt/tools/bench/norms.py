@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from .harness import Arm, Case, peer
 
 _GBPS = {"rms_norm": (3800, 2600), "swiglu": (4000, 3400), "layer_norm": (3600, 2400)}
+_PEER = {"rms_norm": "LigerRMSNormFunction", "swiglu": "LigerSiLUMulFunction", "layer_norm": "LigerLayerNormFunction"}
 
 
 def _spec(op, dim, m, n, quick=False, target=True):
@@ -47,21 +48,15 @@ def build(spec: dict, dtype, device: str, echo=print) -> Case:
         return (shift + scale * torch.randn(*shape, generator=g, device=device)).to(parse_dtype(dtype))
     dy = rand(m, n)
     if op == "rms_norm":
-        ins = (rand(m, n, scale=2.0), rand(n, scale=0.3, shift=1.0))
-        ours, eager, elems = (lambda x, w: ops.rms_norm(x, w, 1e-6)), Arm(hf_rms_norm, "LlamaRMSNorm.forward"), (2, 5)
-        lk = peer("liger_kernel.ops.rms_norm", "LigerRMSNormFunction", echo)
-        peers = {"liger_kernel": Arm(lambda x, w: lk.apply(x, w, 1e-6), "LigerRMSNormFunction")} if lk else {}
+        ins, eager = (rand(m, n, scale=2.0), rand(n, scale=0.3, shift=1.0)), Arm(hf_rms_norm, "LlamaRMSNorm.forward")
     elif op == "swiglu":
-        ins = (rand(m, n, scale=3.0), rand(m, n))
-        ours, eager, elems = ops.swiglu, Arm(lambda a, b: F.silu(a) * b, "F.silu(g) * u"), (3, 8)
-        lk = peer("liger_kernel.ops.swiglu", "LigerSiLUMulFunction", echo)
-        peers = {"liger_kernel": Arm(lk.apply, "LigerSiLUMulFunction")} if lk else {}
+        ins, eager = (rand(m, n, scale=3.0), rand(m, n)), Arm(lambda a, b: F.silu(a) * b, "F.silu(g) * u")
     else:
         ins = (rand(m, n, scale=2.0, shift=1.5), rand(n, scale=0.5, shift=1.0), rand(n, scale=0.5))
-        ours, elems = (lambda x, w, b: ops.layer_norm(x, w, b, 1e-6)), (2, 5)
         eager = Arm(lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-6), "F.layer_norm")
-        lk = peer("liger_kernel.ops.layer_norm", "LigerLayerNormFunction", echo)
-        peers = {"liger_kernel": Arm(lambda x, w, b: lk.apply(x, w, b, 1e-6), "LigerLayerNormFunction")} if lk else {}
-    s = dy.element_size()
-    return Case(spec, tuple(t.requires_grad_() for t in ins), ours, eager, (elems[0] * m * n * s, elems[1] * m * n * s),
-                dy=dy, peers=peers)
+    eps = () if op == "swiglu" else (1e-6,)
+    lk = peer(f"liger_kernel.ops.{op}", _PEER[op], echo)
+    peers = {"liger_kernel": Arm(lambda *a: lk.apply(*a, *eps), _PEER[op])} if lk else {}
+    mns = m * n * dy.element_size()
+    return Case(spec, tuple(t.requires_grad_() for t in ins), lambda *a: getattr(ops, op)(*a, *eps), eager,
+                (3 * mns, 8 * mns) if op == "swiglu" else (2 * mns, 5 * mns), dy=dy, peers=peers)
