@@ -41,11 +41,10 @@ def build(spec: dict, dtype, device: str, echo=print) -> Case:
     r = spec["rows"]
     logits = (torch.randn(r, v, generator=g, device=device) * 2.0).to(dt).requires_grad_()
     y = torch.randint(0, v, (r,), generator=g, device=device)
-    peers = {"liger_rt_inplace": Arm(lambda z, y: ops.cross_entropy(z.view_as(z), y, inplace_backward=True),
-                                     "ours, inplace_backward=True")}
     lk = peer("liger_kernel.transformers", "LigerCrossEntropyLoss", echo)
-    if lk:
-        peers["liger_kernel"] = Arm(lambda z, y, m=lk(): m(z.view_as(z), y), "LigerCrossEntropyLoss")
+    peers = {"liger_rt_inplace": Arm(lambda z, y: ops.cross_entropy(z.view_as(z), y, inplace_backward=True),
+                                     "ours, inplace_backward=True"),
+             **({"liger_kernel": Arm(lambda z, y, m=lk(): m(z.view_as(z), y), "LigerCrossEntropyLoss")} if lk else {})}
     return Case(spec, (logits, y), ops.cross_entropy,
                 Arm(lambda z, y: F.cross_entropy(z.float(), y), "F.cross_entropy(logits.float())"),
                 (0, 2 * r * v * logits.element_size()), peers=peers, passes=("fwdbwd",))

@@ -119,8 +119,7 @@ def bench_preset(model_type: str, preset, layers: int | None = None, attention_l
 
 
 def config_overrides(model_type: str, config: dict | None = None, experts_implementation: str | None = None) -> dict:
-    """Every arm's config keywords: `config`, and for MoE the experts' implementation (default grouped_mm, the
-    baseline the targets were set against)."""
+    """Every arm's config keywords: `config`; MoE: the experts' implementation (default grouped_mm, as the targets)."""
     overrides = dict(config or {})
     if model_type in ("lfm2_moe", "qwen3_moe"):
         overrides["experts_implementation"] = experts_implementation or "grouped_mm"
@@ -166,16 +165,11 @@ def train_flops_per_step(model, batch: int, seq: int) -> float:
     head_w = head.weight if head is not None else None
     experts = getattr(tc, "num_experts", None) or getattr(tc, "num_local_experts", None)
     top_k = getattr(tc, "num_experts_per_tok", None)
-    active, seen = 0.0, set()
-    for name, p in model.named_parameters():
-        if p.dim() < 2 or id(p) in seen or "vision" in name or "multi_modal_projector" in name:
-            continue
-        seen.add(id(p))
-        if p is emb and p is not head_w:
+    active = 0.0
+    for name, p in model.named_parameters():        # a tied weight once
+        if p.dim() < 2 or "vision" in name or "multi_modal_projector" in name or (p is emb and p is not head_w):
             continue
         active += p.numel() * (top_k / experts if p.dim() == 3 and experts and top_k and p.shape[0] == experts else 1)
-    if head_w is not None and id(head_w) not in seen:
-        active += head_w.numel()
     heads = int(tc.num_attention_heads)
     head_dim = int(getattr(tc, "head_dim", None) or tc.hidden_size // heads)
     types = getattr(tc, "layer_types", None)
@@ -184,8 +178,7 @@ def train_flops_per_step(model, batch: int, seq: int) -> float:
 
 
 class LigerKernelPatch:
-    """Liger-Kernel's instance patch; `undo` reverts its module-level changes (the HF modeling modules' classes and
-    functions, F.cross_entropy)."""
+    """Liger-Kernel's instance patch; `undo` reverts its module-level changes (HF modeling modules, F.cross_entropy)."""
 
     def __init__(self):
         self.saved: list[tuple[object, dict]] = []
@@ -224,8 +217,7 @@ class LigerKernelPatch:
 
 
 def compile_stats(arm: str) -> dict:
-    """Dynamo's counters since the last reset (graph breaks, unique graphs, the first break reasons) and the arm's
-    compile policy."""
+    """Dynamo's counters since the last reset (graph breaks, graphs, first break reasons) and the arm's policy."""
     from torch._dynamo.utils import counters
     breaks = counters["graph_break"]
     reasons = [str(k).strip().splitlines()[0][:120] for k in list(breaks)[:3]]
@@ -308,8 +300,7 @@ def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, 
     base, compiled = arm.split("+")[0], arm in COMPILED
     gc.collect()
     t0 = time.perf_counter()
-    model = build(preset, dtype, device, seed, overrides)
-    model.train()
+    model = build(preset, dtype, device, seed, overrides)      # in train mode
     undo = step_model = None
     try:
         undo = apply_arm(model, base, flags)
@@ -479,23 +470,21 @@ def summarize_runs(run_rows: list[dict]) -> list[dict]:
         if not rs:
             out.append({k: v for k, v in every[0].items() if k not in drop} | {"kind": "summary", "runs": 0})
             continue
-        batch_seq = rs[0]["batch"] * rs[0]["seq"]
-        tok = statistics.mean(r["tok_per_s"] for r in rs)
+        def mean(key):
+            return statistics.mean(r[key] for r in rs)
+        tok = mean("tok_per_s")
         peaks = [r["peak_alloc_GB"] for r in rs if r["peak_alloc_GB"] is not None]
         reserved = [r["peak_reserved_GB"] for r in rs if r.get("peak_reserved_GB") is not None]
         row = {k: v for k, v in rs[0].items() if k not in drop}
-        row.update(kind="summary", runs=len(rs), tok_per_s=tok, median_step_ms=batch_seq / tok * 1e3,
+        row.update(kind="summary", runs=len(rs), tok_per_s=tok, median_step_ms=row["batch"] * row["seq"] / tok * 1e3,
                    tok_per_s_spread=(max(r["tok_per_s"] for r in rs) - min(r["tok_per_s"] for r in rs)) / tok,
-                   peak_alloc_GB=max(peaks) if peaks else None,
-                   model_TFLOPs=statistics.mean(r["model_TFLOPs"] for r in rs),
-                   mfu=statistics.mean(r["mfu"] for r in rs) if rs[0]["mfu"] is not None else None,
-                   max_loss_diff=max(r["max_loss_diff"] for r in rs),
-                   loss_last=statistics.mean(r["loss_last"] for r in rs), error=errors)
+                   peak_alloc_GB=max(peaks) if peaks else None, model_TFLOPs=mean("model_TFLOPs"),
+                   mfu=mean("mfu") if rs[0]["mfu"] is not None else None,
+                   max_loss_diff=max(r["max_loss_diff"] for r in rs), loss_last=mean("loss_last"), error=errors)
         if reserved:
             row["peak_reserved_GB"] = max(reserved)
         if arm in COMPILED:
-            row.update(graph_breaks=max(r["graph_breaks"] for r in rs), compile_s=statistics.mean(
-                r["compile_s"] for r in rs))
+            row.update(graph_breaks=max(r["graph_breaks"] for r in rs), compile_s=mean("compile_s"))
         row["loss_rel_diff"] = row["max_loss_diff"] / (abs(run_rows[0]["loss_first"]) or 1.0)
         row["loss_curves_overlap"] = row["loss_rel_diff"] <= tol
         base = base or row
@@ -571,8 +560,7 @@ def run_targets(names: list[str], *, out_dir: str = "benchmarks/results", quick:
     for (b, sq) in shapes:
         for name in names:
             t, label = TARGETS[name], name if len(shapes) == 1 else f"{name}@{b}x{sq}"
-            run = {k: t[k] for k in RUN_KEYS if k in t}
-            run["liger_kernel"] = run.get("liger_kernel", True) and liger_kernel
+            run = {k: t[k] for k in RUN_KEYS if k in t} | {"liger_kernel": t.get("liger_kernel", True) and liger_kernel}
             try:
                 got = run_model_bench(**run, steps=steps, warmup=warmup, batch=b, seq=sq, dtype="bf16", device="cuda",
                                       ceilings=ceilings, echo=echo, arms=arms, **compile_kw)
