@@ -40,26 +40,18 @@ class Arch:
         return dataclasses.asdict(self)
 
 
-# Profiles: what we know of each arch without touching a device.  sm_count is the value of the
-# reference part (H100/H200 SXM, B200, A100, MI300X/MI325X, MI355X) and is replaced by the
-# device's own count when one is present.
-_PROFILES: dict[str, dict] = {
-    "hopper":    dict(vendor="nvidia", capability="sm90", device_name="NVIDIA H100/H200", sm_count=132,
-                      warp_size=32, max_num_warps=32, max_num_stages=5, smem_bytes=232448),
-    "blackwell": dict(vendor="nvidia", capability="sm100", device_name="NVIDIA B200", sm_count=148,
-                      warp_size=32, max_num_warps=32, max_num_stages=5, smem_bytes=232448),
-    "ampere":    dict(vendor="nvidia", capability="sm80", device_name="NVIDIA A100", sm_count=108,
-                      warp_size=32, max_num_warps=32, max_num_stages=4, smem_bytes=166912),
-    "mi300x":    dict(vendor="amd", capability="gfx942", device_name="AMD Instinct MI300X", sm_count=304,
-                      warp_size=64, max_num_warps=16, max_num_stages=2, smem_bytes=65536),
-    "mi325x":    dict(vendor="amd", capability="gfx942", device_name="AMD Instinct MI325X", sm_count=304,
-                      warp_size=64, max_num_warps=16, max_num_stages=2, smem_bytes=65536),
-    "mi355x":    dict(vendor="amd", capability="gfx950", device_name="AMD Instinct MI355X", sm_count=256,
-                      warp_size=64, max_num_warps=16, max_num_stages=2, smem_bytes=163840),
+# What we know of each arch without touching a device, in Arch's field order.  sm_count is the reference
+# part's (H100/H200 SXM, B200, A100, MI300X/MI325X, MI355X), replaced by the device's own when one is present.
+_PROFILES = {a.name: a for a in (
+    Arch("hopper",    "nvidia", "sm90",    "NVIDIA H100/H200",         132, 32, 32, 5, 232448),
+    Arch("blackwell", "nvidia", "sm100",   "NVIDIA B200",              148, 32, 32, 5, 232448),
+    Arch("ampere",    "nvidia", "sm80",    "NVIDIA A100",              108, 32, 32, 4, 166912),
+    Arch("mi300x",    "amd",    "gfx942",  "AMD Instinct MI300X",      304, 64, 16, 2, 65536),
+    Arch("mi325x",    "amd",    "gfx942",  "AMD Instinct MI325X",      304, 64, 16, 2, 65536),
+    Arch("mi355x",    "amd",    "gfx950",  "AMD Instinct MI355X",      256, 64, 16, 2, 163840),
     # The Triton interpreter ignores warps and stages; keep the candidate space tiny.
-    "cpu":       dict(vendor="cpu", capability="", device_name="cpu (Triton interpreter)", sm_count=2,
-                      warp_size=32, max_num_warps=4, max_num_stages=1, smem_bytes=1 << 30),
-}
+    Arch("cpu",       "cpu",    "",        "cpu (Triton interpreter)",   2, 32, 4, 1, 1 << 30),
+)}
 _GENERIC = {
     "nvidia": dict(vendor="nvidia", warp_size=32, max_num_warps=8, max_num_stages=2, smem_bytes=49152),
     "amd": dict(vendor="amd", warp_size=64, max_num_warps=8, max_num_stages=1, smem_bytes=32768),
@@ -74,7 +66,7 @@ def profile(name: str, *, forced: bool = False, **overrides) -> Arch:
     """The stored profile of an arch by name (no device needed)."""
     if name not in _PROFILES:
         raise ValueError(f"unknown arch {name!r}; valid arches: {', '.join(ARCH_NAMES)}")
-    return Arch(name=name, forced=forced, **{**_PROFILES[name], **overrides})
+    return dataclasses.replace(_PROFILES[name], forced=forced, **overrides)
 
 
 _warned_unknown: set[str] = set()
@@ -131,7 +123,9 @@ def _properties(index: int):
 
 
 @functools.lru_cache(maxsize=16)
-def _detect_device(index: int) -> Arch:
+def _detect_device(index: int | None) -> Arch:
+    if index is None:
+        return profile("cpu")
     props = _properties(index)
     name = getattr(props, "name", "unknown")
     sms = int(getattr(props, "multi_processor_count", 0) or 0)
@@ -164,21 +158,18 @@ def detect(device: torch.device | str | int | None = None) -> Arch:
     forces a profile."""
     forced = env.arch_override()
     index = _index(device)
-    if forced:
-        return profile(forced, forced=True)
-    return profile("cpu") if index is None else _detect_device(index)
+    return profile(forced, forced=True) if forced else _detect_device(index)
 
 
 def detect_hardware() -> Arch:
     """The Arch of the device actually present (the current CUDA/ROCm device, else cpu), whatever
     ``LIGER_RT_ARCH`` says: what a measurement runs on."""
-    index = _index(None)
-    return profile("cpu") if index is None else _detect_device(index)
+    return _detect_device(_index(None))
 
 
 # The interpreter runs a grid's programs one after another: the cpu profile's "SM" count only sizes
 # persistent grids there.
-_CPU_SM_COUNT = _PROFILES["cpu"]["sm_count"]
+_CPU_SM_COUNT = _PROFILES["cpu"].sm_count
 
 
 # sm_count repeats _index on purpose: the rms_norm, layer_norm and short_conv launchers reach it, so

@@ -1,24 +1,12 @@
-"""The op spec: what a kernel file declares, and the plumbing the runtime builds from it.
+"""The op spec: what a kernel file declares in one ``Op(...)`` (dims, a frozen :class:`Config` whose
+fields declare the values they may take, candidate/heuristic/pinned configs, implementations, tuning
+cases and sweep plans), and what the runtime builds from it: the functional's prologue, the autograd
+wiring (:class:`KernelFunction` in eager mode, generated ``torch.library`` ops under ``torch.compile``),
+config validation and the freshness hash.  docs/architecture.md and docs/adding_an_op.md say more.
 
-A kernel file keeps its math (reference, Triton kernels, launchers) and ends with one ``Op(...)``
-that says everything else: its dims, a frozen :class:`Config` dataclass whose fields declare the
-values they may take, the candidate/heuristic/pinned configs, the implementations and their
-availability, how to build a tuning case and a sweep plan.  From that the runtime builds
-
-- the functional's prologue (``OP(*args)``: input checks -> dims -> decision -> run),
-- the autograd wiring of a Triton implementation (:class:`KernelFunction` in eager mode, and a
-  ``torch.library`` custom-op pair with fake implementations under ``torch.compile``, where the
-  decision is taken at trace time and baked into the graph; a new bucket recompiles),
-- DB-row validation (:meth:`Config.parse`), the sweep's candidate list, ``explain``,
-- the freshness hash: the Triton kernels and the launch code that maps a config to a launch,
-  without docstrings or comments.
-
-A Triton implementation is a pair of launchers:
-``forward(config, *args) -> (outputs, saved)`` and
+A Triton implementation is a pair of launchers: ``forward(config, *args) -> (outputs, saved)`` and
 ``backward(config, args, saved, needs, *grad_outputs) -> one gradient (or None) per arg``, where
-``args`` are the call's arguments (tensors and scalars), ``saved`` the extra tensors the forward
-kept, ``needs`` which args want a gradient.  A native implementation (``fn``: the torch
-reference, grouped MM) is differentiated by autograd itself.  See docs/adding_an_op.md.
+``saved`` are the extra tensors the forward kept and ``needs`` which args want a gradient.
 """
 from __future__ import annotations
 
@@ -147,10 +135,6 @@ def config_dict(config) -> dict:
 
 # -- implementations and tuning cases -----------------------------------------------------------------
 
-def _always(target) -> bool:
-    return True
-
-
 @dataclasses.dataclass
 class Impl:
     """One implementation of an op: either native (``fn(*args)``, differentiated by autograd) or a
@@ -163,14 +147,13 @@ class Impl:
     fn: Callable | None = None
     forward: Callable | None = None
     backward: Callable | None = None
-    available: Callable = _always
+    available: Callable = lambda target: True
     supports: Callable | None = None
-    keep: tuple[int, ...] | None = None   # args whose values the backward reads (None: all); the
-                                          # others are saved as shape-only stand-ins, so they can be freed
+    # args whose values the backward reads (None: all); the others are saved as shape-only stand-ins
+    keep: tuple[int, ...] | None = None
     run: Callable | None = None           # run(case, config): set by the Op (autotune's entry)
-    # under torch.compile: traced_backward(args, saved, needs, *grads) -> one gradient per
-    # arg in plain torch ops, or None to run the backward op; inductor then plans those gradients'
-    # memory (the backward op may not write into its inputs, so it allocates fresh buffers)
+    # under torch.compile: traced_backward(args, saved, needs, *grads) -> one gradient per arg in plain
+    # torch ops (inductor plans their memory; the backward op allocates fresh buffers), or None: the op
     traced_backward: Callable | None = None
 
     @property
@@ -294,17 +277,12 @@ class Op:
         """The configs a sweep measures for `impl` on `arch`, pruned to what the arch can run."""
         if not impl.tuned:
             return [NoConfig()]
-        out, seen = [], set()
-        for cfg in self.candidates(arch, dims, dtype):
+
+        def fits(cfg: Config) -> bool:
             warps, stages = cfg.limits()
-            if warps > arch.max_num_warps or stages > arch.max_num_stages:
-                continue
-            if self.smem is not None and self.smem(cfg, dims, dtype) > arch.smem_bytes:
-                continue
-            if cfg not in seen:
-                seen.add(cfg)
-                out.append(cfg)
-        return out
+            return (warps <= arch.max_num_warps and stages <= arch.max_num_stages
+                    and (self.smem is None or self.smem(cfg, dims, dtype) <= arch.smem_bytes))
+        return list(dict.fromkeys(filter(fits, self.candidates(arch, dims, dtype))))
 
     def default_config(self, impl: str, arch, dims: dict, dtype: torch.dtype, *, pinned: bool = False) -> Config:
         if not self.impl(impl).tuned:
@@ -474,9 +452,8 @@ _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 
 
 def _apply_kernel(impl, config, *args):
-    """KernelFunction.apply(impl, config, *args) without the Python wrapper's per-call work (a
-    setup_context lookup and a generator over the args, ~1.5 us): the same C entry after the same
-    unwrapping of dead functorch wrappers; under functorch transforms, the wrapper itself."""
+    """KernelFunction.apply(impl, config, *args) through the C entry, skipping the Python wrapper's
+    per-call work (~1.5 us); under functorch transforms, the wrapper itself."""
     if torch._C._are_functorch_transforms_active():
         return KernelFunction.apply(impl, config, *args)
     return _function_apply(impl, config, *[_unwrap_if_dead(a) if isinstance(a, torch.Tensor) else a for a in args])
@@ -509,29 +486,22 @@ _LIB = torch.library.Library("liger_rt", "FRAGMENT")     # the namespace of ever
 
 
 def _build_custom_ops(op: Op):
-    """liger_rt::<op>_fwd(args..., str config) -> Tensor[] (outputs then saved) and
-    liger_rt::<op>_bwd, with fakes; returns the autograd.Function that joins them under dynamo.
-
-    Plain ``Library`` ops (no Autograd kernel) rather than ``torch.library.custom_op``: inside a
-    compiled graph every call of a custom_op goes through its Python autograd and redispatch
-    layers, ~6 us more per call on CPU (a compiled rms_norm fwd+bwd: 47 -> 30 us, CPU stub); the
-    autograd formula lives in the Function, which dynamo traces into the forward and backward graphs."""
+    """liger_rt::<op>_fwd(args..., str config) -> Tensor[] (outputs then saved) and liger_rt::<op>_bwd,
+    with fakes; returns the autograd.Function that joins them under dynamo.  Plain ``Library`` ops: a
+    ``torch.library.custom_op`` costs ~6 us more per call in a compiled graph (docs/architecture.md)."""
     spec = _schema_args(op.schema)
     is_tensor = [t.startswith("Tensor") for t, _ in spec]
     scalars = [(t, n) for t, n in spec if not t.startswith("Tensor")]
 
-    def parse(config_json: str):
-        return _parse_decision(op.name, config_json)
-
     def fwd(*a):
         *args, config_json = a
-        impl, cfg = parse(config_json)
+        impl, cfg = _parse_decision(op.name, config_json)
         outs, saved = impl.forward(cfg, *args)
         return [*(o.clone() if any(o is t for t in args) else o for o in outs), *saved]
 
     def fwd_fake(*a):
         *args, config_json = a
-        outs, saved = op.fake(parse(config_json)[1], *args)
+        outs, saved = op.fake(_parse_decision(op.name, config_json)[1], *args)
         return [*outs, *saved]
 
     # the op's own scalar names sit beside these: prefixed so that none can clash (fused_linear_
@@ -545,10 +515,9 @@ def _build_custom_ops(op: Op):
 
     def bwd(tensors, saved, grads, *rest):
         *scalar_values, needs, config_json = rest
-        impl, cfg = parse(config_json)
+        impl, cfg = _parse_decision(op.name, config_json)
         args = rebuild(tensors, scalar_values)
-        it = iter(needs)     # one flag per arg, as in eager mode (scalars: False)
-        per_arg = tuple(bool(next(it)) if flag else False for flag in is_tensor)
+        per_arg = rebuild(map(bool, needs), [False] * len(scalars))     # one flag per arg, as in eager mode
         dargs = [g for g, flag in zip(impl.backward(cfg, args, tuple(saved), per_arg, *grads), is_tensor) if flag]
         like = next(t for t in tensors if t is not None)
         return [g.to(t.dtype) if g is not None and need and t is not None else like.new_empty(0)
@@ -594,12 +563,8 @@ def _build_custom_ops(op: Op):
                     return (None, None, None, *dargs)
             needs = [bool(n) for n, flag in zip(ctx.needs_input_grad[3:], is_tensor) if flag]
             out = bwd_op(tensors, extra, list(grads), *ctx.scalars, needs, ctx.config_json)
-            it = iter(out)
-            dargs = []
-            for flag in is_tensor:
-                g = next(it) if flag else None
-                dargs.append(g if g is not None and g.numel() else None)
-            return (None, None, None, *dargs)
+            dargs = rebuild(out, [None] * len(ctx.scalars))
+            return (None, None, None, *(g if g is not None and g.numel() else None for g in dargs))
 
     return TracedFunction
 
