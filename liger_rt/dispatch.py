@@ -1,26 +1,14 @@
-"""The op registry and the decision path.
-
-An op (rms_norm, swiglu, ...) registers its implementations (``triton``, ``torch``, ...) in
-one place, each with an availability predicate, a candidate-config generator and a heuristic
-default.  ``Op.select(x, **dims)`` answers "which implementation and config for this call" by
-the path of DESIGN.md:
-
-1. memo: key (device, dtype, dims) -> Decision.  A hit costs one dict lookup.
-2. env overrides: LIGER_RT_DISABLE, LIGER_RT_IMPL_<OP>, LIGER_FUSED_MOE_AUTOTUNE=0 (pinned).
-3. the tuning DB at the exact bucket (fastest fresh row among available implementations),
-4. the crossover table (ops with competing implementations), else the nearest bucket in log2,
-5. a miss: LIGER_RT_AUTOTUNE=1 tunes now and persists; otherwise the arch heuristic.
-
-Every decision carries its origin and a reason, which `liger-tune explain` and
-``LIGER_RT_LOG=decisions`` print.
+"""The op registry and the decision path (docs/architecture.md).  ``Op.select(x, **dims)`` answers
+"which implementation and config for this call": the memo, else env overrides (LIGER_RT_DISABLE,
+LIGER_RT_IMPL_<OP>, LIGER_FUSED_MOE_AUTOTUNE=0), the tuning DB's exact bucket, the crossover table, the
+DB's nearest bucket in log2, and on a miss online tuning (LIGER_RT_AUTOTUNE=1) or the arch heuristic.
+Every decision carries its origin and a reason (`liger-tune explain`, ``LIGER_RT_LOG=decisions``).
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import logging
-import math
 import sys
 import threading
 import types
@@ -37,19 +25,9 @@ from .opspec import Case, Config, ConfigError, Impl, NoConfig, Op, bucket, confi
 log = logging.getLogger("liger_rt.dispatch")
 
 # op name -> module under liger_rt.kernels that registers it (imported on first use)
-OP_MODULES = {
-    "rms_norm": "rms_norm",
-    "swiglu": "swiglu",
-    "layer_norm": "layer_norm",
-    "short_conv": "short_conv",
-    "moe_router": "moe_router",
-    "moe_experts": "moe_experts",
-    "cross_entropy": "cross_entropy",
-    "fused_linear_cross_entropy": "fused_linear_cross_entropy",
-    "fused_linear_logprobs": "fused_linear_logprobs",
-    "rope": "rope",
-    "geglu": "geglu",
-}
+OP_MODULES = {name: name for name in (
+    "rms_norm", "swiglu", "layer_norm", "short_conv", "moe_router", "moe_experts", "cross_entropy",
+    "fused_linear_cross_entropy", "fused_linear_logprobs", "rope", "geglu")}
 ORIGINS = ("env", "pinned", "db", "crossover", "db-nearest", "stale", "online", "heuristic")
 
 
@@ -117,15 +95,8 @@ def get_op(name: str) -> Op:
 
 
 def available_ops() -> list[str]:
-    """Ops whose kernel module imports (all of OP_MODULES once every issue has landed)."""
-    out = []
-    for name in OP_MODULES:
-        try:
-            get_op(name)
-        except ModuleNotFoundError:
-            continue
-        out.append(name)
-    return out
+    """Every op, its kernel module imported."""
+    return [get_op(name).name for name in OP_MODULES]
 
 
 def reset() -> None:
@@ -142,21 +113,18 @@ def reset() -> None:
 
 def current_target(device_type: str, device=None) -> Target:
     if device_type == "cpu":
-        arch = backend.detect("cpu")
-        return Target(arch=arch, device_type="cpu", interpret=interpreter_on())
-    return Target(arch=backend.detect(device), device_type="cuda")
+        return Target(backend.detect("cpu"), "cpu", interpreter_on())
+    return Target(backend.detect(device), "cuda")
 
 
 def target_for_arch(arch_name: str) -> Target:
     """A planning target for an arch by name (explain, dry runs): cpu means the interpreter."""
     arch = backend.profile(arch_name)
     if arch.name == "cpu":
-        return Target(arch=arch, device_type="cpu", interpret=interpreter_on())
-    if backend.gpu_present():
-        real = backend.detect()
-        if real.name == arch.name:
-            arch = real
-    return Target(arch=arch, device_type="cuda")
+        return Target(arch, "cpu", interpreter_on())
+    if backend.gpu_present() and (real := backend.detect()).name == arch.name:
+        arch = real
+    return Target(arch, "cuda")
 
 
 def select(op: str, *, dtype="bf16", arch: str | None = None, **dims: int) -> Decision:
@@ -164,10 +132,7 @@ def select(op: str, *, dtype="bf16", arch: str | None = None, **dims: int) -> De
     from .kernels._common import parse_dtype
     the_op = get_op(op)
     dims = the_op.check_dims(dims)
-    if arch is None:
-        target = current_target("cuda" if backend.gpu_present() else "cpu")
-    else:
-        target = target_for_arch(arch)
+    target = current_target("cuda" if backend.gpu_present() else "cpu") if arch is None else target_for_arch(arch)
     return decide(the_op, target, parse_dtype(dtype), dims)
 
 
@@ -198,9 +163,11 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
         config = row["config"] if row else op.default_config(forced, arch, dims, dtype)
         return made(forced, config, "env", f"LIGER_RT_IMPL_{op.name.upper()}={forced}")
     if op.pinned_by_fused_moe_env and not env.fused_moe_autotune():
-        impl = _crossover_or_heuristic_impl(op, target, dname, dtype, dims, avail)
+        cross = _crossover(op, target, dname, dims, avail)
+        impl = cross[0] if cross and cross[0] in avail else _heuristic_impl(op, target, dtype, dims, avail)
         kind = "HIP-safe pinned" if arch.is_hip else "pinned"
-        return made(impl, op.default_config(impl, arch, dims, dtype, pinned=True), "pinned", f"LIGER_FUSED_MOE_AUTOTUNE=0: {kind} config")
+        return made(impl, op.default_config(impl, arch, dims, dtype, pinned=True), "pinned",
+                    f"LIGER_FUSED_MOE_AUTOTUNE=0: {kind} config")
 
     # 3. tuning DB, exact bucket (a row of another device or software fingerprint says "stale")
     row = _db_row(op, target, dname, dims, impls=avail, nearest=False)
@@ -229,8 +196,9 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
         from . import autotune
         result = autotune.tune_online(op, target, dtype, dims)
         if result is not None:
+            baseline = result.get("baseline_ms") or float("nan")
             return made(result["impl"], result["config"], "online",
-                        f"tuned now: {result['median_ms']:.4g} ms (torch {result.get('baseline_ms') or float('nan'):.4g} ms)")
+                        f"tuned now: {result['median_ms']:.4g} ms (torch {baseline:.4g} ms)")
     impl = _heuristic_impl(op, target, dtype, dims, avail)
     return made(impl, op.default_config(impl, arch, dims, dtype), "heuristic",
                 f"no DB entry for {arch.name}/{dname}/{op.static_key(dims)}{unusable}; {arch.name} heuristic")
@@ -244,11 +212,6 @@ def _heuristic_impl(op: Op, target: Target, dtype, dims, avail: list[str]) -> st
     return avail[0]
 
 
-def _crossover_or_heuristic_impl(op, target, dname, dtype, dims, avail) -> str:
-    cross = _crossover(op, target, dname, dims, avail)
-    return cross[0] if cross and cross[0] in avail else _heuristic_impl(op, target, dtype, dims, avail)
-
-
 def _row_reason(row: dict, where: str) -> str:
     base = row.get("baseline_ms")
     speed = f", torch {base:.4g} ms" if base else ""
@@ -257,8 +220,7 @@ def _row_reason(row: dict, where: str) -> str:
 
 def _db_row(op: Op, target: Target, dname: str, dims: dict, *, impls: list[str], nearest: bool) -> dict | None:
     from . import tuning_db
-    store = tuning_db.get_store()
-    return store.lookup(op, target.arch.name, dname, dims, impls=impls, nearest=nearest)
+    return tuning_db.get_store().lookup(op, target.arch.name, dname, dims, impls=impls, nearest=nearest)
 
 
 def _crossover(op: Op, target: Target, dname: str, dims: dict, avail: list[str]):

@@ -194,10 +194,8 @@ def snapshot() -> dict:
     parsed = {key: _or_error(fn) for key, fn in _PARSERS.values()}
     parsed["tuning_db"] = str(parsed["tuning_db"])
     ops = _ops()
-    for key in raw:
-        op = key[len(IMPL_PREFIX):].lower()
-        if key.startswith(IMPL_PREFIX) and op in ops:
-            parsed[key] = _or_error(_impl, op, ops[op])
+    parsed.update({key: _or_error(_impl, op, ops[op]) for key in raw
+                   if key.startswith(IMPL_PREFIX) and (op := key[len(IMPL_PREFIX):].lower()) in ops})
     known = set(known_names(ops))
     unknown = {k: _hint(k, ops) for k in raw if k.startswith("LIGER_RT_") and k not in known}
     return {"set": raw, "parsed": parsed, "unknown": unknown}

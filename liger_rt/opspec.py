@@ -24,6 +24,8 @@ from typing import Callable, Mapping
 
 import torch
 
+from . import env
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -217,7 +219,6 @@ class Op:
     def __post_init__(self) -> None:
         self._by_name = {i.name: i for i in self.impls}
         self._memo: dict = {}
-        self._hash: str | None = None
         self._custom = None
         self._decide = None           # set by dispatch.register
         self._dtypes = tuple(DTYPES[d] for d in self.dtypes)
@@ -242,15 +243,13 @@ class Op:
     def reference(self) -> Callable:
         return self._by_name["torch"].fn
 
-    @property
+    @functools.cached_property
     def source_hash(self) -> str:
         """Hash of what changes behaviour: the Triton kernels and the launch code reachable from the
         tuned implementations' forward/backward (docstrings and comments do not count)."""
-        if self._hash is None:
-            roots = [f for i in self.impls for f in (i.forward, i.backward) if f is not None]
-            text = "\n".join(_normalised_source(f) for f in _reachable(roots)) or self.name
-            self._hash = hashlib.sha256(f"{self.schema_version}\n{text}".encode()).hexdigest()[:16]
-        return self._hash
+        roots = [f for i in self.impls for f in (i.forward, i.backward) if f is not None]
+        text = "\n".join(_normalised_source(f) for f in _reachable(roots)) or self.name
+        return hashlib.sha256(f"{self.schema_version}\n{text}".encode()).hexdigest()[:16]
 
     def check_dims(self, dims: Mapping[str, int]) -> dict:
         names = self.static + self.dynamic
@@ -354,7 +353,7 @@ class Op:
         # dims are pinned down by comparisons only, so under dynamic shapes dynamo guards on the
         # bucket of a dynamic dim (a new bucket recompiles) and on the exact value of a static one,
         # and the decision below sees plain ints it can treat as constants
-        key = tuple(_traced_bucket(dims[d]) if d in self.dynamic else _traced_exact(dims[d])
+        key = tuple(bucket(dims[d]) if d in self.dynamic else _traced_exact(dims[d])
                     for d in self.static + self.dynamic)
         impl_name, config_json = _decide_constant(self.name, args[0].device.type, args[0].dtype, *key)
         impl = self._by_name[impl_name]
@@ -369,13 +368,9 @@ class Op:
         return self._custom
 
 
-def bucket(value: int) -> int:
-    """Dynamic dims are bucketed to the next power of two (1, 2, 4, ...)."""
-    value = int(value)
-    return 1 if value <= 1 else 1 << (value - 1).bit_length()
-
-
-def _traced_bucket(value) -> int:
+def bucket(value) -> int:
+    """Dynamic dims are bucketed to the next power of two (1, 2, 4, ...).  By comparisons only: under
+    torch.compile a symbolic value is guarded on its bucket, not on its exact value."""
     b = 1
     while b < value:
         b *= 2
@@ -384,7 +379,7 @@ def _traced_bucket(value) -> int:
 
 def _traced_exact(value) -> int:
     """A (possibly symbolic) positive int as a plain int, by bisection between powers of two."""
-    lo, hi = 0, _traced_bucket(value)
+    lo, hi = 0, bucket(value)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if value <= mid else (mid, hi)
@@ -396,7 +391,6 @@ def _decide_constant(op_name: str, device_type: str, dtype: torch.dtype, *key: i
     op = REGISTERED[op_name]
     dims = dict(zip(op.static + op.dynamic, key))
     if compiler_takes(op):
-        from . import env
         if env.log_decisions():
             logging.getLogger("liger_rt.dispatch").warning(
                 "liger_rt decision: %s under torch.compile -> torch (LIGER_RT_COMPILE_POLICY=fuse: the compiler "
@@ -409,7 +403,6 @@ def _decide_constant(op_name: str, device_type: str, dtype: torch.dtype, *key: i
 def compiler_takes(op: Op) -> bool:
     """Whether a torch.compile trace hands `op` to the compiler (its torch implementation): the op says
     compiler_fuses, LIGER_RT_COMPILE_POLICY=fuse, and neither LIGER_RT_DISABLE nor LIGER_RT_IMPL_<OP> decides."""
-    from . import env
     return (op.compiler_fuses and env.compile_policy() == "fuse" and not env.disabled()
             and env.impl_override(op.name, op.impl_names) is None)
 
