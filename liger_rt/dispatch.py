@@ -16,9 +16,8 @@ from typing import Any, Mapping
 
 import torch
 
-from . import backend, env
-from .kernels._common import clear_launch_memos, dtype_name, interpreter_on
-from . import opspec
+from . import backend, env, opspec, tuning_db
+from .kernels._common import clear_launch_memos, dtype_name, interpreter_on, parse_dtype
 from .tuning_db.crossover import crossover_pick, derive_crossover  # noqa: F401  (the one copy)
 from .opspec import Case, Config, ConfigError, Impl, NoConfig, Op, bucket, config_dict, knob  # noqa: F401
 
@@ -107,7 +106,6 @@ def reset() -> None:
             op._memo.clear()
         clear_launch_memos()
         backend.reset()
-        from . import tuning_db
         tuning_db.reset()
 
 
@@ -129,7 +127,6 @@ def target_for_arch(arch_name: str) -> Target:
 
 def select(op: str, *, dtype="bf16", arch: str | None = None, **dims: int) -> Decision:
     """Decide for an op by name without a tensor (CLI, planning): no memo."""
-    from .kernels._common import parse_dtype
     the_op = get_op(op)
     dims = the_op.check_dims(dims)
     target = current_target("cuda" if backend.gpu_present() else "cpu") if arch is None else target_for_arch(arch)
@@ -219,14 +216,12 @@ def _row_reason(row: dict, where: str) -> str:
 
 
 def _db_row(op: Op, target: Target, dname: str, dims: dict, *, impls: list[str], nearest: bool) -> dict | None:
-    from . import tuning_db
     return tuning_db.get_store().lookup(op, target.arch.name, dname, dims, impls=impls, nearest=nearest)
 
 
 def _crossover(op: Op, target: Target, dname: str, dims: dict, avail: list[str]):
     if op.crossover_axis is None:
         return None
-    from . import tuning_db
     row = tuning_db.get_store().crossover(op, target.arch.name, dname, dims)
     if row is None:
         return None

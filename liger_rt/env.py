@@ -19,7 +19,6 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 # LIGER_RT_ARCH's values: liger_rt.backend checks at import that its arch profiles have these names
 ARCH_CHOICES = ("hopper", "blackwell", "ampere", "mi300x", "mi325x", "mi355x", "cpu")
-LOG_CHOICES = ("decisions",)
 MAX_DB_TIMEOUT = 86400.0     # seconds; SQLite's busy timeout is an int of milliseconds
 IMPL_PREFIX = "LIGER_RT_IMPL_"
 
@@ -71,15 +70,6 @@ def _choice(name: str, choices, what: str) -> str | None:
     return raw or None
 
 
-def _log() -> bool:
-    raw = _raw("LIGER_RT_LOG").lower()
-    if not raw or raw in _FALSE:
-        return False
-    if raw not in LOG_CHOICES:
-        raise EnvError(f"LIGER_RT_LOG={raw!r} is not valid; accepted values: {', '.join(LOG_CHOICES)} (or unset)")
-    return True
-
-
 def _timeout() -> float:
     raw = _raw("LIGER_RT_DB_TIMEOUT")
     if not raw:
@@ -103,7 +93,8 @@ _PARSERS = {
     "LIGER_RT_TUNING_DB": ("tuning_db", _tuning_db_path),
     "LIGER_RT_ARCH": ("arch", lambda: _choice("LIGER_RT_ARCH", ARCH_CHOICES, "not a known arch")),
     "LIGER_RT_AUTOTUNE": ("autotune", lambda: _flag("LIGER_RT_AUTOTUNE", False)),
-    "LIGER_RT_LOG": ("log_decisions", _log),
+    "LIGER_RT_LOG": ("log_decisions",
+                     lambda: _choice("LIGER_RT_LOG", ("decisions", *_FALSE), "not valid") == "decisions"),
     "LIGER_RT_DISABLE": ("disable", lambda: _flag("LIGER_RT_DISABLE", False)),
     "LIGER_FUSED_MOE_AUTOTUNE": ("fused_moe_autotune", lambda: _flag("LIGER_FUSED_MOE_AUTOTUNE", True)),
     "LIGER_RT_DB_TIMEOUT": ("db_timeout", _timeout),
