@@ -1,12 +1,12 @@
 """Which device this is: an arch name plus the profile used to prune launch configs.
 
-`detect()` maps the current device to an :class:`Arch`. ``LIGER_RT_ARCH`` forces one (planning,
-tests of the AMD paths on a machine without AMD hardware). An unknown GPU never crashes: it gets
-a conservative generic profile and a one-time warning.
+`detect()` maps the current device to an :class:`Arch`. ``LIGER_RT_ARCH`` forces one (planning, tests of the AMD
+paths on a machine without AMD hardware). An unknown GPU never crashes: it gets a conservative generic profile
+and a one-time warning.
 
-Sources for the AMD figures (not measured here: no AMD hardware was available): AMD CDNA3 ISA
-and Instinct MI300X/MI325X data sheets (304 CUs, 64 KiB LDS per CU, wave64) and the CDNA4
-(MI355X, gfx950: 256 CUs, 160 KiB LDS) whitepaper. HIP-safe stage count (<= 2) from Liger-Kernel PR #1317.
+Sources for the AMD figures (not measured here: no AMD hardware was available): AMD CDNA3 ISA and Instinct
+MI300X/MI325X data sheets (304 CUs, 64 KiB LDS per CU, wave64) and the CDNA4 (MI355X, gfx950: 256 CUs, 160 KiB
+LDS) whitepaper. HIP-safe stage count (<= 2) from Liger-Kernel PR #1317.
 """
 from __future__ import annotations
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
-import sys
 import threading
 import types
 from typing import Any, Mapping
@@ -57,9 +56,7 @@ class Decision:
 def _decide_memo(op: Op, x: torch.Tensor, dims: dict, key) -> Decision:
     """A memo miss: decide (locks, SQL), remember, log when asked."""
     with _LOCK:
-        device_type = "cpu" if x.device.type == "cpu" else "cuda"
-        target = current_target(device_type, x.device)
-        decision = decide(op, target, x.dtype, dims)
+        decision = decide(op, current_target("cpu" if x.device.type == "cpu" else "cuda", x.device), x.dtype, dims)
         if len(op._memo) > 4096:
             op._memo.clear()
         op._memo[key] = decision
@@ -74,8 +71,6 @@ _REGISTRY: dict[str, Op] = opspec.REGISTERED
 
 def register(op: Op) -> Op:
     """Register an op (called at the bottom of each kernel file)."""
-    if not op.module:
-        op.module = sys._getframe(1).f_globals.get("__name__", "")
     op._decide = _decide_memo
     op.source_hash            # from the launchers as defined (a later monkeypatch of a global cannot change it)
     if op.schema:
@@ -139,9 +134,7 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
     dims = op.check_dims(dims)
     arch = target.arch
     dname = dtype_name(dtype)
-    avail = op.available_impls(target, dims, dtype)
-    if not avail:  # torch always runs, even for shapes the kernels cannot take
-        avail = ["torch"]
+    avail = op.available_impls(target, dims, dtype) or ["torch"]   # torch runs even shapes the kernels cannot take
 
     def made(impl: str, config, origin: str, reason: str) -> Decision:
         return Decision(op.name, impl, op.parse_config(config, impl), origin, reason, arch.name, dname,
@@ -202,11 +195,8 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
 
 
 def _heuristic_impl(op: Op, target: Target, dtype, dims, avail: list[str]) -> str:
-    if op.heuristic_impl is not None:
-        choice = op.heuristic_impl(target, dims, dtype, avail)
-        if choice in avail:
-            return choice
-    return avail[0]
+    choice = op.heuristic_impl(target, dims, dtype, avail) if op.heuristic_impl is not None else None
+    return choice if choice in avail else avail[0]
 
 
 def _row_reason(row: dict, where: str) -> str:

@@ -1,9 +1,8 @@
 """Every LIGER_* environment variable, parsed and validated in one place (docs/env.md lists them).
 
-Nothing is read at import time.  Every accessor first runs :func:`check`, which validates *all*
-the variables set, so a bad value raises :class:`EnvError` whichever variable a path needs; an
-unknown ``LIGER_RT_*`` name warns once, naming the nearest valid one.  This module imports nothing
-from liger_rt (backend, dispatch and the store import it).
+Nothing is read at import time.  Every accessor first runs :func:`check`, which validates *all* the variables
+set, so a bad value raises :class:`EnvError` whichever variable a path needs; an unknown ``LIGER_RT_*`` name
+warns once, naming the nearest valid one.  This module imports nothing from liger_rt (its importers are).
 """
 from __future__ import annotations
 

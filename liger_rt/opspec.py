@@ -54,9 +54,9 @@ STAGES = (1, 2, 3, 4, 5, 6)
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Base of every op's launch config: frozen, typed, each field declared with :func:`knob`
-    (or a nested Config).  Construction validates, so a config outside the declared space can
-    neither be generated nor read back from a DB row."""
+    """Base of every op's launch config: frozen, typed, each field declared with :func:`knob` (or a nested
+    Config).  Construction validates, so a config outside the declared space can neither be generated nor read
+    back from a DB row."""
 
     def __post_init__(self) -> None:
         for f, typ in _fields(type(self)):
@@ -139,11 +139,9 @@ def config_dict(config) -> dict:
 
 @dataclasses.dataclass
 class Impl:
-    """One implementation of an op: either native (``fn(*args)``, differentiated by autograd) or a
-    Triton pair (``forward``/``backward``, see the module docstring) that takes the op's config.
-
-    available(target) -> bool: can it run on this device/arch at all.
-    supports(dims, dtype) -> None, or why it cannot take this shape.
+    """One implementation of an op: either native (``fn(*args)``, differentiated by autograd) or a Triton pair
+    (``forward``/``backward``, see the module docstring) that takes the op's config.  available(target) -> bool:
+    can it run on this device/arch at all; supports(dims, dtype) -> None, or why it cannot take this shape.
     """
     name: str
     fn: Callable | None = None
@@ -176,15 +174,14 @@ class Case:
 class Op:
     """An op's declaration.
 
-    dims(*args) checks a call's arguments and returns its dims (static ones key tuning exactly,
-    dynamic ones are bucketed to powers of two).  config/candidates/heuristic/pinned describe the
-    tuned implementation's launch space; smem(config, dims, dtype) its shared memory per program.
-    make_case(dims, dtype, device[, tag]) -> Case with fresh random inputs; plan(preset, arch, quick)
-    lists the dims a sweep measures; reduce_len(dims) sizes the validation tolerance;
-    crossover_axis(dims) is the quantity that decides between competing implementations.
-    schema: the args of the custom op ("Tensor x, Tensor weight, float eps"); fake(config, *args)
-    -> (outputs, saved) as empty tensors; outputs: how many tensors the op returns; bwd_fake: the
-    backward op's fake where the gradients are not laid out like the inputs (default: contiguous).
+    dims(*args) checks a call's arguments and returns its dims (static ones key tuning exactly, dynamic ones
+    are bucketed to powers of two).  config/candidates/heuristic/pinned describe the tuned implementation's
+    launch space; smem(config, dims, dtype) its shared memory per program.  make_case(dims, dtype, device[,
+    tag]) -> Case with fresh random inputs; plan(preset, arch, quick) lists the dims a sweep measures;
+    reduce_len(dims) sizes the validation tolerance; crossover_axis(dims) is the quantity that decides between
+    competing implementations.  schema: the args of the custom op ("Tensor x, Tensor weight, float eps");
+    fake(config, *args) -> (outputs, saved) as empty tensors; outputs: how many tensors the op returns;
+    bwd_fake: the backward op's fake where the gradients are not laid out like the inputs (default: contiguous).
     """
     name: str
     static: tuple[str, ...]
@@ -211,7 +208,6 @@ class Op:
     variant: str = "fwdbwd"
     tags: tuple[str, ...] = ("",)       # input variants a sweep measures (make_case takes tag=)
     dtypes: tuple[str, ...] = ("fp32", "bf16", "fp16")
-    module: str = ""
     # torch.compile fuses the torch implementation with its neighbours (adds, casts):
     # LIGER_RT_COMPILE_POLICY=fuse traces it
     compiler_fuses: bool = False
