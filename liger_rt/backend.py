@@ -76,31 +76,27 @@ def arch_from_properties(device_name: str, *, capability: tuple[int, int] | None
                          gcn_arch: str | None = None, sm_count: int = 0,
                          smem_bytes: int | None = None) -> Arch:
     """Map raw device properties (CUDA capability or ROCm gcnArchName, plus the name) to an Arch."""
-    name = None
     extra: dict = {"device_name": device_name}
     if sm_count:
         extra["sm_count"] = sm_count
     if gcn_arch is not None:
-        base = gcn_arch.split(":")[0].strip().lower()
+        vendor, chip = "amd", gcn_arch
         upper = device_name.upper()
-        if base == "gfx942":
-            # MI300X and MI325X share gfx942 and the CU count: only the marketing name differs.
-            name = "mi325x" if "MI325" in upper else ("mi300x" if "MI300" in upper else None)
-        elif base == "gfx950":
-            name = "mi355x"
-        if name is None:
-            return _generic("amd", device_name, gcn_arch, sm_count)
+        # MI300X and MI325X share gfx942 and the CU count: only the marketing name differs.
+        gfx942 = "mi325x" if "MI325" in upper else ("mi300x" if "MI300" in upper else None)
+        name = {"gfx942": gfx942, "gfx950": "mi355x"}.get(gcn_arch.split(":")[0].strip().lower())
     elif capability is not None:
         major, minor = capability
+        vendor, chip = "nvidia", f"sm{major}{minor}"
         name = {9: "hopper", 10: "blackwell", 8: "ampere"}.get(major)
         if name == "ampere":
-            extra["capability"] = f"sm{major}{minor}"
+            extra["capability"] = chip
             if minor != 0:  # sm86/sm89 have 99 KiB of shared memory per block, not 163
                 extra["smem_bytes"] = 101376
-        if name is None:
-            return _generic("nvidia", device_name, f"sm{major}{minor}", sm_count)
     else:
         return profile("cpu")
+    if name is None:
+        return _generic(vendor, device_name, chip, sm_count)
     if smem_bytes:
         extra["smem_bytes"] = smem_bytes
     return profile(name, **extra)
@@ -193,8 +189,7 @@ def sm_count(device: torch.device | str | int | None = None) -> int:
 
 def runtime_version() -> str:
     """The GPU runtime this torch was built for: "cuda 12.4", "rocm 6.3", or "" (a CPU build)."""
-    hip = getattr(torch.version, "hip", None)
-    if hip:
+    if hip := getattr(torch.version, "hip", None):
         return f"rocm {hip}"
     return f"cuda {torch.version.cuda}" if torch.version.cuda else ""
 

@@ -94,8 +94,7 @@ def available_ops() -> list[str]:
 
 
 def reset() -> None:
-    """Forget every memoised decision and launch constant, the arch cache and the open DB (re-read
-    env and DB)."""
+    """Forget every memoised decision and launch constant, the arch cache and the open DB (re-read env and DB)."""
     with _LOCK:
         for op in _REGISTRY.values():
             op._memo.clear()
@@ -146,9 +145,9 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
     forced = env.impl_override(op.name, op.impl_names)
     if forced is not None:
         if forced not in avail:
-            raise RuntimeError(
-                f"LIGER_RT_IMPL_{op.name.upper()}={forced} but {forced} cannot run here "
-                f"(arch {arch.name}, device {target.device_type}, dims {dims}); available: {', '.join(avail)}")
+            raise RuntimeError(f"LIGER_RT_IMPL_{op.name.upper()}={forced} but {forced} cannot run here "
+                               f"(arch {arch.name}, device {target.device_type}, dims {dims}); "
+                               f"available: {', '.join(avail)}")
         row = _db_row(op, target, dname, dims, impls=[forced], nearest=True)
         config = row["config"] if row else op.default_config(forced, arch, dims, dtype)
         return made(forced, config, "env", f"LIGER_RT_IMPL_{op.name.upper()}={forced}")

@@ -584,10 +584,7 @@ def _reachable(roots: list) -> list:
             todo += [m for m in map(_method_function, vars(fn).values()) if m is not None]
             continue
         order.append(fn)
-        for name in sorted(set(_code_names(fn.__code__))):
-            obj = fn.__globals__.get(name)
-            if isinstance(obj, (types.FunctionType, type)) or hasattr(obj, "fn"):
-                todo.append(obj)
+        todo += [fn.__globals__.get(name) for name in set(_code_names(fn.__code__))]
     return sorted(order, key=lambda f: (f.__module__, f.__qualname__))
 
 
