@@ -150,16 +150,14 @@ def _index(device: torch.device | str | int | None) -> int | None:
 
 
 def detect(device: torch.device | str | int | None = None) -> Arch:
-    """The Arch of `device` (default: the current CUDA/ROCm device, else cpu); ``LIGER_RT_ARCH``
-    forces a profile."""
+    """The Arch of `device` (default: the current CUDA/ROCm device, else cpu); ``LIGER_RT_ARCH`` forces one."""
     forced = env.arch_override()
     index = _index(device)
     return profile(forced, forced=True) if forced else _detect_device(index)
 
 
 def detect_hardware() -> Arch:
-    """The Arch of the device actually present (the current CUDA/ROCm device, else cpu), whatever
-    ``LIGER_RT_ARCH`` says: what a measurement runs on."""
+    """The Arch of the device present (the current GPU, else cpu) whatever ``LIGER_RT_ARCH`` says: what we measure."""
     return _detect_device(_index(None))
 
 

@@ -88,9 +88,8 @@ class Config:
         if unknown or missing:
             raise ConfigError(f"{cls.__name__}: fields are {', '.join(fields) or 'none'}; "
                               f"unknown {unknown or 'none'}, missing {missing or 'none'}")
-        kw = {k: (typ.parse(data[k]) if isinstance(typ, type) and issubclass(typ, Config) else data[k])
-              for k, typ in fields.items()}
-        return cls(**kw)
+        return cls(**{k: (typ.parse(data[k]) if isinstance(typ, type) and issubclass(typ, Config) else data[k])
+                      for k, typ in fields.items()})
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -298,10 +297,7 @@ class Op:
     def _select(self, x: torch.Tensor, dims: dict):
         # the memo key: x.device (not .device.type, which builds a string each time), dtype, dims
         key = (x.device, x.dtype, *dims.values())
-        hit = self._memo.get(key)
-        if hit is not None:
-            return hit
-        return self._decide(self, x, dims, key)
+        return self._memo.get(key) or self._decide(self, x, dims, key)     # a Decision is always truthy
 
     def __call__(self, *args):
         """The functional's body: check the inputs, decide, run the chosen implementation."""
