@@ -1,5 +1,5 @@
-"""liger_rt: fused Triton training kernels that pick implementation and launch config per
-backend, dtype and shape from a persisted tuning database, patched into Hugging Face models.
+"""liger_rt: fused Triton training kernels that pick implementation and launch config per backend, dtype and
+shape from a persisted tuning database, patched into Hugging Face models.
 
     import liger_rt
     liger_rt.patch(model)                       # instance-level, weights untouched
@@ -18,6 +18,5 @@ def __getattr__(name: str):
     if name in ("ops", "dispatch", "backend", "env", "autotune", "tuning_db", "layers", "kernels"):
         return importlib.import_module(f"liger_rt.{name}")
     if name in _LAZY:
-        mod = importlib.import_module("liger_rt.patch")
-        return getattr(mod, name)
+        return getattr(importlib.import_module("liger_rt.patch"), name)
     raise AttributeError(f"module 'liger_rt' has no attribute {name!r}")

@@ -1,12 +1,12 @@
 """Which device this is: an arch name plus the profile used to prune launch configs.
 
-`detect()` maps the current device to an :class:`Arch`. ``LIGER_RT_ARCH`` forces one (planning,
-tests of the AMD paths on a machine without AMD hardware). An unknown GPU never crashes: it gets
-a conservative generic profile and a one-time warning.
+`detect()` maps the current device to an :class:`Arch`. ``LIGER_RT_ARCH`` forces one (planning, tests of the AMD
+paths on a machine without AMD hardware). An unknown GPU never crashes: it gets a conservative generic profile
+and a one-time warning.
 
-Sources for the AMD figures (not measured here: no AMD hardware was available): AMD CDNA3 ISA
-and Instinct MI300X/MI325X data sheets (304 CUs, 64 KiB LDS per CU, wave64) and the CDNA4
-(MI355X, gfx950: 256 CUs, 160 KiB LDS) whitepaper. HIP-safe stage count (<= 2) from Liger-Kernel PR #1317.
+Sources for the AMD figures (not measured here: no AMD hardware was available): AMD CDNA3 ISA and Instinct
+MI300X/MI325X data sheets (304 CUs, 64 KiB LDS per CU, wave64) and the CDNA4 (MI355X, gfx950: 256 CUs, 160 KiB
+LDS) whitepaper. HIP-safe stage count (<= 2) from Liger-Kernel PR #1317.
 """
 from __future__ import annotations
 
@@ -40,26 +40,18 @@ class Arch:
         return dataclasses.asdict(self)
 
 
-# Profiles: what we know of each arch without touching a device.  sm_count is the value of the
-# reference part (H100/H200 SXM, B200, A100, MI300X/MI325X, MI355X) and is replaced by the
-# device's own count when one is present.
-_PROFILES: dict[str, dict] = {
-    "hopper":    dict(vendor="nvidia", capability="sm90", device_name="NVIDIA H100/H200", sm_count=132,
-                      warp_size=32, max_num_warps=32, max_num_stages=5, smem_bytes=232448),
-    "blackwell": dict(vendor="nvidia", capability="sm100", device_name="NVIDIA B200", sm_count=148,
-                      warp_size=32, max_num_warps=32, max_num_stages=5, smem_bytes=232448),
-    "ampere":    dict(vendor="nvidia", capability="sm80", device_name="NVIDIA A100", sm_count=108,
-                      warp_size=32, max_num_warps=32, max_num_stages=4, smem_bytes=166912),
-    "mi300x":    dict(vendor="amd", capability="gfx942", device_name="AMD Instinct MI300X", sm_count=304,
-                      warp_size=64, max_num_warps=16, max_num_stages=2, smem_bytes=65536),
-    "mi325x":    dict(vendor="amd", capability="gfx942", device_name="AMD Instinct MI325X", sm_count=304,
-                      warp_size=64, max_num_warps=16, max_num_stages=2, smem_bytes=65536),
-    "mi355x":    dict(vendor="amd", capability="gfx950", device_name="AMD Instinct MI355X", sm_count=256,
-                      warp_size=64, max_num_warps=16, max_num_stages=2, smem_bytes=163840),
+# What we know of each arch without touching a device, in Arch's field order.  sm_count is the reference
+# part's (H100/H200 SXM, B200, A100, MI300X/MI325X, MI355X), replaced by the device's own when one is present.
+_PROFILES = {a.name: a for a in (
+    Arch("hopper",    "nvidia", "sm90",    "NVIDIA H100/H200",         132, 32, 32, 5, 232448),
+    Arch("blackwell", "nvidia", "sm100",   "NVIDIA B200",              148, 32, 32, 5, 232448),
+    Arch("ampere",    "nvidia", "sm80",    "NVIDIA A100",              108, 32, 32, 4, 166912),
+    Arch("mi300x",    "amd",    "gfx942",  "AMD Instinct MI300X",      304, 64, 16, 2, 65536),
+    Arch("mi325x",    "amd",    "gfx942",  "AMD Instinct MI325X",      304, 64, 16, 2, 65536),
+    Arch("mi355x",    "amd",    "gfx950",  "AMD Instinct MI355X",      256, 64, 16, 2, 163840),
     # The Triton interpreter ignores warps and stages; keep the candidate space tiny.
-    "cpu":       dict(vendor="cpu", capability="", device_name="cpu (Triton interpreter)", sm_count=2,
-                      warp_size=32, max_num_warps=4, max_num_stages=1, smem_bytes=1 << 30),
-}
+    Arch("cpu",       "cpu",    "",        "cpu (Triton interpreter)",   2, 32, 4, 1, 1 << 30),
+)}
 _GENERIC = {
     "nvidia": dict(vendor="nvidia", warp_size=32, max_num_warps=8, max_num_stages=2, smem_bytes=49152),
     "amd": dict(vendor="amd", warp_size=64, max_num_warps=8, max_num_stages=1, smem_bytes=32768),
@@ -74,7 +66,7 @@ def profile(name: str, *, forced: bool = False, **overrides) -> Arch:
     """The stored profile of an arch by name (no device needed)."""
     if name not in _PROFILES:
         raise ValueError(f"unknown arch {name!r}; valid arches: {', '.join(ARCH_NAMES)}")
-    return Arch(name=name, forced=forced, **{**_PROFILES[name], **overrides})
+    return dataclasses.replace(_PROFILES[name], forced=forced, **overrides)
 
 
 _warned_unknown: set[str] = set()
@@ -84,31 +76,27 @@ def arch_from_properties(device_name: str, *, capability: tuple[int, int] | None
                          gcn_arch: str | None = None, sm_count: int = 0,
                          smem_bytes: int | None = None) -> Arch:
     """Map raw device properties (CUDA capability or ROCm gcnArchName, plus the name) to an Arch."""
-    name = None
     extra: dict = {"device_name": device_name}
     if sm_count:
         extra["sm_count"] = sm_count
     if gcn_arch is not None:
-        base = gcn_arch.split(":")[0].strip().lower()
+        vendor, chip = "amd", gcn_arch
         upper = device_name.upper()
-        if base == "gfx942":
-            # MI300X and MI325X share gfx942 and the CU count: only the marketing name differs.
-            name = "mi325x" if "MI325" in upper else ("mi300x" if "MI300" in upper else None)
-        elif base == "gfx950":
-            name = "mi355x"
-        if name is None:
-            return _generic("amd", device_name, gcn_arch, sm_count)
+        # MI300X and MI325X share gfx942 and the CU count: only the marketing name differs.
+        gfx942 = "mi325x" if "MI325" in upper else ("mi300x" if "MI300" in upper else None)
+        name = {"gfx942": gfx942, "gfx950": "mi355x"}.get(gcn_arch.split(":")[0].strip().lower())
     elif capability is not None:
         major, minor = capability
+        vendor, chip = "nvidia", f"sm{major}{minor}"
         name = {9: "hopper", 10: "blackwell", 8: "ampere"}.get(major)
         if name == "ampere":
-            extra["capability"] = f"sm{major}{minor}"
+            extra["capability"] = chip
             if minor != 0:  # sm86/sm89 have 99 KiB of shared memory per block, not 163
                 extra["smem_bytes"] = 101376
-        if name is None:
-            return _generic("nvidia", device_name, f"sm{major}{minor}", sm_count)
     else:
         return profile("cpu")
+    if name is None:
+        return _generic(vendor, device_name, chip, sm_count)
     if smem_bytes:
         extra["smem_bytes"] = smem_bytes
     return profile(name, **extra)
@@ -131,7 +119,9 @@ def _properties(index: int):
 
 
 @functools.lru_cache(maxsize=16)
-def _detect_device(index: int) -> Arch:
+def _detect_device(index: int | None) -> Arch:
+    if index is None:
+        return profile("cpu")
     props = _properties(index)
     name = getattr(props, "name", "unknown")
     sms = int(getattr(props, "multi_processor_count", 0) or 0)
@@ -160,25 +150,20 @@ def _index(device: torch.device | str | int | None) -> int | None:
 
 
 def detect(device: torch.device | str | int | None = None) -> Arch:
-    """The Arch of `device` (default: the current CUDA/ROCm device, else cpu); ``LIGER_RT_ARCH``
-    forces a profile."""
+    """The Arch of `device` (default: the current CUDA/ROCm device, else cpu); ``LIGER_RT_ARCH`` forces one."""
     forced = env.arch_override()
     index = _index(device)
-    if forced:
-        return profile(forced, forced=True)
-    return profile("cpu") if index is None else _detect_device(index)
+    return profile(forced, forced=True) if forced else _detect_device(index)
 
 
 def detect_hardware() -> Arch:
-    """The Arch of the device actually present (the current CUDA/ROCm device, else cpu), whatever
-    ``LIGER_RT_ARCH`` says: what a measurement runs on."""
-    index = _index(None)
-    return profile("cpu") if index is None else _detect_device(index)
+    """The Arch of the device present (the current GPU, else cpu) whatever ``LIGER_RT_ARCH`` says: what we measure."""
+    return _detect_device(_index(None))
 
 
 # The interpreter runs a grid's programs one after another: the cpu profile's "SM" count only sizes
 # persistent grids there.
-_CPU_SM_COUNT = _PROFILES["cpu"]["sm_count"]
+_CPU_SM_COUNT = _PROFILES["cpu"].sm_count
 
 
 # sm_count repeats _index on purpose: the rms_norm, layer_norm and short_conv launchers reach it, so
@@ -202,8 +187,7 @@ def sm_count(device: torch.device | str | int | None = None) -> int:
 
 def runtime_version() -> str:
     """The GPU runtime this torch was built for: "cuda 12.4", "rocm 6.3", or "" (a CPU build)."""
-    hip = getattr(torch.version, "hip", None)
-    if hip:
+    if hip := getattr(torch.version, "hip", None):
         return f"rocm {hip}"
     return f"cuda {torch.version.cuda}" if torch.version.cuda else ""
 

@@ -1,55 +1,31 @@
-"""The op registry and the decision path.
-
-An op (rms_norm, swiglu, ...) registers its implementations (``triton``, ``torch``, ...) in
-one place, each with an availability predicate, a candidate-config generator and a heuristic
-default.  ``Op.select(x, **dims)`` answers "which implementation and config for this call" by
-the path of DESIGN.md:
-
-1. memo: key (device, dtype, dims) -> Decision.  A hit costs one dict lookup.
-2. env overrides: LIGER_RT_DISABLE, LIGER_RT_IMPL_<OP>, LIGER_FUSED_MOE_AUTOTUNE=0 (pinned).
-3. the tuning DB at the exact bucket (fastest fresh row among available implementations),
-4. the crossover table (ops with competing implementations), else the nearest bucket in log2,
-5. a miss: LIGER_RT_AUTOTUNE=1 tunes now and persists; otherwise the arch heuristic.
-
-Every decision carries its origin and a reason, which `liger-tune explain` and
-``LIGER_RT_LOG=decisions`` print.
+"""The op registry and the decision path (docs/architecture.md).  ``Op.select(x, **dims)`` answers
+"which implementation and config for this call": the memo, else env overrides (LIGER_RT_DISABLE,
+LIGER_RT_IMPL_<OP>, LIGER_FUSED_MOE_AUTOTUNE=0), the tuning DB's exact bucket, the crossover table, the
+DB's nearest bucket in log2, and on a miss online tuning (LIGER_RT_AUTOTUNE=1) or the arch heuristic.
+Every decision carries its origin and a reason (`liger-tune explain`, ``LIGER_RT_LOG=decisions``).
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import logging
-import math
-import sys
 import threading
 import types
 from typing import Any, Mapping
 
 import torch
 
-from . import backend, env
-from .kernels._common import clear_launch_memos, dtype_name, interpreter_on
-from . import opspec
+from . import backend, env, opspec, tuning_db
+from .kernels._common import clear_launch_memos, dtype_name, interpreter_on, parse_dtype
 from .tuning_db.crossover import crossover_pick, derive_crossover  # noqa: F401  (the one copy)
 from .opspec import Case, Config, ConfigError, Impl, NoConfig, Op, bucket, config_dict, knob  # noqa: F401
 
 log = logging.getLogger("liger_rt.dispatch")
 
 # op name -> module under liger_rt.kernels that registers it (imported on first use)
-OP_MODULES = {
-    "rms_norm": "rms_norm",
-    "swiglu": "swiglu",
-    "layer_norm": "layer_norm",
-    "short_conv": "short_conv",
-    "moe_router": "moe_router",
-    "moe_experts": "moe_experts",
-    "cross_entropy": "cross_entropy",
-    "fused_linear_cross_entropy": "fused_linear_cross_entropy",
-    "fused_linear_logprobs": "fused_linear_logprobs",
-    "rope": "rope",
-    "geglu": "geglu",
-}
+OP_MODULES = {name: name for name in (
+    "rms_norm", "swiglu", "layer_norm", "short_conv", "moe_router", "moe_experts", "cross_entropy",
+    "fused_linear_cross_entropy", "fused_linear_logprobs", "rope", "geglu")}
 ORIGINS = ("env", "pinned", "db", "crossover", "db-nearest", "stale", "online", "heuristic")
 
 
@@ -80,9 +56,7 @@ class Decision:
 def _decide_memo(op: Op, x: torch.Tensor, dims: dict, key) -> Decision:
     """A memo miss: decide (locks, SQL), remember, log when asked."""
     with _LOCK:
-        device_type = "cpu" if x.device.type == "cpu" else "cuda"
-        target = current_target(device_type, x.device)
-        decision = decide(op, target, x.dtype, dims)
+        decision = decide(op, current_target("cpu" if x.device.type == "cpu" else "cuda", x.device), x.dtype, dims)
         if len(op._memo) > 4096:
             op._memo.clear()
         op._memo[key] = decision
@@ -97,8 +71,6 @@ _REGISTRY: dict[str, Op] = opspec.REGISTERED
 
 def register(op: Op) -> Op:
     """Register an op (called at the bottom of each kernel file)."""
-    if not op.module:
-        op.module = sys._getframe(1).f_globals.get("__name__", "")
     op._decide = _decide_memo
     op.source_hash            # from the launchers as defined (a later monkeypatch of a global cannot change it)
     if op.schema:
@@ -117,57 +89,41 @@ def get_op(name: str) -> Op:
 
 
 def available_ops() -> list[str]:
-    """Ops whose kernel module imports (all of OP_MODULES once every issue has landed)."""
-    out = []
-    for name in OP_MODULES:
-        try:
-            get_op(name)
-        except ModuleNotFoundError:
-            continue
-        out.append(name)
-    return out
+    """Every op, its kernel module imported."""
+    return [get_op(name).name for name in OP_MODULES]
 
 
 def reset() -> None:
-    """Forget every memoised decision and launch constant, the arch cache and the open DB (re-read
-    env and DB)."""
+    """Forget every memoised decision and launch constant, the arch cache and the open DB (re-read env and DB)."""
     with _LOCK:
         for op in _REGISTRY.values():
             op._memo.clear()
         clear_launch_memos()
         backend.reset()
-        from . import tuning_db
         tuning_db.reset()
 
 
 def current_target(device_type: str, device=None) -> Target:
     if device_type == "cpu":
-        arch = backend.detect("cpu")
-        return Target(arch=arch, device_type="cpu", interpret=interpreter_on())
-    return Target(arch=backend.detect(device), device_type="cuda")
+        return Target(backend.detect("cpu"), "cpu", interpreter_on())
+    return Target(backend.detect(device), "cuda")
 
 
 def target_for_arch(arch_name: str) -> Target:
     """A planning target for an arch by name (explain, dry runs): cpu means the interpreter."""
     arch = backend.profile(arch_name)
     if arch.name == "cpu":
-        return Target(arch=arch, device_type="cpu", interpret=interpreter_on())
-    if backend.gpu_present():
-        real = backend.detect()
-        if real.name == arch.name:
-            arch = real
-    return Target(arch=arch, device_type="cuda")
+        return Target(arch, "cpu", interpreter_on())
+    if backend.gpu_present() and (real := backend.detect()).name == arch.name:
+        arch = real
+    return Target(arch, "cuda")
 
 
 def select(op: str, *, dtype="bf16", arch: str | None = None, **dims: int) -> Decision:
     """Decide for an op by name without a tensor (CLI, planning): no memo."""
-    from .kernels._common import parse_dtype
     the_op = get_op(op)
     dims = the_op.check_dims(dims)
-    if arch is None:
-        target = current_target("cuda" if backend.gpu_present() else "cpu")
-    else:
-        target = target_for_arch(arch)
+    target = current_target("cuda" if backend.gpu_present() else "cpu") if arch is None else target_for_arch(arch)
     return decide(the_op, target, parse_dtype(dtype), dims)
 
 
@@ -177,9 +133,7 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
     dims = op.check_dims(dims)
     arch = target.arch
     dname = dtype_name(dtype)
-    avail = op.available_impls(target, dims, dtype)
-    if not avail:  # torch always runs, even for shapes the kernels cannot take
-        avail = ["torch"]
+    avail = op.available_impls(target, dims, dtype) or ["torch"]   # torch runs even shapes the kernels cannot take
 
     def made(impl: str, config, origin: str, reason: str) -> Decision:
         return Decision(op.name, impl, op.parse_config(config, impl), origin, reason, arch.name, dname,
@@ -191,16 +145,18 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
     forced = env.impl_override(op.name, op.impl_names)
     if forced is not None:
         if forced not in avail:
-            raise RuntimeError(
-                f"LIGER_RT_IMPL_{op.name.upper()}={forced} but {forced} cannot run here "
-                f"(arch {arch.name}, device {target.device_type}, dims {dims}); available: {', '.join(avail)}")
+            raise RuntimeError(f"LIGER_RT_IMPL_{op.name.upper()}={forced} but {forced} cannot run here "
+                               f"(arch {arch.name}, device {target.device_type}, dims {dims}); "
+                               f"available: {', '.join(avail)}")
         row = _db_row(op, target, dname, dims, impls=[forced], nearest=True)
         config = row["config"] if row else op.default_config(forced, arch, dims, dtype)
         return made(forced, config, "env", f"LIGER_RT_IMPL_{op.name.upper()}={forced}")
     if op.pinned_by_fused_moe_env and not env.fused_moe_autotune():
-        impl = _crossover_or_heuristic_impl(op, target, dname, dtype, dims, avail)
+        cross = _crossover(op, target, dname, dims, avail)
+        impl = cross[0] if cross and cross[0] in avail else _heuristic_impl(op, target, dtype, dims, avail)
         kind = "HIP-safe pinned" if arch.is_hip else "pinned"
-        return made(impl, op.default_config(impl, arch, dims, dtype, pinned=True), "pinned", f"LIGER_FUSED_MOE_AUTOTUNE=0: {kind} config")
+        return made(impl, op.default_config(impl, arch, dims, dtype, pinned=True), "pinned",
+                    f"LIGER_FUSED_MOE_AUTOTUNE=0: {kind} config")
 
     # 3. tuning DB, exact bucket (a row of another device or software fingerprint says "stale")
     row = _db_row(op, target, dname, dims, impls=avail, nearest=False)
@@ -229,24 +185,17 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
         from . import autotune
         result = autotune.tune_online(op, target, dtype, dims)
         if result is not None:
+            baseline = result.get("baseline_ms") or float("nan")
             return made(result["impl"], result["config"], "online",
-                        f"tuned now: {result['median_ms']:.4g} ms (torch {result.get('baseline_ms') or float('nan'):.4g} ms)")
+                        f"tuned now: {result['median_ms']:.4g} ms (torch {baseline:.4g} ms)")
     impl = _heuristic_impl(op, target, dtype, dims, avail)
     return made(impl, op.default_config(impl, arch, dims, dtype), "heuristic",
                 f"no DB entry for {arch.name}/{dname}/{op.static_key(dims)}{unusable}; {arch.name} heuristic")
 
 
 def _heuristic_impl(op: Op, target: Target, dtype, dims, avail: list[str]) -> str:
-    if op.heuristic_impl is not None:
-        choice = op.heuristic_impl(target, dims, dtype, avail)
-        if choice in avail:
-            return choice
-    return avail[0]
-
-
-def _crossover_or_heuristic_impl(op, target, dname, dtype, dims, avail) -> str:
-    cross = _crossover(op, target, dname, dims, avail)
-    return cross[0] if cross and cross[0] in avail else _heuristic_impl(op, target, dtype, dims, avail)
+    choice = op.heuristic_impl(target, dims, dtype, avail) if op.heuristic_impl is not None else None
+    return choice if choice in avail else avail[0]
 
 
 def _row_reason(row: dict, where: str) -> str:
@@ -256,15 +205,12 @@ def _row_reason(row: dict, where: str) -> str:
 
 
 def _db_row(op: Op, target: Target, dname: str, dims: dict, *, impls: list[str], nearest: bool) -> dict | None:
-    from . import tuning_db
-    store = tuning_db.get_store()
-    return store.lookup(op, target.arch.name, dname, dims, impls=impls, nearest=nearest)
+    return tuning_db.get_store().lookup(op, target.arch.name, dname, dims, impls=impls, nearest=nearest)
 
 
 def _crossover(op: Op, target: Target, dname: str, dims: dict, avail: list[str]):
     if op.crossover_axis is None:
         return None
-    from . import tuning_db
     row = tuning_db.get_store().crossover(op, target.arch.name, dname, dims)
     if row is None:
         return None

@@ -1,14 +1,13 @@
 """Every LIGER_* environment variable, parsed and validated in one place (docs/env.md lists them).
 
-Nothing is read at import time.  Every accessor first runs :func:`check`, which validates *all*
-the variables set, so a bad value raises :class:`EnvError` on every path that reads the
-environment, whichever variable that path needs; an unknown ``LIGER_RT_*`` name warns once,
-naming the nearest valid one.  This module imports nothing from liger_rt (backend, dispatch and
-the store import it).
+Nothing is read at import time.  Every accessor first runs :func:`check`, which validates *all* the variables
+set, so a bad value raises :class:`EnvError` whichever variable a path needs; an unknown ``LIGER_RT_*`` name
+warns once, naming the nearest valid one.  This module imports nothing from liger_rt (its importers are).
 """
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import os
 import sys
@@ -17,12 +16,8 @@ from pathlib import Path
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-
-# The accepted values of LIGER_RT_ARCH: the arch profiles of liger_rt.backend (which checks at
-# import that its table has exactly these names).
+# LIGER_RT_ARCH's values: liger_rt.backend checks at import that its arch profiles have these names
 ARCH_CHOICES = ("hopper", "blackwell", "ampere", "mi300x", "mi325x", "mi355x", "cpu")
-LOG_CHOICES = ("decisions",)
-COMPILE_POLICIES = ("kernels", "fuse")
 MAX_DB_TIMEOUT = 86400.0     # seconds; SQLite's busy timeout is an int of milliseconds
 IMPL_PREFIX = "LIGER_RT_IMPL_"
 
@@ -30,8 +25,6 @@ IMPL_PREFIX = "LIGER_RT_IMPL_"
 class EnvError(ValueError):
     """A LIGER_* variable holds a value that is not accepted."""
 
-
-# -- parsers of one raw value (no check()) ---------------------------------------------------------
 
 def _raw(name: str) -> str:
     return os.environ.get(name, "").strip()
@@ -76,15 +69,6 @@ def _choice(name: str, choices, what: str) -> str | None:
     return raw or None
 
 
-def _log() -> bool:
-    raw = _raw("LIGER_RT_LOG").lower()
-    if not raw or raw in _FALSE:
-        return False
-    if raw not in LOG_CHOICES:
-        raise EnvError(f"LIGER_RT_LOG={raw!r} is not valid; accepted values: {', '.join(LOG_CHOICES)} (or unset)")
-    return True
-
-
 def _timeout() -> float:
     raw = _raw("LIGER_RT_DB_TIMEOUT")
     if not raw:
@@ -108,11 +92,12 @@ _PARSERS = {
     "LIGER_RT_TUNING_DB": ("tuning_db", _tuning_db_path),
     "LIGER_RT_ARCH": ("arch", lambda: _choice("LIGER_RT_ARCH", ARCH_CHOICES, "not a known arch")),
     "LIGER_RT_AUTOTUNE": ("autotune", lambda: _flag("LIGER_RT_AUTOTUNE", False)),
-    "LIGER_RT_LOG": ("log_decisions", _log),
+    "LIGER_RT_LOG": ("log_decisions",
+                     lambda: _choice("LIGER_RT_LOG", ("decisions", *_FALSE), "not valid") == "decisions"),
     "LIGER_RT_DISABLE": ("disable", lambda: _flag("LIGER_RT_DISABLE", False)),
     "LIGER_FUSED_MOE_AUTOTUNE": ("fused_moe_autotune", lambda: _flag("LIGER_FUSED_MOE_AUTOTUNE", True)),
     "LIGER_RT_DB_TIMEOUT": ("db_timeout", _timeout),
-    "LIGER_RT_COMPILE_POLICY": ("compile_policy", lambda: _choice("LIGER_RT_COMPILE_POLICY", COMPILE_POLICIES,
+    "LIGER_RT_COMPILE_POLICY": ("compile_policy", lambda: _choice("LIGER_RT_COMPILE_POLICY", ("kernels", "fuse"),
                                                                   "not a compile policy") or "fuse"),
 }
 
@@ -163,60 +148,26 @@ def _hint(key: str, ops) -> str:
     return f"did you mean {near[0]}?" if near else f"known: {', '.join(known)}"
 
 
-# -- accessors (each validates the whole environment first) ----------------------------------------
-
 def _get(name: str):
     check()
     return _PARSERS[name][1]()
 
 
-def tuning_db_path() -> Path:
-    """LIGER_RT_TUNING_DB: the writable tuning DB (default: $XDG_CACHE_HOME/liger_rt/tuning.db)."""
-    return _get("LIGER_RT_TUNING_DB")
-
-
-def arch_override() -> str | None:
-    """LIGER_RT_ARCH: force an arch profile by name."""
-    return _get("LIGER_RT_ARCH")
-
-
-def autotune() -> bool:
-    """LIGER_RT_AUTOTUNE: 1 tunes on a DB miss and persists the winner; default 0."""
-    return _get("LIGER_RT_AUTOTUNE")
-
-
-def log_decisions() -> bool:
-    """LIGER_RT_LOG=decisions: log each new dispatch decision once."""
-    return _get("LIGER_RT_LOG")
+# The accessors (docs/env.md says what each variable means); each validates the whole environment first.
+tuning_db_path = functools.partial(_get, "LIGER_RT_TUNING_DB")                # -> Path
+arch_override = functools.partial(_get, "LIGER_RT_ARCH")                      # -> an arch name or None
+autotune = functools.partial(_get, "LIGER_RT_AUTOTUNE")                       # -> bool
+log_decisions = functools.partial(_get, "LIGER_RT_LOG")                       # -> bool
+disabled = functools.partial(_get, "LIGER_RT_DISABLE")                        # -> bool
+fused_moe_autotune = functools.partial(_get, "LIGER_FUSED_MOE_AUTOTUNE")      # -> bool
+db_timeout = functools.partial(_get, "LIGER_RT_DB_TIMEOUT")                   # -> seconds
+compile_policy = functools.partial(_get, "LIGER_RT_COMPILE_POLICY")           # -> "fuse" or "kernels"
 
 
 def impl_override(op: str, valid: tuple[str, ...] | None = None) -> str | None:
-    """LIGER_RT_IMPL_<OP>: force an implementation of one op (e.g. LIGER_RT_IMPL_RMS_NORM=torch)."""
+    """LIGER_RT_IMPL_<OP>: the implementation forced for one op, if any."""
     check()
     return _impl(op, valid)
-
-
-def disabled() -> bool:
-    """LIGER_RT_DISABLE: 1 makes every op use its torch reference."""
-    return _get("LIGER_RT_DISABLE")
-
-
-def fused_moe_autotune() -> bool:
-    """LIGER_FUSED_MOE_AUTOTUNE: 0 pins MoE kernels to fixed configs (HIP-safe on AMD); default 1."""
-    return _get("LIGER_FUSED_MOE_AUTOTUNE")
-
-
-def db_timeout() -> float:
-    """LIGER_RT_DB_TIMEOUT: seconds to wait for a locked tuning DB before falling back (default 10)."""
-    return _get("LIGER_RT_DB_TIMEOUT")
-
-
-def compile_policy() -> str:
-    """LIGER_RT_COMPILE_POLICY: what a torch.compile trace takes.  `fuse` (default): the torch
-    implementation of the ops the compiler fuses with their neighbours (``Op.compiler_fuses``: the norms,
-    SwiGLU/GeGLU, RoPE), every other op's dispatched implementation; `kernels`: each op's dispatched
-    implementation, as in eager."""
-    return _get("LIGER_RT_COMPILE_POLICY")
 
 
 def _or_error(fn, *args):
@@ -233,10 +184,8 @@ def snapshot() -> dict:
     parsed = {key: _or_error(fn) for key, fn in _PARSERS.values()}
     parsed["tuning_db"] = str(parsed["tuning_db"])
     ops = _ops()
-    for key in raw:
-        op = key[len(IMPL_PREFIX):].lower()
-        if key.startswith(IMPL_PREFIX) and op in ops:
-            parsed[key] = _or_error(_impl, op, ops[op])
+    parsed.update({key: _or_error(_impl, op, ops[op]) for key in raw
+                   if key.startswith(IMPL_PREFIX) and (op := key[len(IMPL_PREFIX):].lower()) in ops})
     known = set(known_names(ops))
     unknown = {k: _hint(k, ops) for k in raw if k.startswith("LIGER_RT_") and k not in known}
     return {"set": raw, "parsed": parsed, "unknown": unknown}

@@ -1,24 +1,12 @@
-"""The op spec: what a kernel file declares, and the plumbing the runtime builds from it.
+"""The op spec: what a kernel file declares in one ``Op(...)`` (dims, a frozen :class:`Config` whose
+fields declare the values they may take, candidate/heuristic/pinned configs, implementations, tuning
+cases and sweep plans), and what the runtime builds from it: the functional's prologue, the autograd
+wiring (:class:`KernelFunction` in eager mode, generated ``torch.library`` ops under ``torch.compile``),
+config validation and the freshness hash.  docs/architecture.md and docs/adding_an_op.md say more.
 
-A kernel file keeps its math (reference, Triton kernels, launchers) and ends with one ``Op(...)``
-that says everything else: its dims, a frozen :class:`Config` dataclass whose fields declare the
-values they may take, the candidate/heuristic/pinned configs, the implementations and their
-availability, how to build a tuning case and a sweep plan.  From that the runtime builds
-
-- the functional's prologue (``OP(*args)``: input checks -> dims -> decision -> run),
-- the autograd wiring of a Triton implementation (:class:`KernelFunction` in eager mode, and a
-  ``torch.library`` custom-op pair with fake implementations under ``torch.compile``, where the
-  decision is taken at trace time and baked into the graph; a new bucket recompiles),
-- DB-row validation (:meth:`Config.parse`), the sweep's candidate list, ``explain``,
-- the freshness hash: the Triton kernels and the launch code that maps a config to a launch,
-  without docstrings or comments.
-
-A Triton implementation is a pair of launchers:
-``forward(config, *args) -> (outputs, saved)`` and
+A Triton implementation is a pair of launchers: ``forward(config, *args) -> (outputs, saved)`` and
 ``backward(config, args, saved, needs, *grad_outputs) -> one gradient (or None) per arg``, where
-``args`` are the call's arguments (tensors and scalars), ``saved`` the extra tensors the forward
-kept, ``needs`` which args want a gradient.  A native implementation (``fn``: the torch
-reference, grouped MM) is differentiated by autograd itself.  See docs/adding_an_op.md.
+``saved`` are the extra tensors the forward kept and ``needs`` which args want a gradient.
 """
 from __future__ import annotations
 
@@ -35,6 +23,8 @@ import typing
 from typing import Callable, Mapping
 
 import torch
+
+from . import env
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -64,9 +54,9 @@ STAGES = (1, 2, 3, 4, 5, 6)
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Base of every op's launch config: frozen, typed, each field declared with :func:`knob`
-    (or a nested Config).  Construction validates, so a config outside the declared space can
-    neither be generated nor read back from a DB row."""
+    """Base of every op's launch config: frozen, typed, each field declared with :func:`knob` (or a nested
+    Config).  Construction validates, so a config outside the declared space can neither be generated nor read
+    back from a DB row."""
 
     def __post_init__(self) -> None:
         for f, typ in _fields(type(self)):
@@ -98,9 +88,8 @@ class Config:
         if unknown or missing:
             raise ConfigError(f"{cls.__name__}: fields are {', '.join(fields) or 'none'}; "
                               f"unknown {unknown or 'none'}, missing {missing or 'none'}")
-        kw = {k: (typ.parse(data[k]) if isinstance(typ, type) and issubclass(typ, Config) else data[k])
-              for k, typ in fields.items()}
-        return cls(**kw)
+        return cls(**{k: (typ.parse(data[k]) if isinstance(typ, type) and issubclass(typ, Config) else data[k])
+                      for k, typ in fields.items()})
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -147,30 +136,23 @@ def config_dict(config) -> dict:
 
 # -- implementations and tuning cases -----------------------------------------------------------------
 
-def _always(target) -> bool:
-    return True
-
-
 @dataclasses.dataclass
 class Impl:
-    """One implementation of an op: either native (``fn(*args)``, differentiated by autograd) or a
-    Triton pair (``forward``/``backward``, see the module docstring) that takes the op's config.
-
-    available(target) -> bool: can it run on this device/arch at all.
-    supports(dims, dtype) -> None, or why it cannot take this shape.
+    """One implementation of an op: either native (``fn(*args)``, differentiated by autograd) or a Triton pair
+    (``forward``/``backward``, see the module docstring) that takes the op's config.  available(target) -> bool:
+    can it run on this device/arch at all; supports(dims, dtype) -> None, or why it cannot take this shape.
     """
     name: str
     fn: Callable | None = None
     forward: Callable | None = None
     backward: Callable | None = None
-    available: Callable = _always
+    available: Callable = lambda target: True
     supports: Callable | None = None
-    keep: tuple[int, ...] | None = None   # args whose values the backward reads (None: all); the
-                                          # others are saved as shape-only stand-ins, so they can be freed
+    # args whose values the backward reads (None: all); the others are saved as shape-only stand-ins
+    keep: tuple[int, ...] | None = None
     run: Callable | None = None           # run(case, config): set by the Op (autotune's entry)
-    # under torch.compile: traced_backward(args, saved, needs, *grads) -> one gradient per
-    # arg in plain torch ops, or None to run the backward op; inductor then plans those gradients'
-    # memory (the backward op may not write into its inputs, so it allocates fresh buffers)
+    # under torch.compile: traced_backward(args, saved, needs, *grads) -> one gradient per arg in plain
+    # torch ops (inductor plans their memory; the backward op allocates fresh buffers), or None: the op
     traced_backward: Callable | None = None
 
     @property
@@ -191,15 +173,14 @@ class Case:
 class Op:
     """An op's declaration.
 
-    dims(*args) checks a call's arguments and returns its dims (static ones key tuning exactly,
-    dynamic ones are bucketed to powers of two).  config/candidates/heuristic/pinned describe the
-    tuned implementation's launch space; smem(config, dims, dtype) its shared memory per program.
-    make_case(dims, dtype, device[, tag]) -> Case with fresh random inputs; plan(preset, arch, quick)
-    lists the dims a sweep measures; reduce_len(dims) sizes the validation tolerance;
-    crossover_axis(dims) is the quantity that decides between competing implementations.
-    schema: the args of the custom op ("Tensor x, Tensor weight, float eps"); fake(config, *args)
-    -> (outputs, saved) as empty tensors; outputs: how many tensors the op returns; bwd_fake: the
-    backward op's fake where the gradients are not laid out like the inputs (default: contiguous).
+    dims(*args) checks a call's arguments and returns its dims (static ones key tuning exactly, dynamic ones
+    are bucketed to powers of two).  config/candidates/heuristic/pinned describe the tuned implementation's
+    launch space; smem(config, dims, dtype) its shared memory per program.  make_case(dims, dtype, device[,
+    tag]) -> Case with fresh random inputs; plan(preset, arch, quick) lists the dims a sweep measures;
+    reduce_len(dims) sizes the validation tolerance; crossover_axis(dims) is the quantity that decides between
+    competing implementations.  schema: the args of the custom op ("Tensor x, Tensor weight, float eps");
+    fake(config, *args) -> (outputs, saved) as empty tensors; outputs: how many tensors the op returns;
+    bwd_fake: the backward op's fake where the gradients are not laid out like the inputs (default: contiguous).
     """
     name: str
     static: tuple[str, ...]
@@ -226,7 +207,6 @@ class Op:
     variant: str = "fwdbwd"
     tags: tuple[str, ...] = ("",)       # input variants a sweep measures (make_case takes tag=)
     dtypes: tuple[str, ...] = ("fp32", "bf16", "fp16")
-    module: str = ""
     # torch.compile fuses the torch implementation with its neighbours (adds, casts):
     # LIGER_RT_COMPILE_POLICY=fuse traces it
     compiler_fuses: bool = False
@@ -234,7 +214,6 @@ class Op:
     def __post_init__(self) -> None:
         self._by_name = {i.name: i for i in self.impls}
         self._memo: dict = {}
-        self._hash: str | None = None
         self._custom = None
         self._decide = None           # set by dispatch.register
         self._dtypes = tuple(DTYPES[d] for d in self.dtypes)
@@ -259,15 +238,13 @@ class Op:
     def reference(self) -> Callable:
         return self._by_name["torch"].fn
 
-    @property
+    @functools.cached_property
     def source_hash(self) -> str:
         """Hash of what changes behaviour: the Triton kernels and the launch code reachable from the
         tuned implementations' forward/backward (docstrings and comments do not count)."""
-        if self._hash is None:
-            roots = [f for i in self.impls for f in (i.forward, i.backward) if f is not None]
-            text = "\n".join(_normalised_source(f) for f in _reachable(roots)) or self.name
-            self._hash = hashlib.sha256(f"{self.schema_version}\n{text}".encode()).hexdigest()[:16]
-        return self._hash
+        roots = [f for i in self.impls for f in (i.forward, i.backward) if f is not None]
+        text = "\n".join(_normalised_source(f) for f in _reachable(roots)) or self.name
+        return hashlib.sha256(f"{self.schema_version}\n{text}".encode()).hexdigest()[:16]
 
     def check_dims(self, dims: Mapping[str, int]) -> dict:
         names = self.static + self.dynamic
@@ -294,17 +271,12 @@ class Op:
         """The configs a sweep measures for `impl` on `arch`, pruned to what the arch can run."""
         if not impl.tuned:
             return [NoConfig()]
-        out, seen = [], set()
-        for cfg in self.candidates(arch, dims, dtype):
+
+        def fits(cfg: Config) -> bool:
             warps, stages = cfg.limits()
-            if warps > arch.max_num_warps or stages > arch.max_num_stages:
-                continue
-            if self.smem is not None and self.smem(cfg, dims, dtype) > arch.smem_bytes:
-                continue
-            if cfg not in seen:
-                seen.add(cfg)
-                out.append(cfg)
-        return out
+            return (warps <= arch.max_num_warps and stages <= arch.max_num_stages
+                    and (self.smem is None or self.smem(cfg, dims, dtype) <= arch.smem_bytes))
+        return list(dict.fromkeys(filter(fits, self.candidates(arch, dims, dtype))))
 
     def default_config(self, impl: str, arch, dims: dict, dtype: torch.dtype, *, pinned: bool = False) -> Config:
         if not self.impl(impl).tuned:
@@ -325,10 +297,7 @@ class Op:
     def _select(self, x: torch.Tensor, dims: dict):
         # the memo key: x.device (not .device.type, which builds a string each time), dtype, dims
         key = (x.device, x.dtype, *dims.values())
-        hit = self._memo.get(key)
-        if hit is not None:
-            return hit
-        return self._decide(self, x, dims, key)
+        return self._memo.get(key) or self._decide(self, x, dims, key)     # a Decision is always truthy
 
     def __call__(self, *args):
         """The functional's body: check the inputs, decide, run the chosen implementation."""
@@ -376,7 +345,7 @@ class Op:
         # dims are pinned down by comparisons only, so under dynamic shapes dynamo guards on the
         # bucket of a dynamic dim (a new bucket recompiles) and on the exact value of a static one,
         # and the decision below sees plain ints it can treat as constants
-        key = tuple(_traced_bucket(dims[d]) if d in self.dynamic else _traced_exact(dims[d])
+        key = tuple(bucket(dims[d]) if d in self.dynamic else _traced_exact(dims[d])
                     for d in self.static + self.dynamic)
         impl_name, config_json = _decide_constant(self.name, args[0].device.type, args[0].dtype, *key)
         impl = self._by_name[impl_name]
@@ -391,13 +360,9 @@ class Op:
         return self._custom
 
 
-def bucket(value: int) -> int:
-    """Dynamic dims are bucketed to the next power of two (1, 2, 4, ...)."""
-    value = int(value)
-    return 1 if value <= 1 else 1 << (value - 1).bit_length()
-
-
-def _traced_bucket(value) -> int:
+def bucket(value) -> int:
+    """Dynamic dims are bucketed to the next power of two (1, 2, 4, ...).  By comparisons only: under
+    torch.compile a symbolic value is guarded on its bucket, not on its exact value."""
     b = 1
     while b < value:
         b *= 2
@@ -406,7 +371,7 @@ def _traced_bucket(value) -> int:
 
 def _traced_exact(value) -> int:
     """A (possibly symbolic) positive int as a plain int, by bisection between powers of two."""
-    lo, hi = 0, _traced_bucket(value)
+    lo, hi = 0, bucket(value)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if value <= mid else (mid, hi)
@@ -418,7 +383,6 @@ def _decide_constant(op_name: str, device_type: str, dtype: torch.dtype, *key: i
     op = REGISTERED[op_name]
     dims = dict(zip(op.static + op.dynamic, key))
     if compiler_takes(op):
-        from . import env
         if env.log_decisions():
             logging.getLogger("liger_rt.dispatch").warning(
                 "liger_rt decision: %s under torch.compile -> torch (LIGER_RT_COMPILE_POLICY=fuse: the compiler "
@@ -431,7 +395,6 @@ def _decide_constant(op_name: str, device_type: str, dtype: torch.dtype, *key: i
 def compiler_takes(op: Op) -> bool:
     """Whether a torch.compile trace hands `op` to the compiler (its torch implementation): the op says
     compiler_fuses, LIGER_RT_COMPILE_POLICY=fuse, and neither LIGER_RT_DISABLE nor LIGER_RT_IMPL_<OP> decides."""
-    from . import env
     return (op.compiler_fuses and env.compile_policy() == "fuse" and not env.disabled()
             and env.impl_override(op.name, op.impl_names) is None)
 
@@ -474,9 +437,8 @@ _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 
 
 def _apply_kernel(impl, config, *args):
-    """KernelFunction.apply(impl, config, *args) without the Python wrapper's per-call work (a
-    setup_context lookup and a generator over the args, ~1.5 us): the same C entry after the same
-    unwrapping of dead functorch wrappers; under functorch transforms, the wrapper itself."""
+    """KernelFunction.apply(impl, config, *args) through the C entry, skipping the Python wrapper's
+    per-call work (~1.5 us); under functorch transforms, the wrapper itself."""
     if torch._C._are_functorch_transforms_active():
         return KernelFunction.apply(impl, config, *args)
     return _function_apply(impl, config, *[_unwrap_if_dead(a) if isinstance(a, torch.Tensor) else a for a in args])
@@ -509,29 +471,22 @@ _LIB = torch.library.Library("liger_rt", "FRAGMENT")     # the namespace of ever
 
 
 def _build_custom_ops(op: Op):
-    """liger_rt::<op>_fwd(args..., str config) -> Tensor[] (outputs then saved) and
-    liger_rt::<op>_bwd, with fakes; returns the autograd.Function that joins them under dynamo.
-
-    Plain ``Library`` ops (no Autograd kernel) rather than ``torch.library.custom_op``: inside a
-    compiled graph every call of a custom_op goes through its Python autograd and redispatch
-    layers, ~6 us more per call on CPU (a compiled rms_norm fwd+bwd: 47 -> 30 us, CPU stub); the
-    autograd formula lives in the Function, which dynamo traces into the forward and backward graphs."""
+    """liger_rt::<op>_fwd(args..., str config) -> Tensor[] (outputs then saved) and liger_rt::<op>_bwd,
+    with fakes; returns the autograd.Function that joins them under dynamo.  Plain ``Library`` ops: a
+    ``torch.library.custom_op`` costs ~6 us more per call in a compiled graph (docs/architecture.md)."""
     spec = _schema_args(op.schema)
     is_tensor = [t.startswith("Tensor") for t, _ in spec]
     scalars = [(t, n) for t, n in spec if not t.startswith("Tensor")]
 
-    def parse(config_json: str):
-        return _parse_decision(op.name, config_json)
-
     def fwd(*a):
         *args, config_json = a
-        impl, cfg = parse(config_json)
+        impl, cfg = _parse_decision(op.name, config_json)
         outs, saved = impl.forward(cfg, *args)
         return [*(o.clone() if any(o is t for t in args) else o for o in outs), *saved]
 
     def fwd_fake(*a):
         *args, config_json = a
-        outs, saved = op.fake(parse(config_json)[1], *args)
+        outs, saved = op.fake(_parse_decision(op.name, config_json)[1], *args)
         return [*outs, *saved]
 
     # the op's own scalar names sit beside these: prefixed so that none can clash (fused_linear_
@@ -545,10 +500,9 @@ def _build_custom_ops(op: Op):
 
     def bwd(tensors, saved, grads, *rest):
         *scalar_values, needs, config_json = rest
-        impl, cfg = parse(config_json)
+        impl, cfg = _parse_decision(op.name, config_json)
         args = rebuild(tensors, scalar_values)
-        it = iter(needs)     # one flag per arg, as in eager mode (scalars: False)
-        per_arg = tuple(bool(next(it)) if flag else False for flag in is_tensor)
+        per_arg = rebuild(map(bool, needs), [False] * len(scalars))     # one flag per arg, as in eager mode
         dargs = [g for g, flag in zip(impl.backward(cfg, args, tuple(saved), per_arg, *grads), is_tensor) if flag]
         like = next(t for t in tensors if t is not None)
         return [g.to(t.dtype) if g is not None and need and t is not None else like.new_empty(0)
@@ -594,12 +548,8 @@ def _build_custom_ops(op: Op):
                     return (None, None, None, *dargs)
             needs = [bool(n) for n, flag in zip(ctx.needs_input_grad[3:], is_tensor) if flag]
             out = bwd_op(tensors, extra, list(grads), *ctx.scalars, needs, ctx.config_json)
-            it = iter(out)
-            dargs = []
-            for flag in is_tensor:
-                g = next(it) if flag else None
-                dargs.append(g if g is not None and g.numel() else None)
-            return (None, None, None, *dargs)
+            dargs = rebuild(out, [None] * len(ctx.scalars))
+            return (None, None, None, *(g if g is not None and g.numel() else None for g in dargs))
 
     return TracedFunction
 
@@ -630,10 +580,7 @@ def _reachable(roots: list) -> list:
             todo += [m for m in map(_method_function, vars(fn).values()) if m is not None]
             continue
         order.append(fn)
-        for name in sorted(set(_code_names(fn.__code__))):
-            obj = fn.__globals__.get(name)
-            if isinstance(obj, (types.FunctionType, type)) or hasattr(obj, "fn"):
-                todo.append(obj)
+        todo += [fn.__globals__.get(name) for name in set(_code_names(fn.__code__))]
     return sorted(order, key=lambda f: (f.__module__, f.__qualname__))
 
 
