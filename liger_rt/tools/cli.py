@@ -333,15 +333,13 @@ def show(op, arch_name, db_path, as_json):
     from liger_rt import tuning_db
     from liger_rt.tuning_db.store import classify, op_arch_where
     where, args = op_arch_where(op, arch_name)
-    user_error, layers = None, [tuning_db.store.shipped_defaults()]
+    user_error, layers = None, [None, tuning_db.store.shipped_defaults()]
     try:
-        user = _open_user(db_path, readonly=True, must_exist=False)
-        if user is not None:
-            layers.insert(0, user)
+        layers[0] = _open_user(db_path, readonly=True, must_exist=False)     # None: no user DB yet
     except tuning_db.TuningDBError as exc:
         user_error = str(exc)
     tuning, cross = [], []
-    for layer in layers:
+    for layer in filter(None, layers):
         for table, out in (("tuning", tuning), ("crossover", cross)):
             for r in layer.select(table, where, args):
                 status, why = classify(table, r)

@@ -99,7 +99,6 @@ def build_config(preset: str | Preset, **overrides):
 
 
 def model_class(model_type: str):
-    """The class `build_model` instantiates for a model type."""
     if model_type == "lfm2_vl":
         return importlib.import_module("transformers.models.lfm2_vl.modeling_lfm2_vl").Lfm2VlForConditionalGeneration
     from transformers import AutoModelForCausalLM
