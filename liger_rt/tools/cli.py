@@ -42,7 +42,8 @@ def _check_ops(ctx, param, ops):
     from liger_rt import dispatch
     bad = [o for o in ([ops] if isinstance(ops, str) else ops or ()) if o not in dispatch.OP_MODULES]
     if bad:
-        raise click.BadParameter(f"unknown op {bad[0]!r}; valid ops: {', '.join(dispatch.OP_MODULES)}", param_hint="--op")
+        raise click.BadParameter(f"unknown op {bad[0]!r}; valid ops: {', '.join(dispatch.OP_MODULES)}",
+                                 param_hint="--op")
     return ops
 
 
@@ -204,7 +205,8 @@ def doctor_report() -> dict:
           "user_health": None, "user_bad": []}
     try:
         path = env._tuning_db_path()
-        db.update(user_path=str(path), user_exists=path.exists(), user_bytes=path.stat().st_size if path.exists() else 0)
+        db.update(user_path=str(path), user_exists=path.exists())
+        db["user_bytes"] = path.stat().st_size if db["user_exists"] else 0
     except env.EnvError as exc:
         db["user_error"] = str(exc)
     if db["user_exists"]:
@@ -219,8 +221,8 @@ def doctor_report() -> dict:
         except Exception as exc:     # beyond TuningDBError and OSError, e.g. locked while reading rows
             db["user_error"] = str(exc) if isinstance(exc, (TuningDBError, OSError)) else f"{type(exc).__name__}: {exc}"
     db["shipped_health"], db["shipped_bad"] = _health(tuning_db.store.shipped_defaults())
-    files = [p.name for p in (resources.files("liger_rt.tuning_db") / "defaults").iterdir() if p.name.endswith(".jsonl")]
-    db["shipped_files"] = ", ".join(sorted(files)) or "none"
+    files = (resources.files("liger_rt.tuning_db") / "defaults").iterdir()
+    db["shipped_files"] = ", ".join(sorted(p.name for p in files if p.name.endswith(".jsonl"))) or "none"
     return {"arch": arch, "device": device, "versions": versions, "db": db, "env": snap,
             "interpreter": os.environ.get("TRITON_INTERPRET", ""), "ops": ops}
 
@@ -229,10 +231,12 @@ def doctor_report() -> dict:
 @click.option("--arch", "arch_name", required=True, callback=_check_arch,
               help="Arch to tune for (must be this machine's, unless --dry-run).")
 @click.option("--op", "ops", multiple=True, callback=_check_ops, help="Op to sweep (repeatable); default: every op.")
-@click.option("--model", "preset", default=None, help="Model preset whose shapes to sweep (e.g. qwen3-1.7b, lfm2-8b-a1b).")
+@click.option("--model", "preset", default=None,
+              help="Model preset whose shapes to sweep (e.g. qwen3-1.7b, lfm2-8b-a1b).")
 @click.option("--shape", "shapes", multiple=True,
               help="A shape instead of the plan, k=v[,k=v...] (repeatable; needs exactly one --op).")
-@click.option("--dtype", "dtypes", multiple=True, default=("bf16",), show_default=True, help="fp32, bf16 or fp16 (repeatable).")
+@click.option("--dtype", "dtypes", multiple=True, default=("bf16",), show_default=True,
+              help="fp32, bf16 or fp16 (repeatable).")
 @click.option("--quick", is_flag=True, help="A short plan: fewer shapes, shorter timing.")
 @click.option("--dry-run", is_flag=True, help="Print the plan for any arch and measure nothing.")
 @click.option("--db", "db_path", default=None, help="DB to write (default: LIGER_RT_TUNING_DB or the user cache).")
@@ -501,7 +505,8 @@ def prune(stale, invalid, op, arch_name, dry_run, db_path):
         click.echo(f"{len(out['tuning'])} tuning and {len(out['crossover'])} crossover entries and "
                    f"{out['measurements']} raw measurements would be removed (dry run)")
     else:
-        click.echo(f"removed {len(out['tuning']) + len(out['crossover'])} entries and {out['measurements']} raw measurements from {store.path}")
+        click.echo(f"removed {len(out['tuning']) + len(out['crossover'])} entries and {out['measurements']} "
+                   f"raw measurements from {store.path}")
 
 
 # parity and bench import the patchers, hence the kernel modules: without a GPU the interpreter switch
