@@ -15,12 +15,6 @@ import warnings
 import click
 
 
-def _cpu_interpreter() -> None:
-    from liger_rt import backend
-    if not backend.gpu_present() and "TRITON_INTERPRET" not in os.environ:
-        os.environ["TRITON_INTERPRET"] = "1"
-
-
 def _parse_shape(text: str) -> dict:
     dims = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -37,7 +31,6 @@ def _parse_shape(text: str) -> dict:
 
 
 def _check_arch(ctx, param, name: str | None) -> str | None:
-    """The --arch callback: the arch name in lower case, or None when not given."""
     from liger_rt import backend
     name = name and name.lower()
     if name and name not in backend.ARCH_NAMES:
@@ -46,11 +39,11 @@ def _check_arch(ctx, param, name: str | None) -> str | None:
 
 
 def _check_ops(ctx, param, ops):
-    """The --op (and explain's OP) callback: the op name(s) given, each a registered op."""
     from liger_rt import dispatch
     bad = [o for o in ([ops] if isinstance(ops, str) else ops or ()) if o not in dispatch.OP_MODULES]
     if bad:
-        raise click.BadParameter(f"unknown op {bad[0]!r}; valid ops: {', '.join(dispatch.OP_MODULES)}", param_hint="--op")
+        raise click.BadParameter(f"unknown op {bad[0]!r}; valid ops: {', '.join(dispatch.OP_MODULES)}",
+                                 param_hint="--op")
     return ops
 
 
@@ -61,14 +54,6 @@ def _table(rows: list[dict], cols: list[str]) -> str:
 
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
-
-
-def _library_errors() -> tuple:
-    """Errors that carry a message for the user (a bad value, an unusable file, a refusal)."""
-    from liger_rt import autotune
-    from liger_rt.tuning_db import TuningDBError
-    # EnvError and RowError are ValueErrors
-    return TuningDBError, autotune.ArchMismatchError, autotune.ShardedSweepError, ValueError, OSError
 
 
 class _Group(click.Group):
@@ -85,11 +70,7 @@ class _Group(click.Group):
         debug = "--debug" in args
         args = [a for a in args if a != "--debug"]
         shown = warnings.showwarning
-
-        def one_line_warning(message, category, filename, lineno, file=None, line=None):
-            click.echo(f"warning: {_one_line(message)}", err=True)
-
-        warnings.showwarning = one_line_warning
+        warnings.showwarning = lambda message, *rest, **kw: click.echo(f"warning: {_one_line(message)}", err=True)
         try:
             code = super().main(args, prog_name=prog_name or "liger-tune", complete_var=complete_var,
                                 standalone_mode=False, **extra)
@@ -103,7 +84,11 @@ class _Group(click.Group):
         except Exception as exc:
             if debug:
                 raise
-            known = isinstance(exc, _library_errors())
+            from liger_rt import autotune
+            from liger_rt.tuning_db import TuningDBError
+            # errors that carry a message for the user (EnvError and RowError are ValueErrors)
+            known = isinstance(exc, (TuningDBError, autotune.ArchMismatchError, autotune.ShardedSweepError,
+                                     ValueError, OSError))
             what = _one_line(str(exc)) if known and str(exc) else f"{type(exc).__name__}: {_one_line(exc)}"
             hint = "" if known else " (an internal error: `liger-tune --debug ...` shows the traceback)"
             click.echo(f"liger-tune: error: {what}{hint}", err=True)
@@ -118,6 +103,7 @@ class _Group(click.Group):
 @click.option("--debug", is_flag=True, help="Show the traceback of a failure (also accepted after the verb).")
 def main(debug):
     """Fill and inspect the liger_rt tuning database."""
+    from liger_rt import dispatch  # noqa: F401  (the registry the verbs judge rows and records against)
 
 
 def _open_user(db_path: str | None, *, readonly: bool, must_exist: bool = True, create: bool = True):
@@ -134,8 +120,6 @@ def _open_user(db_path: str | None, *, readonly: bool, must_exist: bool = True, 
         return None
     return Store(path, layer="user", readonly=readonly, create=create)
 
-
-# -- doctor ---------------------------------------------------------------------------------------
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -221,10 +205,11 @@ def doctor_report() -> dict:
           "user_health": None, "user_bad": []}
     try:
         path = env._tuning_db_path()
-        db.update(user_path=str(path), user_exists=path.exists(), user_bytes=path.stat().st_size if path.exists() else 0)
+        db.update(user_path=str(path), user_exists=path.exists())
+        db["user_bytes"] = path.stat().st_size if db["user_exists"] else 0
     except env.EnvError as exc:
-        path, db["user_error"] = None, str(exc)
-    if path is not None and path.exists():
+        db["user_error"] = str(exc)
+    if db["user_exists"]:
         try:
             timeout = env._timeout()
         except env.EnvError:
@@ -233,42 +218,25 @@ def doctor_report() -> dict:
             with Store(path, layer="user", readonly=True, timeout=timeout) as store:
                 db["user_schema"] = store.schema
                 db["user_health"], db["user_bad"] = _health(store)
-        except (TuningDBError, OSError) as exc:
-            db["user_error"] = str(exc)
-        except Exception as exc:     # e.g. locked while reading rows
-            db["user_error"] = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:     # beyond TuningDBError and OSError, e.g. locked while reading rows
+            db["user_error"] = str(exc) if isinstance(exc, (TuningDBError, OSError)) else f"{type(exc).__name__}: {exc}"
     db["shipped_health"], db["shipped_bad"] = _health(tuning_db.store.shipped_defaults())
-    files = [p.name for p in (resources.files("liger_rt.tuning_db") / "defaults").iterdir() if p.name.endswith(".jsonl")]
-    db["shipped_files"] = ", ".join(sorted(files)) or "none"
+    files = (resources.files("liger_rt.tuning_db") / "defaults").iterdir()
+    db["shipped_files"] = ", ".join(sorted(p.name for p in files if p.name.endswith(".jsonl"))) or "none"
     return {"arch": arch, "device": device, "versions": versions, "db": db, "env": snap,
             "interpreter": os.environ.get("TRITON_INTERPRET", ""), "ops": ops}
-
-
-# -- sweep ----------------------------------------------------------------------------------------
-
-def build_plan(arch, ops: list[str], preset_name: str | None, shapes: list[dict] | None, quick: bool,
-               dtypes: list[str]):
-    """[(op, dims, dtype, tag)] for a sweep; `shapes` (for one op) replace the op's plan."""
-    from liger_rt import dispatch
-    from liger_rt.tools.presets import get_preset
-    preset = get_preset(preset_name) if preset_name else None
-    plan = []
-    for name in ops:
-        op = dispatch.get_op(name)
-        for dims in shapes or op.plan(preset, arch, quick):
-            dims = op.check_dims(dims)
-            plan += [(name, dims, dt, tag) for dt in dtypes for tag in op.tags]
-    return plan
 
 
 @main.command()
 @click.option("--arch", "arch_name", required=True, callback=_check_arch,
               help="Arch to tune for (must be this machine's, unless --dry-run).")
 @click.option("--op", "ops", multiple=True, callback=_check_ops, help="Op to sweep (repeatable); default: every op.")
-@click.option("--model", "preset", default=None, help="Model preset whose shapes to sweep (e.g. qwen3-1.7b, lfm2-8b-a1b).")
+@click.option("--model", "preset", default=None,
+              help="Model preset whose shapes to sweep (e.g. qwen3-1.7b, lfm2-8b-a1b).")
 @click.option("--shape", "shapes", multiple=True,
               help="A shape instead of the plan, k=v[,k=v...] (repeatable; needs exactly one --op).")
-@click.option("--dtype", "dtypes", multiple=True, default=("bf16",), show_default=True, help="fp32, bf16 or fp16 (repeatable).")
+@click.option("--dtype", "dtypes", multiple=True, default=("bf16",), show_default=True,
+              help="fp32, bf16 or fp16 (repeatable).")
 @click.option("--quick", is_flag=True, help="A short plan: fewer shapes, shorter timing.")
 @click.option("--dry-run", is_flag=True, help="Print the plan for any arch and measure nothing.")
 @click.option("--db", "db_path", default=None, help="DB to write (default: LIGER_RT_TUNING_DB or the user cache).")
@@ -280,14 +248,13 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
     from liger_rt import autotune, dispatch
     from liger_rt.kernels._common import parse_dtype
     from liger_rt.tools import distributed
+    from liger_rt.tools.parity import checked
+    from liger_rt.tools.presets import get_preset
     ops = list(ops or dispatch.OP_MODULES)
     if shapes and len(ops) != 1:
         raise click.UsageError("--shape needs exactly one --op")
     for d in dtypes:
-        try:
-            parse_dtype(d)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--dtype")
+        checked(parse_dtype, d, param="--dtype")
     sharded = not dry_run and distributed.launched()     # under torchrun: autotune.sweep_sharded
     if sharded:
         _, world = distributed.init_from_env("cpu" if arch_name == "cpu" else "cuda")
@@ -296,22 +263,25 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
     else:
         real = autotune.check_arch_matches(arch_name)
         target = dataclasses.replace(dispatch.current_target("cpu" if arch_name == "cpu" else "cuda"), arch=real)
+    plan, shapes = [], [_parse_shape(s) for s in shapes]     # [(op, dims, dtype, tag)]; shapes replace the op's plan
     try:
-        plan = build_plan(target.arch, ops, preset, [_parse_shape(s) for s in shapes], quick, list(dtypes))
+        preset = get_preset(preset) if preset else None
+        for op in map(dispatch.get_op, ops):
+            for dims in shapes or op.plan(preset, target.arch, quick):
+                plan += [(op, op.check_dims(dims), dt, tag) for dt in dtypes for tag in op.tags]
     except ValueError as exc:
         raise click.UsageError(str(exc))
     if dry_run:
         if distributed.launched() and os.environ["RANK"] != "0":
             return           # under torchrun the plan is printed once
         rows = []
-        for name, dims, dt, tag in plan:
-            op = dispatch.get_op(name)
+        for op, dims, dt, tag in plan:
             dtype = parse_dtype(dt)
             avail = op.available_impls(target, dims, dtype) or ["torch"]
             n = sum(len(op.candidates_for(op.impl(i), target.arch, dims, dtype)) for i in avail)
             skipped = autotune.unavailable(op, target, dims, dtype)
-            rows.append({"op": name, "dims": dims, "dtype": dt, "tag": tag, "impls": ",".join(avail), "candidates": n,
-                         "not_measured": ", ".join(f"{k} ({v})" for k, v in skipped.items())})
+            rows.append({"op": op.name, "dims": dims, "dtype": dt, "tag": tag, "impls": ",".join(avail),
+                         "candidates": n, "not_measured": ", ".join(f"{k} ({v})" for k, v in skipped.items())})
         click.echo(f"plan for {arch_name} ({len(plan)} cases; nothing measured):", err=as_json)
         click.echo(json.dumps(rows, indent=1) if as_json else
                    _table(rows, ["op", "dims", "dtype", "tag", "impls", "candidates", "not_measured"]))
@@ -324,16 +294,15 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
                    + (f", split across {world} ranks" if sharded else ""), err=True)
         return store
 
-    cases = [(dispatch.get_op(n), d, dt, tag) for n, d, dt, tag in plan]
     shown = {"unit": "round", "desc": f"{world} ranks"} if sharded else {"unit": "case"}   # rank 0's case shown
     bar = (lambda p: tqdm(p, file=sys.stderr, dynamic_ncols=True, **shown))
     if sharded:
-        out = autotune.sweep_sharded(cases, target, open_store, quick=quick, progress=bar)
+        out = autotune.sweep_sharded(plan, target, open_store, quick=quick, progress=bar)
         if out is None:      # not rank 0: rank 0 prints
             return
     else:
         with open_store() as store:
-            out = autotune.sweep(cases, target, store, quick=quick, progress=bar)
+            out = autotune.sweep(plan, target, store, quick=quick, progress=bar)
     summary = []
     for res in out["results"]:
         win = res["winner"] or {}
@@ -358,8 +327,6 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
         click.echo(f"crossover {c['op']} {c['dtype']} {c['static_key']}: {c['segments']} ({c['method']})")
 
 
-# -- show / explain -------------------------------------------------------------------------------
-
 @main.command()
 @click.option("--op", default=None, callback=_check_ops, help="Only this op.")
 @click.option("--arch", "arch_name", default=None, callback=_check_arch, help="Only this arch.")
@@ -367,18 +334,16 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def show(op, arch_name, db_path, as_json):
     """List tuning entries and crossovers (user DB over shipped defaults), each ok / stale / bad."""
-    from liger_rt import dispatch, tuning_db  # noqa: F401  (the registry rows are judged against)
+    from liger_rt import tuning_db
     from liger_rt.tuning_db.store import classify, op_arch_where
     where, args = op_arch_where(op, arch_name)
-    user_error, layers = None, [tuning_db.store.shipped_defaults()]
+    user_error, layers = None, [None, tuning_db.store.shipped_defaults()]
     try:
-        user = _open_user(db_path, readonly=True, must_exist=False)
-        if user is not None:
-            layers.insert(0, user)
+        layers[0] = _open_user(db_path, readonly=True, must_exist=False)     # None: no user DB yet
     except tuning_db.TuningDBError as exc:
         user_error = str(exc)
     tuning, cross = [], []
-    for layer in layers:
+    for layer in filter(None, layers):
         for table, out in (("tuning", tuning), ("crossover", cross)):
             for r in layer.select(table, where, args):
                 status, why = classify(table, r)
@@ -455,8 +420,6 @@ def _crossover_note(op, d) -> str | None:
             f"{op.crossover_axis_name or 'axis'}={value:.4g}, but {pick} is not available here")
 
 
-# -- export / import / prune ----------------------------------------------------------------------
-
 @main.command(name="export")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--arch", "arch_name", default=None, callback=_check_arch, help="Only this arch.")
@@ -464,7 +427,7 @@ def _crossover_note(op, d) -> str | None:
 @click.option("--db", "db_path", default=None, help="DB to read (default: LIGER_RT_TUNING_DB or the user cache).")
 def export_cmd(file, arch_name, shipped, db_path):
     """Write the user DB (and with --shipped the shipped defaults) as JSON lines; '-' for stdout."""
-    from liger_rt import dispatch, tuning_db  # noqa: F401  (the registry rows are judged against)
+    from liger_rt import tuning_db
     from liger_rt.tuning_db.store import classify, dump_jsonl
     user = _open_user(db_path, readonly=True, must_exist=not shipped)
     layers = ([user] if user is not None else []) + ([tuning_db.store.shipped_defaults()] if shipped else [])
@@ -499,7 +462,6 @@ def export_cmd(file, arch_name, shipped, db_path):
 @click.option("--db", "db_path", default=None, help="DB to write (default: LIGER_RT_TUNING_DB or the user cache).")
 def import_cmd(file, db_path):
     """Merge an export into the user DB: all records or none, validated; importing twice changes nothing."""
-    from liger_rt import dispatch  # noqa: F401  (the registry records are validated against)
     from liger_rt.tuning_db import TuningDBError
     from liger_rt.tuning_db.store import load_jsonl
     try:
@@ -526,7 +488,6 @@ def import_cmd(file, db_path):
 @click.option("--db", "db_path", default=None, help="DB to prune (default: LIGER_RT_TUNING_DB or the user cache).")
 def prune(stale, invalid, op, arch_name, dry_run, db_path):
     """Remove stale (--stale) or invalid (--invalid) entries, or every entry of an op/arch."""
-    from liger_rt import dispatch  # noqa: F401  (the registry rows are judged against)
     from liger_rt.tuning_db import TuningDBError
     if not (stale or invalid or op or arch_name):
         raise click.UsageError("say what to prune: --stale, --invalid, --op OP and/or --arch ARCH")
@@ -540,26 +501,25 @@ def prune(stale, invalid, op, arch_name, dry_run, db_path):
         for r, why in out[table]:
             click.echo(f"{table:10} {r['op']} {r['arch']} {r['dtype']} {r['static_key']} {r.get('bucket', '')} "
                        f"{r.get('impl', '')} (kernel {r['source_hash'] or '-'}): {why}")
-    n = len(out["tuning"]) + len(out["crossover"])
     if dry_run:
         click.echo(f"{len(out['tuning'])} tuning and {len(out['crossover'])} crossover entries and "
                    f"{out['measurements']} raw measurements would be removed (dry run)")
-        return
-    click.echo(f"removed {n} entries and {out['measurements']} raw measurements from {store.path}")
+    else:
+        click.echo(f"removed {len(out['tuning']) + len(out['crossover'])} entries and {out['measurements']} "
+                   f"raw measurements from {store.path}")
 
 
-def _add_commands() -> None:
-    # every verb runs after this import, and parity and bench import the patchers, hence the kernel
-    # modules: the interpreter switch (no GPU: CPU runs the kernels interpreted) must be in place
-    # before any @triton.jit runs (it is read when a kernel is decorated)
-    _cpu_interpreter()
-    from liger_rt.tools.bench import bench
-    from liger_rt.tools.parity import parity
-    main.add_command(parity)
-    main.add_command(bench)
+# parity and bench import the patchers, hence the kernel modules: without a GPU the interpreter switch
+# must be in place before any @triton.jit runs (it is read when a kernel is decorated)
+from liger_rt import backend  # noqa: E402
 
+if not backend.gpu_present():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+from liger_rt.tools.bench import bench  # noqa: E402
+from liger_rt.tools.parity import parity  # noqa: E402
 
-_add_commands()
+main.add_command(parity)
+main.add_command(bench)
 
 if __name__ == "__main__":
     main()

@@ -1,14 +1,9 @@
-"""liger_rt under torch.distributed: rank-consistent decisions and parity of wrapped models
-(docs/integrations.md, "FSDP2 and DDP").
+"""liger_rt under torch.distributed: rank-consistent decisions, parity of wrapped models
+(docs/integrations.md, "FSDP2 and DDP") and the sharded `liger-tune sweep` under torchrun.
 
-    from liger_rt.tools.distributed import decisions_digest, check_decisions_agree, wrap, compare_wrapped
     model = wrap(liger_rt.patch(build_model("qwen3-tiny")), "fsdp2")   # or "ddp"
     ...train...
-    decisions_digest()            # sha256 of every memoised decision (op, dims, dtype, impl, config)
     check_decisions_agree()       # all-gathers the decisions; raises naming those that differ
-
-`liger-tune sweep` under torchrun is a sharded sweep (`autotune.sweep_sharded`): `launched()` tells
-the CLI so, and `init_from_env` joins the job (one GPU per rank).
 """
 from __future__ import annotations
 
@@ -22,12 +17,10 @@ import torch
 DIGEST_FIELDS = ("op", "dims", "dtype", "impl", "config")
 
 
-# -- decisions ------------------------------------------------------------------------------------
-
 def decisions() -> list[dict]:
     """Every registered op's memoised decisions, as sorted dicts of DIGEST_FIELDS."""
     from liger_rt import dispatch
-    memo = [decision.to_dict() for op in list(dispatch._REGISTRY.values()) for decision in list(op._memo.values())]
+    memo = [d.to_dict() for op in list(dispatch._REGISTRY.values()) for d in list(op._memo.values())]
     return sorted(({k: d[k] for k in DIGEST_FIELDS} for d in memo), key=lambda d: json.dumps(d, sort_keys=True))
 
 
@@ -38,8 +31,8 @@ def decisions_digest(found: list[dict] | None = None) -> str:
 
 
 def check_decisions_agree(group=None) -> list[str]:
-    """All-gather every rank's digest (a collective: call it on every rank); raise RuntimeError
-    naming the ranks and the decisions that differ from rank 0's, else return the digests."""
+    """All-gather every rank's decisions (a collective); raise naming those that differ from rank 0's,
+    else return the digests."""
     import torch.distributed as dist
     mine = decisions()
     gathered: list[Any] = [None] * dist.get_world_size(group)
@@ -53,10 +46,8 @@ def check_decisions_agree(group=None) -> list[str]:
     return digests
 
 
-# -- a sharded sweep ----------------------------------------------------------------------------------
-
 def launched() -> bool:
-    """Whether this process is one rank of several started by torchrun (WORLD_SIZE > 1, RANK set)."""
+    """Whether this process is one rank of several started by torchrun."""
     try:
         return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
     except ValueError:
@@ -64,41 +55,28 @@ def launched() -> bool:
 
 
 def init_from_env(device_type: str) -> tuple[int, int]:
-    """(rank, world size) of the torchrun job, joined if not yet (env:// rendezvous).  On CUDA the
-    current device becomes LOCAL_RANK (one GPU per rank).  The group is gloo whatever the device:
-    a sweep exchanges only Python objects between cases, and a gloo wait is bounded by its 30-minute
-    timeout rather than NCCL's watchdog (10 minutes), nor does it hold GPU memory being measured."""
+    """(rank, world size) of the torchrun job, joined if not yet; on CUDA one GPU per rank (LOCAL_RANK)."""
     from datetime import timedelta
 
     import torch.distributed as dist
-    if device_type == "cuda" and torch.cuda.device_count():    # none: the sweep's arch check says so
-        local, count = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+    count = torch.cuda.device_count()
+    if device_type == "cuda" and count:    # none: the sweep's arch check says so
+        local = int(os.environ.get("LOCAL_RANK", "0"))
         if local >= count:
-            raise ValueError(f"LOCAL_RANK={local} but this machine has {count} GPUs: "
-                             f"--nproc-per-node at most {count}")
+            raise ValueError(f"LOCAL_RANK={local} but this machine has {count} GPUs: --nproc-per-node at most {count}")
         torch.cuda.set_device(local)
     if not dist.is_initialized():
+        # gloo whatever the device: a sweep exchanges only Python objects, a gloo wait is bounded by its
+        # 30-minute timeout rather than NCCL's 10-minute watchdog, and it holds no GPU memory being measured
         dist.init_process_group("gloo", init_method="env://", timeout=timedelta(minutes=30))
     return dist.get_rank(), dist.get_world_size()
-
-
-# -- wrapping --------------------------------------------------------------------------------------------
 
 WRAPPERS = ("ddp", "fsdp2")
 
 
-def decoder_layers(model) -> torch.nn.ModuleList:
-    """The model's decoder layers: the first ModuleList named ``layers`` (model.model.layers)."""
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] == "layers":
-            return module
-    raise ValueError(f"{type(model).__name__} has no ModuleList named 'layers' to shard")
-
-
 def wrap(model, how: str, *, device_type: str | None = None):
-    """`model` under DDP or FSDP2 over the default process group: ``ddp`` returns
-    DistributedDataParallel(model); ``fsdp2`` applies ``fully_shard`` to each decoder layer, then
-    to the root (in place, as torch recommends) and returns the model.  Patch before wrapping."""
+    """`model` under DDP, or FSDP2 (``fully_shard`` on each decoder layer then the root, in place, as
+    torch recommends) over the default process group.  Patch before wrapping."""
     import torch.distributed as dist
     if how not in WRAPPERS:
         raise ValueError(f"unknown wrapper {how!r}; valid: {', '.join(WRAPPERS)}")
@@ -107,8 +85,12 @@ def wrap(model, how: str, *, device_type: str | None = None):
         return torch.nn.parallel.DistributedDataParallel(model)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+    layers = next((m for name, m in model.named_modules()
+                   if isinstance(m, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] == "layers"), None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__} has no ModuleList named 'layers' to shard")
     mesh = init_device_mesh(device_type, (dist.get_world_size(),))
-    for layer in decoder_layers(model):
+    for layer in layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
@@ -125,8 +107,6 @@ def full(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-# -- parity --------------------------------------------------------------------------------------------
-
 def train_step(model, inputs: dict, lr: float) -> dict[str, Any]:
     """The parity tool's step without its label-free forwards: loss with labels, backward, AdamW(lr)."""
     from .parity import adamw_step
@@ -137,10 +117,9 @@ def train_step(model, inputs: dict, lr: float) -> dict[str, Any]:
 
 def compare_wrapped(base, new, inputs: dict | None = None, *, lr: float = 1e-3, seed: int = 0,
                     all_rows: bool = True, tolerances: dict[str, float] | None = None) -> dict:
-    """`parity.compare` for a (baseline, patched) pair already wrapped by `wrap` (call on every rank,
-    same inputs on each: the averaged gradients are then those of one process).  all_rows=False
-    measures only the optimisation loss, gradients and AdamW update (one forward; `train_step`).
-    Returns the parity report ({"ok", "rows", "dtype", ...}); `parity.format_table` prints it."""
+    """`parity.compare` for a (baseline, patched) pair already wrapped by `wrap`, called on every rank
+    with the same inputs (the averaged gradients are then those of one process).  all_rows=False
+    measures only the optimisation loss, gradients and AdamW update (`train_step`)."""
     from . import parity
     inputs = inputs if inputs is not None else parity.make_inputs(unwrapped(base), seed=seed)
     return parity.build_report(base, new, inputs, lr=lr, seed=seed, run=None if all_rows else train_step,

@@ -1,12 +1,8 @@
 """Build Hugging Face configs and randomly initialised models from presets (never the hub).
 
-    from liger_rt.tools.models import build_config, build_model
     config = build_config("qwen3-tiny")                     # a transformers Qwen3Config
     model = build_model("lfm2-moe-tiny", dtype=torch.float32, device="cpu", seed=0)
 
-`build_model` returns the family's causal-LM class (``AutoModelForCausalLM``) or, for
-``lfm2_vl``, ``Lfm2VlForConditionalGeneration``, with weights drawn from the model's own
-initialiser under ``torch.manual_seed(seed)``: the same seed gives the same weights.
 Config keyword names used here exist in transformers 5.17 and 5.24.
 """
 from __future__ import annotations
@@ -57,19 +53,21 @@ def _text_kwargs(p: Preset) -> dict[str, Any]:
 
 
 def _family_kwargs(p: Preset) -> dict[str, Any]:
-    """An issue-17 family's keywords beyond the common ones: the Preset's structural fields (head_dim,
-    experts, top_k, expert and shared-expert widths, which layers are full attention) under its config's
-    own names, then ``Preset.config`` (softcapping, multipliers, tied head...), which wins.  Keyword
-    names checked against transformers 5.24 (CI: tests/test_families.py builds every preset, the
-    released ones to their parameter counts); a config takes unknown keywords as plain attributes, so
-    a renamed one would show there, not raise."""
+    """An issue-17 family's structural Preset fields under its config's own names, then ``Preset.config``,
+    which wins.  A config takes unknown keywords as plain attributes, so a renamed keyword does not raise:
+    tests/test_families.py builds every preset, the released ones to their parameter counts."""
     out: dict[str, Any] = {}
     if p.model_type in _HEAD_DIM:
         out["head_dim"] = p.head_dim
     if p.tiny:                             # defaults such as Phi-3's pad id 32000 lie outside a tiny vocab
         out.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    if p.experts:
-        out.update(_moe(p))
+    if p.experts and p.model_type == "mixtral":         # experts of width intermediate_size, no dense MLP
+        out.update(num_local_experts=p.experts, num_experts_per_tok=p.top_k, intermediate_size=p.moe_intermediate)
+    elif p.experts:
+        out.update(num_experts=p.experts, num_experts_per_tok=p.top_k, moe_intermediate_size=p.moe_intermediate,
+                   shared_expert_intermediate_size=p.shared_intermediate)
+        if p.model_type == "qwen2_moe":                 # every layer sparse, as released
+            out.update(decoder_sparse_step=1, mlp_only_layers=[])
     if p.model_type == "qwen3_5_moe_text":
         out["layer_types"] = ["full_attention" if i in p.attention_layers else "linear_attention"
                               for i in range(p.layers)]
@@ -77,32 +75,16 @@ def _family_kwargs(p: Preset) -> dict[str, Any]:
     return out
 
 
-def _moe(p: Preset) -> dict[str, Any]:
-    if p.model_type == "mixtral":          # experts of width intermediate_size, no dense MLP
-        return dict(num_local_experts=p.experts, num_experts_per_tok=p.top_k, intermediate_size=p.moe_intermediate)
-    out = dict(num_experts=p.experts, num_experts_per_tok=p.top_k, moe_intermediate_size=p.moe_intermediate,
-               shared_expert_intermediate_size=p.shared_intermediate)
-    if p.model_type == "qwen2_moe":        # every layer sparse, as released
-        out.update(decoder_sparse_step=1, mlp_only_layers=[])
-    return out
-
-
 def build_config(preset: str | Preset, **overrides):
-    """The transformers config for a preset (name, ``Preset`` or PATH.json); overrides win.
-
-    For ``lfm2_vl``, overrides apply to the top-level config; pass ``text_config``/``vision_config``
-    dicts to change the sub-configs.
-    """
+    """The transformers config for a preset (name, ``Preset`` or PATH.json); overrides win (for
+    ``lfm2_vl`` on the top-level config, with ``text_config``/``vision_config`` dicts for the sub-configs)."""
     p = _resolve(preset)
     if p.model_type not in MODEL_TYPES:
         raise ValueError(f"preset {p.name!r} has model_type {p.model_type!r}; buildable: {', '.join(MODEL_TYPES)}")
     from transformers import AutoConfig
     if p.model_type != "lfm2_vl":
-        kwargs = _text_kwargs(p)
-        kwargs.update(overrides)
-        return AutoConfig.for_model(p.model_type, **kwargs)
-    text = dict(_text_kwargs(p), model_type="lfm2")
-    text.update(overrides.pop("text_config", {}) or {})
+        return AutoConfig.for_model(p.model_type, **{**_text_kwargs(p), **overrides})
+    text = {**_text_kwargs(p), "model_type": "lfm2", **(overrides.pop("text_config", {}) or {})}
     side = 4 if p.tiny else 16
     vision = dict(model_type="siglip2_vision_model", hidden_size=p.vision_hidden,
                   intermediate_size=p.vision_intermediate, num_hidden_layers=p.vision_layers,
@@ -117,10 +99,8 @@ def build_config(preset: str | Preset, **overrides):
 
 
 def model_class(model_type: str):
-    """The class `build_model` instantiates for a model type."""
     if model_type == "lfm2_vl":
-        mod = importlib.import_module("transformers.models.lfm2_vl.modeling_lfm2_vl")
-        return mod.Lfm2VlForConditionalGeneration
+        return importlib.import_module("transformers.models.lfm2_vl.modeling_lfm2_vl").Lfm2VlForConditionalGeneration
     from transformers import AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
@@ -131,21 +111,14 @@ def model_class(model_type: str):
 
 def build_model(preset: str | Preset, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                 seed: int = 0, attn_implementation: str = "sdpa", **config_overrides):
-    """A model with random weights for a preset; no hub access.
-
-    Weights are initialised in fp32 on `device` under ``torch.manual_seed(seed)`` and then cast to
-    `dtype`, so the same seed gives the same weights for any dtype.  The model is in train mode.
-    Attention is `attn_implementation`, or eager for a model class without SDPA (Gemma 2).
-    """
+    """A model in train mode with random weights for a preset: initialised in fp32 on `device` under
+    ``torch.manual_seed(seed)``, then cast to `dtype`, so the same seed gives the same weights for any dtype."""
     p = _resolve(preset)
-    config = build_config(p, **config_overrides)
-    cls = model_class(p.model_type)
+    config, cls = build_config(p, **config_overrides), model_class(p.model_type)
     if attn_implementation == "sdpa" and not getattr(cls, "_supports_sdpa", True):
         attn_implementation = "eager"       # Gemma 2: SDPA has no attention-logit softcapping
     config._attn_implementation = attn_implementation
     torch.manual_seed(seed)
     with torch.device(device):
         model = cls._from_config(config, dtype=torch.float32) if hasattr(cls, "_from_config") else cls(config)
-    model = model.to(dtype=dtype)
-    model.train()
-    return model
+    return model.to(dtype=dtype).train()

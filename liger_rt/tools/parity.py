@@ -1,13 +1,11 @@
 """Parity of a patched model against the unpatched one: same weights, same input, one AdamW step.
 
-    from liger_rt.tools.parity import compare
     report = compare(lambda: build_model("qwen3-tiny"))            # liger_rt.patch defaults
     report = compare((baseline, my_patched_model), patch=False)    # your own pair, already patched
     report["ok"], report["rows"]["logits"]["linf_over_baseline_max"]
 
-The rows, the input (NVIDIA-NeMo/labs-molt PR #58's) and the gates are described in docs/patching.md ("Parity").  Every
-row is gated on L-inf / baseline max except the AdamW update, gated on mean |diff| / mean
-|baseline|: a first AdamW step is about lr * sign(grad), so a near-zero gradient whose sign flips
+Rows, input and gates: docs/patching.md ("Parity").  The AdamW update is gated on mean |diff| / mean
+|baseline|, not L-inf: a first step is about lr * sign(grad), so a near-zero gradient whose sign flips
 moves that element by up to 2 lr whatever the precision (labs-molt PR #58 saw 0.89 lr in bf16).
 """
 from __future__ import annotations
@@ -39,17 +37,11 @@ LABELS = {name: name.replace("_", " ") for name in ROWS} | {"action_logprobs": "
 GATE_STAT = {name: "linf_over_baseline_max" for name in ROWS} | {"adamw_update": "mean_over_baseline_mean"}
 
 
-# -- inputs ---------------------------------------------------------------------------------------------
-
 def make_inputs(model, batch: int = 2, seq: int = 8, seed: int = 0, device=None) -> dict[str, torch.Tensor]:
-    """Seed 000's input: `batch` samples of `seq` tokens, the last sample right-padded by 3.
-
-    Token ids avoid 0 (LFM2's pad id) and any image token; a model with a vision tower
-    (config.vision_config) gets one image of side x side patches in the first sample.
-    """
+    """Seed 000's input: `batch` samples of `seq` tokens, the last right-padded by 3.  Token ids avoid 0
+    (LFM2's pad id) and the image token; a model with a vision tower gets one image in the first sample."""
     config = model.config
-    text = getattr(config, "text_config", None) or config
-    vocab = int(text.vocab_size)
+    vocab = int((getattr(config, "text_config", None) or config).vocab_size)
     device = device or next(model.parameters()).device
     g = torch.Generator().manual_seed(seed)
     image_token = getattr(config, "image_token_id", None)
@@ -83,18 +75,14 @@ def make_inputs(model, batch: int = 2, seq: int = 8, seed: int = 0, device=None)
     return {k: (v.to(device, dtype) if v.is_floating_point() else v.to(device)) for k, v in out.items()}
 
 
-# -- one run --------------------------------------------------------------------------------------------
-
 def fused_logprobs(model) -> bool:
-    """Whether `model` is patched with the fused log-probs head (``logprobs=True``)."""
     from liger_rt.patch.core import unwrap
     return getattr(unwrap(model), "_liger_rt_logprobs", None) is not None
 
 
 def _run(model, inputs: dict, lr: float) -> dict[str, Any]:
-    """Every row's quantities of one model.  A model patched with ``logprobs=True`` gets its
-    log-probs and entropy from that forward (``liger_rt.ops.fused_linear_logprobs``) and its losses
-    from them: -sum(logprobs) / count(labels) (HF's mean cross-entropy), -sum / num_items_in_batch."""
+    """Every row's quantities of one model.  A model patched with ``logprobs=True`` gets log-probs,
+    entropy and the losses (-sum(logprobs) / count(labels), as HF's mean cross-entropy) from that forward."""
     model.train()
     labels = inputs["labels"]
     no_labels = {k: v for k, v in inputs.items() if k != "labels"}
@@ -105,7 +93,7 @@ def _run(model, inputs: dict, lr: float) -> dict[str, Any]:
     with torch.no_grad():
         logits = model(**no_labels).logits.float()
         res = {"logits": logits[mask]}
-        if fused:      # through liger_rt.ops.fused_linear_logprobs: (B, S) with HF's shift
+        if fused:      # (B, S) with HF's shift
             out = model(**inputs)
             res["action_logprobs"], res["entropy"] = out.logprobs[:, :-1][pair], out.entropy[:, :-1][pair]
             res["reported_loss"] = -out.logprobs.sum() / n_items
@@ -122,8 +110,8 @@ def _run(model, inputs: dict, lr: float) -> dict[str, Any]:
 def adamw_step(model, loss: torch.Tensor, lr: float) -> dict[str, Any]:
     """Backpropagate `loss` and take one AdamW(lr) step: optimisation_loss, gradients, before, after."""
     loss.backward()
-    # kept in the parameters' dtype (a bf16 4B model: 8 GB each); differences are taken in fp32
-    # one tensor at a time, so a Qwen3-4B comparison fits one H200 with both models resident
+    # kept in the parameters' dtype and differenced in fp32 one tensor at a time, so a bf16 Qwen3-4B
+    # comparison (8 GB per copy) fits one H200 with both models resident
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     res = {"optimisation_loss": loss.detach().float(),
            "gradients": {n: p.grad.detach().clone() for n, p in params if p.grad is not None},
@@ -140,8 +128,8 @@ def _ratio(x: float, y: float) -> float:
 
 def _stats(diff: torch.Tensor, base: torch.Tensor) -> dict[str, float]:
     d, b = diff.abs().float(), base.abs().float()
-    bmax, bmean = float(b.max()) if b.numel() else 0.0, float(b.mean()) if b.numel() else 0.0
-    dmax, dmean = float(d.max()) if d.numel() else 0.0, float(d.mean()) if d.numel() else 0.0
+    bmax, bmean = (float(b.max()), float(b.mean())) if b.numel() else (0.0, 0.0)
+    dmax, dmean = (float(d.max()), float(d.mean())) if d.numel() else (0.0, 0.0)
     if not (math.isfinite(dmax) and torch.isfinite(diff).all()):
         dmax = dmean = math.inf
     return {"max_abs": dmax, "mean_abs": dmean, "linf_over_baseline_max": _ratio(dmax, bmax),
@@ -150,8 +138,7 @@ def _stats(diff: torch.Tensor, base: torch.Tensor) -> dict[str, float]:
 
 def _tensor_row(names, base: Callable[[str], torch.Tensor | None], new: Callable[[str], torch.Tensor | None]) -> dict:
     """The worst tensor (by max abs difference) of named tensors, plus the mean over all of them."""
-    worst, worst_name = None, None
-    dsum, bsum, count = 0.0, 0.0, 0
+    worst, worst_name, dsum, bsum, count = None, None, 0.0, 0.0, 0
     for name in names:
         b, n = base(name), new(name)
         if n is None:
@@ -171,38 +158,38 @@ def _tensor_row(names, base: Callable[[str], torch.Tensor | None], new: Callable
 
 def _factory(models):
     """(baseline, patched) from a factory, one model (deep-copied) or a pair."""
+    what = "compare takes a model factory, a model, or a (baseline, patched) pair"
     if isinstance(models, (tuple, list)):
         if len(models) != 2:
-            raise ValueError("compare takes a model factory, a model, or a (baseline, patched) pair")
+            raise ValueError(what)
         return models[0], models[1]
     if isinstance(models, torch.nn.Module):
         return models, copy.deepcopy(models)
-    if callable(models):
-        base, new = models(), models()
-        new.load_state_dict(base.state_dict())
-        return base, new
-    raise TypeError(f"compare takes a model factory, a model, or a (baseline, patched) pair; got {type(models).__name__}")
+    if not callable(models):
+        raise TypeError(f"{what}; got {type(models).__name__}")
+    base, new = models(), models()
+    new.load_state_dict(base.state_dict())
+    return base, new
 
 
 def compare(models: Callable[[], torch.nn.Module] | torch.nn.Module | tuple, *, patch: bool | dict | Callable = True,
             dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
             inputs: dict | None = None, lr: float = 1e-3, seed: int = 0,
             tolerances: dict[str, float] | None = None) -> dict:
-    """Run the baseline and the patched model on the same input and compare (see the module docstring).
+    """Run the baseline and the patched model on the same input and compare.
 
     models: a zero-argument factory (called twice; the second gets the first's state dict), a model
     (deep-copied), or a (baseline, patched) pair.  patch: True applies ``liger_rt.patch`` with the
     family defaults to the second model, a dict gives its flags, a callable(model) patches it your
-    way, False leaves it as given.  dtype/device cast both models when given.  Returns a dict:
-    ``rows`` (per quantity: max_abs, mean_abs, linf_over_baseline_max, mean_over_baseline_mean,
-    tolerance, gate, ok; tensor for the worst-tensor rows), ``ok``, ``patched`` (what was patched).
+    way, False leaves it as given.  Returns ``ok``, ``patched`` and ``rows`` (per quantity: max_abs,
+    mean_abs, linf_over_baseline_max, mean_over_baseline_mean, tolerance, gate, ok; worst tensor).
     """
     from liger_rt.kernels._common import parse_dtype
+    from liger_rt.patch import core
     base, new = _factory(models)
     dtype = parse_dtype(dtype) if dtype is not None else None
     for model in (base, new):
         model.to(device=device, dtype=dtype)
-    from liger_rt.patch import core
     if patch is True:
         core.patch(new)
     elif isinstance(patch, dict):
@@ -217,9 +204,9 @@ def compare(models: Callable[[], torch.nn.Module] | torch.nn.Module | tuple, *, 
 
 def build_report(base, new, inputs: dict, *, lr: float, seed: int, run: Callable | None = None,
                  tolerances: dict | None = None, full: Callable = lambda t: t, inner=None) -> dict:
-    """`run` (default `_run`) on each model from torch.manual_seed(seed), then the gated rows and what
-    was compared.  `full` gathers a sharded tensor whole (a collective: the rows go in ROWS order on
-    every rank); `inner` is `new` unwrapped."""
+    """`run` (default `_run`) on each model from torch.manual_seed(seed), then the gated rows.  `full`
+    gathers a sharded tensor whole (a collective: rows go in ROWS order on every rank); `inner` is `new`
+    unwrapped."""
     results = []
     for model in (base, new):
         torch.manual_seed(seed)
@@ -229,11 +216,13 @@ def build_report(base, new, inputs: dict, *, lr: float, seed: int, run: Callable
     tol = {**TOLERANCES.get(dtype, TOLERANCES[torch.float32]), **(tolerances or {})}
 
     def update(res):
-        return lambda n: None if n not in res["after"] else full(res["after"][n]).float() - full(res["before"][n]).float()
+        after, before = res["after"], res["before"]
+        return lambda n: full(after[n]).float() - full(before[n]).float() if n in after else None
     rows: dict[str, dict] = {}
     for name in ROWS:
         if name == "gradients":
-            row = _tensor_row(rb["gradients"], lambda n: full(rb["gradients"][n]), lambda n: full(rn["gradients"].get(n)))
+            row = _tensor_row(rb["gradients"], lambda n: full(rb["gradients"][n]),
+                              lambda n: full(rn["gradients"].get(n)))
         elif name == "adamw_update":
             row = _tensor_row(rb["after"], update(rb), update(rn))
         elif name in rb:
@@ -249,8 +238,6 @@ def build_report(base, new, inputs: dict, *, lr: float, seed: int, run: Callable
             "device": str(next(base.parameters()).device), "lr": lr, "rows": rows,
             "patched": describe(inner), "model_class": type(inner).__name__}
 
-
-# -- presentation ------------------------------------------------------------------------------------
 
 def format_table(report: dict) -> str:
     head = f"{'quantity':<28}{'max abs':>14}{'mean abs':>14}{'L-inf/base max':>16}{'gate':>12}  status"
@@ -276,46 +263,44 @@ def _json_safe(obj):
     return obj
 
 
+def checked(fn: Callable, *args, param: str):
+    """fn(*args), its ValueError turned into a one-line CLI error naming the option `param`."""
+    try:
+        return fn(*args)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=param) from None
+
+
 @click.command("parity")
 @click.option("--model", "model_type", required=True,
               help="Model type: qwen3, llama, qwen3_moe, lfm2, lfm2_moe, lfm2_vl.")
 @click.option("--preset", default="tiny", show_default=True,
               help="tiny (the model type's tiny preset), a preset name (e.g. qwen3-4b) or a PATH.json.")
-@click.option("--dtype", "dtype_name", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32",
-              show_default=True)
+@click.option("--dtype", "dtype_name", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
-@click.option("--flags", "flags_text", default=None,
-              help="liger_rt.patch flags on top of the family defaults, e.g. fused_linear_cross_entropy=1,layer_norm=1.")
+@click.option("--flags", "flags_text", default=None, help="liger_rt.patch flags on top of the family defaults, "
+              "e.g. fused_linear_cross_entropy=1,layer_norm=1.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--lr", default=1e-3, show_default=True, type=float, help="AdamW learning rate of the one step.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def parity(model_type, preset, dtype_name, device, flags_text, seed, lr, as_json):
-    """Patched vs unpatched model from a config (random weights, no hub): logits, log-probs, entropy, losses, grads, AdamW step."""
+    """Patched vs unpatched model from a config (random weights, no hub): logits, log-probs, entropy, losses,
+    grads, AdamW step."""
     from liger_rt.kernels._common import parse_dtype
+    from liger_rt.patch import core
+    from liger_rt.tools.bench.model import parse_flags
     from liger_rt.tools.models import build_model
     from liger_rt.tools.presets import get_preset
-    from liger_rt.patch import core
-    try:
-        core._spec(model_type)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--model") from None
-    try:
-        p = get_preset(preset, model_type)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--preset") from None
+    checked(core._spec, model_type, param="--model")
+    p = checked(get_preset, preset, model_type, param="--preset")
     if p.model_type != model_type:
-        raise click.BadParameter(f"preset {p.name} is a {p.model_type} model, not {model_type}",
-                                 param_hint="--preset")
+        raise click.BadParameter(f"preset {p.name} is a {p.model_type} model, not {model_type}", param_hint="--preset")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise click.BadParameter("no CUDA/ROCm device here", param_hint="--device")
+    flags = checked(parse_flags, flags_text, param="--flags")
     dtype = parse_dtype(dtype_name)
-    from liger_rt.tools.bench.model import parse_flags
-    try:
-        flags = parse_flags(flags_text)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--flags") from None
     try:
         report = compare(lambda: build_model(p, dtype=dtype, device=device, seed=seed), patch=flags, lr=lr, seed=seed)
     except (ValueError, TypeError, NotImplementedError, ImportError) as exc:
@@ -324,13 +309,12 @@ def parity(model_type, preset, dtype_name, device, flags_text, seed, lr, as_json
     if as_json:
         click.echo(json.dumps(_json_safe(report), indent=1, default=str))
     else:
-        desc = report.get("patched") or {}
-        what = ", ".join(f"{k} x{v}" for k, v in (desc.get("patched") or {}).items()) or "nothing"
+        what = ", ".join(f"{k} x{v}" for k, v in ((report.get("patched") or {}).get("patched") or {}).items())
         via = ("" if not report["fused_logprobs"] else "; action log-probs and entropy through the chunked "
                "torch path (softcapped head)" if report.get("softcapped_head") else
                "; action log-probs and entropy through fused_linear_logprobs")
         click.echo(f"liger-tune parity: {model_type} ({p.name}), {report['dtype']} on {report['device']}; "
-                   f"patched: {what}{via}")
+                   f"patched: {what or 'nothing'}{via}")
         click.echo(format_table(report))
         click.echo("PASS" if report["ok"] else
                    "FAIL: " + ", ".join(LABELS[n] for n, r in report["rows"].items() if not r["ok"]))
