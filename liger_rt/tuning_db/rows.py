@@ -23,8 +23,7 @@ GENERIC_ARCHES = ("generic-nvidia", "generic-amd")
 # "stale": used only when nothing measured here exists, and shown as such.
 FINGERPRINT = ("device_name", "sm_count", "torch_version", "triton_version", "runtime_version", "source_hash")
 
-_FP_COLUMNS = {"device_name": str, "sm_count": int, "torch_version": str, "triton_version": str,
-               "runtime_version": str, "source_hash": str}
+_FP_COLUMNS = {col: int if col == "sm_count" else str for col in FINGERPRINT}
 TUNING_COLUMNS = {
     "op": str, "variant": str, "arch": str, "dtype": str, "static_key": str, "bucket": str, "impl": str,
     "config": str, "median_ms": float, "baseline_ms": float, "host_ms": float, "method": str,
@@ -84,9 +83,9 @@ def fill_defaults(table: str, rec: dict) -> dict:
 def number(rec: dict, col: str, *, positive: bool = False, optional: bool = False, integer: bool = False,
            low: float | None = None, high: float | None = None):
     v = rec.get(col)
+    if v is None and optional:
+        return None
     if v is None:
-        if optional:
-            return None
         raise RowError(f"{col} is missing")
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise RowError(f"{col}={v!r} is not a number")
@@ -144,20 +143,18 @@ def _dims(op, obj: dict, names: tuple, col: str, pow2: bool = False) -> dict:
 
 
 def parse_config(op, impl: str, data):
-    """The config `impl` of `op` accepts for `data` (a dict or JSON text), else RowError."""
-    data = json_value({"config": data}, "config", dict)
+    """The config `impl` of `op` accepts for `data` (a dict or JSON text of one), else RowError."""
     try:
         return op.parse_config(data, impl)
     except (ValueError, TypeError) as exc:    # ConfigError is a ValueError
-        raise RowError(f"config {json.dumps(data, sort_keys=True)[:160]} is not valid for {op.name}/{impl}: "
+        shown = data if isinstance(data, str) else json.dumps(data, sort_keys=True)
+        raise RowError(f"config {shown[:160]} is not valid for {op.name}/{impl}: "
                        f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
 
 
 def current_code(op, row: dict) -> bool:
     """Measured on this kernel code and config schema (or published, hash-less)."""
-    if "config_schema" in row and row.get("config_schema") != op.schema_version:
-        return False
-    return row.get("source_hash", "") in ("", op.source_hash)
+    return row["config_schema"] == op.schema_version and row["source_hash"] in ("", op.source_hash)
 
 
 def check(table: str, rec: dict, *, op=None) -> dict:
