@@ -23,24 +23,16 @@ GENERIC_ARCHES = ("generic-nvidia", "generic-amd")
 # "stale": used only when nothing measured here exists, and shown as such.
 FINGERPRINT = ("device_name", "sm_count", "torch_version", "triton_version", "runtime_version", "source_hash")
 
-_FP_COLUMNS = {col: int if col == "sm_count" else str for col in FINGERPRINT}
-TUNING_COLUMNS = {
-    "op": str, "variant": str, "arch": str, "dtype": str, "static_key": str, "bucket": str, "impl": str,
-    "config": str, "median_ms": float, "baseline_ms": float, "host_ms": float, "method": str,
-    "config_schema": int, **_FP_COLUMNS, "origin": str, "created": float,
-}
-MEASUREMENT_COLUMNS = {
-    "op": str, "variant": str, "arch": str, "dtype": str, "static_key": str, "dims": str, "axis": float,
-    "tag": str, "impl": str, "config": str, "median_ms": float, "ok": int, "error": str, "method": str,
-    **_FP_COLUMNS, "origin": str, "created": float,
-}
-CROSSOVER_COLUMNS = {
-    "op": str, "variant": str, "arch": str, "dtype": str, "static_key": str, "axis_name": str,
-    "segments": str, "margin": float, "method": str, **_FP_COLUMNS, "origin": str, "created": float,
-}
-COLUMNS = {"tuning": TUNING_COLUMNS, "measurements": MEASUREMENT_COLUMNS, "crossover": CROSSOVER_COLUMNS}
-TUNING_PK = ("op", "variant", "arch", "dtype", "static_key", "bucket", "impl")
 CROSSOVER_PK = ("op", "variant", "arch", "dtype", "static_key")
+TUNING_PK = (*CROSSOVER_PK, "bucket", "impl")
+_HEAD = dict.fromkeys(CROSSOVER_PK, str)
+_TAIL = {**{col: int if col == "sm_count" else str for col in FINGERPRINT}, "origin": str, "created": float}
+TUNING_COLUMNS = {**_HEAD, "bucket": str, "impl": str, "config": str, "median_ms": float, "baseline_ms": float,
+                  "host_ms": float, "method": str, "config_schema": int, **_TAIL}
+MEASUREMENT_COLUMNS = {**_HEAD, "dims": str, "axis": float, "tag": str, "impl": str, "config": str,
+                       "median_ms": float, "ok": int, "error": str, "method": str, **_TAIL}
+CROSSOVER_COLUMNS = {**_HEAD, "axis_name": str, "segments": str, "margin": float, "method": str, **_TAIL}
+COLUMNS = {"tuning": TUNING_COLUMNS, "measurements": MEASUREMENT_COLUMNS, "crossover": CROSSOVER_COLUMNS}
 # the columns of schema 1 (what a DB must have to be ours): schema 2 added the method, the host time, the
 # fingerprint's SM count and runtime version, and where missing the rest of the fingerprint and the origin
 _NOT_IN_V1 = {"method", "host_ms", "sm_count", "runtime_version"}

@@ -47,14 +47,13 @@ class TuningDBError(RuntimeError):
 
 
 @functools.lru_cache(maxsize=1)
-def _versions() -> tuple[str, str]:
-    """(Triton version, torch version) of this process."""
+def _versions() -> dict:
     import torch
     try:
         import triton
-        return triton.__version__, torch.__version__
+        return {"torch_version": torch.__version__, "triton_version": triton.__version__}
     except Exception:
-        return "", torch.__version__
+        return {"torch_version": torch.__version__, "triton_version": ""}
 
 
 def fingerprint(arch, source_hash: str) -> dict:
@@ -64,10 +63,8 @@ def fingerprint(arch, source_hash: str) -> dict:
     if isinstance(arch, str):
         hw = backend.detect_hardware()
         arch = hw if hw.name == arch else backend.profile(arch) if arch in backend.ARCH_NAMES else None
-    tv, pv = _versions()
     return {"device_name": arch.device_name if arch else "", "sm_count": arch.sm_count if arch else 0,
-            "torch_version": pv, "triton_version": tv,
-            "runtime_version": backend.runtime_version() if arch and arch.vendor != "cpu" else "",
+            **_versions(), "runtime_version": backend.runtime_version() if arch and arch.vendor != "cpu" else "",
             "source_hash": source_hash}
 
 
@@ -160,11 +157,10 @@ class Store:
                 self._open_readonly(path)
             else:
                 self._open_writable(path)
-        except sqlite3.DatabaseError as exc:
+        except BaseException as exc:
             self.close()
-            raise TuningDBError(f"{path} is unusable: {exc}") from None
-        except BaseException:
-            self.close()
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise TuningDBError(f"{path} is unusable: {exc}") from None
             raise
         self.db = self.conn      # sqlite3.Connection: .execute(sql, args)
 
@@ -277,9 +273,8 @@ class Store:
         """A row put without a fingerprint was measured by this process: give it this one."""
         if all(k in row for k in FINGERPRINT[:-1]):
             return row
-        op = R.resolve_op(row.get("op"))
-        here = fingerprint(row.get("arch", ""), row.get("source_hash", op.source_hash if op else ""))
-        return {**{k: v for k, v in here.items() if k != "source_hash"}, **row}
+        here = fingerprint(row.get("arch", ""), "")
+        return {**{k: here[k] for k in FINGERPRINT[:-1]}, **row}      # the kernel hash is the row's own
 
     def put_tuning(self, row: dict) -> None:
         self.put_rows("tuning", [row])
@@ -318,8 +313,7 @@ class Store:
     all_rows = select
 
     def crossover_row(self, op: str, variant: str, arch: str, dtype: str, static_key: str) -> dict | None:
-        rows = self.select("crossover", _STATIC, [op, variant, arch, dtype, static_key])
-        return rows[0] if rows else None
+        return next(iter(self.select("crossover", _STATIC, [op, variant, arch, dtype, static_key])), None)
 
     def counts(self) -> dict:
         return {t: self.conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in R.COLUMNS}
