@@ -100,8 +100,7 @@ _INDEXES = [
 
 
 def _inspect(conn: sqlite3.Connection, path) -> int | None:
-    """The liger_rt schema version of an open SQLite file, None when it has no tables at all, or
-    TuningDBError saying why the file is not a liger_rt DB."""
+    """The liger_rt schema version of an open SQLite file (None: no tables), else TuningDBError saying why not."""
     tables = {n: {r[1] for r in conn.execute(f'PRAGMA table_info("{n}")').fetchall()}
               for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
               if not n.startswith("sqlite_")}
@@ -136,9 +135,8 @@ def _inspect(conn: sqlite3.Connection, path) -> int | None:
 
 
 class Store:
-    """One SQLite file (or an in-memory DB) with the liger_rt schema.  ``readonly=True`` (lookups, doctor,
-    show, export) changes nothing in the file; otherwise (sweep, import, prune, online tuning) a missing
-    file is created (unless ``create=False``) and a schema-1 DB migrated to schema 2."""
+    """One SQLite file (or, path None, an in-memory DB) with the liger_rt schema, ``readonly`` for lookups,
+    doctor, show and export; writable, a missing file is created (unless ``create=False``)."""
 
     def __init__(self, path: Path | None, *, layer: str, timeout: float | None = None, create: bool = True,
                  readonly: bool = False):
