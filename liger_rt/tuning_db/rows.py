@@ -225,13 +225,11 @@ def segments(op, segs: list) -> list:
             raise RowError(f"segment {i} names {impl!r}, not an implementation of {op.name} "
                            f"({', '.join(op.impl_names)})")
         last = i == len(segs) - 1
-        if bound is None:
-            if not last:
-                raise RowError(f"segment {i} has no bound but is not the last")
-            continue
-        if last:
-            raise RowError("the last segment must have the bound null (open-ended)")
-        if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not math.isfinite(bound) or bound <= prev:
+        if (bound is None) != last:         # only the last segment is open-ended
+            raise RowError("the last segment must have the bound null (open-ended)" if last
+                           else f"segment {i} has no bound but is not the last")
+        if not last and (isinstance(bound, bool) or not isinstance(bound, (int, float)) or not math.isfinite(bound)
+                         or bound <= prev):
             raise RowError(f"segment {i} bound {bound!r} is not a finite number above {prev:g}")
-        prev = float(bound)
+        prev = bound
     return segs

@@ -395,14 +395,10 @@ def load_jsonl(store: Store, lines: Iterable[str], *, strict: bool = True) -> di
     stores rows unvalidated: lookups validate them when they are read."""
     batches: dict[str, list] = {t: [] for t in R.COLUMNS}
     for n, table, rec in _parse_lines(lines):
-        if strict:
-            try:
-                rec = R.check(table, rec)
-            except RowError as exc:
-                raise TuningDBError(f"line {n}: {table} record {row_name(rec)}: {exc}") from None
-        else:
-            rec = _coerce(table, rec)
-        batches[table].append(rec)
+        try:
+            batches[table].append(R.check(table, rec) if strict else _coerce(table, rec))
+        except RowError as exc:
+            raise TuningDBError(f"line {n}: {table} record {row_name(rec)}: {exc}") from None
     with store.transaction():
         for table, rows in batches.items():
             store.put_rows(table, rows, checked=True)
@@ -479,8 +475,7 @@ class LayeredStore:
             if store is self.user:
                 warnings.warn(f"liger_rt: tuning DB read failed ({exc}); using shipped defaults",
                               RuntimeWarning, stacklevel=4)
-                self.user_error = str(exc)
-                self.user = None
+                self.user_error, self.user = str(exc), None
             return []
 
     def _bad(self, store: Store, table: str, row: dict, why: str) -> None:
