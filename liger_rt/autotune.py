@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from . import backend, tuning_db
-from .kernels._common import dtype_name, validation_report
+from .kernels._common import dtype_name, parse_dtype, validation_report
 from .tuning_db.crossover import derive_crossover
 from .tuning_db.rows import config_dict
 from .tuning_db.store import fingerprint
@@ -328,7 +328,6 @@ def _keep(out: dict, ops: dict, op, case_out: tuple, store, origin: str) -> None
 
 def _sweep_case(case, target, quick: bool, bar=None) -> tuple[dict | None, dict | None]:
     """(tune's result, None) for one plan case, or (None, the skipped record)."""
-    from .kernels._common import parse_dtype
     op, dims, dt, tag = case
     if hasattr(bar, "set_postfix_str"):
         bar.set_postfix_str(f"{op.name} {','.join(f'{k}={v}' for k, v in dims.items())} {dt} {tag}".strip())
