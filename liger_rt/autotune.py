@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from . import backend, tuning_db
-from .kernels._common import dtype_name, validation_report
+from .kernels._common import dtype_name, parse_dtype, validation_report
 from .tuning_db.crossover import derive_crossover
 from .tuning_db.rows import config_dict
 from .tuning_db.store import fingerprint
@@ -28,6 +28,15 @@ from .tuning_db.store import fingerprint
 
 class ArchMismatchError(RuntimeError):
     """A sweep was asked to measure for an arch that is not the hardware present."""
+
+
+def _event_ms(fn: Callable[[], object]) -> float:
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b)
 
 
 def graph_ms(fn: Callable[[], object], *, rep_ms: float = 30.0, replays: int = 10) -> float:
@@ -39,12 +48,7 @@ def graph_ms(fn: Callable[[], object], *, rep_ms: float = 30.0, replays: int = 1
     with torch.cuda.stream(s):
         for _ in range(3):
             fn()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    reps = int(min(200, max(3, rep_ms / max(a.elapsed_time(b), 1e-3))))
+        reps = int(min(200, max(3, rep_ms / max(_event_ms(fn), 1e-3))))
     # a one-call probe first: a failed capture keeps its private pool, so an uncapturable candidate
     # must fail holding one call's memory, not `reps` calls' (see host_syncs)
     try:
@@ -62,23 +66,14 @@ def graph_ms(fn: Callable[[], object], *, rep_ms: float = 30.0, replays: int = 1
     torch.cuda.current_stream().wait_stream(s)
     g.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / reps)
-    return float(sorted(times)[len(times) // 2])
+    times = sorted(_event_ms(g.replay) / reps for _ in range(replays))
+    return float(times[len(times) // 2])
 
 
 def _release_cuda_rng() -> None:
-    """Take the default CUDA generator out of capture mode after a failed capture.  A capture that fails
-    in cudaStreamEndCapture skips the generator's capture epilogue, so every later draw in the process
-    raised "Offset increment outside graph capture encountered unexpectedly" (H200, 2026-12-03: after
-    Liger-Kernel's fused MoE failed its capture, the grouped_mm probe's torch.randn failed).  The
-    generator gets a fresh state object with the same seed and offset."""
+    """Take the default CUDA generator out of capture mode (a fresh state, same seed and offset) after a
+    capture failed in cudaStreamEndCapture, which skips the generator's epilogue: on the H200 (2026-12-03)
+    every later draw then raised "Offset increment outside graph capture encountered unexpectedly"."""
     try:
         gen = torch.cuda.default_generators[torch.cuda.current_device()]
         fresh = torch.Generator(device="cuda")
@@ -93,10 +88,9 @@ _GRAPH_FAILURES: set[str] = set()
 
 
 def host_syncs(fn: Callable[[], object]) -> bool:
-    """Whether fn() makes a synchronizing CUDA call (.item(), nonzero, a copy to the host: the
-    eager MoE loop, a reference that counts its targets), found by one call under torch's sync
-    debug mode instead of a capture that fails.  On the H200 (2026-12-03) failed captures of such
-    references kept their graph pools: 138 GB after the MoE and loss cases, then OOM."""
+    """Whether fn() makes a synchronizing CUDA call (.item(), nonzero, a copy to the host), found by one
+    call under torch's sync debug mode instead of a capture that fails: on the H200 (2026-12-03) failed
+    captures of such references kept their graph pools, 138 GB after the MoE and loss cases, then OOM."""
     previous = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -114,11 +108,9 @@ def host_syncs(fn: Callable[[], object]) -> bool:
 def time_fn(fn: Callable[[], object], device_type: str, *, quick: bool = False,
             method: str | None = None) -> tuple[float, str]:
     """(milliseconds per fn(), method): "cuda-graph" (`graph_ms`) where fn can be captured, else (or with
-    method="do_bench") triton's do_bench median, host launch cost included; "cpu-wall" on CPU.
-
-    Device time is what an op costs in a step whose host runs ahead of the GPU, and the only fair ranking
-    of a launch-bound op's configs: on the H200 an RMSNorm fwd+bwd at 4096 x 4096 takes ~50 us of kernels
-    and ~300 us of host time, so wall-clock timing ranks configs by noise."""
+    method="do_bench") triton's do_bench median, host launch cost included; "cpu-wall" on CPU.  Device time
+    is the only fair ranking of a launch-bound op's configs: on the H200 an RMSNorm fwd+bwd at 4096 x 4096
+    takes ~50 us of kernels and ~300 us of host time, so wall-clock timing ranks configs by noise."""
     if device_type == "cuda":
         import triton.testing
         warmup, rep = (10, 30) if quick else (25, 100)
@@ -147,15 +139,8 @@ def time_fn(fn: Callable[[], object], device_type: str, *, quick: bool = False,
 
 
 def measure(fn: Callable[[], object], device_type: str, *, quick: bool = False) -> float:
-    """Milliseconds per fn() by `time_fn` (the method is dropped: the bench harness's timer)."""
+    """Milliseconds per fn() by `time_fn`, without the method (the bench harness's timer)."""
     return time_fn(fn, device_type, quick=quick)[0]
-
-
-def host_ms(fn: Callable[[], object], device_type: str, *, calls: int = 10, repeats: int = 3) -> float:
-    """Host cost per call after a warm call (launch-bound when near the device time): see `_wall_ms`."""
-    fn()
-    _sync(device_type)
-    return _wall_ms(fn, device_type, repeats, calls)
 
 
 def _wall_ms(fn: Callable[[], object], device_type: str, repeats: int, calls: int = 1) -> float:
@@ -256,8 +241,10 @@ def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag
     for rec, run, _ in best.values():     # host cost per call of each implementation's best config
         rec["host_ms"] = rec["median_ms"] if device == "cpu" else None    # on CPU the wall time is the host time
         if device == "cuda":
-            with contextlib.suppress(Exception):
-                rec["host_ms"] = host_ms(run, device)
+            with contextlib.suppress(Exception):     # after a warm call: launch-bound when near the device time
+                run()
+                _sync(device)
+                rec["host_ms"] = _wall_ms(run, device, repeats=3, calls=10)
     # failed candidates take the case's method: do_bench where the runs were re-timed above
     method = "do_bench" if len(methods) > 1 else next(iter(methods), "cpu-wall" if device == "cpu" else "cuda-graph")
     for rec in measurements:
@@ -284,8 +271,7 @@ def persist(op, result: dict, store, *, origin: str = "sweep") -> int:
     meas = [{**{k: v for k, v in m.items() if k != "host_ms"}, "origin": origin, **fp}
             for m in result["measurements"]]
     with store.transaction():
-        for row in rows:
-            store.put_tuning(row)
+        store.put_rows("tuning", rows)
         store.put_measurements(meas)
     return len(rows)
 
@@ -319,10 +305,9 @@ def crossovers(results: list[dict], ops: dict, margin: float = 0.05) -> list[dic
 
 
 def sweep(plan: list, target, store, *, quick: bool = False, origin: str = "sweep", progress=None) -> dict:
-    """Measure and persist each case of `plan` ([(op, dims, dtype, tag)], op objects), one
-    transaction per case, then the crossovers derived from these measurements.  A case that cannot
-    be measured is reported and skipped; a DB that cannot be written stops the sweep.  `progress`
-    wraps the plan (e.g. tqdm).  Returns {"results", "skipped", "crossovers"}."""
+    """Measure and persist each case of `plan` ([(op, dims, dtype, tag)]) in one transaction per case, then
+    the crossovers derived from them.  A case that cannot be measured is skipped; a DB that cannot be written
+    stops the sweep.  `progress` wraps the plan (e.g. tqdm).  Returns {"results", "skipped", "crossovers"}."""
     out, ops = {"results": [], "skipped": [], "crossovers": []}, {}
     cases = progress(plan) if progress else plan
     for case in cases:
@@ -332,7 +317,6 @@ def sweep(plan: list, target, store, *, quick: bool = False, origin: str = "swee
 
 
 def _keep(out: dict, ops: dict, op, case_out: tuple, store, origin: str) -> None:
-    """Persist one case's result (noting it in out["results"], its op in `ops`), or note it skipped."""
     result, skip = case_out
     if skip is not None:
         out["skipped"].append(skip)
@@ -344,7 +328,6 @@ def _keep(out: dict, ops: dict, op, case_out: tuple, store, origin: str) -> None
 
 def _sweep_case(case, target, quick: bool, bar=None) -> tuple[dict | None, dict | None]:
     """(tune's result, None) for one plan case, or (None, the skipped record)."""
-    from .kernels._common import parse_dtype
     op, dims, dt, tag = case
     if hasattr(bar, "set_postfix_str"):
         bar.set_postfix_str(f"{op.name} {','.join(f'{k}={v}' for k, v in dims.items())} {dt} {tag}".strip())
@@ -358,9 +341,8 @@ def _sweep_case(case, target, quick: bool, bar=None) -> tuple[dict | None, dict 
 
 def _persist_crossovers(results: list[dict], ops: dict, target, store, origin: str) -> list[dict]:
     rows = crossovers(results, ops)
-    with store.transaction():
-        for row in rows:
-            store.put_crossover({**row, "origin": origin, **fingerprint(target.arch, ops[row["op"]].source_hash)})
+    store.put_rows("crossover", [{**row, "origin": origin, **fingerprint(target.arch, ops[row["op"]].source_hash)}
+                                 for row in rows])
     return rows
 
 
@@ -374,12 +356,10 @@ def _one_line_error(exc: BaseException) -> str:
 
 def sweep_sharded(plan: list, target, open_store: Callable[[], object], *, quick: bool = False,
                   origin: str = "sweep", progress=None, group=None) -> dict | None:
-    """`sweep` split across the ranks of a torch.distributed job (a collective; docs/cli.md,
-    "Sharded sweep"): case i on rank i % world, in rounds of one case per rank (neighbouring cases
-    are alike, so a round costs about one case); rank 0 persists each round in plan order.  Only
-    rank 0 calls `open_store`, before the first exchange so that its failure stops every rank.  Any
-    failure of a rank outside a case is exchanged at the next round and every rank raises
-    ShardedSweepError naming it: no rank waits for a dead one.  Returns sweep's dict on rank 0."""
+    """`sweep` split across the ranks of a torch.distributed job (a collective; docs/cli.md, "Sharded
+    sweep"): case i on rank i % world, in rounds of one case per rank; rank 0 opens the store before the
+    first exchange and persists each round in plan order.  A rank's failure outside a case is exchanged at
+    the next round and every rank raises ShardedSweepError naming it.  Returns sweep's dict on rank 0."""
     import torch.distributed as dist
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     digest = hashlib.sha256(json.dumps([(op.name, dims, dt, tag) for op, dims, dt, tag in plan],
@@ -436,12 +416,10 @@ def sweep_sharded(plan: list, target, open_store: Callable[[], object], *, quick
 
 
 def tune_online(op, target, dtype, dims) -> dict | None:
-    """LIGER_RT_AUTOTUNE=1 on a DB miss: tune (rank 0 only), broadcast the winner, persist it.
-
-    In a torch.distributed job every rank reaches this miss at once (fixed-shape data-parallel steps) and
-    must keep deciding alike: rank 0 persists only after the broadcast, a barrier follows, and every rank
-    re-opens the DB.  (When rank 0 alone re-opened it, its next lookups hit while the others missed and
-    waited in a broadcast rank 0 never joined.)  Ranks on other hosts need LIGER_RT_TUNING_DB shared."""
+    """LIGER_RT_AUTOTUNE=1 on a DB miss: tune (rank 0 only), broadcast the winner, persist it.  Every rank
+    of a torch.distributed job reaches the miss at once and re-opens the DB after the barrier (when rank 0
+    alone did, its next lookups hit while the others missed and waited in a broadcast rank 0 never joined).
+    Ranks on other hosts need LIGER_RT_TUNING_DB shared."""
     import torch.distributed as dist
     joined = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if joined else (0, 1)

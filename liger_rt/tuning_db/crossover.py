@@ -1,19 +1,14 @@
-"""The crossover table's segments: derived from measurements, and read back on an axis value.
-
-Segments are ``[[upper_bound, impl], ..., [None, impl]]`` in increasing bound order.
-"""
+"""The crossover table's segments, ``[[upper_bound, impl], ..., [None, impl]]`` in increasing bound order:
+derived from measurements, and read back on an axis value."""
 from __future__ import annotations
 
 import math
 
 
 def derive_crossover(points: list[tuple[float, dict[str, float]]], margin: float = 0.05) -> list:
-    """Segments from measurements: points are (axis value, {impl: median ms}).
-
-    A challenger takes over only when it beats the incumbent by more than `margin` (hysteresis, so
-    noise cannot flip the choice back and forth); boundaries sit at the geometric mean of the two
-    neighbouring measured axis values.
-    """
+    """Segments from measurements: points are (axis value, {impl: median ms}).  A challenger takes over only
+    when it beats the incumbent by more than `margin` (hysteresis, so noise cannot flip the choice back and
+    forth); boundaries sit at the geometric mean of the two neighbouring measured axis values."""
     pts = sorted((a, t) for a, t in points if t)
     if not pts:
         raise ValueError("no measurements to derive a crossover from")
@@ -34,8 +29,5 @@ def derive_crossover(points: list[tuple[float, dict[str, float]]], margin: float
 
 
 def crossover_pick(segments: list, value: float) -> str:
-    """The implementation of the segment holding `value`."""
-    for bound, impl in segments:
-        if bound is None or value < bound:
-            return impl
-    return segments[-1][1]
+    """The implementation of the segment holding `value` (the last segment's bound is None)."""
+    return next(impl for bound, impl in segments if bound is None or value < bound)

@@ -23,25 +23,16 @@ GENERIC_ARCHES = ("generic-nvidia", "generic-amd")
 # "stale": used only when nothing measured here exists, and shown as such.
 FINGERPRINT = ("device_name", "sm_count", "torch_version", "triton_version", "runtime_version", "source_hash")
 
-_FP_COLUMNS = {"device_name": str, "sm_count": int, "torch_version": str, "triton_version": str,
-               "runtime_version": str, "source_hash": str}
-TUNING_COLUMNS = {
-    "op": str, "variant": str, "arch": str, "dtype": str, "static_key": str, "bucket": str, "impl": str,
-    "config": str, "median_ms": float, "baseline_ms": float, "host_ms": float, "method": str,
-    "config_schema": int, **_FP_COLUMNS, "origin": str, "created": float,
-}
-MEASUREMENT_COLUMNS = {
-    "op": str, "variant": str, "arch": str, "dtype": str, "static_key": str, "dims": str, "axis": float,
-    "tag": str, "impl": str, "config": str, "median_ms": float, "ok": int, "error": str, "method": str,
-    **_FP_COLUMNS, "origin": str, "created": float,
-}
-CROSSOVER_COLUMNS = {
-    "op": str, "variant": str, "arch": str, "dtype": str, "static_key": str, "axis_name": str,
-    "segments": str, "margin": float, "method": str, **_FP_COLUMNS, "origin": str, "created": float,
-}
-COLUMNS = {"tuning": TUNING_COLUMNS, "measurements": MEASUREMENT_COLUMNS, "crossover": CROSSOVER_COLUMNS}
-TUNING_PK = ("op", "variant", "arch", "dtype", "static_key", "bucket", "impl")
 CROSSOVER_PK = ("op", "variant", "arch", "dtype", "static_key")
+TUNING_PK = (*CROSSOVER_PK, "bucket", "impl")
+_HEAD = dict.fromkeys(CROSSOVER_PK, str)
+_TAIL = {**{col: int if col == "sm_count" else str for col in FINGERPRINT}, "origin": str, "created": float}
+TUNING_COLUMNS = {**_HEAD, "bucket": str, "impl": str, "config": str, "median_ms": float, "baseline_ms": float,
+                  "host_ms": float, "method": str, "config_schema": int, **_TAIL}
+MEASUREMENT_COLUMNS = {**_HEAD, "dims": str, "axis": float, "tag": str, "impl": str, "config": str,
+                       "median_ms": float, "ok": int, "error": str, "method": str, **_TAIL}
+CROSSOVER_COLUMNS = {**_HEAD, "axis_name": str, "segments": str, "margin": float, "method": str, **_TAIL}
+COLUMNS = {"tuning": TUNING_COLUMNS, "measurements": MEASUREMENT_COLUMNS, "crossover": CROSSOVER_COLUMNS}
 # the columns of schema 1 (what a DB must have to be ours): schema 2 added the method, the host time, the
 # fingerprint's SM count and runtime version, and where missing the rest of the fingerprint and the origin
 _NOT_IN_V1 = {"method", "host_ms", "sm_count", "runtime_version"}
@@ -84,9 +75,9 @@ def fill_defaults(table: str, rec: dict) -> dict:
 def number(rec: dict, col: str, *, positive: bool = False, optional: bool = False, integer: bool = False,
            low: float | None = None, high: float | None = None):
     v = rec.get(col)
+    if v is None and optional:
+        return None
     if v is None:
-        if optional:
-            return None
         raise RowError(f"{col} is missing")
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise RowError(f"{col}={v!r} is not a number")
@@ -144,20 +135,18 @@ def _dims(op, obj: dict, names: tuple, col: str, pow2: bool = False) -> dict:
 
 
 def parse_config(op, impl: str, data):
-    """The config `impl` of `op` accepts for `data` (a dict or JSON text), else RowError."""
-    data = json_value({"config": data}, "config", dict)
+    """The config `impl` of `op` accepts for `data` (a dict or JSON text of one), else RowError."""
     try:
         return op.parse_config(data, impl)
     except (ValueError, TypeError) as exc:    # ConfigError is a ValueError
-        raise RowError(f"config {json.dumps(data, sort_keys=True)[:160]} is not valid for {op.name}/{impl}: "
+        shown = data if isinstance(data, str) else json.dumps(data, sort_keys=True)
+        raise RowError(f"config {shown[:160]} is not valid for {op.name}/{impl}: "
                        f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
 
 
 def current_code(op, row: dict) -> bool:
     """Measured on this kernel code and config schema (or published, hash-less)."""
-    if "config_schema" in row and row.get("config_schema") != op.schema_version:
-        return False
-    return row.get("source_hash", "") in ("", op.source_hash)
+    return row["config_schema"] == op.schema_version and row["source_hash"] in ("", op.source_hash)
 
 
 def check(table: str, rec: dict, *, op=None) -> dict:
@@ -236,13 +225,11 @@ def segments(op, segs: list) -> list:
             raise RowError(f"segment {i} names {impl!r}, not an implementation of {op.name} "
                            f"({', '.join(op.impl_names)})")
         last = i == len(segs) - 1
-        if bound is None:
-            if not last:
-                raise RowError(f"segment {i} has no bound but is not the last")
-            continue
-        if last:
-            raise RowError("the last segment must have the bound null (open-ended)")
-        if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not math.isfinite(bound) or bound <= prev:
+        if (bound is None) != last:         # only the last segment is open-ended
+            raise RowError("the last segment must have the bound null (open-ended)" if last
+                           else f"segment {i} has no bound but is not the last")
+        if not last and (isinstance(bound, bool) or not isinstance(bound, (int, float)) or not math.isfinite(bound)
+                         or bound <= prev):
             raise RowError(f"segment {i} bound {bound!r} is not a finite number above {prev:g}")
-        prev = float(bound)
+        prev = bound
     return segs

@@ -27,6 +27,7 @@ from .rows import (CROSSOVER_COLUMNS, CROSSOVER_PK, DB_SCHEMA, FINGERPRINT, MEAS
 MEASUREMENT_KEY = ("op", "variant", "arch", "dtype", "static_key", "dims", "tag", "impl", "config", "created")
 _SQL_TYPES = {str: "TEXT", float: "REAL", int: "INTEGER"}
 _STATIC = "op = ? AND variant = ? AND arch = ? AND dtype = ? AND static_key = ?"
+_KEYS = {"tuning": TUNING_PK, "crossover": CROSSOVER_PK, "measurements": MEASUREMENT_KEY}
 
 
 def row_name(row: dict) -> str:
@@ -41,20 +42,18 @@ def op_arch_where(op: str | None, arch: str | None) -> tuple[str | None, list]:
 
 
 class TuningDBError(RuntimeError):
-    """The tuning DB file cannot be used (corrupt, not ours, newer schema, locked, read-only) or a
-    record cannot enter it; the message is one line and names the file or the record."""
+    """The tuning DB file cannot be used (corrupt, not ours, newer schema, locked, read-only) or a record
+    cannot enter it; the one-line message names which."""
 
 
 @functools.lru_cache(maxsize=1)
-def _versions() -> tuple[str, str]:
-    """(Triton version, torch version) of this process."""
+def _versions() -> dict:
     import torch
     try:
         import triton
-        tv = triton.__version__
+        return {"torch_version": torch.__version__, "triton_version": triton.__version__}
     except Exception:
-        tv = ""
-    return tv, torch.__version__
+        return {"torch_version": torch.__version__, "triton_version": ""}
 
 
 def fingerprint(arch, source_hash: str) -> dict:
@@ -64,10 +63,8 @@ def fingerprint(arch, source_hash: str) -> dict:
     if isinstance(arch, str):
         hw = backend.detect_hardware()
         arch = hw if hw.name == arch else backend.profile(arch) if arch in backend.ARCH_NAMES else None
-    tv, pv = _versions()
     return {"device_name": arch.device_name if arch else "", "sm_count": arch.sm_count if arch else 0,
-            "torch_version": pv, "triton_version": tv,
-            "runtime_version": backend.runtime_version() if arch and arch.vendor != "cpu" else "",
+            **_versions(), "runtime_version": backend.runtime_version() if arch and arch.vendor != "cpu" else "",
             "source_hash": source_hash}
 
 
@@ -103,8 +100,7 @@ _INDEXES = [
 
 
 def _inspect(conn: sqlite3.Connection, path) -> int | None:
-    """The liger_rt schema version of an open SQLite file, None when it has no tables at all, or
-    TuningDBError saying why the file is not a liger_rt DB."""
+    """The liger_rt schema version of an open SQLite file (None: no tables), else TuningDBError saying why not."""
     tables = {n: {r[1] for r in conn.execute(f'PRAGMA table_info("{n}")').fetchall()}
               for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
               if not n.startswith("sqlite_")}
@@ -139,39 +135,37 @@ def _inspect(conn: sqlite3.Connection, path) -> int | None:
 
 
 class Store:
-    """One SQLite file (or an in-memory DB) with the liger_rt schema.  ``readonly=True`` (lookups, doctor,
-    show, export) changes nothing in the file; otherwise (sweep, import, prune, online tuning) a missing
-    file is created (unless ``create=False``) and a schema-1 DB migrated to schema 2."""
+    """One SQLite file (or, path None, an in-memory DB) with the liger_rt schema, ``readonly`` for lookups,
+    doctor, show and export; writable, a missing file is created (unless ``create=False``)."""
 
     def __init__(self, path: Path | None, *, layer: str, timeout: float | None = None, create: bool = True,
                  readonly: bool = False):
         self.path, self.layer, self.readonly = path, layer, readonly
         self.timeout = timeout if timeout is not None else 0.0 if path is None else env.db_timeout()
-        self.conn = None
+        self.conn, self.schema = None, DB_SCHEMA
         if path is not None and path.is_dir():
             raise TuningDBError(f"{path} is a directory, not a tuning DB file")
         if path is not None and not path.exists() and (readonly or not create):
             raise TuningDBError(f"{path} does not exist")
         try:
             if path is None:
-                self.conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+                self.conn = self._connect(":memory:")
                 self._create()
-                self.schema = DB_SCHEMA
             elif readonly:
                 self._open_readonly(path)
             else:
                 self._open_writable(path)
-        except sqlite3.DatabaseError as exc:
+        except BaseException as exc:
             self.close()
-            raise TuningDBError(f"{path} is unusable: {exc}") from None
-        except BaseException:
-            self.close()
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise TuningDBError(f"{path} is unusable: {exc}") from None
             raise
         self.db = self.conn      # sqlite3.Connection: .execute(sql, args)
 
     def _connect(self, target: str, **kw) -> sqlite3.Connection:
         conn = sqlite3.connect(target, timeout=self.timeout, check_same_thread=False, isolation_level=None, **kw)
         conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+        conn.row_factory = sqlite3.Row
         return conn
 
     def _open_readonly(self, path: Path) -> None:
@@ -203,7 +197,6 @@ class Store:
                 self._migrate(found)
             elif self.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                 self.conn.execute("PRAGMA journal_mode=WAL")
-        self.schema = DB_SCHEMA
 
     def _create(self) -> None:
         with self.transaction():
@@ -243,12 +236,11 @@ class Store:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- transactions and errors ------------------------------------------------------------------
     @contextlib.contextmanager
     def _write_errors(self, what: str):
         try:
             yield
-        except sqlite3.OperationalError as exc:
+        except sqlite3.DatabaseError as exc:
             msg = str(exc)
             if "locked" in msg or "busy" in msg:
                 raise TuningDBError(f"{self.path} is locked by another process (waited {self.timeout:g} s; "
@@ -257,8 +249,6 @@ class Store:
                 raise TuningDBError(f"{self.path} is read-only ({msg}); choose a writable --db or "
                                     "LIGER_RT_TUNING_DB") from None
             raise TuningDBError(f"{self.path}: {what} failed: {msg}") from None
-        except sqlite3.DatabaseError as exc:
-            raise TuningDBError(f"{self.path}: {what} failed: {exc}") from None
 
     @contextlib.contextmanager
     def transaction(self):
@@ -277,29 +267,27 @@ class Store:
                 raise
             self.conn.execute("COMMIT")
 
-    # -- writes (every row validated: rows.check) -----------------------------------------------------
     def _here(self, row: dict) -> dict:
         """A row put without a fingerprint was measured by this process: give it this one."""
         if all(k in row for k in FINGERPRINT[:-1]):
             return row
-        op = R.resolve_op(row.get("op"))
-        here = fingerprint(row.get("arch", ""), row.get("source_hash", op.source_hash if op else ""))
-        return {**{k: v for k, v in here.items() if k != "source_hash"}, **row}
+        here = fingerprint(row.get("arch", ""), "")
+        return {**{k: here[k] for k in FINGERPRINT[:-1]}, **row}      # the kernel hash is the row's own
 
     def put_tuning(self, row: dict) -> None:
-        """Insert, or replace an entry that is not comparable (other method or fingerprint or
-        config schema) or slower.  A row without fingerprint fields was measured here."""
-        self.put_rows("tuning", [self._here(row)])
+        self.put_rows("tuning", [row])
 
     def put_measurements(self, rows: Iterable[dict]) -> None:
-        self.put_rows("measurements", [self._here(r) for r in rows])
+        self.put_rows("measurements", rows)
 
     def put_crossover(self, row: dict) -> None:
-        self.put_rows("crossover", [self._here(row)])
+        self.put_rows("crossover", [row])
 
-    def put_rows(self, table: str, rows: list[dict], *, checked: bool = False) -> None:
-        """Validate and write rows of one table in one transaction (RowError for a bad one)."""
-        rows = [r if checked else R.check(table, r) for r in rows]
+    def put_rows(self, table: str, rows: Iterable[dict], *, checked: bool = False) -> None:
+        """Validate (a row without fingerprint fields was measured here) and write rows of one table in one
+        transaction (RowError for a bad one).  A tuning row replaces an entry that is not comparable (other
+        method, fingerprint or config schema) or slower."""
+        rows = [r if checked else R.check(table, self._here(r)) for r in rows]
         if not rows:
             return
         cols = list(R.COLUMNS[table])
@@ -313,26 +301,21 @@ class Store:
         with self.transaction():
             self.conn.executemany(sql, [[r[c] for c in cols] for r in rows])
 
-    # -- reads ------------------------------------------------------------------------------------------
     def select(self, table: str, where: str | None = None, args: list | None = None, *,
                rowid: bool = False) -> list[dict]:
         """Rows of `table` as dicts with every column (schema-1 rows get the schema-2 defaults)."""
         sql = f"SELECT rowid AS _rowid, * FROM {table}" + (f" WHERE {where}" if where else "")
-        cur = self.conn.execute(sql, args or [])
-        names = [d[0] for d in cur.description]
-        raws = [dict(zip(names, values)) for values in cur.fetchall()]
-        return [R.fill_defaults(table, raw) | ({"rowid": raw["_rowid"]} if rowid else {}) for raw in raws]
+        return [R.fill_defaults(table, dict(raw)) | ({"rowid": raw["_rowid"]} if rowid else {})
+                for raw in self.conn.execute(sql, args or []).fetchall()]
 
     all_rows = select
 
     def crossover_row(self, op: str, variant: str, arch: str, dtype: str, static_key: str) -> dict | None:
-        rows = self.select("crossover", _STATIC, [op, variant, arch, dtype, static_key])
-        return rows[0] if rows else None
+        return next(iter(self.select("crossover", _STATIC, [op, variant, arch, dtype, static_key])), None)
 
     def counts(self) -> dict:
         return {t: self.conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in R.COLUMNS}
 
-    # -- judging and pruning ---------------------------------------------------------------------------------
     def prune(self, *, stale: bool = False, invalid: bool = False, op: str | None = None,
               arch: str | None = None, dry_run: bool = False) -> dict:
         """Remove (or with dry_run only list) rows: of `op` and/or `arch`, and among those the stale
@@ -379,8 +362,6 @@ def classify(table: str, row: dict) -> tuple[str, str]:
     return ("stale", why) if why else ("ok", "")
 
 
-# -- JSON lines ---------------------------------------------------------------------------------------------
-
 def _parse_lines(lines: Iterable[str]):
     """Yield (line number, table, record) of an export; TuningDBError for a line that is not one."""
     for n, line in enumerate(lines, 1):
@@ -414,14 +395,10 @@ def load_jsonl(store: Store, lines: Iterable[str], *, strict: bool = True) -> di
     stores rows unvalidated: lookups validate them when they are read."""
     batches: dict[str, list] = {t: [] for t in R.COLUMNS}
     for n, table, rec in _parse_lines(lines):
-        if strict:
-            try:
-                rec = R.check(table, rec)
-            except RowError as exc:
-                raise TuningDBError(f"line {n}: {table} record {row_name(rec)}: {exc}") from None
-        else:
-            rec = _coerce(table, rec)
-        batches[table].append(rec)
+        try:
+            batches[table].append(R.check(table, rec) if strict else _coerce(table, rec))
+        except RowError as exc:
+            raise TuningDBError(f"line {n}: {table} record {row_name(rec)}: {exc}") from None
     with store.transaction():
         for table, rows in batches.items():
             store.put_rows(table, rows, checked=True)
@@ -447,18 +424,15 @@ def dump_jsonl(store, arch: str | None = None, keep=None) -> Iterable[str]:
     where, args = op_arch_where(None, arch)
     yield json.dumps({"table": "meta", "db_schema": DB_SCHEMA})
     for table in R.COLUMNS:
-        pk = {"tuning": TUNING_PK, "crossover": CROSSOVER_PK, "measurements": MEASUREMENT_KEY}[table]
         seen = set()
         for s in stores:
             for row in s.select(table, where, args):
-                key = tuple(row[c] for c in pk)
+                key = tuple(row[c] for c in _KEYS[table])
                 if key in seen or (keep is not None and not keep(table, row)):
                     continue
                 seen.add(key)
                 yield json.dumps({"table": table, **row}, sort_keys=True)
 
-
-# -- the layered store ---------------------------------------------------------------------------------------
 
 def _log2_distance(a: dict, b: dict) -> float:
     return sum(abs(math.log2(max(1, a[k])) - math.log2(max(1, b.get(k, 1)))) for k in a)
@@ -471,13 +445,12 @@ class LayeredStore:
 
     def __init__(self, user: Store | None, defaults: Store, user_error: str | None = None):
         self.user, self.defaults, self.user_error = user, defaults, user_error
-        self._here, self._warned = {}, set()     # fingerprints by (arch, op, hash); bad rows warned about
+        self._here, self._warned = {}, set()     # fingerprints by (arch, kernel hash); bad rows warned about
 
     @classmethod
     def open_default(cls) -> "LayeredStore":
         """The shipped defaults plus LIGER_RT_TUNING_DB read-only when it exists (reading changes nothing)."""
-        defaults = shipped_defaults()
-        path = env.tuning_db_path()
+        defaults, path = shipped_defaults(), env.tuning_db_path()
         user, error = None, None
         if path.exists():
             try:
@@ -502,15 +475,8 @@ class LayeredStore:
             if store is self.user:
                 warnings.warn(f"liger_rt: tuning DB read failed ({exc}); using shipped defaults",
                               RuntimeWarning, stacklevel=4)
-                self.user_error = str(exc)
-                self.user = None
+                self.user_error, self.user = str(exc), None
             return []
-
-    def fingerprint(self, op, arch) -> dict:
-        key = (getattr(arch, "name", arch), op.name, op.source_hash)
-        if key not in self._here:
-            self._here[key] = fingerprint(arch, op.source_hash)
-        return self._here[key]
 
     def _bad(self, store: Store, table: str, row: dict, why: str) -> None:
         key = (store.layer, table, *(str(row.get(c)) for c in TUNING_PK), why)
@@ -537,10 +503,12 @@ class LayeredStore:
         except RowError:
             return None               # measured on other code whose configs this code does not take
 
-    def _found(self, table: str, op, arch, dtype: str, dims: dict, keep=None) -> list[tuple]:
+    def _found(self, table: str, op, arch: str, dtype: str, dims: dict, keep=None) -> list[tuple]:
         """(store, checked row, config, stale reason or None) of each usable row of the static dims."""
-        args = [op.name, op.variant, getattr(arch, "name", arch), dtype, op.static_key(dims)]
-        here = self.fingerprint(op, arch)
+        args = [op.name, op.variant, arch, dtype, op.static_key(dims)]
+        if (arch, op.source_hash) not in self._here:
+            self._here[arch, op.source_hash] = fingerprint(arch, op.source_hash)
+        here = self._here[arch, op.source_hash]
         found = []      # a loop, not a comprehension: the warnings' stacklevel counts these frames
         for store in self.layers():
             for row in self._select(store, table, args):
