@@ -2,53 +2,34 @@
 
     y = liger_rt.ops.moe_experts(x, gate_up_proj, down_proj, top_k_index, top_k_weights)
 
-x (tokens, hidden); gate_up_proj (experts, 2*intermediate, hidden) with the gate in the FIRST
-half (HF: ``gate, up = linear(x, gate_up_proj[e]).chunk(2, dim=-1)``); down_proj (experts,
-hidden, intermediate); top_k_index (tokens, k) integer expert ids in [0, experts);
-top_k_weights (tokens, k). Returns (tokens, hidden):
+x (tokens, hidden); gate_up_proj (experts, 2*intermediate, hidden), gate in the FIRST half (HF: ``gate, up =
+linear(x, gate_up_proj[e]).chunk(2, dim=-1)``); down_proj (experts, hidden, intermediate); top_k_index (tokens, k)
+expert ids in [0, experts); top_k_weights (tokens, k). Returns (tokens, hidden):
 
     y[t] = sum_j w[t, j] * down[e] @ (silu(gate[e] @ x[t]) * (up[e] @ x[t])),  e = idx[t, j]
 
-Three implementations on one Op:
-- ``triton``: the fused path below (forward and backward in Triton, routing metadata in torch).
-- ``grouped_mm``: ``torch.nn.functional.grouped_mm`` / ``torch._grouped_mm`` (CUDA, bf16).
-- ``torch``: the loop-over-experts reference in fp32 (tests, parity, the fallback).
+Implementations: ``triton`` (the fused path below), ``grouped_mm`` (torch's grouped GEMM, CUDA bf16) and ``torch``
+(the fp32 loop over experts: tests, parity, the fallback).
 
-Design of the fused path (S = tokens * k routed slots, slot s = t * k + j):
-1. routing metadata (no host sync): a stable torch sort of the S slots by expert gives
-   ``perm`` (sorted row -> slot) and ``bounds`` (E+1 row offsets per expert, searchsorted); a
-   per-BLOCK_M tile schedule (tile -> expert, first row) comes from one small Triton launch.
-   GEMM grids are launched for an upper bound of tiles; tiles past the real count return at once.
-   The forward keeps perm, bounds and the down GEMM's schedule for the backward, which reuses
-   them (a schedule for another BLOCK_M of the up_bwd GEMM is one more small launch there).
-2. up GEMM: rows of x are gathered by token *inside the A-operand loads* (no permuted copy of
-   x); two accumulators (gate columns n and up columns I+n of the same expert) share every A
-   tile; the epilogue applies SwiGLU and stores h (S, I) in the input dtype, in sorted order,
-   plus the pre-activations gate|up (S, 2I) when a backward will need them (storing them costs
-   3*S*I*2 bytes of traffic; recomputing them would cost another 2/3 of the forward's flops).
-3. down GEMM: h (contiguous, sorted) @ down[e]^T; the epilogue scales each row by its routing
-   weight in fp32 and scatters it to its slot row of a (S, hidden) buffer in the input dtype.
-4. the top-k reduction y[t] = sum_j y_slot[t*k + j] is a contiguous (T, k, H) sum that
-   accumulates in fp32. We chose this over atomics into an fp32 (T, H) buffer: it is
-   deterministic, needs no fp32 temporary and no memset, and costs 2*S*H*2 bytes of traffic
-   (~0.13 ms at T=16384 on an H200, under 2% of the fused fwd+bwd). There is no (S, hidden)
-   fp32 temporary anywhere.
+Fused path (S = tokens * k routed slots, slot s = t * k + j):
+1. routing, no host sync: a stable sort of the slots by expert gives ``perm`` (sorted row -> slot) and ``bounds``
+   (E+1 row offsets); one small Triton launch builds the per-BLOCK_M tile schedule (tile -> expert, first row).
+   Grids cover an upper bound of tiles; tiles past the real count return at once. The backward reuses all three.
+2. up GEMM: x rows gathered by token inside the A loads (no permuted copy of x); the gate and up accumulators share
+   every A tile; the epilogue stores h = SwiGLU (S, I) in sorted order, plus gate|up (S, 2I) when a backward will
+   need them (3*S*I*2 bytes of traffic; recomputing them would cost another 2/3 of the forward's flops).
+3. down GEMM: h @ down[e]^T; each row scaled by its routing weight in fp32 and scattered to its slot row.
+4. y[t] = sum_j y_slot[t*k + j], a contiguous (T, k, H) sum in fp32. Against atomics into an fp32 (T, H) buffer:
+   deterministic, no fp32 temporary, no memset, and 2*S*H*2 bytes (~0.13 ms at T=16384 on an H200, under 2% of
+   the fused fwd+bwd).
 Backward (dy (T, H)):
-5. ``_moe_up_bwd_kernel``: g = dy[token] (gathered in the loads) @ down[e] -> (S, I) in fp32;
-   its epilogue forms d top_k_weights partials <g, h> (= <dy[t], down_out[t, j]>, one fp32
-   partial per I-tile, summed in torch: deterministic), dh = w * g, and dgate/dup through
-   SwiGLU from the saved pre-activations, stored as dgu (S, 2I) in the input dtype.
-6. dX: dgu @ gate_up[e] with the same down-GEMM kernel, scattered to slot rows in the input
-   dtype, then summed over k like step 4 (no atomics).
-7. dW: one grouped "weight-gradient" kernel per weight, an fp32 accumulator per (expert,
-   tile) looping over that expert's rows: dW_gate_up[e] = dgu_e^T @ x[tokens_e] (x gathered),
-   dW_down[e] = dy[tokens_e]^T @ hw_e (dy gathered; hw = w * h written by step 5, so neither
-   operand needs a register pass). Experts with no rows get zeros.
-Every GEMM is ``tl.dot`` with fp32 accumulation. ``DOT_FP32`` (constexpr) upcasts loaded tiles
-to fp32 for fp32 inputs and for bf16 under the Triton interpreter, which cannot do bf16
-arithmetic; on a GPU bf16/fp16 tiles feed the tensor cores directly.
-The op spec at the bottom gives dispatch, tuning, the autograd wiring and the torch.compile
-custom ops (liger_rt::moe_experts_fwd/bwd) to the runtime.
+5. ``_moe_up_bwd_kernel``: g = dy[token] @ down[e] in fp32; its epilogue forms d top_k_weights partials <g, h>
+   (one per I-tile, summed in torch: deterministic), dh = w * g and dgate|dup through SwiGLU, stored as dgu.
+6. dX = dgu @ gate_up[e] through the down kernel, scattered to slot rows and summed over k as in 4 (no atomics).
+7. dW: one grouped kernel per weight, an fp32 accumulator per (expert, tile) over that expert's rows:
+   dW_gate_up[e] = dgu_e^T @ x[tokens_e], dW_down[e] = dy[tokens_e]^T @ hw_e (hw = w * h, written by 5).
+Every GEMM is ``tl.dot`` with fp32 accumulation; ``DOT_FP32`` upcasts tiles for fp32 inputs and for bf16 under the
+interpreter (no bf16 arithmetic there); on a GPU 16-bit tiles feed the tensor cores directly.
 """
 from __future__ import annotations
 
@@ -72,10 +53,7 @@ __all__ = ["moe_experts", "moe_experts_ref", "moe_experts_grouped_mm", "MoEExper
 # ================================================================================ reference
 def moe_experts_ref(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
                     top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-    """The HF eager experts loop computed in fp32; returns x.dtype. Also the ``torch`` impl.
-
-    >>> y = moe_experts_ref(x, gate_up_proj, down_proj, top_k_index, top_k_weights)  # (T, H)
-    """
+    """The HF eager experts loop computed in fp32: (T, H) in x.dtype. Also the ``torch`` impl."""
     T, H = x.shape
     E = gate_up_proj.shape[0]
     out = torch.zeros(T, H, dtype=torch.float32, device=x.device)
@@ -101,10 +79,8 @@ def moe_experts_grouped_mm(x: torch.Tensor, gate_up_proj: torch.Tensor, down_pro
                            top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
     """Sort slots by expert, two grouped GEMMs, weighted top-k sum (torch autograd backward).
 
-    Alignment rules of the grouped GEMM (CUTLASS on sm90): bf16 operands, int32 cumulative
-    end offsets per expert, 16-byte aligned rows (hidden and intermediate multiples of 8);
-    the weights are passed as column-major views ``W.transpose(-2, -1)`` (no copy).
-    """
+    The grouped GEMM (CUTLASS on sm90) takes bf16, int32 cumulative end offsets per expert, 16-byte aligned rows
+    (hidden and intermediate multiples of 8) and the weights as column-major views (no copy)."""
     gmm = _grouped_mm_fn()
     if gmm is None:
         raise RuntimeError(f"this torch ({torch.__version__}) has neither torch.nn.functional.grouped_mm nor "
@@ -129,11 +105,9 @@ PROBE_FAILURES: dict[int, str] = {}  # device index -> why the last probe failed
 
 
 def _grouped_mm_probe(device_index: int) -> bool:
-    """Does a tiny bf16 grouped MM launch on this device? (the honest availability test).  Its copy of
-    the offsets to the device is a host sync, so the probe runs with torch's sync debug mode off.  A failure
-    is not kept (it is asked again at the next decision, its reason warned once and kept in PROBE_FAILURES):
-    on the H200 (2026-12-03) a probe made inside the bench failed once on an RNG state error and that failure,
-    then cached, hid grouped_mm from every later case."""
+    """Does a tiny bf16 grouped MM launch on this device? Runs with torch's sync debug mode off (its offsets copy
+    syncs). A failure is warned once per reason and not cached: on the H200 (2026-12-03) one probe failed on an
+    RNG state error and, cached, hid grouped_mm from every later case."""
     if _PROBED.get(device_index):
         return True
     gmm = _grouped_mm_fn()
@@ -162,12 +136,9 @@ def _grouped_mm_probe(device_index: int) -> bool:
 
 
 def _grouped_mm_available(target) -> bool:
-    """CUDA/ROCm only (never CPU, never the interpreter), and only where the op exists and runs.
-
-    With a GPU present a tiny launch decides (once per device). For planning without one
-    (``liger-tune explain --arch``), or while a CUDA graph is being captured, the rules of the
-    op: torch._grouped_mm of torch <= 2.8 is sm90-only; torch >= 2.9 supports sm80+ (NVIDIA) and
-    gfx942/gfx950 (ROCm)."""
+    """CUDA/ROCm only, where the op exists and runs: with the GPU present a probe decides (once per device);
+    planning without it, or during CUDA graph capture, the op's rules: torch <= 2.8 sm90 only; torch >= 2.9
+    sm80+ (NVIDIA) and gfx942/gfx950 (ROCm)."""
     if target.device_type != "cuda" or _grouped_mm_fn() is None:
         return False
     arch = target.arch
@@ -205,14 +176,13 @@ def _tile_swizzle(pid, n_tiles_m, n_tiles_n, GROUP_M: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n_tiles_m"])
 def _moe_up_fwd_kernel(
-    perm_ptr, tile_ptr, bounds_ptr, n_tiles_m, x_ptr, w_ptr, gu_ptr, h_ptr, H, I, TOP_K,
-    STORE_GU: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    W_DESC: tl.constexpr = False,
+    perm_ptr, tile_ptr, bounds_ptr, n_tiles_m, x_ptr, w_ptr, gu_ptr, h_ptr, H, I, TOP_K, STORE_GU: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, W_DESC: tl.constexpr = False,
 ):
     """h[r, n] = silu(x[tok_r] . Wg[e, n]) * (x[tok_r] . Wu[e, n]) over the rows r of one expert tile.
-    W_DESC: the expert's gate|up rows through a tensor descriptor (TMA on Hopper; past H zero-filled,
-    gate rows past I read up rows that the store masks); the token rows stay gathered."""
+    W_DESC: gate|up rows through a tensor descriptor (TMA; zero-filled past H, gate rows past I read up rows that
+    the store masks); the token rows stay gathered."""
     pid = tl.program_id(0)
     n_tiles_n = tl.cdiv(I, BLOCK_N)
     pid_m, pid_n = _tile_swizzle(pid, n_tiles_m, n_tiles_n, GROUP_M)
@@ -277,13 +247,11 @@ def _moe_down_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DESC: tl.constexpr = False, W_T: tl.constexpr = False, OUT_SORTED: tl.constexpr = False,
 ):
-    """out[slot_r, n] = (scale[slot_r] *) sum_k a[r, k] * W[e, k, n]; a in sorted order, out in slot order
-    (OUT_SORTED: out[r, n], sorted order too).
+    """out[slot_r, n] = (scale[slot_r] *) sum_k a[r, k] * W[e, k, n]; a sorted, out in slot order (or sorted).
 
-    Forward: a = h (S, I), W[e, k, n] = down[e, n, k]. Backward dX: a = dgu (S, 2I), W = gate_up[e].
-    Split up backward (up_bwd_split): a = dy in sorted order (S, H), W = down[e], out = g (S, I), sorted.
-    DESC: both operands through tensor descriptors (TMA on Hopper): a's rows up to the expert's end and
-    W[e] (stored n-major where W_T, the forward's down[e]), zero-filled past their bounds."""
+    Forward: a = h (S, I), W[e, k, n] = down[e, n, k]. dX: a = dgu (S, 2I), W = gate_up[e]. up_bwd_split:
+    a = sorted dy (S, H), W = down[e], out = g (S, I). DESC: both operands through tensor descriptors (TMA),
+    zero-filled past the expert's rows and W[e] (n-major where W_T)."""
     pid = tl.program_id(0)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = _tile_swizzle(pid, n_tiles_m, n_tiles_n, GROUP_M)
@@ -343,18 +311,13 @@ def _moe_down_kernel(
 @triton.jit(do_not_specialize=["n_tiles_m"])
 def _moe_up_bwd_kernel(
     perm_ptr, tile_ptr, bounds_ptr, n_tiles_m, dy_ptr, w_ptr, gu_ptr, h_ptr, scale_ptr, dgu_ptr, dwp_ptr, hw_ptr,
-    H, I, TOP_K,
-    NEED_DW: tl.constexpr, STORE_HW: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
-    PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    W_DESC: tl.constexpr = False,
+    H, I, TOP_K, NEED_DW: tl.constexpr, STORE_HW: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, W_DESC: tl.constexpr = False,
 ):
-    """g = dy[tok_r] @ down[e] (fp32); dw partial <g, h>; dgate/dup through SwiGLU of w * g.
-    W_DESC: down[e] through a tensor descriptor, as in _moe_up_fwd_kernel.
-
-    STORE_HW also writes hw = w * h (the scaled A^T of dW_down) while the h tile is in registers,
-    so the dW_down GEMM streams both operands straight into shared memory (a scale applied in its
-    loads would route them through registers) at the cost of one (S, I) write."""
+    """g = dy[tok_r] @ down[e] (fp32); dw partial <g, h>; dgate/dup through SwiGLU of w * g. W_DESC: down[e]
+    through a tensor descriptor. STORE_HW also writes hw = w * h while h is in registers, so the dW_down GEMM
+    streams both operands straight into shared memory (a scale in its loads would route them through registers)."""
     pid = tl.program_id(0)
     n_tiles_n = tl.cdiv(I, BLOCK_N)
     pid_m, pid_n = _tile_swizzle(pid, n_tiles_m, n_tiles_n, GROUP_M)
@@ -417,12 +380,9 @@ def _moe_up_bwd_kernel(
 
 @triton.jit
 def _moe_swiglu_bwd_kernel(g_ptr, perm_ptr, gu_ptr, h_ptr, scale_ptr, dgu_ptr, dw_ptr, hw_ptr, S, I,
-                           NEED_DW: tl.constexpr, STORE_HW: tl.constexpr,
-                           BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
-    """_moe_up_bwd_kernel's epilogue on its own (up_bwd_split), over BLOCK_R sorted rows: g (S, I), the
-    GEMM's dy[tok_r] @ down[e], gives dw[slot_r] = <g, h>, hw = w * h and dgate|dup. hw may be g's
-    buffer (each tile is read before it is written, by the same program). g arrives rounded to the
-    inputs' dtype (as torch's own dy @ down would be); the fused kernel keeps it in fp32."""
+                           NEED_DW: tl.constexpr, STORE_HW: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
+    """_moe_up_bwd_kernel's epilogue alone (up_bwd_split) over BLOCK_R sorted rows of g = dy[tok_r] @ down[e]
+    (rounded to the inputs' dtype, as torch's dy @ down would be). hw may be g's buffer (read before written)."""
     o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     m_r = o_r < S
     slot = tl.load(perm_ptr + o_r, mask=m_r, other=0)
@@ -453,15 +413,12 @@ def _moe_swiglu_bwd_kernel(g_ptr, perm_ptr, gu_ptr, h_ptr, scale_ptr, dgu_ptr, d
 
 @triton.jit
 def _moe_wgrad_kernel(
-    a_ptr, b_ptr, out_ptr, perm_ptr, bounds_ptr,
-    M, N, lda, ldb, TOP_K,
-    A_GATHER: tl.constexpr, B_GATHER: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    a_ptr, b_ptr, out_ptr, perm_ptr, bounds_ptr, M, N, lda, ldb, TOP_K, A_GATHER: tl.constexpr,
+    B_GATHER: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    """out[e, m, n] = sum over the rows r of expert e of A[r, m] * B[r, n] (fp32 accumulator).
-
-    A row r is a[tok_r] when A_GATHER else a[r] (sorted order), likewise B.
-    dW_gate_up: A = dgu, B = x gathered; dW_down: A = dy gathered, B = hw = w * h."""
+    """out[e, m, n] = sum over the rows r of expert e of A[r, m] * B[r, n] (fp32 accumulator); row r of A is
+    a[tok_r] when A_GATHER else a[r] (sorted), likewise B. dW_gate_up: A = dgu, B = x; dW_down: A = dy, B = hw."""
     pid = tl.program_id(0)
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
@@ -503,9 +460,8 @@ def _moe_wgrad_desc_kernel(
     a_ptr, b_ptr, out_ptr, bounds_ptr, M, N, lda, ldb, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    """_moe_wgrad_kernel on sorted operands through tensor descriptors (TMA on Hopper): one
-    descriptor per expert over its rows, so the ragged end of an expert's K loop is the
-    descriptor's bound (zero-filled) and no mask or index load sits in the loop."""
+    """_moe_wgrad_kernel on sorted operands through one tensor descriptor (TMA) per expert: the ragged end of
+    its K loop is the descriptor's bound (zero-filled), so no mask or index load sits in the loop."""
     pid = tl.program_id(0)
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
@@ -533,10 +489,9 @@ def _moe_wgrad_desc_kernel(
 
 
 @triton.jit(do_not_specialize=["n_tiles"])
-def _moe_tiles_kernel(bounds_ptr, meta_ptr, n_tiles, E,
-                      BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Tile schedule of a grouped GEMM in one launch: for tile t, the expert owning it (-1 past
-    the last tile) and its first sorted row. Expert e owns tiles [tile_start[e], tile_end[e])."""
+def _moe_tiles_kernel(bounds_ptr, meta_ptr, n_tiles, E, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr,
+                      BLOCK_T: tl.constexpr):
+    """Tile schedule: for tile t the expert owning it (-1 past the last tile) and its first sorted row."""
     o_e = tl.arange(0, E_PAD)
     m_e = o_e < E
     start = tl.load(bounds_ptr + o_e, mask=m_e, other=0)
@@ -553,17 +508,15 @@ def _moe_tiles_kernel(bounds_ptr, meta_ptr, n_tiles, E,
     tl.store(meta_ptr + n_tiles + t, row, mask=m_t)
 
 
-
 # ================================================================================ launchers
 def _n_tiles(S, E, block_m: int):
-    """BLOCK_M tiles a routed GEMM launches: sum_e ceil(c_e / BM) <= (S + E * (BM - 1)) // BM, a
-    bound known without a sync (also on the symbolic sizes of a fake run)."""
+    """Tiles a routed GEMM launches: sum_e ceil(c_e / BM) <= (S + E * (BM - 1)) // BM, known without a sync."""
     return torch.sym_max(1, torch.sym_min(S, (S + E * (block_m - 1)) // block_m))
 
 
 class _Routing:
-    """Slots sorted by expert: perm (sorted row -> slot, int32), bounds (E+1 row offsets, int32),
-    top_k, and the tile schedule of each BLOCK_M, built on first use."""
+    """Slots sorted by expert: perm (sorted row -> slot), bounds (E+1 row offsets), top_k, and the tile schedule
+    of each BLOCK_M, built on first use."""
 
     def __init__(self, perm: torch.Tensor, bounds: torch.Tensor, top_k: int, tiles: dict | None = None):
         self.perm, self.bounds, self.K = perm, bounds, top_k
@@ -608,12 +561,11 @@ def _gemm_opts(c: Gemm, a: torch.Tensor) -> dict:
 
 
 def _launch(kernel, route: _Routing, c: Gemm, n_cols: int, a: torch.Tensor, *args, **flags) -> None:
-    """A routed GEMM (up, down/dX and the split's dy @ down, up_bwd) over the sorted rows: route's BLOCK_M tiles times
-    ceil(n_cols / BLOCK_N) column tiles; `a` is the A operand, its columns the reduction."""
+    """A routed GEMM over the sorted rows: route's BLOCK_M tiles times ceil(n_cols / BLOCK_N) column tiles; `a` is
+    the A operand, its columns the reduction."""
     meta, n_m = route.tiles(c.BLOCK_M)
     kernel[(n_m * triton.cdiv(n_cols, c.BLOCK_N),)](
-        route.perm, meta, route.bounds, n_m, a, *args, EVEN_K=a.shape[1] % c.BLOCK_K == 0, **flags,
-        **_gemm_opts(c, a))
+        route.perm, meta, route.bounds, n_m, a, *args, EVEN_K=a.shape[1] % c.BLOCK_K == 0, **flags, **_gemm_opts(c, a))
 
 
 def _descriptors_ok(*ts: torch.Tensor) -> bool:
@@ -628,9 +580,8 @@ def _descriptors_ok(*ts: torch.Tensor) -> bool:
 
 
 def _tma(on, *ts: torch.Tensor) -> bool:
-    """Whether a launch reads these operands (expert weights seen as their rows) through tensor descriptors:
-    the config asks (`on`) and _descriptors_ok; then Triton's allocator gives the device-side descriptors
-    their global scratch.  Nothing is built when `on` is false (the hot path of the default configs)."""
+    """Whether a launch reads these operands through tensor descriptors (`on` and _descriptors_ok); then sets
+    Triton's allocator for their global scratch. Nothing is built when `on` is false (the default hot path)."""
     if not (on and _descriptors_ok(*[t.view(-1, t.shape[-1]) for t in ts])):
         return False
     triton.set_allocator(lambda size, alignment, stream, d=ts[0].device: torch.empty(size, device=d, dtype=torch.int8))
@@ -638,8 +589,7 @@ def _tma(on, *ts: torch.Tensor) -> bool:
 
 
 def _wgrad(a, b, out, route: _Routing, c: Gemm, *, a_gather: bool, b_gather: bool, desc: bool = False) -> None:
-    """out (E, M, N) <- per expert sum over its rows of A[r]^T B[r] (A, B gathered by token or sorted;
-    `desc`: sorted both, through tensor descriptors where _descriptors_ok)."""
+    """out (E, M, N) <- per expert sum over its rows of A[r]^T B[r]; `desc`: both sorted, through descriptors."""
     E, M, N = out.shape
     if _tma(desc and not (a_gather or b_gather), a, b):
         _moe_wgrad_desc_kernel[(E * triton.cdiv(M, c.BLOCK_M) * triton.cdiv(N, c.BLOCK_N),)](
@@ -657,8 +607,7 @@ def _sum_k(slots: torch.Tensor, T: int, K: int) -> torch.Tensor:
 
 
 def _forward(config, x, gate_up_proj, down_proj, top_k_index, top_k_weights, save):
-    """x (T, H) -> y (T, H); saved: gate|up (S, 2I) (empty unless `save`), h (S, I), perm, bounds,
-    the down GEMM's tile schedule."""
+    """x (T, H) -> y (T, H); saved: gate|up (S, 2I) (empty unless `save`), h (S, I), perm, bounds, down tiles."""
     x, gate_up_proj, down_proj = x.contiguous(), gate_up_proj.contiguous(), down_proj.contiguous()
     T, H = x.shape
     I = down_proj.shape[2]
@@ -722,8 +671,7 @@ def _backward(config, args, saved, needs, dy):
         if not config.wgrad_sorted:
             _wgrad(dy, hw, ddown, route, config.wgrad, a_gather=True, b_gather=False)
         else:
-            _wgrad(dy_s, hw, ddown, route, config.wgrad, a_gather=False, b_gather=False,
-                   desc=config.wgrad_sorted == 2)
+            _wgrad(dy_s, hw, ddown, route, config.wgrad, a_gather=False, b_gather=False, desc=config.wgrad_sorted == 2)
     del hw, dy_s
     if need_dx:
         dx_slot = x.new_empty(S, H)
@@ -778,12 +726,9 @@ def _dims(x, gate_up_proj, down_proj, top_k_index, top_k_weights, save=False) ->
 
 def moe_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
                 top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-    """Routed SwiGLU experts, dispatched (triton / grouped_mm / torch) by arch, dtype and shape.
+    """Routed SwiGLU experts (shapes in the module docstring, leading dims of x any), dispatched by arch, dtype, shape.
 
-    x (..., hidden); gate_up_proj (E, 2*I, hidden), gate first; down_proj (E, hidden, I);
-    top_k_index, top_k_weights (..., k). Returns (..., hidden) in x.dtype.
-
-    >>> y = liger_rt.ops.moe_experts(x, experts.gate_up_proj, experts.down_proj, idx, w)
+    >>> y = liger_rt.ops.moe_experts(x, experts.gate_up_proj, experts.down_proj, idx, w)   # x.shape, x.dtype
     """
     # the fused forward stores gate|up for the backward only when one can follow
     save = torch.is_grad_enabled() and any(t.requires_grad for t in (x, gate_up_proj, down_proj, top_k_weights))
@@ -798,8 +743,7 @@ def moe_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Te
 # ================================================================================ configs
 @dataclasses.dataclass(frozen=True)
 class Gemm(Config):
-    """The launch of one GEMM family: a BLOCK_M x BLOCK_N output tile, BLOCK_K per reduction step,
-    GROUP_M row tiles walking the column tiles together (L2 reuse)."""
+    """One GEMM family's launch: BLOCK_M x BLOCK_N tiles, BLOCK_K per step, GROUP_M row tiles per column walk."""
     BLOCK_M: int = knob(64, pow2(16, 256))
     BLOCK_N: int = knob(64, pow2(16, 256))
     BLOCK_K: int = knob(32, pow2(16, 256))
@@ -810,21 +754,19 @@ class Gemm(Config):
 
 @dataclasses.dataclass(frozen=True)
 class MoEExpertsConfig(Config):
-    """One launch per GEMM family. ``up``: the gathered up GEMM with the SwiGLU epilogue (two
-    accumulators of BLOCK_N columns each); ``up_bwd``: dy @ down[e] with the SwiGLU-backward
-    epilogue (it loads three more tiles there, so it gets narrower tiles than ``up``: ptxas spills
-    at 128x128 with 8 warps); ``down``: the down GEMM (fwd) and the dX GEMM (bwd), both scattering
-    to slot rows, and with up_bwd_split the up backward's dy @ down (sorted rows); ``wgrad``: both weight-gradient GEMMs (BLOCK_K runs over an expert's rows)."""
+    """One launch per GEMM family. ``up``: the up GEMM with the SwiGLU epilogue (two accumulators of BLOCK_N
+    columns); ``up_bwd``: dy @ down[e] with the SwiGLU-backward epilogue (three more tiles loaded there, so narrower
+    tiles: ptxas spills at 128x128 with 8 warps); ``down``: the down GEMM, the dX GEMM and, with up_bwd_split, the
+    up backward's dy @ down; ``wgrad``: both weight-gradient GEMMs (BLOCK_K runs over an expert's rows)."""
     up: Gemm
     up_bwd: Gemm
     down: Gemm
     wgrad: Gemm
-    # the weight gradients read 0: gathered rows, 1: sorted copies, 2: sorted copies through tensor
-    # descriptors (TMA; 1 where they cannot run) (see _backward)
+    # the weight gradients read 0: gathered rows, 1: sorted copies, 2: sorted copies through TMA (1 where it cannot run)
     wgrad_sorted: int = knob(1, (0, 1, 2))
-    # through tensor descriptors (TMA; pointers where they cannot run): the up GEMMs' expert weights
-    # (forward, and dy @ down), and both operands of the down and dX GEMMs. H200 (session 15, T16384, fused up
-    # backward): neither helped alone (E32 435.9-438.3 TFLOP/s on against 446.1 off); down_desc helps the split below.
+    # through tensor descriptors (TMA; pointers where they cannot run): the up GEMMs' expert weights (forward, and
+    # dy @ down), and both operands of the down and dX GEMMs. H200 (session 15, T16384, fused up backward): neither
+    # helped alone (E32 435.9-438.3 TFLOP/s on against 446.1 off); down_desc helps the split below.
     up_desc: int = knob(0, (0, 1))
     down_desc: int = knob(0, (0, 1))
     # 1: the up backward split in two: dy @ down[e] as a plain GEMM through the down/dX launch (its tiles,
@@ -835,13 +777,11 @@ class MoEExpertsConfig(Config):
 
 
 _C, _g = MoEExpertsConfig, Gemm     # _C(up, up_bwd, down, wgrad), _g(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
-# Hopper (sm90, 227 KiB smem), bf16/fp16. Registers and smem checked by compiling every kernel
-# for sm90 with ptxas (Triton 3.9, no GPU): the up tiles 128x(2x128)/8 warps use 255 registers
-# (16 B spill), 128x(2x64)/8 warps 128; up_bwd 128x64/8 warps 105 (128x128 spills 96 B);
-# down 128x256/8 warps 216. BLOCK_M 64 variants serve few rows per expert (a 128-row tile is
-# mostly padding below 128 routed rows per expert). On the first H200 run the heuristic picks
-# ([5] at T512, [0] at T4096) beat both peers; `liger-tune sweep --arch hopper` (or
-# `bench_moe_experts.py --tune`) times every candidate and persists the fastest per shape.
+# Hopper (sm90, 227 KiB smem), bf16/fp16. Registers and smem checked by compiling every kernel for sm90 with ptxas
+# (Triton 3.9, no GPU): the up tiles 128x(2x128)/8 warps use 255 registers (16 B spill), 128x(2x64)/8 warps 128;
+# up_bwd 128x64/8 warps 105 (128x128 spills 96 B); down 128x256/8 warps 216. BLOCK_M 64 variants serve few rows per
+# expert (a 128-row tile is mostly padding below 128 routed rows per expert). On the first H200 run the heuristic
+# picks ([5] at T512, [0] at T4096) beat both peers; `liger-tune sweep --arch hopper` times every candidate.
 _HOPPER = [
     _C(_g(128, 128, 64, 8, 3), _g(128, 64, 64, 8, 4), _g(128, 256, 64, 8, 3), _g(128, 256, 64, 8, 3)),
     _C(_g(128, 128, 64, 8, 3), _g(128, 64, 64, 8, 4), _g(128, 128, 64, 8, 4), _g(128, 128, 64, 8, 4)),
@@ -981,11 +921,8 @@ HIP_GROUPED_MM_FROM = 256.0
 
 
 def _heuristic_impl(target, dims: dict, dtype: torch.dtype, avail: list[str]) -> str:
-    rows = _rows_per_expert(dims)
-    arch = target.arch
-    if "grouped_mm" in avail:
-        if arch.is_hip and rows >= HIP_GROUPED_MM_FROM:
-            return "grouped_mm"
+    if "grouped_mm" in avail and target.arch.is_hip and _rows_per_expert(dims) >= HIP_GROUPED_MM_FROM:
+        return "grouped_mm"
     if "triton" in avail:
         return "triton"
     return "grouped_mm" if "grouped_mm" in avail else "torch"
@@ -1026,31 +963,24 @@ def _make_case(dims: dict, dtype: torch.dtype, device: str, tag: str = "uniform"
     return Case(args=(x, gate_up, down, idx, w, True), grads=(dy,))
 
 
-_CPU_TINY = [  # (experts, top_k, hidden, intermediate), tokens
-    ((4, 2, 32, 32), (16, 64)),
-    ((8, 2, 64, 32), (16, 64)),
-]
-
-
 def _plan(preset, arch: backend.Arch, quick: bool) -> list[dict]:
     """Sweep grid: T in {512, 2048, 4096, 16384} ({512, 4096} quick) at the preset's experts
     (E32 K4 H2048 I1792, LFM2-8B-A1B, without a preset); tiny shapes on the cpu arch."""
-    names = ("experts", "top_k", "hidden", "intermediate")
+    moe = preset is not None and preset.experts
+    static = (preset.experts, preset.top_k, preset.hidden, preset.moe_intermediate) if moe else (32, 4, 2048, 1792)
     if arch.name == "cpu":
-        if preset is not None and getattr(preset, "tiny", False) and preset.experts:
-            statics = [((preset.experts, preset.top_k, preset.hidden, preset.moe_intermediate),
-                        preset.quick_tokens if quick else preset.tokens)]
-        else:
-            statics = _CPU_TINY[:1] if quick else _CPU_TINY
-        return [dict(tokens=t, **dict(zip(names, s))) for s, ts in statics for t in (ts[:1] if quick else ts)]
-    if preset is not None:
-        if not preset.experts:
-            return []
-        static = (preset.experts, preset.top_k, preset.hidden, preset.moe_intermediate)
+        if moe and getattr(preset, "tiny", False):
+            statics, tokens = [static], (preset.quick_tokens if quick else preset.tokens)
+        else:   # (experts, top_k, hidden, intermediate)
+            statics, tokens = [(4, 2, 32, 32), (8, 2, 64, 32)], (16, 64)
+        if quick:
+            statics, tokens = statics[:1], tokens[:1]
+    elif preset is not None and not moe:
+        return []
     else:
-        static = (32, 4, 2048, 1792)
-    tokens = (512, 4096) if quick else (512, 2048, 4096, 16384)
-    return [dict(tokens=t, **dict(zip(names, static))) for t in tokens]
+        statics, tokens = [static], ((512, 4096) if quick else (512, 2048, 4096, 16384))
+    names = ("experts", "top_k", "hidden", "intermediate")
+    return [dict(tokens=t, **dict(zip(names, s))) for s in statics for t in tokens]
 
 
 def _reduce_len(dims: dict) -> int:
