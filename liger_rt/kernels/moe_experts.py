@@ -11,24 +11,15 @@ expert ids in [0, experts); top_k_weights (tokens, k). Returns (tokens, hidden):
 Implementations: ``triton`` (the fused path below), ``grouped_mm`` (torch's grouped GEMM, CUDA bf16) and ``torch``
 (the fp32 loop over experts: tests, parity, the fallback).
 
-Fused path (S = tokens * k routed slots, slot s = t * k + j):
-1. routing, no host sync: a stable sort of the slots by expert gives ``perm`` (sorted row -> slot) and ``bounds``
-   (E+1 row offsets); one small Triton launch builds the per-BLOCK_M tile schedule (tile -> expert, first row).
-   Grids cover an upper bound of tiles; tiles past the real count return at once. The backward reuses all three.
-2. up GEMM: x rows gathered by token inside the A loads (no permuted copy of x); the gate and up accumulators share
-   every A tile; the epilogue stores h = SwiGLU (S, I) in sorted order, plus gate|up (S, 2I) when a backward will
-   need them (3*S*I*2 bytes of traffic; recomputing them would cost another 2/3 of the forward's flops).
-3. down GEMM: h @ down[e]^T; each row scaled by its routing weight in fp32 and scattered to its slot row.
-4. y[t] = sum_j y_slot[t*k + j], a contiguous (T, k, H) sum in fp32. Against atomics into an fp32 (T, H) buffer:
-   deterministic, no fp32 temporary, no memset, and 2*S*H*2 bytes (~0.13 ms at T=16384 on an H200, under 2% of
-   the fused fwd+bwd).
-Backward (dy (T, H)):
-5. ``_moe_up_bwd_kernel``: g = dy[token] @ down[e] in fp32; its epilogue forms d top_k_weights partials <g, h>
-   (one per I-tile, summed in torch: deterministic), dh = w * g and dgate|dup through SwiGLU, stored as dgu.
-6. dX = dgu @ gate_up[e] through the down kernel, scattered to slot rows and summed over k as in 4 (no atomics).
-7. dW: one grouped kernel per weight, an fp32 accumulator per (expert, tile) over that expert's rows:
-   dW_gate_up[e] = dgu_e^T @ x[tokens_e], dW_down[e] = dy[tokens_e]^T @ hw_e (hw = w * h, written by 5).
-Every GEMM is ``tl.dot`` with fp32 accumulation; ``DOT_FP32`` upcasts tiles for fp32 inputs and for bf16 under the
+Fused path, S = tokens * k routed slots (slot s = t * k + j), no host sync: a stable sort of the slots by expert gives
+``perm`` (sorted row -> slot) and ``bounds`` (E+1 row offsets), and a small launch the tile schedule of a BLOCK_M
+(grids cover an upper bound of tiles; the surplus returns at once); the backward reuses all three. The up GEMM
+gathers x rows by token in its loads (no permuted copy) and stores h = SwiGLU (S, I) sorted, plus gate|up (S, 2I)
+when a backward follows (3*S*I*2 bytes, against recomputing 2/3 of the forward's flops). The down GEMM scales rows by
+their routing weight and scatters them to slot rows; y[t] = sum_j y_slot[t*k + j] in fp32, deterministic and with
+no fp32 temporary or memset as atomics would need, costs 2*S*H*2 bytes (~0.13 ms at T=16384 on an H200, under 2% of
+the fused fwd+bwd). The backward's dX and d top_k_weights are summed the same way; dW is one grouped kernel per
+weight with an fp32 accumulator per (expert, tile). DOT_FP32 upcasts tiles for fp32 inputs and for bf16 under the
 interpreter (no bf16 arithmetic there); on a GPU 16-bit tiles feed the tensor cores directly.
 """
 from __future__ import annotations
@@ -642,9 +633,8 @@ def _backward(config, args, saved, needs, dy):
         if need_dw else dgu
     hw = x.new_empty(S, I) if need_ddown else dgu
     scale = top_k_weights.contiguous().view(-1)
-    # wgrad_sorted / up_bwd_split: the token-ordered operands (x, dy) gathered into sorted order first (one
-    # copy of S x H each), so the GEMMs that read them load plain strided tiles (through tensor descriptors
-    # where asked) instead of rows whose addresses come from a load in the same iteration
+    # wgrad_sorted / up_bwd_split: x and dy copied into sorted order first (S x H each), so the GEMMs reading them
+    # load plain strided tiles (or descriptors) instead of rows whose addresses come from a load in the same iteration
     tok = route.perm.long() // K if split or (config.wgrad_sorted and (need_dgu or need_ddown)) else None
     dy_s = dy.index_select(0, tok) if split or (tok is not None and need_ddown) else None
     if split:   # g = dy @ down[e] through the down/dX launch (sorted rows in and out), then the SwiGLU backward
@@ -659,9 +649,8 @@ def _backward(config, args, saved, needs, dy):
     else:
         _launch(_moe_up_bwd_kernel, route, config.up_bwd, I, dy, down_proj, gu, h, scale, dgu, dwp, hw, H, I, K,
                 NEED_DW=need_dw, STORE_HW=need_ddown, W_DESC=_tma(config.up_desc, down_proj))
-    # the buffers go as soon as their last reader has run (the first MoE layer's backward runs beside nearly
-    # every activation of the step, so its transients add to the step's peak): the dW_down GEMM first, which
-    # frees hw and the sorted dy; then dX (its slot rows summed and freed); then dW_gate_up
+    # buffers go once their last reader has run (the first MoE layer's backward runs beside nearly every activation,
+    # so its transients add to the step's peak): dW_down first (frees hw, sorted dy), then dX, then dW_gate_up
     dx = dgate_up = ddown = dw = None
     if need_dw:
         dw = dwp.sum(1).view(T, K).to(top_k_weights.dtype)
@@ -702,16 +691,12 @@ def _fake(config, x, gate_up_proj, down_proj, top_k_index, top_k_weights, save):
 
 # ================================================================================ functional
 def _dims(x, gate_up_proj, down_proj, top_k_index, top_k_weights, save=False) -> dict:
-    if x.dim() < 1 or gate_up_proj.dim() != 3 or down_proj.dim() != 3:
-        raise ValueError("moe_experts takes x (tokens, hidden), gate_up_proj (experts, 2*intermediate, hidden), "
-                         f"down_proj (experts, hidden, intermediate); got {tuple(x.shape)}, "
-                         f"{tuple(gate_up_proj.shape)}, {tuple(down_proj.shape)}")
-    H = x.shape[-1]
-    E, I2, H2 = gate_up_proj.shape
-    if H2 != H or I2 % 2 or tuple(down_proj.shape) != (E, H, I2 // 2):
-        raise ValueError(f"moe_experts: inconsistent shapes x {tuple(x.shape)}, gate_up_proj "
-                         f"{tuple(gate_up_proj.shape)}, down_proj {tuple(down_proj.shape)}; expected gate_up_proj "
-                         f"(E, 2*I, {H}) and down_proj (E, {H}, I) (the transformers v5 experts layout)")
+    H = x.shape[-1] if x.dim() else -1
+    E, I2, H2 = gate_up_proj.shape if gate_up_proj.dim() == 3 else (-1, -1, -1)
+    if H < 0 or E < 0 or H2 != H or I2 % 2 or tuple(down_proj.shape) != (E, H, I2 // 2):
+        raise ValueError(f"moe_experts takes x (tokens, hidden), gate_up_proj (experts, 2*intermediate, hidden) and "
+                         f"down_proj (experts, hidden, intermediate) (the transformers v5 experts layout); got "
+                         f"{tuple(x.shape)}, {tuple(gate_up_proj.shape)}, {tuple(down_proj.shape)}")
     if top_k_index.shape != top_k_weights.shape or top_k_index.shape[:-1] != x.shape[:-1]:
         raise ValueError(f"moe_experts: top_k_index {tuple(top_k_index.shape)} and top_k_weights "
                          f"{tuple(top_k_weights.shape)} must both be (tokens, k) for x {tuple(x.shape)}")
@@ -791,8 +776,8 @@ _HOPPER = [
     _C(_g(64, 128, 64, 4, 4), _g(64, 64, 64, 4, 4), _g(64, 256, 64, 4, 4), _g(128, 128, 64, 8, 4)),
     _C(_g(64, 64, 64, 4, 4), _g(64, 64, 64, 4, 4), _g(64, 128, 64, 4, 4), _g(128, 128, 32, 4, 4)),
     _C(_g(64, 128, 64, 4, 3), _g(64, 64, 64, 4, 4), _g(64, 128, 64, 4, 4), _g(128, 256, 64, 8, 3)),
-    # few rows per expert: 64-row up tiles with an 8-warp 64x256 down/dX GEMM and the wide wgrad
-    # tile that won at T4096 (smem: up 160 KiB, down 120 KiB, wgrad 144 KiB)
+    # few rows per expert: 64-row up tiles, an 8-warp 64x256 down/dX GEMM, the wgrad tile that won at T4096 (smem:
+    # up 160 KiB, down 120 KiB, wgrad 144 KiB)
     _C(_g(64, 128, 64, 4, 4), _g(64, 64, 64, 4, 4), _g(64, 256, 64, 8, 3), _g(128, 256, 64, 8, 3)),
     # many rows per expert: 4-stage up/down/wgrad, up_bwd with BLOCK_K 128 (half the K loop
     # iterations for its narrower tile; smem: up/down/wgrad 192 KiB, up_bwd 144 KiB)
@@ -846,9 +831,8 @@ def _configs(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> list[MoEExpe
         return _HIP + [c.replace(wgrad_sorted=0) for c in _HIP[:2]]
     if dtype == torch.float32:
         return _NVIDIA_FP32
-    # the weight-gradient operand variants (gathered rows, sorted copies through TMA) beside the
-    # default sorted copies, on the first tiles of the list (the variant is independent of the tiles)
-    # and the up and down/dX GEMMs through tensor descriptors, both or one, on the TMA weight gradients
+    # on the first tiles (the variants are independent of the tiles): the weight-gradient operand variants, the up
+    # and down/dX GEMMs through tensor descriptors (both or one, with TMA weight gradients)
     desc = [c.replace(wgrad_sorted=2, up_desc=u, down_desc=d) for u, d, tiles in ((1, 1, 4), (0, 1, 2), (1, 0, 2))
             for c in _HOPPER[:tiles]]
     # and the split up backward (its GEMM on the down tiles), with pointer or descriptor loads there
@@ -881,9 +865,8 @@ def _heuristic(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> MoEExperts
     if dtype != torch.bfloat16:
         return cfg
     # and on Hopper from 1024 rows per expert the split up backward with TMA down/dX operands. H200, session 15,
-    # benchmarks/profile_moe_wgrad.py at T16384, fwd+bwd medians of 3: 8.82 against 9.61 ms (E32), 8.20
-    # against 8.97 (E64); sweeps chose it at T8192 and T16384. Measured at H 2048 only; not below 1024 rows
-    # per expert, and not on other NVIDIA parts
+    # benchmarks/profile_moe_wgrad.py at T16384, fwd+bwd medians of 3: 8.82 against 9.61 ms (E32), 8.20 against
+    # 8.97 (E64); sweeps chose it at T8192 and T16384. Measured at H 2048 only; not below 1024 rows per expert
     big = arch.name == "hopper" and _rows_per_expert(dims) >= 1024
     return cfg.replace(wgrad_sorted=2, up_bwd_split=int(big), down_desc=int(big))
 
@@ -911,12 +894,11 @@ def _supports_triton(dims: dict, dtype: torch.dtype) -> str | None:
 #   E32 T4096         4.151         3.933          3.512           3.455
 #   E64 T512          2.123         1.823          1.620           1.439
 #   E64 T4096         4.201         4.125          3.621           3.653
-# The fused Triton path was fastest or within 1% of grouped MM at every point measured, from 32
-# to 512 routed rows per expert (the Liger 0.8.5 anchor that once suggested grouped MM below
-# 128 rows per expert does not carry over to this kernel). So: triton everywhere on Hopper;
-# a measured crossover row (`bench_moe_experts.py --emit-crossover`, `liger-tune`) overrides it.
-# MI325X (Liger-Kernel PR #1317, bf16 fwd+bwd): the fused path wins below ~256 routed rows per expert,
-# grouped MM above. The same numbers ship as published crossover rows in defaults/mi325x.jsonl.
+# The fused Triton path was fastest or within 1% of grouped MM at every point measured, from 32 to 512 routed rows per
+# expert (the Liger 0.8.5 anchor that once suggested grouped MM below 128 rows per expert does not carry over to this
+# kernel). So: triton everywhere on Hopper; a measured crossover row (`bench_moe_experts.py --emit-crossover`,
+# `liger-tune`) overrides it. MI325X (Liger-Kernel PR #1317, bf16 fwd+bwd): the fused path wins below ~256 routed rows
+# per expert, grouped MM above. The same numbers ship as published crossover rows in defaults/mi325x.jsonl.
 HIP_GROUPED_MM_FROM = 256.0
 
 
@@ -956,9 +938,8 @@ def _make_case(dims: dict, dtype: torch.dtype, device: str, tag: str = "uniform"
     idx = _routing(T, E, K, tag, g, device)
     w = torch.rand(T, K, generator=g, device=device) + 0.1
     w = (w / w.sum(-1, keepdim=True)).to(dtype).requires_grad_()
-    # dy ~ N(0, 1/16): the gradients then have the outputs' magnitudes (O(0.1-1)); with unit dy
-    # the dW and d-weights sums (thousands of O(1) terms) make the absolute part of the bf16
-    # tolerance meaningless and every bf16 implementation fails it at a few extreme elements
+    # dy ~ N(0, 1/16) gives gradients the outputs' magnitudes; with unit dy the dW and d-weights sums (thousands of
+    # O(1) terms) make the bf16 atol meaningless and every bf16 implementation fails it at a few extreme elements
     dy = (torch.randn(T, H, generator=g, device=device) * 0.25).to(dtype)
     return Case(args=(x, gate_up, down, idx, w, True), grads=(dy,))
 
@@ -984,8 +965,8 @@ def _plan(preset, arch: backend.Arch, quick: bool) -> list[dict]:
 
 
 def _reduce_len(dims: dict) -> int:
-    # the longest fp32-accumulated sum: hidden (up GEMMs), 2*intermediate (dX) or one expert's rows
-    # (dW), which is up to `tokens` under skewed routing (distinct experts per token), not the mean
+    # the longest fp32 sum: hidden (up GEMMs), 2*intermediate (dX) or one expert's rows (dW), up to `tokens` under
+    # skewed routing (distinct experts per token), not the mean
     return max(dims["hidden"], 2 * dims["intermediate"], dims["tokens"])
 
 
