@@ -75,11 +75,7 @@ def next_pow2(n: int) -> int:
 # Tolerances, one table (STYLE 8): (atol, rtol) for an elementwise result in each dtype; a result reducing over `n`
 # terms scales both by sqrt(n / 256) (never below 1). Values: the spread of fp32-accumulated kernels against fp32
 # references seen on these tests; tight enough that a wrong mask, a missing term or a swapped gate fails.
-TOLERANCES = {
-    torch.float32: (1e-5, 1e-5),
-    torch.float16: (2e-3, 2e-3),
-    torch.bfloat16: (1.6e-2, 1.6e-2),
-}
+TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 
 
 def tolerance(dtype: torch.dtype, reduce_len: int = 1) -> tuple[float, float]:

@@ -168,9 +168,8 @@ def _tile_swizzle(pid, n_tiles_m, n_tiles_n, GROUP_M: tl.constexpr):
 @triton.jit(do_not_specialize=["n_tiles_m"])
 def _moe_up_fwd_kernel(
     perm_ptr, tile_ptr, bounds_ptr, n_tiles_m, x_ptr, w_ptr, gu_ptr, h_ptr, H, I, TOP_K, STORE_GU: tl.constexpr,
-    EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, W_DESC: tl.constexpr = False,
-):
+    EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, W_DESC: tl.constexpr = False):
     """h[r, n] = silu(x[tok_r] . Wg[e, n]) * (x[tok_r] . Wu[e, n]) over the rows r of one expert tile.
     W_DESC: gate|up rows through a tensor descriptor (TMA; zero-filled past H, gate rows past I read up rows that
     the store masks); the token rows stay gathered."""
@@ -236,8 +235,7 @@ def _moe_down_kernel(
     perm_ptr, tile_ptr, bounds_ptr, n_tiles_m, a_ptr, w_ptr, out_ptr, scale_ptr, N, KD, stride_we, stride_wk, stride_wn,
     HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    DESC: tl.constexpr = False, W_T: tl.constexpr = False, OUT_SORTED: tl.constexpr = False,
-):
+    DESC: tl.constexpr = False, W_T: tl.constexpr = False, OUT_SORTED: tl.constexpr = False):
     """out[slot_r, n] = (scale[slot_r] *) sum_k a[r, k] * W[e, k, n]; a sorted, out in slot order (or sorted).
 
     Forward: a = h (S, I), W[e, k, n] = down[e, n, k]. dX: a = dgu (S, 2I), W = gate_up[e]. up_bwd_split:
@@ -301,11 +299,10 @@ def _moe_down_kernel(
 
 @triton.jit(do_not_specialize=["n_tiles_m"])
 def _moe_up_bwd_kernel(
-    perm_ptr, tile_ptr, bounds_ptr, n_tiles_m, dy_ptr, w_ptr, gu_ptr, h_ptr, scale_ptr, dgu_ptr, dwp_ptr, hw_ptr,
-    H, I, TOP_K, NEED_DW: tl.constexpr, STORE_HW: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
-    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, W_DESC: tl.constexpr = False,
-):
+    perm_ptr, tile_ptr, bounds_ptr, n_tiles_m, dy_ptr, w_ptr, gu_ptr, h_ptr, scale_ptr, dgu_ptr, dwp_ptr, hw_ptr, H, I,
+    TOP_K, NEED_DW: tl.constexpr, STORE_HW: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    W_DESC: tl.constexpr = False):
     """g = dy[tok_r] @ down[e] (fp32); dw partial <g, h>; dgate/dup through SwiGLU of w * g. W_DESC: down[e]
     through a tensor descriptor. STORE_HW also writes hw = w * h while h is in registers, so the dW_down GEMM
     streams both operands straight into shared memory (a scale in its loads would route them through registers)."""
@@ -404,10 +401,9 @@ def _moe_swiglu_bwd_kernel(g_ptr, perm_ptr, gu_ptr, h_ptr, scale_ptr, dgu_ptr, d
 
 @triton.jit
 def _moe_wgrad_kernel(
-    a_ptr, b_ptr, out_ptr, perm_ptr, bounds_ptr, M, N, lda, ldb, TOP_K, A_GATHER: tl.constexpr,
-    B_GATHER: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-):
+    a_ptr, b_ptr, out_ptr, perm_ptr, bounds_ptr, M, N, lda, ldb, TOP_K, A_GATHER: tl.constexpr, B_GATHER: tl.constexpr,
+    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """out[e, m, n] = sum over the rows r of expert e of A[r, m] * B[r, n] (fp32 accumulator); row r of A is
     a[tok_r] when A_GATHER else a[r] (sorted), likewise B. dW_gate_up: A = dgu, B = x; dW_down: A = dy, B = hw."""
     pid = tl.program_id(0)
@@ -449,8 +445,7 @@ def _moe_wgrad_kernel(
 @triton.jit
 def _moe_wgrad_desc_kernel(
     a_ptr, b_ptr, out_ptr, bounds_ptr, M, N, lda, ldb, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-):
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """_moe_wgrad_kernel on sorted operands through one tensor descriptor (TMA) per expert: the ragged end of
     its K loop is the descriptor's bound (zero-filled), so no mask or index load sits in the loop."""
     pid = tl.program_id(0)
@@ -629,8 +624,7 @@ def _backward(config, args, saved, needs, dy):
     S, K = route.S, route.K
     split = config.up_bwd_split
     dgu = x.new_empty(S, 2 * I)
-    dwp = x.new_empty(S, 1 if split else triton.cdiv(I, config.up_bwd.BLOCK_N), dtype=torch.float32) \
-        if need_dw else dgu
+    dwp = x.new_empty(S, 1 if split else triton.cdiv(I, config.up_bwd.BLOCK_N), dtype=torch.float32) if need_dw else dgu
     hw = x.new_empty(S, I) if need_ddown else dgu
     scale = top_k_weights.contiguous().view(-1)
     # wgrad_sorted / up_bwd_split: x and dy copied into sorted order first (S x H each), so the GEMMs reading them

@@ -3,16 +3,13 @@ normalisation with a 1e-6 guard, then routed_scaling_factor.
 
     weights, indices = moe_router(logits, top_k=4, expert_bias=bias)   # logits (T, 32) -> (T, 4) x2
 
-Matches HF (transformers Lfm2MoeTopKRouter.forward) exactly where it picks experts:
-- the sigmoid runs in the logits dtype: the fp32 sigmoid is rounded (to nearest even) to bf16/fp16 before selection.
-- `scores + expert_bias` promotes (bf16 + the fp32 bias buffer is fp32); two 16-bit operands of one type round to it.
-- ties: the lower expert index wins (torch.topk's set on CUDA; on CPU topk picks among ties arbitrarily, so the
-  reference selects with a stable descending sort).
-- NaN ranks above every number (torch's sort and topk), so a NaN score is picked first and, normalised, makes every
-  weight of its row NaN.
-- weights come from the unbiased (rounded) scores, divided by (sum + 1e-6) when norm_topk_prob, times
-  routed_scaling_factor, in the logits dtype (HF normalises in that dtype; here fp32, rounded once); indices int64.
-The backward writes every element of d(logits) (zeros off the selected experts) from the kernel.
+The experts picked equal HF's (transformers Lfm2MoeTopKRouter.forward) in every dtype: the fp32 sigmoid is rounded
+(to nearest even) to the logits dtype before selection; `scores + expert_bias` follows torch's promotion (bf16 + the
+fp32 bias buffer is fp32); ties go to the lower expert index (torch.topk's set on CUDA; CPU topk picks among ties
+arbitrarily, so the reference uses a stable descending sort); NaN ranks above every number, so a NaN score is picked
+first and, normalised, makes its row's weights NaN. Weights come from the unbiased scores, normalised in fp32 (HF:
+in the logits dtype) and rounded once to the logits dtype; indices are int64. The backward kernel writes every
+element of d(logits) (zeros off the selected experts).
 """
 from __future__ import annotations
 
@@ -94,8 +91,7 @@ def _sigmoid_fp32(x, ACCURATE: tl.constexpr):
 def _moe_router_fwd_kernel(
     L, EB, W_OUT, I_OUT, I_SAVE, T, E, s_lt, scale, K: tl.constexpr, HAS_BIAS: tl.constexpr, NORMALIZE: tl.constexpr,
     QUANT: tl.constexpr, ROUTE_QUANT: tl.constexpr, ACCURATE: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-):
+    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
     o_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     o_e = tl.arange(0, BLOCK_E)
     o_k = tl.arange(0, BLOCK_K)
@@ -137,8 +133,7 @@ def _moe_router_fwd_kernel(
 @triton.jit(do_not_specialize=["T"])
 def _moe_router_bwd_kernel(
     L, I, DW, DL, T, E, s_lt, s_dlt, scale, K: tl.constexpr, NORMALIZE: tl.constexpr, QUANT: tl.constexpr,
-    ACCURATE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-):
+    ACCURATE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
     # w_j = scale * s_j / D, D = sum_sel s + 1e-6:
     #   dL/ds_m = scale * (g_m / D - sum_j g_j s_j / D^2) on selected m, 0 elsewhere;
     #   dL/dl = dL/ds * sigma * (1 - sigma) (the rounding to the logits dtype is straight through).
@@ -323,9 +318,9 @@ def _plan(preset, arch, quick):
 
 
 OP = register(Op(
-    name="moe_router", static=("experts", "top_k"), dynamic=("tokens",), dims=_dims,
+    name="moe_router", static=("experts", "top_k"), dynamic=("tokens",), dims=_dims, config=MoERouterConfig,
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports),
            Impl("torch", fn=moe_router_ref)],
-    config=MoERouterConfig, candidates=_configs, heuristic=_heuristic,
+    candidates=_configs, heuristic=_heuristic, fake=_fake, outputs=2, make_case=_make_case, plan=_plan,
     schema="Tensor logits, int top_k, Tensor? expert_bias, bool norm_topk_prob, float routed_scaling_factor",
-    fake=_fake, outputs=2, make_case=_make_case, plan=_plan, reduce_len=lambda d: d["top_k"]))
+    reduce_len=lambda d: d["top_k"]))

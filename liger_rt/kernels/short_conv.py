@@ -1,18 +1,15 @@
 """LFM2 gated short convolution: y = C * causal_depthwise_conv(B * x) (+ bias inside the conv).
 
 `bcx` is the `in_proj` output (batch, seq, 3*hidden), split along the last dim into the B-gate, C-gate and x;
-`weight` is (hidden, kernel) (HF's (hidden, 1, kernel) squeezed). Where HF transposes, materialises B*x, runs a
-padded F.conv1d, gates and transposes back, one forward kernel reads bcx once and writes y, and one backward kernel
-reads bcx and dy once and writes d(bcx) plus fp32 per-chunk partials of d(weight)/d(bias) that a tiny sum reduces.
+`weight` is (hidden, kernel) (HF's (hidden, 1, kernel) squeezed). One forward kernel reads bcx once and writes y
+(HF transposes, materialises B*x, runs a padded conv1d and transposes back); one backward kernel reads bcx and dy
+once and writes d(bcx) plus fp32 per-chunk partials of d(weight)/d(bias).
 
     y = short_conv(bcx, weight)                      # bcx (2, 4096, 3*2048), weight (2048, 3)
-    y = short_conv(bcx, weight, seq_idx=seq_idx)     # packed sequences: no mixing across them
+    y = short_conv(bcx, weight, seq_idx=seq_idx)     # packed sequences (seq_idx_from_position_ids): no mixing
 
-`seq_idx` (batch, seq) integer ids (see `seq_idx_from_position_ids`): a tap whose source token has another id than
-the output token contributes nothing, as if each sequence were run alone.
-
-Numerics: loads are cast to fp32 and the result is rounded once to bcx's dtype. HF (bf16) rounds B*x and the conv
-output to bf16 before the C gate; the fp32 reference does not, so ours sits closer to the fp32 truth than HF's.
+Numerics: loads are cast to fp32 and the result is rounded once to bcx's dtype (HF's bf16 path also rounds B*x and
+the conv output), so ours sits closer to the fp32 truth than HF's.
 """
 from __future__ import annotations
 
@@ -71,9 +68,8 @@ def seq_idx_from_position_ids(position_ids: torch.Tensor, batch: int | None = No
 # -- Triton kernels ----------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["T"])
 def _short_conv_fwd_kernel(
-    BCX, W, BIAS, SEQ, Y, T, H, n_tblocks, s_xb, s_xt, s_yb, s_yt, s_sb, s_st,
-    K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-):
+    BCX, W, BIAS, SEQ, Y, T, H, n_tblocks, s_xb, s_xt, s_yb, s_yt, s_sb, s_st, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_SEQ: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
     pid = tl.program_id(0)
     b = (pid // n_tblocks).to(tl.int64)
     o_t = (pid % n_tblocks) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -108,8 +104,7 @@ def _short_conv_fwd_kernel(
 @triton.jit(do_not_specialize=["T"])
 def _short_conv_bwd_kernel(
     BCX, W, BIAS, SEQ, DY, DBCX, DW_PART, DB_PART, T, H, n_chunks, T_CHUNK, s_xb, s_xt, s_gb, s_gt, s_db, s_dt, s_sb,
-    s_st, K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-):
+    s_st, K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
     # One program: BLOCK_H channels over T_CHUNK tokens of one batch row, in BLOCK_T steps.
     # dz = dy*C;  dC = dy*z (z recomputed);  du[t] = sum_j w[K-1-j] dz[t+j];  dB = du*x;
     # dx = du*B;  dw[k] += sum_t dz[t] * u[t-(K-1)+k] — every tap from the same loads of u.
@@ -409,9 +404,8 @@ def _plan(preset, arch, quick):
 
 
 OP = register(Op(
-    name="short_conv", static=("hidden", "kernel"), dynamic=("batch", "seq"), dims=_dims,
+    name="short_conv", static=("hidden", "kernel"), dynamic=("batch", "seq"), dims=_dims, config=ShortConvConfig,
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports),
            Impl("torch", fn=short_conv_ref)],
-    config=ShortConvConfig, candidates=_configs, heuristic=_heuristic,
-    schema="Tensor bcx, Tensor weight, Tensor? bias, Tensor? seq_idx", fake=_fake,
-    make_case=_make_case, plan=_plan, reduce_len=lambda d: d["batch"] * d["seq"]))
+    candidates=_configs, heuristic=_heuristic, fake=_fake, make_case=_make_case, plan=_plan,
+    schema="Tensor bcx, Tensor weight, Tensor? bias, Tensor? seq_idx", reduce_len=lambda d: d["batch"] * d["seq"]))
