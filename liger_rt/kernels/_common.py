@@ -19,10 +19,9 @@ DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    try:
-        return DTYPE_NAMES[dtype]
-    except KeyError:
-        raise TypeError(f"unsupported dtype {dtype}; liger_rt kernels take {', '.join(DTYPES)}") from None
+    if dtype not in DTYPE_NAMES:
+        raise TypeError(f"unsupported dtype {dtype}; liger_rt kernels take {', '.join(DTYPES)}")
+    return DTYPE_NAMES[dtype]
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -129,7 +128,6 @@ def validation_report(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, 
 
 
 # -- helpers shared by the kernel files -------------------------------------------------------------
-
 @triton.jit
 def to_dtype(x, dtype: tl.constexpr, RNE_BF16: tl.constexpr):
     """fp32 -> dtype. The interpreter truncates fp32 -> bf16 (interpreter.py's _convert_float has no rounding mode)
@@ -168,7 +166,6 @@ sm_count = backend.sm_count   # SMs/CUs of a launch's device (2 under the interp
 
 
 # -- row norms (rms_norm, layer_norm): one launch layout, one config, one tuning space ---------------
-
 @dataclasses.dataclass(frozen=True)
 class RowNormConfig(Config):
     """Forward: ROWS rows per program. Backward: sm_count * bwd_progs_per_sm persistent programs walking rows
@@ -209,15 +206,12 @@ def norm_candidates(arch, hidden: int, base: RowNormConfig) -> list[RowNormConfi
     if arch.name == "cpu":  # the interpreter ignores warps: cover the code paths, not the space
         return [base, base.replace(**norm_bwd(arch, e, 16, 1, 0)),
                 base.replace(**norm_fwd(arch, e, 8192, 16), **norm_bwd(arch, e, 8, 3, 0))]
-    bwd = [norm_bwd(arch, e, 8, 2, 1),
-           norm_bwd(arch, e, 8, 4, 1),
+    bwd = [norm_bwd(arch, e, 8, 2, 1), norm_bwd(arch, e, 8, 4, 1),
            norm_bwd(arch, e, 8, 4, 0),      # occupancy instead of prefetch
            norm_bwd(arch, e, 8, 8, 0),
-           # 8 warps at 4096 (Triton 3.9 sm_90): rms_norm 98 registers with prefetch (2 programs
-           # resident), 71 without (3 resident); layer_norm 127 with or without
-           norm_bwd(arch, e, 16, 2, 1),
-           norm_bwd(arch, e, 16, 3, 0),
-           norm_bwd(arch, e, 16, 8, 0),
+           # 8 warps at 4096 (Triton 3.9 sm_90): rms_norm 98 registers with prefetch (2 programs resident), 71
+           # without (3 resident); layer_norm 127 with or without
+           norm_bwd(arch, e, 16, 2, 1), norm_bwd(arch, e, 16, 3, 0), norm_bwd(arch, e, 16, 8, 0),
            norm_bwd(arch, e, 16, 16, 0),    # many short programs (8 rows each at 16384 x 4096)
            norm_bwd(arch, e, 32, 8, 0)]     # 4 warps at 4096
     fwd = [norm_fwd(arch, e, min(e, 2048), 8) if e > 2048 else norm_fwd(arch, e, 2048, 16),  # 16 warps/row at 4096

@@ -236,11 +236,9 @@ def _moe_down_kernel(
     HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DESC: tl.constexpr = False, W_T: tl.constexpr = False, OUT_SORTED: tl.constexpr = False):
-    """out[slot_r, n] = (scale[slot_r] *) sum_k a[r, k] * W[e, k, n]; a sorted, out in slot order (or sorted).
-
-    Forward: a = h (S, I), W[e, k, n] = down[e, n, k]. dX: a = dgu (S, 2I), W = gate_up[e]. up_bwd_split:
-    a = sorted dy (S, H), W = down[e], out = g (S, I). DESC: both operands through tensor descriptors (TMA),
-    zero-filled past the expert's rows and W[e] (n-major where W_T)."""
+    """out[slot_r, n] = (scale[slot_r] *) sum_k a[r, k] * W[e, k, n], a sorted, out in slot (or sorted) order. Forward:
+    a = h, W[e] = down[e]^T; dX: a = dgu, W = gate_up[e]; up_bwd_split: a = sorted dy, W = down[e], out = g sorted.
+    DESC: both operands through tensor descriptors (TMA), zero-filled past their bounds (W[e] n-major where W_T)."""
     pid = tl.program_id(0)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = _tile_swizzle(pid, n_tiles_m, n_tiles_n, GROUP_M)
@@ -674,11 +672,10 @@ def _backward(config, args, saved, needs, dy):
 
 
 def _fake(config, x, gate_up_proj, down_proj, top_k_index, top_k_weights, save):
-    T, H = x.shape
     E, I2, _ = gate_up_proj.shape
     S = top_k_index.numel()
     i32 = torch.int32
-    return ((x.new_empty(T, H),),
+    return ((x.new_empty(x.shape),),
             (x.new_empty(S, I2) if save else x.new_empty(0), x.new_empty(S, I2 // 2), x.new_empty(S, dtype=i32),
              x.new_empty(E + 1, dtype=i32), x.new_empty(2, _n_tiles(S, E, config.down.BLOCK_M), dtype=i32)))
 
@@ -804,12 +801,10 @@ _MINIMAL = _C(_g(32, 32, 32, 4, 1), _g(32, 32, 32, 4, 1), _g(32, 32, 32, 4, 1), 
 
 
 def _smem(config: MoEExpertsConfig, dims: dict, dtype: torch.dtype) -> int:
-    """Shared memory / LDS bytes of the hungriest GEMM: num_stages buffers of its A and B tiles
-    (the up GEMM loads two B tiles: gate and up)."""
-    def need(c: Gemm, b_tiles: int) -> int:
-        return c.num_stages * (c.BLOCK_M * c.BLOCK_K + b_tiles * c.BLOCK_K * c.BLOCK_N) * dtype.itemsize
-
-    return max(need(config.up, 2), need(config.up_bwd, 1), need(config.down, 1), need(config.wgrad, 1))
+    """Shared memory / LDS bytes of the hungriest GEMM: num_stages buffers of its A and B tiles (the up GEMM loads
+    two B tiles: gate and up)."""
+    return max(c.num_stages * (c.BLOCK_M * c.BLOCK_K + b_tiles * c.BLOCK_K * c.BLOCK_N) * dtype.itemsize
+               for c, b_tiles in ((config.up, 2), (config.up_bwd, 1), (config.down, 1), (config.wgrad, 1)))
 
 
 def _fits(cfg: MoEExpertsConfig, arch: backend.Arch, dims: dict, dtype: torch.dtype) -> bool:
@@ -843,8 +838,7 @@ def _rows_per_expert(dims: dict) -> float:
 
 
 def _heuristic(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> MoEExpertsConfig:
-    """Default config with nothing measured: BLOCK_M 64 tiles below 128 routed rows per expert
-    (a 128-row tile would be over half padding), 128-row tiles above."""
+    """Default config: BLOCK_M 64 below 128 routed rows per expert (a 128-row tile would be over half padding)."""
     if arch.name == "cpu":
         return _CPU[0]
     if arch.is_hip:
@@ -866,8 +860,8 @@ def _heuristic(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> MoEExperts
 
 
 def _pinned(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> MoEExpertsConfig:
-    """LIGER_FUSED_MOE_AUTOTUNE=0: HIP-safe on AMD (stages <= 2, warps <= 8, <= 64 KiB LDS),
-    the fixed CUDA config otherwise; shrunk to the arch's limits if they are tighter."""
+    """LIGER_FUSED_MOE_AUTOTUNE=0: HIP-safe on AMD (stages <= 2, warps <= 8, <= 64 KiB LDS), the fixed CUDA config
+    otherwise; shrunk to the arch's limits if they are tighter."""
     if arch.name == "cpu":
         return _CPU[0]
     if arch.is_hip:
@@ -899,15 +893,12 @@ HIP_GROUPED_MM_FROM = 256.0
 def _heuristic_impl(target, dims: dict, dtype: torch.dtype, avail: list[str]) -> str:
     if "grouped_mm" in avail and target.arch.is_hip and _rows_per_expert(dims) >= HIP_GROUPED_MM_FROM:
         return "grouped_mm"
-    if "triton" in avail:
-        return "triton"
-    return "grouped_mm" if "grouped_mm" in avail else "torch"
+    return next((impl for impl in ("triton", "grouped_mm") if impl in avail), "torch")
 
 
 # ================================================================================ the op
 def _routing(T: int, E: int, K: int, tag: str, g: torch.Generator, device) -> torch.Tensor:
-    """(T, K) distinct expert ids: ``uniform`` random, or ``skewed`` (Zipf-like: a few hot
-    experts, a quarter of the experts empty)."""
+    """(T, K) distinct expert ids: ``uniform`` random, or ``skewed`` (Zipf-like, a quarter of the experts empty)."""
     if tag == "uniform":
         return torch.rand(T, E, generator=g, device=device).topk(K, dim=-1).indices
     if tag != "skewed":
@@ -939,8 +930,8 @@ def _make_case(dims: dict, dtype: torch.dtype, device: str, tag: str = "uniform"
 
 
 def _plan(preset, arch: backend.Arch, quick: bool) -> list[dict]:
-    """Sweep grid: T in {512, 2048, 4096, 16384} ({512, 4096} quick) at the preset's experts
-    (E32 K4 H2048 I1792, LFM2-8B-A1B, without a preset); tiny shapes on the cpu arch."""
+    """Sweep grid: T in {512, 2048, 4096, 16384} ({512, 4096} quick) at the preset's experts (E32 K4 H2048 I1792,
+    LFM2-8B-A1B, without a preset); tiny shapes on the cpu arch."""
     moe = preset is not None and preset.experts
     static = (preset.experts, preset.top_k, preset.hidden, preset.moe_intermediate) if moe else (32, 4, 2048, 1792)
     if arch.name == "cpu":

@@ -36,9 +36,7 @@ MAX_TOP_K = 8
 # -- reference ---------------------------------------------------------------------------------------
 def _round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """x rounded to `dtype` and back, with an identity gradient (straight through, in fp32)."""
-    if dtype == torch.float32:
-        return x
-    return x + (x.to(dtype).float() - x).detach()
+    return x if dtype == torch.float32 else x + (x.to(dtype).float() - x).detach()
 
 
 def routing_dtype(logits_dtype: torch.dtype, bias_dtype: torch.dtype | None) -> torch.dtype:

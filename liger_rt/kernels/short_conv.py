@@ -285,16 +285,11 @@ def _check_kernel(K: int) -> None:
 
 
 def _dims(bcx, weight, bias, seq_idx) -> dict:
-    if bcx.dim() != 3:
-        raise ValueError(f"short_conv takes bcx of shape (batch, seq, 3*hidden); got {tuple(bcx.shape)}")
-    if weight.dim() != 2:
-        raise ValueError(f"short_conv takes weight (hidden, kernel) (squeeze HF's (hidden, 1, kernel)); "
-                         f"got {tuple(weight.shape)}")
-    B, T, H3 = bcx.shape
+    if bcx.dim() != 3 or weight.dim() != 2 or bcx.shape[2] != 3 * weight.shape[0]:
+        raise ValueError(f"short_conv takes bcx (batch, seq, 3*hidden), split into B, C and x, and weight (hidden, "
+                         f"kernel) (squeeze HF's (hidden, 1, kernel)); got {tuple(bcx.shape)}, {tuple(weight.shape)}")
+    B, T, _ = bcx.shape
     H, K = weight.shape
-    if H3 != 3 * H:
-        raise ValueError(f"short_conv: bcx's last dim {H3} must be 3*hidden = {3 * H} (B, C, x) for weight "
-                         f"{tuple(weight.shape)}")
     if bias is not None and tuple(bias.shape) != (H,):
         raise ValueError(f"short_conv: bias must have shape ({H},); got {tuple(bias.shape)}")
     if seq_idx is not None:
