@@ -26,8 +26,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
-        dtype_name(name)
-        return name
+        return DTYPES[dtype_name(name)]
     key = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float": "fp32"}.get(name, name)
     if key not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; valid: {', '.join(DTYPES)}")

@@ -8,9 +8,7 @@ expert ids in [0, experts); top_k_weights (tokens, k). Returns (tokens, hidden):
 
     y[t] = sum_j w[t, j] * down[e] @ (silu(gate[e] @ x[t]) * (up[e] @ x[t])),  e = idx[t, j]
 
-Implementations: ``triton`` (the fused path below), ``grouped_mm`` (torch's grouped GEMM, CUDA bf16) and ``torch``
-(the fp32 loop over experts: tests, parity, the fallback).
-
+Implementations: ``triton`` (fused, below), ``grouped_mm`` (CUDA bf16) and ``torch`` (fp32 loop, the reference).
 Fused path, S = tokens * k routed slots (slot s = t * k + j), no host sync: a stable sort of the slots by expert gives
 ``perm`` (sorted row -> slot) and ``bounds`` (E+1 row offsets), and a small launch the tile schedule of a BLOCK_M
 (grids cover an upper bound of tiles; the surplus returns at once); the backward reuses all three. The up GEMM
@@ -38,19 +36,15 @@ from ..dispatch import register
 from ..opspec import STAGES, WARPS, Case, Config, Impl, Op, knob, pow2
 from ._common import interpreter_on, triton_available
 
-__all__ = ["moe_experts", "moe_experts_ref", "moe_experts_grouped_mm", "MoEExpertsConfig", "Gemm", "OP"]
-
 
 # ================================================================================ reference
 def moe_experts_ref(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
                     top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
     """The HF eager experts loop computed in fp32: (T, H) in x.dtype. Also the ``torch`` impl."""
-    T, H = x.shape
-    E = gate_up_proj.shape[0]
-    out = torch.zeros(T, H, dtype=torch.float32, device=x.device)
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     xf = x.float()
     idx = top_k_index.long()
-    for e in range(E):
+    for e in range(gate_up_proj.shape[0]):
         tok, pos = torch.where(idx == e)
         if tok.numel() == 0:
             continue
@@ -68,10 +62,9 @@ def _grouped_mm_fn():
 
 def moe_experts_grouped_mm(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
                            top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-    """Sort slots by expert, two grouped GEMMs, weighted top-k sum (torch autograd backward).
-
-    The grouped GEMM (CUTLASS on sm90) takes bf16, int32 cumulative end offsets per expert, 16-byte aligned rows
-    (hidden and intermediate multiples of 8) and the weights as column-major views (no copy)."""
+    """Sort slots by expert, two grouped GEMMs, weighted top-k sum (torch autograd backward). The grouped GEMM
+    (CUTLASS on sm90) takes bf16, int32 cumulative end offsets per expert, 16-byte aligned rows (hidden and
+    intermediate multiples of 8) and the weights as column-major views (no copy)."""
     gmm = _grouped_mm_fn()
     if gmm is None:
         raise RuntimeError(f"this torch ({torch.__version__}) has neither torch.nn.functional.grouped_mm nor "
@@ -79,8 +72,7 @@ def moe_experts_grouped_mm(x: torch.Tensor, gate_up_proj: torch.Tensor, down_pro
     T, H = x.shape
     K = top_k_index.shape[1]
     E = gate_up_proj.shape[0]
-    flat = top_k_index.reshape(-1)
-    sorted_e, perm = torch.sort(flat, stable=True)
+    sorted_e, perm = torch.sort(top_k_index.reshape(-1), stable=True)
     offs = torch.searchsorted(sorted_e, torch.arange(E, device=x.device), right=True).to(torch.int32)
     xs = x.index_select(0, perm // K)
     gate, up = gmm(xs, gate_up_proj.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
@@ -499,8 +491,7 @@ def _n_tiles(S, E, block_m: int):
 
 
 class _Routing:
-    """Slots sorted by expert: perm (sorted row -> slot), bounds (E+1 row offsets), top_k, and the tile schedule
-    of each BLOCK_M, built on first use."""
+    """Slots sorted by expert: perm (sorted row -> slot), bounds (E+1 row offsets), top_k, tiles per BLOCK_M (lazy)."""
 
     def __init__(self, perm: torch.Tensor, bounds: torch.Tensor, top_k: int, tiles: dict | None = None):
         self.perm, self.bounds, self.K = perm, bounds, top_k
@@ -545,16 +536,14 @@ def _gemm_opts(c: Gemm, a: torch.Tensor) -> dict:
 
 
 def _launch(kernel, route: _Routing, c: Gemm, n_cols: int, a: torch.Tensor, *args, **flags) -> None:
-    """A routed GEMM over the sorted rows: route's BLOCK_M tiles times ceil(n_cols / BLOCK_N) column tiles; `a` is
-    the A operand, its columns the reduction."""
+    """A routed GEMM over route's BLOCK_M row tiles and n_cols columns; `a` is the A operand (its columns reduced)."""
     meta, n_m = route.tiles(c.BLOCK_M)
     kernel[(n_m * triton.cdiv(n_cols, c.BLOCK_N),)](
         route.perm, meta, route.bounds, n_m, a, *args, EVEN_K=a.shape[1] % c.BLOCK_K == 0, **flags, **_gemm_opts(c, a))
 
 
 def _descriptors_ok(*ts: torch.Tensor) -> bool:
-    """Tensor descriptors (TMA): a Triton that has them, CUDA sm90+, row strides of 16-byte multiples
-    (an expert's first row can start anywhere). The interpreter emulates them (CPU tests)."""
+    """Tensor descriptors (TMA): a Triton with them, CUDA sm90+ or the interpreter, 16-byte aligned rows (any row)."""
     if not (hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")):
         return False
     if not all(t.stride(1) == 1 and t.stride(0) * t.element_size() % 16 == 0 and t.data_ptr() % 16 == 0 for t in ts):

@@ -279,8 +279,7 @@ def _heuristic(arch, dims, dtype):
     # 2048-element tiles (64 rows at E=32): T=65536 gives 1024 programs, ~8 per SM.  8 elements
     # per thread keeps the backward at ~100 registers (ptxas sm_90a of Triton 3.9's PTX, compiled
     # offline: 16 per thread needs 167); on AMD the same threads are half the (64-lane) warps.
-    elems = 2048
-    return MoERouterConfig(BLOCK_T=_tile_rows(E, elems), num_warps=warps_for(max(elems, next_pow2(E)), 8, arch))
+    return MoERouterConfig(BLOCK_T=_tile_rows(E, 2048), num_warps=warps_for(max(2048, next_pow2(E)), 8, arch))
 
 
 def _configs(arch, dims, dtype):

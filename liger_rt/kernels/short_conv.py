@@ -33,12 +33,10 @@ def short_conv_ref(bcx: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
     out[t] = C[t] * (sum_k w[k] * (B*x)[t - (K-1) + k] + bias), taps before the sequence start (or in another
     packed sequence) reading zero: HF's F.conv1d(padding=K-1)[..., :T]."""
-    if weight.dim() == 3:
-        weight = weight.squeeze(1)
-    T, K = bcx.shape[1], weight.shape[-1]
+    w = weight.float().reshape(weight.shape[0], -1)      # HF's (hidden, 1, kernel) too
+    T, K = bcx.shape[1], w.shape[-1]
     bg, c, x = bcx.float().chunk(3, dim=-1)
     u = bg * x
-    w = weight.float()
     z = u * w[:, K - 1]
     for k in range(K - 1):
         shift = K - 1 - k
