@@ -100,8 +100,7 @@ def close_report(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, reduc
 
 
 def assert_close(out, ref, dtype, reduce_len: int = 1, name: str = "output") -> None:
-    msg = close_report(out, ref, dtype, reduce_len)
-    if msg:
+    if msg := close_report(out, ref, dtype, reduce_len):
         raise AssertionError(f"{name}: {msg}")
 
 

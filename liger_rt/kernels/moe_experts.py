@@ -71,11 +71,9 @@ def moe_experts_grouped_mm(x: torch.Tensor, gate_up_proj: torch.Tensor, down_pro
                            "torch._grouped_mm; use the triton or torch implementation of moe_experts")
     T, H = x.shape
     K = top_k_index.shape[1]
-    E = gate_up_proj.shape[0]
     sorted_e, perm = torch.sort(top_k_index.reshape(-1), stable=True)
-    offs = torch.searchsorted(sorted_e, torch.arange(E, device=x.device), right=True).to(torch.int32)
-    xs = x.index_select(0, perm // K)
-    gate, up = gmm(xs, gate_up_proj.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
+    offs = torch.searchsorted(sorted_e, torch.arange(gate_up_proj.shape[0], device=x.device), right=True).int()
+    gate, up = gmm(x.index_select(0, perm // K), gate_up_proj.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
     y = gmm(F.silu(gate) * up, down_proj.transpose(-2, -1), offs=offs)
     y = y * top_k_weights.reshape(-1).index_select(0, perm).to(y.dtype).unsqueeze(-1)
     inv = torch.empty_like(perm)
@@ -162,9 +160,8 @@ def _moe_up_fwd_kernel(
     perm_ptr, tile_ptr, bounds_ptr, n_tiles_m, x_ptr, w_ptr, gu_ptr, h_ptr, H, I, TOP_K, STORE_GU: tl.constexpr,
     EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, W_DESC: tl.constexpr = False):
-    """h[r, n] = silu(x[tok_r] . Wg[e, n]) * (x[tok_r] . Wu[e, n]) over the rows r of one expert tile.
-    W_DESC: gate|up rows through a tensor descriptor (TMA; zero-filled past H, gate rows past I read up rows that
-    the store masks); the token rows stay gathered."""
+    """h[r, n] = silu(x[tok_r] . Wg[e, n]) * (x[tok_r] . Wu[e, n]) over the rows r of one expert tile. W_DESC: gate|up
+    rows through a tensor descriptor (TMA; zero-filled past H, gate rows past I read up rows the store masks)."""
     pid = tl.program_id(0)
     n_tiles_n = tl.cdiv(I, BLOCK_N)
     pid_m, pid_n = _tile_swizzle(pid, n_tiles_m, n_tiles_n, GROUP_M)
@@ -828,9 +825,7 @@ def _rows_per_expert(dims: dict) -> float:
 
 def _heuristic(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> MoEExpertsConfig:
     """Default config: BLOCK_M 64 below 128 routed rows per expert (a 128-row tile would be over half padding)."""
-    if arch.name == "cpu":
-        return _CPU[0]
-    if arch.is_hip:
+    if arch.name == "cpu" or arch.is_hip:
         return _pinned(arch, dims, dtype)
     if dtype == torch.float32:
         return _first_fit(_NVIDIA_FP32, arch, dims, dtype)

@@ -56,8 +56,7 @@ def moe_router_ref(logits: torch.Tensor, top_k: int, expert_bias: torch.Tensor |
     weights = torch.gather(scores, -1, indices)
     if norm_topk_prob:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-6)
-    weights = weights * routed_scaling_factor
-    return weights.to(logits.dtype), indices
+    return (weights * routed_scaling_factor).to(logits.dtype), indices
 
 
 # -- Triton kernels -------------------------------------------------------------------------------------

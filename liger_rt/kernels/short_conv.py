@@ -53,10 +53,8 @@ def short_conv_ref(bcx: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 def seq_idx_from_position_ids(position_ids: torch.Tensor, batch: int | None = None) -> torch.Tensor:
-    """Sequence ids of packed rows: a new sequence starts wherever the position does not follow the previous one.
-
-    position_ids (batch, seq) or (seq,) -> int32 (batch, seq), e.g. [[0,1,2,0,1]] -> [[0,0,0,1,1]]; one row of
-    positions is expanded to `batch` rows when given."""
+    """Sequence ids of packed rows (a new one wherever the position does not follow the previous one): position_ids
+    (batch, seq) or (seq,) -> int32 (batch, seq), e.g. [[0,1,2,0,1]] -> [[0,0,0,1,1]]; one row expanded to `batch`."""
     pos = position_ids.unsqueeze(0) if position_ids.dim() == 1 else position_ids
     starts = pos[:, 1:] != pos[:, :-1] + 1
     idx = torch.nn.functional.pad(torch.cumsum(starts, dim=-1, dtype=torch.int32), (1, 0))
