@@ -46,9 +46,8 @@ _LAUNCH_MEMOS: list = []
 
 
 def launch_memo(fn):
-    """Memoise a launcher's launch constants per key, e.g. fn(config, rows, cols, device) -> the bound kernel
-    (:func:`bind`): the grid, block sizes, sm_count and TRITON_INTERPRET read cost microseconds per call. The key
-    holds everything else the value depends on; dispatch.reset() clears every memo (so a changed variable applies)."""
+    """Memoise a launcher's constants (grid, blocks, sm_count) per key, e.g. fn(config, rows, cols, device) -> bound
+    kernel (:func:`bind`); the key holds all they depend on but TRITON_INTERPRET (dispatch.reset() clears memos)."""
     memo = functools.lru_cache(maxsize=4096)(fn)
     memo.fn = fn               # the freshness hash reads the launch code through .fn
     _LAUNCH_MEMOS.append(memo)

@@ -117,9 +117,8 @@ def _grouped_mm_probe(device_index: int) -> bool:
 
 
 def _grouped_mm_available(target) -> bool:
-    """CUDA/ROCm only, where the op exists and runs: with the GPU present a probe decides (once per device);
-    planning without it, or during CUDA graph capture, the op's rules: torch <= 2.8 sm90 only; torch >= 2.9
-    sm80+ (NVIDIA) and gfx942/gfx950 (ROCm)."""
+    """CUDA/ROCm where the op runs: a probe with the GPU present; planning or capturing a CUDA graph, the op's rules
+    (torch <= 2.8 sm90 only; torch >= 2.9 sm80+ and gfx942/gfx950)."""
     if target.device_type != "cuda" or _grouped_mm_fn() is None:
         return False
     arch = target.arch
@@ -550,8 +549,7 @@ def _descriptors_ok(*ts: torch.Tensor) -> bool:
 
 
 def _tma(on, *ts: torch.Tensor) -> bool:
-    """Whether a launch reads these operands through tensor descriptors (`on` and _descriptors_ok); then sets
-    Triton's allocator for their global scratch. Nothing is built when `on` is false (the default hot path)."""
+    """Read these operands through tensor descriptors? (`on` and _descriptors_ok; sets Triton's scratch allocator)"""
     if not (on and _descriptors_ok(*[t.view(-1, t.shape[-1]) for t in ts])):
         return False
     triton.set_allocator(lambda size, alignment, stream, d=ts[0].device: torch.empty(size, device=d, dtype=torch.int8))
@@ -716,10 +714,9 @@ class Gemm(Config):
 
 @dataclasses.dataclass(frozen=True)
 class MoEExpertsConfig(Config):
-    """One launch per GEMM family. ``up``: the up GEMM with the SwiGLU epilogue (two accumulators of BLOCK_N
-    columns); ``up_bwd``: dy @ down[e] with the SwiGLU-backward epilogue (three more tiles loaded there, so narrower
-    tiles: ptxas spills at 128x128 with 8 warps); ``down``: the down GEMM, the dX GEMM and, with up_bwd_split, the
-    up backward's dy @ down; ``wgrad``: both weight-gradient GEMMs (BLOCK_K runs over an expert's rows)."""
+    """One launch per GEMM family: ``up`` (SwiGLU epilogue, two accumulators), ``up_bwd`` (dy @ down[e] with the
+    SwiGLU backward: three more tiles loaded, so narrower tiles; ptxas spills at 128x128 with 8 warps), ``down``
+    (down, dX and up_bwd_split's dy @ down GEMMs), ``wgrad`` (both weight gradients; BLOCK_K over an expert's rows)."""
     up: Gemm
     up_bwd: Gemm
     down: Gemm
@@ -787,8 +784,7 @@ _MINIMAL = _C(_g(32, 32, 32, 4, 1), _g(32, 32, 32, 4, 1), _g(32, 32, 32, 4, 1), 
 
 
 def _smem(config: MoEExpertsConfig, dims: dict, dtype: torch.dtype) -> int:
-    """Shared memory / LDS bytes of the hungriest GEMM: num_stages buffers of its A and B tiles (the up GEMM loads
-    two B tiles: gate and up)."""
+    """Shared memory / LDS bytes of the hungriest GEMM: num_stages buffers of A and B tiles (two B tiles in up)."""
     return max(c.num_stages * (c.BLOCK_M * c.BLOCK_K + b_tiles * c.BLOCK_K * c.BLOCK_N) * dtype.itemsize
                for c, b_tiles in ((config.up, 2), (config.up_bwd, 1), (config.down, 1), (config.wgrad, 1)))
 
@@ -844,8 +840,7 @@ def _heuristic(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> MoEExperts
 
 
 def _pinned(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> MoEExpertsConfig:
-    """LIGER_FUSED_MOE_AUTOTUNE=0: HIP-safe on AMD (stages <= 2, warps <= 8, <= 64 KiB LDS), the fixed CUDA config
-    otherwise; shrunk to the arch's limits if they are tighter."""
+    """LIGER_FUSED_MOE_AUTOTUNE=0: HIP-safe on AMD, the fixed CUDA config otherwise; shrunk to the arch's limits."""
     if arch.name == "cpu":
         return _CPU[0]
     if arch.is_hip:
@@ -914,8 +909,7 @@ def _make_case(dims: dict, dtype: torch.dtype, device: str, tag: str = "uniform"
 
 
 def _plan(preset, arch: backend.Arch, quick: bool) -> list[dict]:
-    """Sweep grid: T in {512, 2048, 4096, 16384} ({512, 4096} quick) at the preset's experts (E32 K4 H2048 I1792,
-    LFM2-8B-A1B, without a preset); tiny shapes on the cpu arch."""
+    """Sweep grid: T 512..16384 at the preset's experts (E32 K4 H2048 I1792 without one); tiny shapes on cpu."""
     moe = preset is not None and preset.experts
     static = (preset.experts, preset.top_k, preset.hidden, preset.moe_intermediate) if moe else (32, 4, 2048, 1792)
     if arch.name == "cpu":

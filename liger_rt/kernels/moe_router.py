@@ -8,8 +8,7 @@ The experts picked equal HF's (transformers Lfm2MoeTopKRouter.forward) in every 
 fp32 bias buffer is fp32); ties go to the lower expert index (torch.topk's set on CUDA; CPU topk picks among ties
 arbitrarily, so the reference uses a stable descending sort); NaN ranks above every number, so a NaN score is picked
 first and, normalised, makes its row's weights NaN. Weights come from the unbiased scores, normalised in fp32 (HF:
-in the logits dtype) and rounded once to the logits dtype; indices are int64. The backward kernel writes every
-element of d(logits) (zeros off the selected experts).
+in the logits dtype) and rounded once to the logits dtype; indices are int64.
 """
 from __future__ import annotations
 

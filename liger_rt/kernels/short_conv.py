@@ -7,9 +7,7 @@ once and writes d(bcx) plus fp32 per-chunk partials of d(weight)/d(bias).
 
     y = short_conv(bcx, weight)                      # bcx (2, 4096, 3*2048), weight (2048, 3)
     y = short_conv(bcx, weight, seq_idx=seq_idx)     # packed sequences (seq_idx_from_position_ids): no mixing
-
-Numerics: loads are cast to fp32 and the result is rounded once to bcx's dtype (HF's bf16 path also rounds B*x and
-the conv output), so ours sits closer to the fp32 truth than HF's.
+Numerics: fp32 throughout, one rounding to bcx's dtype (HF's bf16 path also rounds B*x and the conv output).
 """
 from __future__ import annotations
 
@@ -360,8 +358,7 @@ def _heuristic(arch, dims, dtype):
 
 
 def _configs(arch, dims, dtype):
-    """The heuristic plus one variant of either half at a time: fwd and bwd times add, so this finds each half's
-    best against the other's default at 4+4+2 candidates instead of a product."""
+    """The heuristic plus one half (fwd or bwd) varied at a time: their times add, so 4+4+2 configs, not a product."""
     base = _heuristic(arch, dims, dtype)
     if arch.name == "cpu":
         fwd = [_fwd_cfg(t, arch) for t in _CPU_FWD]
