@@ -62,9 +62,8 @@ def _grouped_mm_fn():
 
 def moe_experts_grouped_mm(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
                            top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-    """Sort slots by expert, two grouped GEMMs, weighted top-k sum (torch autograd backward). The grouped GEMM
-    (CUTLASS on sm90) takes bf16, int32 cumulative end offsets per expert, 16-byte aligned rows (hidden and
-    intermediate multiples of 8) and the weights as column-major views (no copy)."""
+    """Sort slots by expert, two grouped GEMMs (CUTLASS on sm90: bf16, int32 end offsets per expert, 16-byte aligned
+    rows, column-major weight views), weighted top-k sum; torch autograd backward."""
     gmm = _grouped_mm_fn()
     if gmm is None:
         raise RuntimeError(f"this torch ({torch.__version__}) has neither torch.nn.functional.grouped_mm nor "
@@ -86,9 +85,8 @@ PROBE_FAILURES: dict[int, str] = {}  # device index -> why the last probe failed
 
 
 def _grouped_mm_probe(device_index: int) -> bool:
-    """Does a tiny bf16 grouped MM launch on this device? Runs with torch's sync debug mode off (its offsets copy
-    syncs). A failure is warned once per reason and not cached: on the H200 (2026-12-03) one probe failed on an
-    RNG state error and, cached, hid grouped_mm from every later case."""
+    """Does a tiny bf16 grouped MM launch here? (sync debug mode off: its offsets copy syncs.) Failures are warned once
+    per reason, never cached: on the H200 (2026-12-03) a cached RNG-state failure hid grouped_mm from later cases."""
     if _PROBED.get(device_index):
         return True
     gmm = _grouped_mm_fn()
@@ -128,9 +126,7 @@ def _grouped_mm_available(target) -> bool:
     if arch.vendor == "nvidia":
         sm = int(arch.capability[2:]) if arch.capability[2:].isdigit() else 0
         return sm // 10 == 9 or (torch_2_9 and sm >= 80)
-    if arch.vendor == "amd":
-        return torch_2_9 and arch.capability in ("gfx942", "gfx950")
-    return False
+    return arch.vendor == "amd" and torch_2_9 and arch.capability in ("gfx942", "gfx950")
 
 
 def _supports_grouped_mm(dims: dict, dtype: torch.dtype) -> str | None:
@@ -289,9 +285,8 @@ def _moe_up_bwd_kernel(
     TOP_K, NEED_DW: tl.constexpr, STORE_HW: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     W_DESC: tl.constexpr = False):
-    """g = dy[tok_r] @ down[e] (fp32); dw partial <g, h>; dgate/dup through SwiGLU of w * g. W_DESC: down[e]
-    through a tensor descriptor. STORE_HW also writes hw = w * h while h is in registers, so the dW_down GEMM
-    streams both operands straight into shared memory (a scale in its loads would route them through registers)."""
+    """g = dy[tok_r] @ down[e] in fp32; dw partials <g, h>; dgate|dup through SwiGLU of w * g. STORE_HW writes hw =
+    w * h from registers, so the dW_down GEMM streams both operands straight into shared memory (no scaled loads)."""
     pid = tl.program_id(0)
     n_tiles_n = tl.cdiv(I, BLOCK_N)
     pid_m, pid_n = _tile_swizzle(pid, n_tiles_m, n_tiles_n, GROUP_M)
@@ -432,8 +427,7 @@ def _moe_wgrad_kernel(
 def _moe_wgrad_desc_kernel(
     a_ptr, b_ptr, out_ptr, bounds_ptr, M, N, lda, ldb, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """_moe_wgrad_kernel on sorted operands through one tensor descriptor (TMA) per expert: the ragged end of
-    its K loop is the descriptor's bound (zero-filled), so no mask or index load sits in the loop."""
+    """_moe_wgrad_kernel on sorted operands, one TMA descriptor per expert: its bound ends the ragged K loop."""
     pid = tl.program_id(0)
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
@@ -949,6 +943,5 @@ OP = register(Op(
     schema="Tensor x, Tensor gate_up_proj, Tensor down_proj, Tensor top_k_index, Tensor top_k_weights, bool save",
     fake=_fake, make_case=_make_case, plan=_plan, reduce_len=_reduce_len, heuristic_impl=_heuristic_impl,
     crossover_axis=_rows_per_expert, crossover_axis_name="rows_per_expert", pinned_by_fused_moe_env=True,
-    tags=("uniform", "skewed"),
-    schema_version=4))   # 2: one frozen Gemm per family, no top-level num_warps/num_stages; 3: up_desc, down_desc;
-#                          4: up_bwd_split
+    tags=("uniform", "skewed"), schema_version=4))
+# schema 2: one frozen Gemm per family, no top-level num_warps/num_stages; 3: up_desc, down_desc; 4: up_bwd_split

@@ -365,8 +365,7 @@ def _configs(arch, dims, dtype):
         bwd = [_bwd_cfg(t[:2], arch, t[2]) for t in _CPU_BWD]
     else:
         fwd = [_fwd_cfg(t, arch) for t in _FWD_TILES] + [_fwd_cfg(_FWD_TILES[0], arch, 2 * _FWD_PER_THREAD)]
-        bwd = [_bwd_cfg(t, arch) for t in _BWD_TILES]
-        bwd += [_bwd_cfg(_BWD_TILES[0], arch, pps=8), _bwd_cfg(_BWD_TILES[0], arch, pps=2)]
+        bwd = [_bwd_cfg(t, arch) for t in _BWD_TILES] + [_bwd_cfg(_BWD_TILES[0], arch, pps) for pps in (8, 2)]
     return list(dict.fromkeys([base] + [base.replace(**half) for half in fwd + bwd]))
 
 
