@@ -211,8 +211,7 @@ def norm_candidates(arch, hidden: int, base: RowNormConfig) -> list[RowNormConfi
     fwd = [norm_fwd(arch, e, min(e, 2048), 8) if e > 2048 else norm_fwd(arch, e, 2048, 16),  # 16 warps/row at 4096
            norm_fwd(arch, e, min(e, 2048), 32),                                               # 4 warps/row at 4096
            norm_fwd(arch, e, 8192, 16)]                                                       # packed rows
-    out = [base] + [base.replace(**b) for b in bwd] + [base.replace(**f) for f in fwd]
-    return list(dict.fromkeys(out))[:12]
+    return list(dict.fromkeys([base] + [base.replace(**b) for b in bwd] + [base.replace(**f) for f in fwd]))[:12]
 
 
 def row_plan(preset, arch, quick: bool, width: str, preset_width: int | None, cpu_widths: tuple,

@@ -733,8 +733,7 @@ _C, _g = MoEExpertsConfig, Gemm     # _C(up, up_bwd, down, wgrad), _g(BLOCK_M, B
 # Hopper (sm90, 227 KiB smem), bf16/fp16. Registers and smem checked by compiling every kernel for sm90 with ptxas
 # (Triton 3.9, no GPU): the up tiles 128x(2x128)/8 warps use 255 registers (16 B spill), 128x(2x64)/8 warps 128;
 # up_bwd 128x64/8 warps 105 (128x128 spills 96 B); down 128x256/8 warps 216. BLOCK_M 64 variants serve few rows per
-# expert (a 128-row tile is mostly padding below 128 routed rows per expert). On the first H200 run the heuristic
-# picks ([5] at T512, [0] at T4096) beat both peers; `liger-tune sweep --arch hopper` times every candidate.
+# expert. On the first H200 run the heuristic picks ([5] at T512, [0] at T4096) beat both peers.
 _HOPPER = [
     _C(_g(128, 128, 64, 8, 3), _g(128, 64, 64, 8, 4), _g(128, 256, 64, 8, 3), _g(128, 256, 64, 8, 3)),
     _C(_g(128, 128, 64, 8, 3), _g(128, 64, 64, 8, 4), _g(128, 128, 64, 8, 4), _g(128, 128, 64, 8, 4)),

@@ -2,8 +2,7 @@
 
 `bcx` is the `in_proj` output (batch, seq, 3*hidden), split along the last dim into the B-gate, C-gate and x;
 `weight` is (hidden, kernel) (HF's (hidden, 1, kernel) squeezed). One forward kernel reads bcx once and writes y
-(HF transposes, materialises B*x, runs a padded conv1d and transposes back); one backward kernel reads bcx and dy
-once and writes d(bcx) plus fp32 per-chunk partials of d(weight)/d(bias).
+(no transposes, no B*x in memory); one backward kernel reads bcx and dy once, writes d(bcx) and fp32 partials.
 
     y = short_conv(bcx, weight)                      # bcx (2, 4096, 3*2048), weight (2048, 3)
     y = short_conv(bcx, weight, seq_idx=seq_idx)     # packed sequences (seq_idx_from_position_ids): no mixing
@@ -336,8 +335,7 @@ def _make_case(dims, dtype, device):
 _FWD_TILES = [(32, 128), (64, 128), (16, 256), (64, 64)]
 _BWD_TILES = [(16, 128), (32, 128), (16, 64), (8, 256)]
 _FWD_PER_THREAD, _BWD_PER_THREAD = 16, 8
-# cpu (the interpreter): cost grows with programs x steps, so few, large tiles; the second of each exercises
-# several tiles and chunks per row
+# interpreter: cost grows with programs x steps, so few large tiles; the second of each covers several tiles and chunks
 _CPU_FWD, _CPU_BWD = [(16, 32), (8, 16)], [(8, 32, 1), (4, 16, 2)]
 
 
