@@ -19,16 +19,14 @@ DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    try:
-        return DTYPE_NAMES[dtype]
-    except KeyError:
-        raise TypeError(f"unsupported dtype {dtype}; liger_rt kernels take {', '.join(DTYPES)}") from None
+    if dtype not in DTYPE_NAMES:
+        raise TypeError(f"unsupported dtype {dtype}; liger_rt kernels take {', '.join(DTYPES)}")
+    return DTYPE_NAMES[dtype]
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
-        dtype_name(name)
-        return name
+        return DTYPES[dtype_name(name)]
     key = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float": "fp32"}.get(name, name)
     if key not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; valid: {', '.join(DTYPES)}")
@@ -39,32 +37,17 @@ def interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET", "").strip() == "1"
 
 
-def triton_importable() -> bool:
-    try:
-        import triton  # noqa: F401
-        return True
-    except Exception:
-        return False
-
-
 def triton_available(target) -> bool:
     """Triton kernels run on a GPU, or on CPU tensors through TRITON_INTERPRET=1."""
-    if not triton_importable():
-        return False
-    if target.device_type == "cpu":
-        return interpreter_on()
-    return target.device_type == "cuda"
+    return interpreter_on() if target.device_type == "cpu" else target.device_type == "cuda"
 
 
 _LAUNCH_MEMOS: list = []
 
 
 def launch_memo(fn):
-    """Memoise a launcher's launch constants per key, e.g. fn(config, rows, cols, device) -> the
-    bound kernel (:func:`bind`): what the hot path would otherwise recompute per call for a few
-    microseconds each (the grid, block sizes, sm_count, the TRITON_INTERPRET read).  The key holds
-    everything the value depends on besides TRITON_INTERPRET; dispatch.reset() clears every memo,
-    so a changed variable applies after a reset, as for the dispatch memo."""
+    """Memoise a launcher's constants (grid, blocks, sm_count) per key, e.g. fn(config, rows, cols, device) -> bound
+    kernel (:func:`bind`); the key holds all they depend on but TRITON_INTERPRET (dispatch.reset() clears memos)."""
     memo = functools.lru_cache(maxsize=4096)(fn)
     memo.fn = fn               # the freshness hash reads the launch code through .fn
     _LAUNCH_MEMOS.append(memo)
@@ -72,8 +55,7 @@ def launch_memo(fn):
 
 
 def bind(kernel, grid: tuple, **meta):
-    """`kernel[grid](*args, **meta)` as one callable to memoise: the JIT function's run with the grid
-    and meta-parameters bound (kernel[grid] builds a lambda around the same run on every call)."""
+    """`kernel[grid](*args, **meta)` as one callable to memoise (kernel[grid] builds a new lambda on every call)."""
     return functools.partial(kernel.run, grid=grid, warmup=False, **meta)
 
 
@@ -86,15 +68,10 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-# Tolerances, one table (STYLE 8): (atol, rtol) for an elementwise result in each dtype.  A result
-# that reduces over `n` terms scales both by sqrt(n / 256) (never below 1).  Values come from the
-# spread of fp32-accumulated kernels against fp32 references seen on these tests; they are tight
-# enough that a wrong mask, a missing term or a swapped gate fails.
-TOLERANCES = {
-    torch.float32: (1e-5, 1e-5),
-    torch.float16: (2e-3, 2e-3),
-    torch.bfloat16: (1.6e-2, 1.6e-2),
-}
+# Tolerances, one table (STYLE 8): (atol, rtol) for an elementwise result in each dtype; a result reducing over `n`
+# terms scales both by sqrt(n / 256) (never below 1). Values: the spread of fp32-accumulated kernels against fp32
+# references seen on these tests; tight enough that a wrong mask, a missing term or a swapped gate fails.
+TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 
 
 def tolerance(dtype: torch.dtype, reduce_len: int = 1) -> tuple[float, float]:
@@ -114,15 +91,13 @@ def close_report(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, reduc
     err = (o - r).abs()
     bad = err > atol + rtol * r.abs()
     if bad.any():
-        worst = int(err.argmax())
         return (f"{int(bad.sum())}/{bad.numel()} elements off (max abs err {float(err.max()):.3g} at flat index "
-                f"{worst}, atol {atol:.2g}, rtol {rtol:.2g})")
+                f"{int(err.argmax())}, atol {atol:.2g}, rtol {rtol:.2g})")
     return None
 
 
 def assert_close(out, ref, dtype, reduce_len: int = 1, name: str = "output") -> None:
-    msg = close_report(out, ref, dtype, reduce_len)
-    if msg:
+    if msg := close_report(out, ref, dtype, reduce_len):
         raise AssertionError(f"{name}: {msg}")
 
 
@@ -131,9 +106,8 @@ REL_RMSE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
 def validation_report(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, reduce_len: int = 1) -> str | None:
-    """What the autotuner accepts: the elementwise tolerance, or, for long low-precision reductions
-    where a handful of elements land 2-3 ulps out, a relative RMSE within REL_RMSE with no element
-    off by more than 8x its tolerance.  A config that drops a term, a row or a tile still fails."""
+    """What the autotuner accepts: the elementwise tolerance or, for long low-precision reductions with a few elements
+    2-3 ulps out, a relative RMSE within REL_RMSE and no element over 8x its tolerance (a dropped term still fails)."""
     msg = close_report(out, ref, dtype, reduce_len)
     if msg is None or msg.startswith("shape") or msg.startswith("non-finite"):
         return msg
@@ -148,12 +122,10 @@ def validation_report(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, 
 
 
 # -- helpers shared by the kernel files -------------------------------------------------------------
-
 @triton.jit
 def to_dtype(x, dtype: tl.constexpr, RNE_BF16: tl.constexpr):
-    """fp32 -> dtype.  The interpreter truncates fp32 -> bf16 (triton/runtime/interpreter.py,
-    _convert_float without a rounding mode) where the GPU rounds to nearest even; RNE_BF16 (set
-    only under the interpreter) rounds explicitly so CPU results match the GPU's bit for bit."""
+    """fp32 -> dtype. The interpreter truncates fp32 -> bf16 (interpreter.py's _convert_float has no rounding mode)
+    where the GPU rounds to nearest even; RNE_BF16 (interpreter only) rounds explicitly to match the GPU's bits."""
     if RNE_BF16 and dtype == tl.bfloat16:
         b = x.to(tl.uint32, bitcast=True)
         b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
@@ -171,9 +143,8 @@ def as_rows(t: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def row_layout(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int, int]:
-    """(tensor, rows, row stride) of (..., n) for a kernel that walks rows of n with unit column
-    stride: `t` itself when contiguous (row r starts at r * n; no reshape, no view: each costs a
-    microsecond of host time per call), else as_rows(t, n)."""
+    """(tensor, rows, row stride) of (..., n) for a kernel walking rows of n with unit column stride: `t` itself
+    when contiguous (no reshape or view: each costs a microsecond of host time per call), else as_rows(t, n)."""
     if n and t.is_contiguous():
         return t, t.numel() // n, n
     t2 = as_rows(t, n)
@@ -189,11 +160,10 @@ sm_count = backend.sm_count   # SMs/CUs of a launch's device (2 under the interp
 
 
 # -- row norms (rms_norm, layer_norm): one launch layout, one config, one tuning space ---------------
-
 @dataclasses.dataclass(frozen=True)
 class RowNormConfig(Config):
-    """Forward: ROWS rows per program.  Backward: sm_count * bwd_progs_per_sm persistent programs
-    walking rows with the grid's stride, fp32 partial rows summed by a column-parallel kernel."""
+    """Forward: ROWS rows per program. Backward: sm_count * bwd_progs_per_sm persistent programs walking rows
+    with the grid's stride, fp32 partial rows summed by a column-parallel kernel."""
     ROWS: int = knob(1, pow2(1, 8192))                # rows per forward program (packed small rows)
     num_warps: int = knob(4, WARPS)                   # forward
     bwd_num_warps: int = knob(4, WARPS)
@@ -207,10 +177,8 @@ def persistent_grid(m: int, device: torch.device, progs_per_sm: int) -> int:
 
 
 def partial_sum_tile(device: torch.device) -> tuple[int, int]:
-    """(columns, partial rows) per tile of the column-parallel sum of (G, N) fp32 partials: 32
-    columns (128 contiguous bytes per partial row) and 64 rows, 16 fp32 per thread at 4 warps;
-    n/32 programs (128 at hidden 4096).  The interpreter runs programs one after another: few
-    wide ones there."""
+    """(columns, partial rows) per tile of the column-parallel sum of (G, N) fp32 partials: 32 columns (128 bytes
+    per partial row) by 64 rows, 16 fp32 per thread at 4 warps; on the (serial) interpreter, few wide tiles."""
     return (128, 16) if device.type == "cpu" else (32, 64)
 
 
@@ -232,28 +200,24 @@ def norm_candidates(arch, hidden: int, base: RowNormConfig) -> list[RowNormConfi
     if arch.name == "cpu":  # the interpreter ignores warps: cover the code paths, not the space
         return [base, base.replace(**norm_bwd(arch, e, 16, 1, 0)),
                 base.replace(**norm_fwd(arch, e, 8192, 16), **norm_bwd(arch, e, 8, 3, 0))]
-    bwd = [norm_bwd(arch, e, 8, 2, 1),
-           norm_bwd(arch, e, 8, 4, 1),
+    bwd = [norm_bwd(arch, e, 8, 2, 1), norm_bwd(arch, e, 8, 4, 1),
            norm_bwd(arch, e, 8, 4, 0),      # occupancy instead of prefetch
            norm_bwd(arch, e, 8, 8, 0),
-           # 8 warps at 4096 (Triton 3.9 sm_90): rms_norm 98 registers with prefetch (2 programs
-           # resident), 71 without (3 resident); layer_norm 127 with or without
-           norm_bwd(arch, e, 16, 2, 1),
-           norm_bwd(arch, e, 16, 3, 0),
-           norm_bwd(arch, e, 16, 8, 0),
+           # 8 warps at 4096 (Triton 3.9 sm_90): rms_norm 98 registers with prefetch (2 programs resident), 71
+           # without (3 resident); layer_norm 127 with or without
+           norm_bwd(arch, e, 16, 2, 1), norm_bwd(arch, e, 16, 3, 0), norm_bwd(arch, e, 16, 8, 0),
            norm_bwd(arch, e, 16, 16, 0),    # many short programs (8 rows each at 16384 x 4096)
            norm_bwd(arch, e, 32, 8, 0)]     # 4 warps at 4096
     fwd = [norm_fwd(arch, e, min(e, 2048), 8) if e > 2048 else norm_fwd(arch, e, 2048, 16),  # 16 warps/row at 4096
            norm_fwd(arch, e, min(e, 2048), 32),                                               # 4 warps/row at 4096
            norm_fwd(arch, e, 8192, 16)]                                                       # packed rows
-    out = [base] + [base.replace(**b) for b in bwd] + [base.replace(**f) for f in fwd]
-    return list(dict.fromkeys(out))[:12]
+    return list(dict.fromkeys([base] + [base.replace(**b) for b in bwd] + [base.replace(**f) for f in fwd]))[:12]
 
 
 def row_plan(preset, arch, quick: bool, width: str, preset_width: int | None, cpu_widths: tuple,
              gpu_widths: tuple, gpu_tokens: tuple) -> list[dict]:
-    """Sweep plan of a row-wise op, dims {"rows", width}: the preset's width and token counts, or
-    the defaults; tiny shapes on cpu (the interpreter); one token count (4096) when quick."""
+    """Sweep plan of a row-wise op, dims {"rows", width}: the preset's width and token counts, or the defaults;
+    tiny shapes on cpu (the interpreter); one token count (4096) when quick."""
     if arch.name == "cpu":
         widths = (preset_width,) if preset is not None and preset.tiny else cpu_widths
         rows = (8,) if quick else (8, 32)

@@ -2,53 +2,23 @@
 
     y = liger_rt.ops.moe_experts(x, gate_up_proj, down_proj, top_k_index, top_k_weights)
 
-x (tokens, hidden); gate_up_proj (experts, 2*intermediate, hidden) with the gate in the FIRST
-half (HF: ``gate, up = linear(x, gate_up_proj[e]).chunk(2, dim=-1)``); down_proj (experts,
-hidden, intermediate); top_k_index (tokens, k) integer expert ids in [0, experts);
-top_k_weights (tokens, k). Returns (tokens, hidden):
+x (tokens, hidden); gate_up_proj (experts, 2*intermediate, hidden), gate in the FIRST half (HF: ``gate, up =
+linear(x, gate_up_proj[e]).chunk(2, dim=-1)``); down_proj (experts, hidden, intermediate); top_k_index (tokens, k)
+expert ids in [0, experts); top_k_weights (tokens, k). Returns (tokens, hidden):
 
     y[t] = sum_j w[t, j] * down[e] @ (silu(gate[e] @ x[t]) * (up[e] @ x[t])),  e = idx[t, j]
 
-Three implementations on one Op:
-- ``triton``: the fused path below (forward and backward in Triton, routing metadata in torch).
-- ``grouped_mm``: ``torch.nn.functional.grouped_mm`` / ``torch._grouped_mm`` (CUDA, bf16).
-- ``torch``: the loop-over-experts reference in fp32 (tests, parity, the fallback).
-
-Design of the fused path (S = tokens * k routed slots, slot s = t * k + j):
-1. routing metadata (no host sync): a stable torch sort of the S slots by expert gives
-   ``perm`` (sorted row -> slot) and ``bounds`` (E+1 row offsets per expert, searchsorted); a
-   per-BLOCK_M tile schedule (tile -> expert, first row) comes from one small Triton launch.
-   GEMM grids are launched for an upper bound of tiles; tiles past the real count return at once.
-   The forward keeps perm, bounds and the down GEMM's schedule for the backward, which reuses
-   them (a schedule for another BLOCK_M of the up_bwd GEMM is one more small launch there).
-2. up GEMM: rows of x are gathered by token *inside the A-operand loads* (no permuted copy of
-   x); two accumulators (gate columns n and up columns I+n of the same expert) share every A
-   tile; the epilogue applies SwiGLU and stores h (S, I) in the input dtype, in sorted order,
-   plus the pre-activations gate|up (S, 2I) when a backward will need them (storing them costs
-   3*S*I*2 bytes of traffic; recomputing them would cost another 2/3 of the forward's flops).
-3. down GEMM: h (contiguous, sorted) @ down[e]^T; the epilogue scales each row by its routing
-   weight in fp32 and scatters it to its slot row of a (S, hidden) buffer in the input dtype.
-4. the top-k reduction y[t] = sum_j y_slot[t*k + j] is a contiguous (T, k, H) sum that
-   accumulates in fp32. We chose this over atomics into an fp32 (T, H) buffer: it is
-   deterministic, needs no fp32 temporary and no memset, and costs 2*S*H*2 bytes of traffic
-   (~0.13 ms at T=16384 on an H200, under 2% of the fused fwd+bwd). There is no (S, hidden)
-   fp32 temporary anywhere.
-Backward (dy (T, H)):
-5. ``_moe_up_bwd_kernel``: g = dy[token] (gathered in the loads) @ down[e] -> (S, I) in fp32;
-   its epilogue forms d top_k_weights partials <g, h> (= <dy[t], down_out[t, j]>, one fp32
-   partial per I-tile, summed in torch: deterministic), dh = w * g, and dgate/dup through
-   SwiGLU from the saved pre-activations, stored as dgu (S, 2I) in the input dtype.
-6. dX: dgu @ gate_up[e] with the same down-GEMM kernel, scattered to slot rows in the input
-   dtype, then summed over k like step 4 (no atomics).
-7. dW: one grouped "weight-gradient" kernel per weight, an fp32 accumulator per (expert,
-   tile) looping over that expert's rows: dW_gate_up[e] = dgu_e^T @ x[tokens_e] (x gathered),
-   dW_down[e] = dy[tokens_e]^T @ hw_e (dy gathered; hw = w * h written by step 5, so neither
-   operand needs a register pass). Experts with no rows get zeros.
-Every GEMM is ``tl.dot`` with fp32 accumulation. ``DOT_FP32`` (constexpr) upcasts loaded tiles
-to fp32 for fp32 inputs and for bf16 under the Triton interpreter, which cannot do bf16
-arithmetic; on a GPU bf16/fp16 tiles feed the tensor cores directly.
-The op spec at the bottom gives dispatch, tuning, the autograd wiring and the torch.compile
-custom ops (liger_rt::moe_experts_fwd/bwd) to the runtime.
+Implementations: ``triton`` (fused, below), ``grouped_mm`` (CUDA bf16) and ``torch`` (fp32 loop, the reference).
+Fused path, S = tokens * k routed slots (slot s = t * k + j), no host sync: a stable sort of the slots by expert gives
+``perm`` (sorted row -> slot) and ``bounds`` (E+1 row offsets), and a small launch the tile schedule of a BLOCK_M
+(grids cover an upper bound of tiles; the surplus returns at once); the backward reuses all three. The up GEMM
+gathers x rows by token in its loads (no permuted copy) and stores h = SwiGLU (S, I) sorted, plus gate|up (S, 2I)
+when a backward follows (3*S*I*2 bytes, against recomputing 2/3 of the forward's flops). The down GEMM scales rows by
+their routing weight and scatters them to slot rows; y[t] = sum_j y_slot[t*k + j] in fp32, deterministic and with
+no fp32 temporary or memset as atomics would need, costs 2*S*H*2 bytes (~0.13 ms at T=16384 on an H200, under 2% of
+the fused fwd+bwd). The backward's dX and d top_k_weights are summed the same way; dW is one grouped kernel per
+weight with an fp32 accumulator per (expert, tile). DOT_FP32 upcasts tiles for fp32 inputs and for bf16 under the
+interpreter (no bf16 arithmetic there); on a GPU 16-bit tiles feed the tensor cores directly.
 """
 from __future__ import annotations
 
@@ -66,22 +36,15 @@ from ..dispatch import register
 from ..opspec import STAGES, WARPS, Case, Config, Impl, Op, knob, pow2
 from ._common import interpreter_on, triton_available
 
-__all__ = ["moe_experts", "moe_experts_ref", "moe_experts_grouped_mm", "MoEExpertsConfig", "Gemm", "OP"]
-
 
 # ================================================================================ reference
 def moe_experts_ref(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
                     top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-    """The HF eager experts loop computed in fp32; returns x.dtype. Also the ``torch`` impl.
-
-    >>> y = moe_experts_ref(x, gate_up_proj, down_proj, top_k_index, top_k_weights)  # (T, H)
-    """
-    T, H = x.shape
-    E = gate_up_proj.shape[0]
-    out = torch.zeros(T, H, dtype=torch.float32, device=x.device)
+    """The HF eager experts loop computed in fp32: (T, H) in x.dtype. Also the ``torch`` impl."""
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     xf = x.float()
     idx = top_k_index.long()
-    for e in range(E):
+    for e in range(gate_up_proj.shape[0]):
         tok, pos = torch.where(idx == e)
         if tok.numel() == 0:
             continue
@@ -99,24 +62,17 @@ def _grouped_mm_fn():
 
 def moe_experts_grouped_mm(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
                            top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-    """Sort slots by expert, two grouped GEMMs, weighted top-k sum (torch autograd backward).
-
-    Alignment rules of the grouped GEMM (CUTLASS on sm90): bf16 operands, int32 cumulative
-    end offsets per expert, 16-byte aligned rows (hidden and intermediate multiples of 8);
-    the weights are passed as column-major views ``W.transpose(-2, -1)`` (no copy).
-    """
+    """Sort slots by expert, two grouped GEMMs (CUTLASS on sm90: bf16, int32 end offsets per expert, 16-byte aligned
+    rows, column-major weight views), weighted top-k sum; torch autograd backward."""
     gmm = _grouped_mm_fn()
     if gmm is None:
         raise RuntimeError(f"this torch ({torch.__version__}) has neither torch.nn.functional.grouped_mm nor "
                            "torch._grouped_mm; use the triton or torch implementation of moe_experts")
     T, H = x.shape
     K = top_k_index.shape[1]
-    E = gate_up_proj.shape[0]
-    flat = top_k_index.reshape(-1)
-    sorted_e, perm = torch.sort(flat, stable=True)
-    offs = torch.searchsorted(sorted_e, torch.arange(E, device=x.device), right=True).to(torch.int32)
-    xs = x.index_select(0, perm // K)
-    gate, up = gmm(xs, gate_up_proj.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
+    sorted_e, perm = torch.sort(top_k_index.reshape(-1), stable=True)
+    offs = torch.searchsorted(sorted_e, torch.arange(gate_up_proj.shape[0], device=x.device), right=True).int()
+    gate, up = gmm(x.index_select(0, perm // K), gate_up_proj.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
     y = gmm(F.silu(gate) * up, down_proj.transpose(-2, -1), offs=offs)
     y = y * top_k_weights.reshape(-1).index_select(0, perm).to(y.dtype).unsqueeze(-1)
     inv = torch.empty_like(perm)
@@ -129,11 +85,8 @@ PROBE_FAILURES: dict[int, str] = {}  # device index -> why the last probe failed
 
 
 def _grouped_mm_probe(device_index: int) -> bool:
-    """Does a tiny bf16 grouped MM launch on this device? (the honest availability test).  Its copy of
-    the offsets to the device is a host sync, so the probe runs with torch's sync debug mode off.  A failure
-    is not kept (it is asked again at the next decision, its reason warned once and kept in PROBE_FAILURES):
-    on the H200 (2026-12-03) a probe made inside the bench failed once on an RNG state error and that failure,
-    then cached, hid grouped_mm from every later case."""
+    """Does a tiny bf16 grouped MM launch here? (sync debug mode off: its offsets copy syncs.) Failures are warned once
+    per reason, never cached: on the H200 (2026-12-03) a cached RNG-state failure hid grouped_mm from later cases."""
     if _PROBED.get(device_index):
         return True
     gmm = _grouped_mm_fn()
@@ -162,12 +115,8 @@ def _grouped_mm_probe(device_index: int) -> bool:
 
 
 def _grouped_mm_available(target) -> bool:
-    """CUDA/ROCm only (never CPU, never the interpreter), and only where the op exists and runs.
-
-    With a GPU present a tiny launch decides (once per device). For planning without one
-    (``liger-tune explain --arch``), or while a CUDA graph is being captured, the rules of the
-    op: torch._grouped_mm of torch <= 2.8 is sm90-only; torch >= 2.9 supports sm80+ (NVIDIA) and
-    gfx942/gfx950 (ROCm)."""
+    """CUDA/ROCm where the op runs: a probe with the GPU present; planning or capturing a CUDA graph, the op's rules
+    (torch <= 2.8 sm90 only; torch >= 2.9 sm80+ and gfx942/gfx950)."""
     if target.device_type != "cuda" or _grouped_mm_fn() is None:
         return False
     arch = target.arch
@@ -177,9 +126,7 @@ def _grouped_mm_available(target) -> bool:
     if arch.vendor == "nvidia":
         sm = int(arch.capability[2:]) if arch.capability[2:].isdigit() else 0
         return sm // 10 == 9 or (torch_2_9 and sm >= 80)
-    if arch.vendor == "amd":
-        return torch_2_9 and arch.capability in ("gfx942", "gfx950")
-    return False
+    return arch.vendor == "amd" and torch_2_9 and arch.capability in ("gfx942", "gfx950")
 
 
 def _supports_grouped_mm(dims: dict, dtype: torch.dtype) -> str | None:
@@ -205,14 +152,11 @@ def _tile_swizzle(pid, n_tiles_m, n_tiles_n, GROUP_M: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n_tiles_m"])
 def _moe_up_fwd_kernel(
-    perm_ptr, tile_ptr, bounds_ptr, n_tiles_m, x_ptr, w_ptr, gu_ptr, h_ptr, H, I, TOP_K,
-    STORE_GU: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    W_DESC: tl.constexpr = False,
-):
-    """h[r, n] = silu(x[tok_r] . Wg[e, n]) * (x[tok_r] . Wu[e, n]) over the rows r of one expert tile.
-    W_DESC: the expert's gate|up rows through a tensor descriptor (TMA on Hopper; past H zero-filled,
-    gate rows past I read up rows that the store masks); the token rows stay gathered."""
+    perm_ptr, tile_ptr, bounds_ptr, n_tiles_m, x_ptr, w_ptr, gu_ptr, h_ptr, H, I, TOP_K, STORE_GU: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, W_DESC: tl.constexpr = False):
+    """h[r, n] = silu(x[tok_r] . Wg[e, n]) * (x[tok_r] . Wu[e, n]) over the rows r of one expert tile. W_DESC: gate|up
+    rows through a tensor descriptor (TMA; zero-filled past H, gate rows past I read up rows the store masks)."""
     pid = tl.program_id(0)
     n_tiles_n = tl.cdiv(I, BLOCK_N)
     pid_m, pid_n = _tile_swizzle(pid, n_tiles_m, n_tiles_n, GROUP_M)
@@ -275,15 +219,10 @@ def _moe_down_kernel(
     perm_ptr, tile_ptr, bounds_ptr, n_tiles_m, a_ptr, w_ptr, out_ptr, scale_ptr, N, KD, stride_we, stride_wk, stride_wn,
     HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    DESC: tl.constexpr = False, W_T: tl.constexpr = False, OUT_SORTED: tl.constexpr = False,
-):
-    """out[slot_r, n] = (scale[slot_r] *) sum_k a[r, k] * W[e, k, n]; a in sorted order, out in slot order
-    (OUT_SORTED: out[r, n], sorted order too).
-
-    Forward: a = h (S, I), W[e, k, n] = down[e, n, k]. Backward dX: a = dgu (S, 2I), W = gate_up[e].
-    Split up backward (up_bwd_split): a = dy in sorted order (S, H), W = down[e], out = g (S, I), sorted.
-    DESC: both operands through tensor descriptors (TMA on Hopper): a's rows up to the expert's end and
-    W[e] (stored n-major where W_T, the forward's down[e]), zero-filled past their bounds."""
+    DESC: tl.constexpr = False, W_T: tl.constexpr = False, OUT_SORTED: tl.constexpr = False):
+    """out[slot_r, n] = (scale[slot_r] *) sum_k a[r, k] * W[e, k, n], a sorted, out in slot (or sorted) order. Forward:
+    a = h, W[e] = down[e]^T; dX: a = dgu, W = gate_up[e]; up_bwd_split: a = sorted dy, W = down[e], out = g sorted.
+    DESC: both operands through tensor descriptors (TMA), zero-filled past their bounds (W[e] n-major where W_T)."""
     pid = tl.program_id(0)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = _tile_swizzle(pid, n_tiles_m, n_tiles_n, GROUP_M)
@@ -342,19 +281,12 @@ def _moe_down_kernel(
 
 @triton.jit(do_not_specialize=["n_tiles_m"])
 def _moe_up_bwd_kernel(
-    perm_ptr, tile_ptr, bounds_ptr, n_tiles_m, dy_ptr, w_ptr, gu_ptr, h_ptr, scale_ptr, dgu_ptr, dwp_ptr, hw_ptr,
-    H, I, TOP_K,
-    NEED_DW: tl.constexpr, STORE_HW: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
-    PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    W_DESC: tl.constexpr = False,
-):
-    """g = dy[tok_r] @ down[e] (fp32); dw partial <g, h>; dgate/dup through SwiGLU of w * g.
-    W_DESC: down[e] through a tensor descriptor, as in _moe_up_fwd_kernel.
-
-    STORE_HW also writes hw = w * h (the scaled A^T of dW_down) while the h tile is in registers,
-    so the dW_down GEMM streams both operands straight into shared memory (a scale applied in its
-    loads would route them through registers) at the cost of one (S, I) write."""
+    perm_ptr, tile_ptr, bounds_ptr, n_tiles_m, dy_ptr, w_ptr, gu_ptr, h_ptr, scale_ptr, dgu_ptr, dwp_ptr, hw_ptr, H, I,
+    TOP_K, NEED_DW: tl.constexpr, STORE_HW: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    W_DESC: tl.constexpr = False):
+    """g = dy[tok_r] @ down[e] in fp32; dw partials <g, h>; dgate|dup through SwiGLU of w * g. STORE_HW writes hw =
+    w * h from registers, so the dW_down GEMM streams both operands straight into shared memory (no scaled loads)."""
     pid = tl.program_id(0)
     n_tiles_n = tl.cdiv(I, BLOCK_N)
     pid_m, pid_n = _tile_swizzle(pid, n_tiles_m, n_tiles_n, GROUP_M)
@@ -417,12 +349,9 @@ def _moe_up_bwd_kernel(
 
 @triton.jit
 def _moe_swiglu_bwd_kernel(g_ptr, perm_ptr, gu_ptr, h_ptr, scale_ptr, dgu_ptr, dw_ptr, hw_ptr, S, I,
-                           NEED_DW: tl.constexpr, STORE_HW: tl.constexpr,
-                           BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
-    """_moe_up_bwd_kernel's epilogue on its own (up_bwd_split), over BLOCK_R sorted rows: g (S, I), the
-    GEMM's dy[tok_r] @ down[e], gives dw[slot_r] = <g, h>, hw = w * h and dgate|dup. hw may be g's
-    buffer (each tile is read before it is written, by the same program). g arrives rounded to the
-    inputs' dtype (as torch's own dy @ down would be); the fused kernel keeps it in fp32."""
+                           NEED_DW: tl.constexpr, STORE_HW: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
+    """_moe_up_bwd_kernel's epilogue alone (up_bwd_split) over BLOCK_R sorted rows of g = dy[tok_r] @ down[e]
+    (rounded to the inputs' dtype, as torch's dy @ down would be). hw may be g's buffer (read before written)."""
     o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     m_r = o_r < S
     slot = tl.load(perm_ptr + o_r, mask=m_r, other=0)
@@ -453,15 +382,11 @@ def _moe_swiglu_bwd_kernel(g_ptr, perm_ptr, gu_ptr, h_ptr, scale_ptr, dgu_ptr, d
 
 @triton.jit
 def _moe_wgrad_kernel(
-    a_ptr, b_ptr, out_ptr, perm_ptr, bounds_ptr,
-    M, N, lda, ldb, TOP_K,
-    A_GATHER: tl.constexpr, B_GATHER: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-):
-    """out[e, m, n] = sum over the rows r of expert e of A[r, m] * B[r, n] (fp32 accumulator).
-
-    A row r is a[tok_r] when A_GATHER else a[r] (sorted order), likewise B.
-    dW_gate_up: A = dgu, B = x gathered; dW_down: A = dy gathered, B = hw = w * h."""
+    a_ptr, b_ptr, out_ptr, perm_ptr, bounds_ptr, M, N, lda, ldb, TOP_K, A_GATHER: tl.constexpr, B_GATHER: tl.constexpr,
+    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """out[e, m, n] = sum over the rows r of expert e of A[r, m] * B[r, n] (fp32 accumulator); row r of A is
+    a[tok_r] when A_GATHER else a[r] (sorted), likewise B. dW_gate_up: A = dgu, B = x; dW_down: A = dy, B = hw."""
     pid = tl.program_id(0)
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
@@ -501,11 +426,8 @@ def _moe_wgrad_kernel(
 @triton.jit
 def _moe_wgrad_desc_kernel(
     a_ptr, b_ptr, out_ptr, bounds_ptr, M, N, lda, ldb, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-):
-    """_moe_wgrad_kernel on sorted operands through tensor descriptors (TMA on Hopper): one
-    descriptor per expert over its rows, so the ragged end of an expert's K loop is the
-    descriptor's bound (zero-filled) and no mask or index load sits in the loop."""
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """_moe_wgrad_kernel on sorted operands, one TMA descriptor per expert: its bound ends the ragged K loop."""
     pid = tl.program_id(0)
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
@@ -533,10 +455,9 @@ def _moe_wgrad_desc_kernel(
 
 
 @triton.jit(do_not_specialize=["n_tiles"])
-def _moe_tiles_kernel(bounds_ptr, meta_ptr, n_tiles, E,
-                      BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Tile schedule of a grouped GEMM in one launch: for tile t, the expert owning it (-1 past
-    the last tile) and its first sorted row. Expert e owns tiles [tile_start[e], tile_end[e])."""
+def _moe_tiles_kernel(bounds_ptr, meta_ptr, n_tiles, E, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr,
+                      BLOCK_T: tl.constexpr):
+    """Tile schedule: for tile t the expert owning it (-1 past the last tile) and its first sorted row."""
     o_e = tl.arange(0, E_PAD)
     m_e = o_e < E
     start = tl.load(bounds_ptr + o_e, mask=m_e, other=0)
@@ -553,17 +474,14 @@ def _moe_tiles_kernel(bounds_ptr, meta_ptr, n_tiles, E,
     tl.store(meta_ptr + n_tiles + t, row, mask=m_t)
 
 
-
 # ================================================================================ launchers
 def _n_tiles(S, E, block_m: int):
-    """BLOCK_M tiles a routed GEMM launches: sum_e ceil(c_e / BM) <= (S + E * (BM - 1)) // BM, a
-    bound known without a sync (also on the symbolic sizes of a fake run)."""
+    """Tiles a routed GEMM launches: sum_e ceil(c_e / BM) <= (S + E * (BM - 1)) // BM, known without a sync."""
     return torch.sym_max(1, torch.sym_min(S, (S + E * (block_m - 1)) // block_m))
 
 
 class _Routing:
-    """Slots sorted by expert: perm (sorted row -> slot, int32), bounds (E+1 row offsets, int32),
-    top_k, and the tile schedule of each BLOCK_M, built on first use."""
+    """Slots sorted by expert: perm (sorted row -> slot), bounds (E+1 row offsets), top_k, tiles per BLOCK_M (lazy)."""
 
     def __init__(self, perm: torch.Tensor, bounds: torch.Tensor, top_k: int, tiles: dict | None = None):
         self.perm, self.bounds, self.K = perm, bounds, top_k
@@ -608,17 +526,14 @@ def _gemm_opts(c: Gemm, a: torch.Tensor) -> dict:
 
 
 def _launch(kernel, route: _Routing, c: Gemm, n_cols: int, a: torch.Tensor, *args, **flags) -> None:
-    """A routed GEMM (up, down/dX and the split's dy @ down, up_bwd) over the sorted rows: route's BLOCK_M tiles times
-    ceil(n_cols / BLOCK_N) column tiles; `a` is the A operand, its columns the reduction."""
+    """A routed GEMM over route's BLOCK_M row tiles and n_cols columns; `a` is the A operand (its columns reduced)."""
     meta, n_m = route.tiles(c.BLOCK_M)
     kernel[(n_m * triton.cdiv(n_cols, c.BLOCK_N),)](
-        route.perm, meta, route.bounds, n_m, a, *args, EVEN_K=a.shape[1] % c.BLOCK_K == 0, **flags,
-        **_gemm_opts(c, a))
+        route.perm, meta, route.bounds, n_m, a, *args, EVEN_K=a.shape[1] % c.BLOCK_K == 0, **flags, **_gemm_opts(c, a))
 
 
 def _descriptors_ok(*ts: torch.Tensor) -> bool:
-    """Tensor descriptors (TMA): a Triton that has them, CUDA sm90+, row strides of 16-byte multiples
-    (an expert's first row can start anywhere). The interpreter emulates them (CPU tests)."""
+    """Tensor descriptors (TMA): a Triton with them, CUDA sm90+ or the interpreter, 16-byte aligned rows (any row)."""
     if not (hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")):
         return False
     if not all(t.stride(1) == 1 and t.stride(0) * t.element_size() % 16 == 0 and t.data_ptr() % 16 == 0 for t in ts):
@@ -628,9 +543,7 @@ def _descriptors_ok(*ts: torch.Tensor) -> bool:
 
 
 def _tma(on, *ts: torch.Tensor) -> bool:
-    """Whether a launch reads these operands (expert weights seen as their rows) through tensor descriptors:
-    the config asks (`on`) and _descriptors_ok; then Triton's allocator gives the device-side descriptors
-    their global scratch.  Nothing is built when `on` is false (the hot path of the default configs)."""
+    """Read these operands through tensor descriptors? (`on` and _descriptors_ok; sets Triton's scratch allocator)"""
     if not (on and _descriptors_ok(*[t.view(-1, t.shape[-1]) for t in ts])):
         return False
     triton.set_allocator(lambda size, alignment, stream, d=ts[0].device: torch.empty(size, device=d, dtype=torch.int8))
@@ -638,8 +551,7 @@ def _tma(on, *ts: torch.Tensor) -> bool:
 
 
 def _wgrad(a, b, out, route: _Routing, c: Gemm, *, a_gather: bool, b_gather: bool, desc: bool = False) -> None:
-    """out (E, M, N) <- per expert sum over its rows of A[r]^T B[r] (A, B gathered by token or sorted;
-    `desc`: sorted both, through tensor descriptors where _descriptors_ok)."""
+    """out (E, M, N) <- per expert sum over its rows of A[r]^T B[r]; `desc`: both sorted, through descriptors."""
     E, M, N = out.shape
     if _tma(desc and not (a_gather or b_gather), a, b):
         _moe_wgrad_desc_kernel[(E * triton.cdiv(M, c.BLOCK_M) * triton.cdiv(N, c.BLOCK_N),)](
@@ -657,8 +569,7 @@ def _sum_k(slots: torch.Tensor, T: int, K: int) -> torch.Tensor:
 
 
 def _forward(config, x, gate_up_proj, down_proj, top_k_index, top_k_weights, save):
-    """x (T, H) -> y (T, H); saved: gate|up (S, 2I) (empty unless `save`), h (S, I), perm, bounds,
-    the down GEMM's tile schedule."""
+    """x (T, H) -> y (T, H); saved: gate|up (S, 2I) (empty unless `save`), h (S, I), perm, bounds, down tiles."""
     x, gate_up_proj, down_proj = x.contiguous(), gate_up_proj.contiguous(), down_proj.contiguous()
     T, H = x.shape
     I = down_proj.shape[2]
@@ -689,13 +600,11 @@ def _backward(config, args, saved, needs, dy):
     S, K = route.S, route.K
     split = config.up_bwd_split
     dgu = x.new_empty(S, 2 * I)
-    dwp = x.new_empty(S, 1 if split else triton.cdiv(I, config.up_bwd.BLOCK_N), dtype=torch.float32) \
-        if need_dw else dgu
+    dwp = x.new_empty(S, 1 if split else triton.cdiv(I, config.up_bwd.BLOCK_N), dtype=torch.float32) if need_dw else dgu
     hw = x.new_empty(S, I) if need_ddown else dgu
     scale = top_k_weights.contiguous().view(-1)
-    # wgrad_sorted / up_bwd_split: the token-ordered operands (x, dy) gathered into sorted order first (one
-    # copy of S x H each), so the GEMMs that read them load plain strided tiles (through tensor descriptors
-    # where asked) instead of rows whose addresses come from a load in the same iteration
+    # wgrad_sorted / up_bwd_split: x and dy copied into sorted order first (S x H each), so the GEMMs reading them
+    # load plain strided tiles (or descriptors) instead of rows whose addresses come from a load in the same iteration
     tok = route.perm.long() // K if split or (config.wgrad_sorted and (need_dgu or need_ddown)) else None
     dy_s = dy.index_select(0, tok) if split or (tok is not None and need_ddown) else None
     if split:   # g = dy @ down[e] through the down/dX launch (sorted rows in and out), then the SwiGLU backward
@@ -710,9 +619,8 @@ def _backward(config, args, saved, needs, dy):
     else:
         _launch(_moe_up_bwd_kernel, route, config.up_bwd, I, dy, down_proj, gu, h, scale, dgu, dwp, hw, H, I, K,
                 NEED_DW=need_dw, STORE_HW=need_ddown, W_DESC=_tma(config.up_desc, down_proj))
-    # the buffers go as soon as their last reader has run (the first MoE layer's backward runs beside nearly
-    # every activation of the step, so its transients add to the step's peak): the dW_down GEMM first, which
-    # frees hw and the sorted dy; then dX (its slot rows summed and freed); then dW_gate_up
+    # buffers go once their last reader has run (the first MoE layer's backward runs beside nearly every activation,
+    # so its transients add to the step's peak): dW_down first (frees hw, sorted dy), then dX, then dW_gate_up
     dx = dgate_up = ddown = dw = None
     if need_dw:
         dw = dwp.sum(1).view(T, K).to(top_k_weights.dtype)
@@ -722,8 +630,7 @@ def _backward(config, args, saved, needs, dy):
         if not config.wgrad_sorted:
             _wgrad(dy, hw, ddown, route, config.wgrad, a_gather=True, b_gather=False)
         else:
-            _wgrad(dy_s, hw, ddown, route, config.wgrad, a_gather=False, b_gather=False,
-                   desc=config.wgrad_sorted == 2)
+            _wgrad(dy_s, hw, ddown, route, config.wgrad, a_gather=False, b_gather=False, desc=config.wgrad_sorted == 2)
     del hw, dy_s
     if need_dx:
         dx_slot = x.new_empty(S, H)
@@ -743,27 +650,22 @@ def _backward(config, args, saved, needs, dy):
 
 
 def _fake(config, x, gate_up_proj, down_proj, top_k_index, top_k_weights, save):
-    T, H = x.shape
     E, I2, _ = gate_up_proj.shape
     S = top_k_index.numel()
     i32 = torch.int32
-    return ((x.new_empty(T, H),),
+    return ((x.new_empty(x.shape),),
             (x.new_empty(S, I2) if save else x.new_empty(0), x.new_empty(S, I2 // 2), x.new_empty(S, dtype=i32),
              x.new_empty(E + 1, dtype=i32), x.new_empty(2, _n_tiles(S, E, config.down.BLOCK_M), dtype=i32)))
 
 
 # ================================================================================ functional
 def _dims(x, gate_up_proj, down_proj, top_k_index, top_k_weights, save=False) -> dict:
-    if x.dim() < 1 or gate_up_proj.dim() != 3 or down_proj.dim() != 3:
-        raise ValueError("moe_experts takes x (tokens, hidden), gate_up_proj (experts, 2*intermediate, hidden), "
-                         f"down_proj (experts, hidden, intermediate); got {tuple(x.shape)}, "
-                         f"{tuple(gate_up_proj.shape)}, {tuple(down_proj.shape)}")
-    H = x.shape[-1]
-    E, I2, H2 = gate_up_proj.shape
-    if H2 != H or I2 % 2 or tuple(down_proj.shape) != (E, H, I2 // 2):
-        raise ValueError(f"moe_experts: inconsistent shapes x {tuple(x.shape)}, gate_up_proj "
-                         f"{tuple(gate_up_proj.shape)}, down_proj {tuple(down_proj.shape)}; expected gate_up_proj "
-                         f"(E, 2*I, {H}) and down_proj (E, {H}, I) (the transformers v5 experts layout)")
+    H = x.shape[-1] if x.dim() else -1
+    E, I2, H2 = gate_up_proj.shape if gate_up_proj.dim() == 3 else (-1, -1, -1)
+    if H < 0 or E < 0 or H2 != H or I2 % 2 or tuple(down_proj.shape) != (E, H, I2 // 2):
+        raise ValueError(f"moe_experts takes x (tokens, hidden), gate_up_proj (experts, 2*intermediate, hidden) and "
+                         f"down_proj (experts, hidden, intermediate) (the transformers v5 experts layout); got "
+                         f"{tuple(x.shape)}, {tuple(gate_up_proj.shape)}, {tuple(down_proj.shape)}")
     if top_k_index.shape != top_k_weights.shape or top_k_index.shape[:-1] != x.shape[:-1]:
         raise ValueError(f"moe_experts: top_k_index {tuple(top_k_index.shape)} and top_k_weights "
                          f"{tuple(top_k_weights.shape)} must both be (tokens, k) for x {tuple(x.shape)}")
@@ -778,12 +680,9 @@ def _dims(x, gate_up_proj, down_proj, top_k_index, top_k_weights, save=False) ->
 
 def moe_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
                 top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-    """Routed SwiGLU experts, dispatched (triton / grouped_mm / torch) by arch, dtype and shape.
+    """Routed SwiGLU experts (shapes in the module docstring, leading dims of x any), dispatched by arch, dtype, shape.
 
-    x (..., hidden); gate_up_proj (E, 2*I, hidden), gate first; down_proj (E, hidden, I);
-    top_k_index, top_k_weights (..., k). Returns (..., hidden) in x.dtype.
-
-    >>> y = liger_rt.ops.moe_experts(x, experts.gate_up_proj, experts.down_proj, idx, w)
+    >>> y = liger_rt.ops.moe_experts(x, experts.gate_up_proj, experts.down_proj, idx, w)   # x.shape, x.dtype
     """
     # the fused forward stores gate|up for the backward only when one can follow
     save = torch.is_grad_enabled() and any(t.requires_grad for t in (x, gate_up_proj, down_proj, top_k_weights))
@@ -798,8 +697,7 @@ def moe_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Te
 # ================================================================================ configs
 @dataclasses.dataclass(frozen=True)
 class Gemm(Config):
-    """The launch of one GEMM family: a BLOCK_M x BLOCK_N output tile, BLOCK_K per reduction step,
-    GROUP_M row tiles walking the column tiles together (L2 reuse)."""
+    """One GEMM family's launch: BLOCK_M x BLOCK_N tiles, BLOCK_K per step, GROUP_M row tiles per column walk."""
     BLOCK_M: int = knob(64, pow2(16, 256))
     BLOCK_N: int = knob(64, pow2(16, 256))
     BLOCK_K: int = knob(32, pow2(16, 256))
@@ -810,21 +708,18 @@ class Gemm(Config):
 
 @dataclasses.dataclass(frozen=True)
 class MoEExpertsConfig(Config):
-    """One launch per GEMM family. ``up``: the gathered up GEMM with the SwiGLU epilogue (two
-    accumulators of BLOCK_N columns each); ``up_bwd``: dy @ down[e] with the SwiGLU-backward
-    epilogue (it loads three more tiles there, so it gets narrower tiles than ``up``: ptxas spills
-    at 128x128 with 8 warps); ``down``: the down GEMM (fwd) and the dX GEMM (bwd), both scattering
-    to slot rows, and with up_bwd_split the up backward's dy @ down (sorted rows); ``wgrad``: both weight-gradient GEMMs (BLOCK_K runs over an expert's rows)."""
+    """One launch per GEMM family: ``up`` (SwiGLU epilogue, two accumulators), ``up_bwd`` (dy @ down[e] with the
+    SwiGLU backward: three more tiles loaded, so narrower tiles; ptxas spills at 128x128 with 8 warps), ``down``
+    (down, dX and up_bwd_split's dy @ down GEMMs), ``wgrad`` (both weight gradients; BLOCK_K over an expert's rows)."""
     up: Gemm
     up_bwd: Gemm
     down: Gemm
     wgrad: Gemm
-    # the weight gradients read 0: gathered rows, 1: sorted copies, 2: sorted copies through tensor
-    # descriptors (TMA; 1 where they cannot run) (see _backward)
+    # the weight gradients read 0: gathered rows, 1: sorted copies, 2: sorted copies through TMA (1 where it cannot run)
     wgrad_sorted: int = knob(1, (0, 1, 2))
-    # through tensor descriptors (TMA; pointers where they cannot run): the up GEMMs' expert weights
-    # (forward, and dy @ down), and both operands of the down and dX GEMMs. H200 (session 15, T16384, fused up
-    # backward): neither helped alone (E32 435.9-438.3 TFLOP/s on against 446.1 off); down_desc helps the split below.
+    # through tensor descriptors (TMA; pointers where they cannot run): the up GEMMs' expert weights (forward, and
+    # dy @ down), and both operands of the down and dX GEMMs. H200 (session 15, T16384, fused up backward): neither
+    # helped alone (E32 435.9-438.3 TFLOP/s on against 446.1 off); down_desc helps the split below.
     up_desc: int = knob(0, (0, 1))
     down_desc: int = knob(0, (0, 1))
     # 1: the up backward split in two: dy @ down[e] as a plain GEMM through the down/dX launch (its tiles,
@@ -835,13 +730,10 @@ class MoEExpertsConfig(Config):
 
 
 _C, _g = MoEExpertsConfig, Gemm     # _C(up, up_bwd, down, wgrad), _g(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
-# Hopper (sm90, 227 KiB smem), bf16/fp16. Registers and smem checked by compiling every kernel
-# for sm90 with ptxas (Triton 3.9, no GPU): the up tiles 128x(2x128)/8 warps use 255 registers
-# (16 B spill), 128x(2x64)/8 warps 128; up_bwd 128x64/8 warps 105 (128x128 spills 96 B);
-# down 128x256/8 warps 216. BLOCK_M 64 variants serve few rows per expert (a 128-row tile is
-# mostly padding below 128 routed rows per expert). On the first H200 run the heuristic picks
-# ([5] at T512, [0] at T4096) beat both peers; `liger-tune sweep --arch hopper` (or
-# `bench_moe_experts.py --tune`) times every candidate and persists the fastest per shape.
+# Hopper (sm90, 227 KiB smem), bf16/fp16. Registers and smem checked by compiling every kernel for sm90 with ptxas
+# (Triton 3.9, no GPU): the up tiles 128x(2x128)/8 warps use 255 registers (16 B spill), 128x(2x64)/8 warps 128;
+# up_bwd 128x64/8 warps 105 (128x128 spills 96 B); down 128x256/8 warps 216. BLOCK_M 64 variants serve few rows per
+# expert. On the first H200 run the heuristic picks ([5] at T512, [0] at T4096) beat both peers.
 _HOPPER = [
     _C(_g(128, 128, 64, 8, 3), _g(128, 64, 64, 8, 4), _g(128, 256, 64, 8, 3), _g(128, 256, 64, 8, 3)),
     _C(_g(128, 128, 64, 8, 3), _g(128, 64, 64, 8, 4), _g(128, 128, 64, 8, 4), _g(128, 128, 64, 8, 4)),
@@ -851,8 +743,8 @@ _HOPPER = [
     _C(_g(64, 128, 64, 4, 4), _g(64, 64, 64, 4, 4), _g(64, 256, 64, 4, 4), _g(128, 128, 64, 8, 4)),
     _C(_g(64, 64, 64, 4, 4), _g(64, 64, 64, 4, 4), _g(64, 128, 64, 4, 4), _g(128, 128, 32, 4, 4)),
     _C(_g(64, 128, 64, 4, 3), _g(64, 64, 64, 4, 4), _g(64, 128, 64, 4, 4), _g(128, 256, 64, 8, 3)),
-    # few rows per expert: 64-row up tiles with an 8-warp 64x256 down/dX GEMM and the wide wgrad
-    # tile that won at T4096 (smem: up 160 KiB, down 120 KiB, wgrad 144 KiB)
+    # few rows per expert: 64-row up tiles, an 8-warp 64x256 down/dX GEMM, the wgrad tile that won at T4096 (smem:
+    # up 160 KiB, down 120 KiB, wgrad 144 KiB)
     _C(_g(64, 128, 64, 4, 4), _g(64, 64, 64, 4, 4), _g(64, 256, 64, 8, 3), _g(128, 256, 64, 8, 3)),
     # many rows per expert: 4-stage up/down/wgrad, up_bwd with BLOCK_K 128 (half the K loop
     # iterations for its narrower tile; smem: up/down/wgrad 192 KiB, up_bwd 144 KiB)
@@ -885,12 +777,9 @@ _MINIMAL = _C(_g(32, 32, 32, 4, 1), _g(32, 32, 32, 4, 1), _g(32, 32, 32, 4, 1), 
 
 
 def _smem(config: MoEExpertsConfig, dims: dict, dtype: torch.dtype) -> int:
-    """Shared memory / LDS bytes of the hungriest GEMM: num_stages buffers of its A and B tiles
-    (the up GEMM loads two B tiles: gate and up)."""
-    def need(c: Gemm, b_tiles: int) -> int:
-        return c.num_stages * (c.BLOCK_M * c.BLOCK_K + b_tiles * c.BLOCK_K * c.BLOCK_N) * dtype.itemsize
-
-    return max(need(config.up, 2), need(config.up_bwd, 1), need(config.down, 1), need(config.wgrad, 1))
+    """Shared memory / LDS bytes of the hungriest GEMM: num_stages buffers of A and B tiles (two B tiles in up)."""
+    return max(c.num_stages * (c.BLOCK_M * c.BLOCK_K + b_tiles * c.BLOCK_K * c.BLOCK_N) * dtype.itemsize
+               for c, b_tiles in ((config.up, 2), (config.up_bwd, 1), (config.down, 1), (config.wgrad, 1)))
 
 
 def _fits(cfg: MoEExpertsConfig, arch: backend.Arch, dims: dict, dtype: torch.dtype) -> bool:
@@ -906,9 +795,8 @@ def _configs(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> list[MoEExpe
         return _HIP + [c.replace(wgrad_sorted=0) for c in _HIP[:2]]
     if dtype == torch.float32:
         return _NVIDIA_FP32
-    # the weight-gradient operand variants (gathered rows, sorted copies through TMA) beside the
-    # default sorted copies, on the first tiles of the list (the variant is independent of the tiles)
-    # and the up and down/dX GEMMs through tensor descriptors, both or one, on the TMA weight gradients
+    # on the first tiles (the variants are independent of the tiles): the weight-gradient operand variants, the up
+    # and down/dX GEMMs through tensor descriptors (both or one, with TMA weight gradients)
     desc = [c.replace(wgrad_sorted=2, up_desc=u, down_desc=d) for u, d, tiles in ((1, 1, 4), (0, 1, 2), (1, 0, 2))
             for c in _HOPPER[:tiles]]
     # and the split up backward (its GEMM on the down tiles), with pointer or descriptor loads there
@@ -925,11 +813,8 @@ def _rows_per_expert(dims: dict) -> float:
 
 
 def _heuristic(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> MoEExpertsConfig:
-    """Default config with nothing measured: BLOCK_M 64 tiles below 128 routed rows per expert
-    (a 128-row tile would be over half padding), 128-row tiles above."""
-    if arch.name == "cpu":
-        return _CPU[0]
-    if arch.is_hip:
+    """Default config: BLOCK_M 64 below 128 routed rows per expert (a 128-row tile would be over half padding)."""
+    if arch.name == "cpu" or arch.is_hip:
         return _pinned(arch, dims, dtype)
     if dtype == torch.float32:
         return _first_fit(_NVIDIA_FP32, arch, dims, dtype)
@@ -941,16 +826,14 @@ def _heuristic(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> MoEExperts
     if dtype != torch.bfloat16:
         return cfg
     # and on Hopper from 1024 rows per expert the split up backward with TMA down/dX operands. H200, session 15,
-    # benchmarks/profile_moe_wgrad.py at T16384, fwd+bwd medians of 3: 8.82 against 9.61 ms (E32), 8.20
-    # against 8.97 (E64); sweeps chose it at T8192 and T16384. Measured at H 2048 only; not below 1024 rows
-    # per expert, and not on other NVIDIA parts
+    # benchmarks/profile_moe_wgrad.py at T16384, fwd+bwd medians of 3: 8.82 against 9.61 ms (E32), 8.20 against
+    # 8.97 (E64); sweeps chose it at T8192 and T16384. Measured at H 2048 only; not below 1024 rows per expert
     big = arch.name == "hopper" and _rows_per_expert(dims) >= 1024
     return cfg.replace(wgrad_sorted=2, up_bwd_split=int(big), down_desc=int(big))
 
 
 def _pinned(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> MoEExpertsConfig:
-    """LIGER_FUSED_MOE_AUTOTUNE=0: HIP-safe on AMD (stages <= 2, warps <= 8, <= 64 KiB LDS),
-    the fixed CUDA config otherwise; shrunk to the arch's limits if they are tighter."""
+    """LIGER_FUSED_MOE_AUTOTUNE=0: HIP-safe on AMD, the fixed CUDA config otherwise; shrunk to the arch's limits."""
     if arch.name == "cpu":
         return _CPU[0]
     if arch.is_hip:
@@ -971,30 +854,23 @@ def _supports_triton(dims: dict, dtype: torch.dtype) -> str | None:
 #   E32 T4096         4.151         3.933          3.512           3.455
 #   E64 T512          2.123         1.823          1.620           1.439
 #   E64 T4096         4.201         4.125          3.621           3.653
-# The fused Triton path was fastest or within 1% of grouped MM at every point measured, from 32
-# to 512 routed rows per expert (the Liger 0.8.5 anchor that once suggested grouped MM below
-# 128 rows per expert does not carry over to this kernel). So: triton everywhere on Hopper;
-# a measured crossover row (`bench_moe_experts.py --emit-crossover`, `liger-tune`) overrides it.
-# MI325X (Liger-Kernel PR #1317, bf16 fwd+bwd): the fused path wins below ~256 routed rows per expert,
-# grouped MM above. The same numbers ship as published crossover rows in defaults/mi325x.jsonl.
+# The fused Triton path was fastest or within 1% of grouped MM at every point measured, from 32 to 512 routed rows per
+# expert (the Liger 0.8.5 anchor that once suggested grouped MM below 128 rows per expert does not carry over to this
+# kernel). So: triton everywhere on Hopper; a measured crossover row (`bench_moe_experts.py --emit-crossover`,
+# `liger-tune`) overrides it. MI325X (Liger-Kernel PR #1317, bf16 fwd+bwd): the fused path wins below ~256 routed rows
+# per expert, grouped MM above. The same numbers ship as published crossover rows in defaults/mi325x.jsonl.
 HIP_GROUPED_MM_FROM = 256.0
 
 
 def _heuristic_impl(target, dims: dict, dtype: torch.dtype, avail: list[str]) -> str:
-    rows = _rows_per_expert(dims)
-    arch = target.arch
-    if "grouped_mm" in avail:
-        if arch.is_hip and rows >= HIP_GROUPED_MM_FROM:
-            return "grouped_mm"
-    if "triton" in avail:
-        return "triton"
-    return "grouped_mm" if "grouped_mm" in avail else "torch"
+    if "grouped_mm" in avail and target.arch.is_hip and _rows_per_expert(dims) >= HIP_GROUPED_MM_FROM:
+        return "grouped_mm"
+    return next((impl for impl in ("triton", "grouped_mm") if impl in avail), "torch")
 
 
 # ================================================================================ the op
 def _routing(T: int, E: int, K: int, tag: str, g: torch.Generator, device) -> torch.Tensor:
-    """(T, K) distinct expert ids: ``uniform`` random, or ``skewed`` (Zipf-like: a few hot
-    experts, a quarter of the experts empty)."""
+    """(T, K) distinct expert ids: ``uniform`` random, or ``skewed`` (Zipf-like, a quarter of the experts empty)."""
     if tag == "uniform":
         return torch.rand(T, E, generator=g, device=device).topk(K, dim=-1).indices
     if tag != "skewed":
@@ -1019,43 +895,34 @@ def _make_case(dims: dict, dtype: torch.dtype, device: str, tag: str = "uniform"
     idx = _routing(T, E, K, tag, g, device)
     w = torch.rand(T, K, generator=g, device=device) + 0.1
     w = (w / w.sum(-1, keepdim=True)).to(dtype).requires_grad_()
-    # dy ~ N(0, 1/16): the gradients then have the outputs' magnitudes (O(0.1-1)); with unit dy
-    # the dW and d-weights sums (thousands of O(1) terms) make the absolute part of the bf16
-    # tolerance meaningless and every bf16 implementation fails it at a few extreme elements
+    # dy ~ N(0, 1/16) gives gradients the outputs' magnitudes; with unit dy the dW and d-weights sums (thousands of
+    # O(1) terms) make the bf16 atol meaningless and every bf16 implementation fails it at a few extreme elements
     dy = (torch.randn(T, H, generator=g, device=device) * 0.25).to(dtype)
     return Case(args=(x, gate_up, down, idx, w, True), grads=(dy,))
 
 
-_CPU_TINY = [  # (experts, top_k, hidden, intermediate), tokens
-    ((4, 2, 32, 32), (16, 64)),
-    ((8, 2, 64, 32), (16, 64)),
-]
-
-
 def _plan(preset, arch: backend.Arch, quick: bool) -> list[dict]:
-    """Sweep grid: T in {512, 2048, 4096, 16384} ({512, 4096} quick) at the preset's experts
-    (E32 K4 H2048 I1792, LFM2-8B-A1B, without a preset); tiny shapes on the cpu arch."""
-    names = ("experts", "top_k", "hidden", "intermediate")
+    """Sweep grid: T 512..16384 at the preset's experts (E32 K4 H2048 I1792 without one); tiny shapes on cpu."""
+    moe = preset is not None and preset.experts
+    static = (preset.experts, preset.top_k, preset.hidden, preset.moe_intermediate) if moe else (32, 4, 2048, 1792)
     if arch.name == "cpu":
-        if preset is not None and getattr(preset, "tiny", False) and preset.experts:
-            statics = [((preset.experts, preset.top_k, preset.hidden, preset.moe_intermediate),
-                        preset.quick_tokens if quick else preset.tokens)]
-        else:
-            statics = _CPU_TINY[:1] if quick else _CPU_TINY
-        return [dict(tokens=t, **dict(zip(names, s))) for s, ts in statics for t in (ts[:1] if quick else ts)]
-    if preset is not None:
-        if not preset.experts:
-            return []
-        static = (preset.experts, preset.top_k, preset.hidden, preset.moe_intermediate)
+        if moe and getattr(preset, "tiny", False):
+            statics, tokens = [static], (preset.quick_tokens if quick else preset.tokens)
+        else:   # (experts, top_k, hidden, intermediate)
+            statics, tokens = [(4, 2, 32, 32), (8, 2, 64, 32)], (16, 64)
+        if quick:
+            statics, tokens = statics[:1], tokens[:1]
+    elif preset is not None and not moe:
+        return []
     else:
-        static = (32, 4, 2048, 1792)
-    tokens = (512, 4096) if quick else (512, 2048, 4096, 16384)
-    return [dict(tokens=t, **dict(zip(names, static))) for t in tokens]
+        statics, tokens = [static], ((512, 4096) if quick else (512, 2048, 4096, 16384))
+    names = ("experts", "top_k", "hidden", "intermediate")
+    return [dict(tokens=t, **dict(zip(names, s))) for s in statics for t in tokens]
 
 
 def _reduce_len(dims: dict) -> int:
-    # the longest fp32-accumulated sum: hidden (up GEMMs), 2*intermediate (dX) or one expert's rows
-    # (dW), which is up to `tokens` under skewed routing (distinct experts per token), not the mean
+    # the longest fp32 sum: hidden (up GEMMs), 2*intermediate (dX) or one expert's rows (dW), up to `tokens` under
+    # skewed routing (distinct experts per token), not the mean
     return max(dims["hidden"], 2 * dims["intermediate"], dims["tokens"])
 
 
@@ -1075,6 +942,5 @@ OP = register(Op(
     schema="Tensor x, Tensor gate_up_proj, Tensor down_proj, Tensor top_k_index, Tensor top_k_weights, bool save",
     fake=_fake, make_case=_make_case, plan=_plan, reduce_len=_reduce_len, heuristic_impl=_heuristic_impl,
     crossover_axis=_rows_per_expert, crossover_axis_name="rows_per_expert", pinned_by_fused_moe_env=True,
-    tags=("uniform", "skewed"),
-    schema_version=4))   # 2: one frozen Gemm per family, no top-level num_warps/num_stages; 3: up_desc, down_desc;
-#                          4: up_bwd_split
+    tags=("uniform", "skewed"), schema_version=4))
+# schema 2: one frozen Gemm per family, no top-level num_warps/num_stages; 3: up_desc, down_desc; 4: up_bwd_split

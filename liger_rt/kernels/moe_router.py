@@ -1,22 +1,14 @@
-"""LFM2-MoE router: sigmoid scores, top-k on scores + expert_bias, weights from the unbiased
-scores, optional normalisation with a 1e-6 guard, then routed_scaling_factor.
+"""LFM2-MoE router: sigmoid scores, top-k on scores + expert_bias, weights from the unbiased scores, optional
+normalisation with a 1e-6 guard, then routed_scaling_factor.
 
     weights, indices = moe_router(logits, top_k=4, expert_bias=bias)   # logits (T, 32) -> (T, 4) x2
 
-HF semantics (transformers Lfm2MoeTopKRouter.forward), matched exactly where they pick experts:
-- `router_logits.sigmoid()` runs in the logits dtype: the fp32 sigmoid is rounded to bf16/fp16
-  (round to nearest even) *before* selection, so the experts chosen equal HF's in every dtype.
-- `scores + expert_bias` promotes (a bf16 score + the fp32 bias buffer is fp32); when both are
-  16-bit of one type the sum is rounded to it as torch does.
-- ties: the lower expert index wins.  That is torch.topk's set on CUDA (radix select fills ties at
-  the k-th value in index order); torch.topk on CPU picks among ties arbitrarily (partial sort), so
-  the reference selects with a stable descending sort instead of topk.
-- NaN: torch's sort and topk rank NaN above every number, so a NaN score is picked first (the
-  lower index among NaNs) and, normalised, makes every weight of its row NaN: the kernel does so too.
-- weights are gathered from the unbiased (rounded) scores, divided by (sum + 1e-6) when
-  norm_topk_prob, times routed_scaling_factor, and returned in the logits dtype; indices int64.
-  HF does the normalisation in the logits dtype; here it runs in fp32 and rounds once.
-The backward writes every element of d(logits) (zeros off the selected experts) from the kernel.
+The experts picked equal HF's (transformers Lfm2MoeTopKRouter.forward) in every dtype: the fp32 sigmoid is rounded
+(to nearest even) to the logits dtype before selection; `scores + expert_bias` follows torch's promotion (bf16 + the
+fp32 bias buffer is fp32); ties go to the lower expert index (torch.topk's set on CUDA; CPU topk picks among ties
+arbitrarily, so the reference uses a stable descending sort); NaN ranks above every number, so a NaN score is picked
+first and, normalised, makes its row's weights NaN. Weights come from the unbiased scores, normalised in fp32 (HF:
+in the logits dtype) and rounded once to the logits dtype; indices are int64.
 """
 from __future__ import annotations
 
@@ -41,12 +33,9 @@ MAX_TOP_K = 8
 
 
 # -- reference ---------------------------------------------------------------------------------------
-
 def _round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """x rounded to `dtype` and back, with an identity gradient (straight through, in fp32)."""
-    if dtype == torch.float32:
-        return x
-    return x + (x.to(dtype).float() - x).detach()
+    return x if dtype == torch.float32 else x + (x.to(dtype).float() - x).detach()
 
 
 def routing_dtype(logits_dtype: torch.dtype, bias_dtype: torch.dtype | None) -> torch.dtype:
@@ -56,8 +45,7 @@ def routing_dtype(logits_dtype: torch.dtype, bias_dtype: torch.dtype | None) -> 
 
 def moe_router_ref(logits: torch.Tensor, top_k: int, expert_bias: torch.Tensor | None = None,
                    norm_topk_prob: bool = True, routed_scaling_factor: float = 1.0):
-    """fp32 reference (also the `torch` implementation): logits (..., E) -> weights (..., k) in the
-    logits dtype, indices (..., k) int64; see the module docstring for the HF casts it mirrors."""
+    """fp32 reference (also the `torch` impl): logits (..., E) -> weights (..., k) in logits dtype, indices int64."""
     scores = _round_to(torch.sigmoid(logits.float()), logits.dtype)
     route = scores
     if expert_bias is not None:
@@ -67,12 +55,10 @@ def moe_router_ref(logits: torch.Tensor, top_k: int, expert_bias: torch.Tensor |
     weights = torch.gather(scores, -1, indices)
     if norm_topk_prob:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-6)
-    weights = weights * routed_scaling_factor
-    return weights.to(logits.dtype), indices
+    return (weights * routed_scaling_factor).to(logits.dtype), indices
 
 
 # -- Triton kernels -------------------------------------------------------------------------------------
-
 @triton.jit
 def _round_fp32(x, QUANT: tl.constexpr):
     # QUANT 1: to bf16 (round to nearest even, by bits: the interpreter's cast truncates; NaN kept
@@ -99,11 +85,9 @@ def _sigmoid_fp32(x, ACCURATE: tl.constexpr):
 
 @triton.jit(do_not_specialize=["T"])
 def _moe_router_fwd_kernel(
-    L, EB, W_OUT, I_OUT, I_SAVE, T, E, s_lt, scale,
-    K: tl.constexpr, HAS_BIAS: tl.constexpr, NORMALIZE: tl.constexpr,
-    QUANT: tl.constexpr, ROUTE_QUANT: tl.constexpr, ACCURATE: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-):
+    L, EB, W_OUT, I_OUT, I_SAVE, T, E, s_lt, scale, K: tl.constexpr, HAS_BIAS: tl.constexpr, NORMALIZE: tl.constexpr,
+    QUANT: tl.constexpr, ROUTE_QUANT: tl.constexpr, ACCURATE: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
     o_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     o_e = tl.arange(0, BLOCK_E)
     o_k = tl.arange(0, BLOCK_K)
@@ -144,10 +128,8 @@ def _moe_router_fwd_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def _moe_router_bwd_kernel(
-    L, I, DW, DL, T, E, s_lt, s_dlt, scale,
-    K: tl.constexpr, NORMALIZE: tl.constexpr, QUANT: tl.constexpr, ACCURATE: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-):
+    L, I, DW, DL, T, E, s_lt, s_dlt, scale, K: tl.constexpr, NORMALIZE: tl.constexpr, QUANT: tl.constexpr,
+    ACCURATE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
     # w_j = scale * s_j / D, D = sum_sel s + 1e-6:
     #   dL/ds_m = scale * (g_m / D - sum_j g_j s_j / D^2) on selected m, 0 elsewhere;
     #   dL/dl = dL/ds * sigma * (1 - sigma) (the rounding to the logits dtype is straight through).
@@ -179,7 +161,6 @@ def _moe_router_bwd_kernel(
 
 
 # -- launchers ------------------------------------------------------------------------------------------
-
 _QUANT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
@@ -188,8 +169,7 @@ def _accurate(t: torch.Tensor) -> bool:
 
 
 def moe_router_fwd(logits2d, top_k, expert_bias, norm_topk_prob, routed_scaling_factor, config):
-    """logits (T, E) with a unit last stride -> weights (T, k) in logits dtype, indices (T, k)
-    int64, and the indices again as int32 (what the backward reads)."""
+    """logits (T, E), unit last stride -> weights (T, k) in logits dtype, indices (T, k) int64 and again int32."""
     T, E = logits2d.shape
     why = _supports({"experts": E, "top_k": top_k}, logits2d.dtype)
     if why:
@@ -219,14 +199,13 @@ def moe_router_bwd(logits2d, indices32, dweights, norm_topk_prob, routed_scaling
         return dlogits
     _moe_router_bwd_kernel[(triton.cdiv(T, config.BLOCK_T),)](
         logits2d, indices32, dweights, dlogits, T, E, logits2d.stride(0), dlogits.stride(0),
-        float(routed_scaling_factor),
-        K=indices32.shape[1], NORMALIZE=bool(norm_topk_prob), QUANT=_QUANT[logits2d.dtype],
-        ACCURATE=_accurate(logits2d), BLOCK_T=config.BLOCK_T, BLOCK_E=next_pow2(E), num_warps=config.num_warps)
+        float(routed_scaling_factor), K=indices32.shape[1], NORMALIZE=bool(norm_topk_prob),
+        QUANT=_QUANT[logits2d.dtype], ACCURATE=_accurate(logits2d), BLOCK_T=config.BLOCK_T, BLOCK_E=next_pow2(E),
+        num_warps=config.num_warps)
     return dlogits
 
 
 # -- the op: what the runtime needs besides the math ---------------------------------------------------
-
 @dataclasses.dataclass(frozen=True)
 class MoERouterConfig(Config):
     BLOCK_T: int = knob(64, pow2(1, 8192))      # tokens per program (forward and backward)
@@ -270,18 +249,11 @@ def moe_router(logits: torch.Tensor, top_k: int, expert_bias: torch.Tensor | Non
                norm_topk_prob: bool = True, routed_scaling_factor: float = 1.0):
     """LFM2-MoE routing: logits (..., E) -> (weights (..., k) in logits dtype, indices (..., k) int64).
 
-    Example (Lfm2MoeSparseMoeBlock): logits = F.linear(h2d, gate.weight)
-        weights, idx = moe_router(logits, cfg.num_experts_per_tok,
-                                  block.expert_bias if cfg.use_expert_bias else None,
-                                  cfg.norm_topk_prob, cfg.routed_scaling_factor)
+    >>> weights, idx = moe_router(F.linear(h2d, gate.weight), cfg.num_experts_per_tok, block.expert_bias)
     """
-    try:
-        k = operator.index(top_k) if not isinstance(top_k, bool) else None
-    except TypeError:
-        k = None
-    if k is None:
+    if isinstance(top_k, bool) or not hasattr(type(top_k), "__index__"):
         raise TypeError(f"moe_router: top_k must be an integer number of experts, got {top_k!r}")
-    return OP(logits, k, expert_bias, bool(norm_topk_prob), float(routed_scaling_factor))
+    return OP(logits, operator.index(top_k), expert_bias, bool(norm_topk_prob), float(routed_scaling_factor))
 
 
 def _make_case(dims, dtype, device):
@@ -305,8 +277,7 @@ def _heuristic(arch, dims, dtype):
     # 2048-element tiles (64 rows at E=32): T=65536 gives 1024 programs, ~8 per SM.  8 elements
     # per thread keeps the backward at ~100 registers (ptxas sm_90a of Triton 3.9's PTX, compiled
     # offline: 16 per thread needs 167); on AMD the same threads are half the (64-lane) warps.
-    elems = 2048
-    return MoERouterConfig(BLOCK_T=_tile_rows(E, elems), num_warps=warps_for(max(elems, next_pow2(E)), 8, arch))
+    return MoERouterConfig(BLOCK_T=_tile_rows(E, 2048), num_warps=warps_for(max(2048, next_pow2(E)), 8, arch))
 
 
 def _configs(arch, dims, dtype):
@@ -314,9 +285,9 @@ def _configs(arch, dims, dtype):
     base = _heuristic(arch, dims, dtype)
     if arch.name == "cpu":
         return [base, MoERouterConfig(BLOCK_T=_tile_rows(E, 64), num_warps=1)]
-    return list(dict.fromkeys([base] + [
-        MoERouterConfig(BLOCK_T=_tile_rows(E, elems), num_warps=warps_for(_tile_rows(E, elems) * next_pow2(E), pt, arch))
-        for elems in (512, 1024, 2048, 4096, 8192) for pt in (8, 16, 32)]))
+    rows = [_tile_rows(E, elems) for elems in (512, 1024, 2048, 4096, 8192)]
+    return list(dict.fromkeys([base] + [MoERouterConfig(BLOCK_T=r, num_warps=warps_for(r * next_pow2(E), pt, arch))
+                                        for r in rows for pt in (8, 16, 32)]))
 
 
 def _supports(dims, dtype):
@@ -331,22 +302,20 @@ def _supports(dims, dtype):
 def _plan(preset, arch, quick):
     if preset is not None and preset.experts == 0:
         return []
-    E = preset.experts if preset is not None else 32
-    k = preset.top_k if preset is not None else 4
-    if arch.name == "cpu":
-        tokens = (preset.quick_tokens if quick else preset.tokens) if preset is not None and preset.tiny \
-            else ((32,) if quick else (16, 64))
-    elif preset is not None:
+    E, k = (preset.experts, preset.top_k) if preset is not None else (32, 4)
+    if preset is not None and (preset.tiny or arch.name != "cpu"):
         tokens = preset.quick_tokens if quick else preset.tokens
+    elif arch.name == "cpu":
+        tokens = (32,) if quick else (16, 64)
     else:
         tokens = (4096,) if quick else (1024, 4096, 16384, 65536)
     return [{"tokens": int(t), "experts": E, "top_k": k} for t in tokens]
 
 
 OP = register(Op(
-    name="moe_router", static=("experts", "top_k"), dynamic=("tokens",), dims=_dims,
+    name="moe_router", static=("experts", "top_k"), dynamic=("tokens",), dims=_dims, config=MoERouterConfig,
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports),
            Impl("torch", fn=moe_router_ref)],
-    config=MoERouterConfig, candidates=_configs, heuristic=_heuristic,
+    candidates=_configs, heuristic=_heuristic, fake=_fake, outputs=2, make_case=_make_case, plan=_plan,
     schema="Tensor logits, int top_k, Tensor? expert_bias, bool norm_topk_prob, float routed_scaling_factor",
-    fake=_fake, outputs=2, make_case=_make_case, plan=_plan, reduce_len=lambda d: d["top_k"]))
+    reduce_len=lambda d: d["top_k"]))

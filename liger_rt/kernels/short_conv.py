@@ -1,22 +1,12 @@
 """LFM2 gated short convolution: y = C * causal_depthwise_conv(B * x) (+ bias inside the conv).
 
-`bcx` is the `in_proj` output (batch, seq, 3*hidden) in its natural layout, split along the last
-dim into the B-gate, C-gate and x; `weight` is (hidden, kernel) (HF's conv weight (hidden, 1,
-kernel) squeezed).  The HF module transposes to (batch, 3*hidden, seq), materialises B*x, runs a
-padded F.conv1d, slices and multiplies by C, then transposes back; here one forward kernel reads
-bcx once and writes y, and one backward kernel reads bcx and dy once and writes d(bcx) plus fp32
-per-chunk partials of d(weight)/d(bias) that a tiny sum reduces.
+`bcx` is the `in_proj` output (batch, seq, 3*hidden), split along the last dim into the B-gate, C-gate and x;
+`weight` is (hidden, kernel) (HF's (hidden, 1, kernel) squeezed). One forward kernel reads bcx once and writes y
+(no transposes, no B*x in memory); one backward kernel reads bcx and dy once, writes d(bcx) and fp32 partials.
 
     y = short_conv(bcx, weight)                      # bcx (2, 4096, 3*2048), weight (2048, 3)
-    y = short_conv(bcx, weight, seq_idx=seq_idx)     # packed sequences: no mixing across them
-
-Packed sequences: `seq_idx` (batch, seq) integer ids (see `seq_idx_from_position_ids`); a tap
-whose source token has a different id than the output token contributes nothing, exactly as if
-each sequence were run alone.
-
-Numerics: every load is cast to fp32 and the result is rounded once to bcx's dtype.  HF (bf16)
-rounds B*x and the conv output to bf16 before the C gate; the fp32 reference below does not, so
-ours sits closer to the fp32 truth than HF's own bf16 path.
+    y = short_conv(bcx, weight, seq_idx=seq_idx)     # packed sequences (seq_idx_from_position_ids): no mixing
+Numerics: fp32 throughout, one rounding to bcx's dtype (HF's bf16 path also rounds B*x and the conv output).
 """
 from __future__ import annotations
 
@@ -34,20 +24,16 @@ MAX_KERNEL = 4  # LFM2 uses 3 (conv_L_cache); the weight-gradient kernel has 4 t
 
 
 # -- reference -------------------------------------------------------------------------------------
-
 def short_conv_ref(bcx: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                    seq_idx: torch.Tensor | None = None) -> torch.Tensor:
-    """fp32 reference (also the `torch` implementation): (batch, seq, 3H), (H, K) -> (batch, seq, H).
+    """fp32 reference (also the `torch` impl): (batch, seq, 3H), (H, K) -> (batch, seq, H).
 
-    out[t] = C[t] * (sum_k w[k] * (B*x)[t - (K-1) + k] + bias), taps before the sequence start (or,
-    with seq_idx, in another packed sequence) read zero — HF's F.conv1d(padding=K-1)[..., :T].
-    """
-    if weight.dim() == 3:
-        weight = weight.squeeze(1)
-    T, K = bcx.shape[1], weight.shape[-1]
+    out[t] = C[t] * (sum_k w[k] * (B*x)[t - (K-1) + k] + bias), taps before the sequence start (or in another
+    packed sequence) reading zero: HF's F.conv1d(padding=K-1)[..., :T]."""
+    w = weight.float().reshape(weight.shape[0], -1)      # HF's (hidden, 1, kernel) too
+    T, K = bcx.shape[1], w.shape[-1]
     bg, c, x = bcx.float().chunk(3, dim=-1)
     u = bg * x
-    w = weight.float()
     z = u * w[:, K - 1]
     for k in range(K - 1):
         shift = K - 1 - k
@@ -64,12 +50,8 @@ def short_conv_ref(bcx: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 def seq_idx_from_position_ids(position_ids: torch.Tensor, batch: int | None = None) -> torch.Tensor:
-    """Sequence ids of packed rows: a new sequence starts wherever the position does not follow
-    the previous one (a reset to 0, or any jump).
-
-    position_ids (batch, seq) or (seq,) -> int32 (batch, seq), e.g. [[0,1,2,0,1]] -> [[0,0,0,1,1]];
-    one row of positions is expanded to `batch` rows when given.
-    """
+    """Sequence ids of packed rows (a new one wherever the position does not follow the previous one): position_ids
+    (batch, seq) or (seq,) -> int32 (batch, seq), e.g. [[0,1,2,0,1]] -> [[0,0,0,1,1]]; one row expanded to `batch`."""
     pos = position_ids.unsqueeze(0) if position_ids.dim() == 1 else position_ids
     starts = pos[:, 1:] != pos[:, :-1] + 1
     idx = torch.nn.functional.pad(torch.cumsum(starts, dim=-1, dtype=torch.int32), (1, 0))
@@ -77,15 +59,10 @@ def seq_idx_from_position_ids(position_ids: torch.Tensor, batch: int | None = No
 
 
 # -- Triton kernels ----------------------------------------------------------------------------------
-
 @triton.jit(do_not_specialize=["T"])
 def _short_conv_fwd_kernel(
-    BCX, W, BIAS, SEQ, Y,
-    T, H, n_tblocks,
-    s_xb, s_xt, s_yb, s_yt, s_sb, s_st,
-    K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-):
+    BCX, W, BIAS, SEQ, Y, T, H, n_tblocks, s_xb, s_xt, s_yb, s_yt, s_sb, s_st, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_SEQ: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
     pid = tl.program_id(0)
     b = (pid // n_tblocks).to(tl.int64)
     o_t = (pid % n_tblocks) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -116,14 +93,11 @@ def _short_conv_fwd_kernel(
     b_c = tl.load(p_x + o_t64 * s_xt + H + o_h[None, :], mask=m, other=0.0).to(tl.float32)
     tl.store(Y + b * s_yb + o_t64 * s_yt + o_h[None, :], (b_c * b_z).to(Y.dtype.element_ty), mask=m)
 
+
 @triton.jit(do_not_specialize=["T"])
 def _short_conv_bwd_kernel(
-    BCX, W, BIAS, SEQ, DY, DBCX, DW_PART, DB_PART,
-    T, H, n_chunks, T_CHUNK,
-    s_xb, s_xt, s_gb, s_gt, s_db, s_dt, s_sb, s_st,
-    K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-):
+    BCX, W, BIAS, SEQ, DY, DBCX, DW_PART, DB_PART, T, H, n_chunks, T_CHUNK, s_xb, s_xt, s_gb, s_gt, s_db, s_dt, s_sb,
+    s_st, K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
     # One program: BLOCK_H channels over T_CHUNK tokens of one batch row, in BLOCK_T steps.
     # dz = dy*C;  dC = dy*z (z recomputed);  du[t] = sum_j w[K-1-j] dz[t+j];  dB = du*x;
     # dx = du*B;  dw[k] += sum_t dz[t] * u[t-(K-1)+k] — every tap from the same loads of u.
@@ -215,9 +189,7 @@ def _short_conv_bwd_kernel(
         tl.store(DB_PART + pid64 * H + o_h, tl.sum(b_db, axis=0), mask=m_h)
 
 
-
 # -- launchers ------------------------------------------------------------------------------------
-
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -242,20 +214,15 @@ def short_conv_fwd(bcx, weight, bias, seq_idx, config) -> torch.Tensor:
     n_tb = triton.cdiv(T, config.BLOCK_T)
     seq, s_sb, s_st = _seq_args(seq_idx, weight)
     _short_conv_fwd_kernel[(B * n_tb, triton.cdiv(H, config.BLOCK_H))](
-        bcx, weight, bias if bias is not None else weight, seq, y,
-        T, H, n_tb,
-        bcx.stride(0), bcx.stride(1), y.stride(0), y.stride(1), s_sb, s_st,
-        K=K, HAS_BIAS=bias is not None, HAS_SEQ=seq_idx is not None,
-        BLOCK_T=config.BLOCK_T, BLOCK_H=config.BLOCK_H, num_warps=config.num_warps)
+        bcx, weight, bias if bias is not None else weight, seq, y, T, H, n_tb,
+        bcx.stride(0), bcx.stride(1), y.stride(0), y.stride(1), s_sb, s_st, K=K, HAS_BIAS=bias is not None,
+        HAS_SEQ=seq_idx is not None, BLOCK_T=config.BLOCK_T, BLOCK_H=config.BLOCK_H, num_warps=config.num_warps)
     return y
 
 
 def bwd_chunking(B: int, T: int, H: int, config, n_sm: int) -> tuple[int, int]:
-    """(tokens per program, programs per batch row) of the backward grid.
-
-    The grid aims at BWD_PROGRAMS_PER_SM programs per SM so long sequences run few, long programs
-    (few dw partials) and short ones still fill the device; chunks are whole BLOCK_T steps.
-    """
+    """(tokens per program, programs per batch row) of the backward grid: BWD_PROGRAMS_PER_SM programs per SM, so
+    long sequences run few, long programs (few dw partials) and short ones still fill the device."""
     bt = config.BWD_BLOCK_T
     n_hb = -(-H // config.BWD_BLOCK_H)
     want = max(1, config.BWD_PROGRAMS_PER_SM * n_sm)
@@ -282,8 +249,7 @@ def short_conv_bwd(bcx, weight, bias, seq_idx, dy, config):
     db_part = torch.empty(n_prog, H, device=bcx.device, dtype=torch.float32) if bias is not None else dw_part
     seq, s_sb, s_st = _seq_args(seq_idx, weight)
     _short_conv_bwd_kernel[(n_prog, triton.cdiv(H, config.BWD_BLOCK_H))](
-        bcx, weight, bias if bias is not None else weight, seq, dy, dbcx, dw_part, db_part,
-        T, H, n_chunks, chunk,
+        bcx, weight, bias if bias is not None else weight, seq, dy, dbcx, dw_part, db_part, T, H, n_chunks, chunk,
         bcx.stride(0), bcx.stride(1), dy.stride(0), dy.stride(1), dbcx.stride(0), dbcx.stride(1), s_sb, s_st,
         K=K, HAS_BIAS=bias is not None, HAS_SEQ=seq_idx is not None,
         BLOCK_T=config.BWD_BLOCK_T, BLOCK_H=config.BWD_BLOCK_H, num_warps=config.bwd_num_warps)
@@ -293,7 +259,6 @@ def short_conv_bwd(bcx, weight, bias, seq_idx, dy, config):
 
 
 # -- the op: what the runtime needs besides the math ---------------------------------------------------
-
 @dataclasses.dataclass(frozen=True)
 class ShortConvConfig(Config):
     BLOCK_T: int = knob(32, pow2(1, 256))             # forward tile: tokens x channels
@@ -313,16 +278,11 @@ def _check_kernel(K: int) -> None:
 
 
 def _dims(bcx, weight, bias, seq_idx) -> dict:
-    if bcx.dim() != 3:
-        raise ValueError(f"short_conv takes bcx of shape (batch, seq, 3*hidden); got {tuple(bcx.shape)}")
-    if weight.dim() != 2:
-        raise ValueError(f"short_conv takes weight (hidden, kernel) (squeeze HF's (hidden, 1, kernel)); "
-                         f"got {tuple(weight.shape)}")
-    B, T, H3 = bcx.shape
+    if bcx.dim() != 3 or weight.dim() != 2 or bcx.shape[2] != 3 * weight.shape[0]:
+        raise ValueError(f"short_conv takes bcx (batch, seq, 3*hidden), split into B, C and x, and weight (hidden, "
+                         f"kernel) (squeeze HF's (hidden, 1, kernel)); got {tuple(bcx.shape)}, {tuple(weight.shape)}")
+    B, T, _ = bcx.shape
     H, K = weight.shape
-    if H3 != 3 * H:
-        raise ValueError(f"short_conv: bcx's last dim {H3} must be 3*hidden = {3 * H} (B, C, x) for weight "
-                         f"{tuple(weight.shape)}")
     if bias is not None and tuple(bias.shape) != (H,):
         raise ValueError(f"short_conv: bias must have shape ({H},); got {tuple(bias.shape)}")
     if seq_idx is not None:
@@ -349,12 +309,9 @@ def _fake(config, bcx, weight, bias, seq_idx):
 
 def short_conv(bcx: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                seq_idx: torch.Tensor | None = None) -> torch.Tensor:
-    """LFM2 gated short conv: (batch, seq, 3*hidden), (hidden, kernel) -> (batch, seq, hidden).
+    """LFM2 gated short conv: (batch, seq, 3*hidden), (hidden, kernel) or (hidden, 1, kernel) -> (batch, seq, hidden).
 
-    Example (inside Lfm2ShortConv.forward, no cache):
-        y = short_conv(self.in_proj(h), self.conv.weight.squeeze(1), self.conv.bias, seq_idx=seq_idx)
-        return self.out_proj(y)
-    A (hidden, 1, kernel) weight is squeezed here too.
+    >>> y = short_conv(self.in_proj(h), self.conv.weight, self.conv.bias, seq_idx=seq_idx)   # Lfm2ShortConv, no cache
     """
     if weight.dim() == 3 and weight.shape[1] == 1:
         weight = weight.squeeze(1)
@@ -371,17 +328,14 @@ def _make_case(dims, dtype, device):
     return Case(args=(bcx, w, None, None), grads=(dy,))
 
 
-# Tiles (BLOCK_T, BLOCK_H).  The forward has 3 live tiles, the backward ~12 (dy, B, C, x, dz, z,
-# du, the shifted taps and 4 dw accumulators), hence its smaller tiles and fewer elements per
-# thread.  Registers from ptxas (sm_90a) on Triton 3.9's PTX compiled offline, no spills: fwd
-# 32x128 / 8 warps 64 regs (64x128: 104); bwd 16x128 / 8 warps 128 regs (162 with seq_idx),
-# 32x128 / 8 warps 241.  `liger-tune sweep --op short_conv` measures these candidates on the GPU;
-# its DB rows override these defaults.
+# Tiles (BLOCK_T, BLOCK_H). The forward has 3 live tiles, the backward ~12 (dy, B, C, x, dz, z, du, the shifted taps
+# and 4 dw accumulators), hence its smaller tiles and fewer elements per thread. Registers from ptxas (sm_90a) on
+# Triton 3.9's PTX compiled offline, no spills: fwd 32x128 / 8 warps 64 regs (64x128: 104); bwd 16x128 / 8 warps
+# 128 regs (162 with seq_idx), 32x128 / 8 warps 241. Sweeps (`liger-tune sweep --op short_conv`) override these.
 _FWD_TILES = [(32, 128), (64, 128), (16, 256), (64, 64)]
 _BWD_TILES = [(16, 128), (32, 128), (16, 64), (8, 256)]
 _FWD_PER_THREAD, _BWD_PER_THREAD = 16, 8
-# cpu (the interpreter): cost grows with programs x steps, so few, large tiles; the second of
-# each exercises several tiles and chunks per row
+# interpreter: cost grows with programs x steps, so few large tiles; the second of each covers several tiles and chunks
 _CPU_FWD, _CPU_BWD = [(16, 32), (8, 16)], [(8, 32, 1), (4, 16, 2)]
 
 
@@ -402,16 +356,14 @@ def _heuristic(arch, dims, dtype):
 
 
 def _configs(arch, dims, dtype):
-    """The heuristic plus one variant of either half at a time (fwd and bwd times add, so this
-    finds each half's best against the other's default at 4+4+2 candidates instead of a product)."""
+    """The heuristic plus one half (fwd or bwd) varied at a time: their times add, so 4+4+2 configs, not a product."""
     base = _heuristic(arch, dims, dtype)
     if arch.name == "cpu":
         fwd = [_fwd_cfg(t, arch) for t in _CPU_FWD]
         bwd = [_bwd_cfg(t[:2], arch, t[2]) for t in _CPU_BWD]
     else:
         fwd = [_fwd_cfg(t, arch) for t in _FWD_TILES] + [_fwd_cfg(_FWD_TILES[0], arch, 2 * _FWD_PER_THREAD)]
-        bwd = [_bwd_cfg(t, arch) for t in _BWD_TILES]
-        bwd += [_bwd_cfg(_BWD_TILES[0], arch, pps=8), _bwd_cfg(_BWD_TILES[0], arch, pps=2)]
+        bwd = [_bwd_cfg(t, arch) for t in _BWD_TILES] + [_bwd_cfg(_BWD_TILES[0], arch, pps) for pps in (8, 2)]
     return list(dict.fromkeys([base] + [base.replace(**half) for half in fwd + bwd]))
 
 
@@ -437,9 +389,8 @@ def _plan(preset, arch, quick):
 
 
 OP = register(Op(
-    name="short_conv", static=("hidden", "kernel"), dynamic=("batch", "seq"), dims=_dims,
+    name="short_conv", static=("hidden", "kernel"), dynamic=("batch", "seq"), dims=_dims, config=ShortConvConfig,
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports),
            Impl("torch", fn=short_conv_ref)],
-    config=ShortConvConfig, candidates=_configs, heuristic=_heuristic,
-    schema="Tensor bcx, Tensor weight, Tensor? bias, Tensor? seq_idx", fake=_fake,
-    make_case=_make_case, plan=_plan, reduce_len=lambda d: d["batch"] * d["seq"]))
+    candidates=_configs, heuristic=_heuristic, fake=_fake, make_case=_make_case, plan=_plan,
+    schema="Tensor bcx, Tensor weight, Tensor? bias, Tensor? seq_idx", reduce_len=lambda d: d["batch"] * d["seq"]))
