@@ -9,19 +9,11 @@ weights stored as w - 1.
 Casting follows LlamaRMSNorm: statistics in fp32, the normalised x is rounded to the input dtype
 *before* the weight multiply (``weight * hidden.to(input_dtype)``).
 
-Kernels
-- forward: ROWS rows per program (ROWS > 1 only for small hidden), BLOCK_N = next_pow2(hidden);
-  stores rstd (fp32, one per row) for the backward; ROWS == 1 runs 1-D tiles, scalar rstd.
-- backward: persistent, G = min(rows, sm_count * bwd_progs_per_sm) programs; program p takes rows
-  p, p + G, p + 2G, ... one 1-D row tile at a time (bwd_prefetch: the next row's loads in flight
-  while this one computes, register double buffering); dx is written per row, dW is accumulated
-  in fp32 registers and written as one fp32 partial row per program, then a column-parallel
-  kernel sums the (G, N) partials (32 contiguous columns per program) and casts to the weight
-  dtype.  No atomics.  With bwd_rows > 1 (small hidden) programs walk (bwd_rows, N) tiles instead
-  of single rows.  Minimum traffic: fwd reads x, writes y (2MN); bwd reads dy and x,
-  writes dx (3MN).
-- the op spec at the bottom gives dispatch, tuning, the autograd wiring and the torch.compile
-  custom ops (liger_rt::rms_norm_fwd/bwd) to the runtime.
+Kernels: the forward takes ROWS rows per program (1-D tiles at ROWS == 1) and stores rstd (fp32,
+one per row).  The backward is persistent: G = min(rows, sm_count * bwd_progs_per_sm) programs,
+program p walks rows p, p + G, ... (bwd_rows > 1, for small hidden: (bwd_rows, N) tiles), dW
+accumulates in fp32 registers as one partial row per program, and a column-parallel kernel sums
+the (G, N) partials into the weight dtype.  No atomics.  Minimum traffic: fwd 2MN, bwd 3MN.
 """
 from __future__ import annotations
 
@@ -35,7 +27,7 @@ from ..dispatch import register
 from ..opspec import Case, Impl, Op, knob, pow2
 from ._common import RowNormConfig
 from ._common import (bind, interpreter_on, launch_memo, next_pow2, norm_bwd, norm_candidates, norm_fwd,
-                      partial_sum_tile, persistent_grid, row_layout, to_dtype, triton_available)
+                      partial_sum_tile, persistent_grid, row_layout, row_plan, to_dtype, triton_available)
 
 # One row lives in registers: BLOCK_N 32768 over 1024 threads is 32 fp32 values per thread and
 # tensor, the most the backward (dy, x, dW accumulator) holds without spilling.
@@ -53,7 +45,6 @@ class RMSNormConfig(RowNormConfig):
 # -- reference ------------------------------------------------------------------------------------
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0) -> torch.Tensor:
-    """fp32 statistics, normalised x cast to x.dtype, then times (offset + weight), like LlamaRMSNorm."""
     xf = x.float()
     rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     xn = (xf * rstd).to(x.dtype)
@@ -93,9 +84,7 @@ def _rms_norm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps, offset,
 @triton.jit(do_not_specialize=["M"])
 def _rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW_PART, stride_dy, stride_x, stride_dx, M, N, offset,
                          BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, RNE_BF16: tl.constexpr):
-    """Persistent: program pid takes rows pid, pid + G, pid + 2G, ... (G = grid <= M, so every
-    program owns >= 1 row), so the rows in flight at any moment are neighbours in memory.  1-D
-    tiles of one row, scalar rstd; dW accumulates in fp32 registers, one partial row per program."""
+    """Program pid takes rows pid, pid + G, ... (G = grid <= M): the rows in flight are neighbours."""
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     o_n = tl.arange(0, BLOCK_N)
@@ -133,8 +122,7 @@ def _rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW_PART, stride_dy, stride_x, strid
 def _rms_norm_bwd_tile_kernel(DY, X, W, RSTD, DX, DW_PART, stride_dy, stride_x, stride_dx, M, N, offset,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RNE_BF16: tl.constexpr):
     """The backward on (BLOCK_M, BLOCK_N) tiles for small hidden, where one row is too little work
-    per step of the walk: program pid takes row blocks pid, pid + G, ... (G = grid <= blocks); dW
-    accumulates as a tile in fp32 registers and leaves as one partial row per program."""
+    per step: program pid takes row blocks pid, pid + G, ... (G = grid <= blocks)."""
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     o_m = tl.arange(0, BLOCK_M)
@@ -154,15 +142,13 @@ def _rms_norm_bwd_tile_kernel(DY, X, W, RSTD, DX, DW_PART, stride_dy, stride_x, 
         g = dy * w[None, :]
         c = tl.sum(g * xhat, axis=1) / N
         dx = (g - xhat * c[:, None]) * rstd[:, None]
-        tl.store(DX + rows[:, None] * stride_dx + o_n[None, :], to_dtype(dx, DX.dtype.element_ty, RNE_BF16),
-                 mask=mask)
+        tl.store(DX + rows[:, None] * stride_dx + o_n[None, :], to_dtype(dx, DX.dtype.element_ty, RNE_BF16), mask=mask)
     tl.store(DW_PART + pid.to(tl.int64) * N + o_n, tl.sum(acc, axis=0), mask=m_n)
 
 
 @triton.jit
 def _rms_norm_dw_kernel(PART, DW, G, N, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, RNE_BF16: tl.constexpr):
-    """Column-parallel sum of the (G, N) fp32 partials: each program owns BLOCK_R columns (rows of
-    the tile are BLOCK_R * 4 contiguous bytes, coalesced) and walks the G partial rows."""
+    """Column-parallel sum of the (G, N) fp32 partials, BLOCK_R columns per program (coalesced rows)."""
     o_n = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     m_n = o_n < N
     acc = tl.zeros([BLOCK_G, BLOCK_R], dtype=tl.float32)
@@ -183,7 +169,6 @@ def _check_hidden(n: int) -> None:
 
 @launch_memo
 def _fwd_launch(config, m: int, n: int):
-    """The forward kernel bound to its grid and meta-parameters at m rows of n."""
     return bind(_rms_norm_fwd_kernel, (triton.cdiv(m, config.ROWS),), BLOCK_N=next_pow2(n), ROWS=config.ROWS,
                 RNE_BF16=interpreter_on(), num_warps=config.num_warps)
 
@@ -315,11 +300,6 @@ def _configs(arch, dims, dtype):
     return list(dict.fromkeys([base, *tiles, walk, walk.replace(**norm_bwd(arch, e, 8, 8, 0)), *fwds]))[:12]
 
 
-def _smem(config, dims, dtype) -> int:
-    """Row reductions only: a few KB of scratch (no pipelined shared-memory tiles)."""
-    return 4096
-
-
 def _supports(dims, dtype):
     if dims["hidden"] > MAX_HIDDEN:
         return f"hidden {dims['hidden']} > {MAX_HIDDEN} (one row per program in registers)"
@@ -327,22 +307,14 @@ def _supports(dims, dtype):
 
 
 def _plan(preset, arch, quick):
-    if arch.name == "cpu":
-        hidden = (preset.hidden,) if preset is not None and preset.tiny else (64, 128)
-        rows = (8,) if quick else (8, 32)
-        return [{"rows": r, "hidden": h} for h in hidden for r in rows]
-    if preset is None:
-        hidden, tokens = (2048, 4096), ((4096,) if quick else (1024, 4096, 16384, 65536))
-    else:
-        hidden, tokens = (preset.hidden,), (preset.quick_tokens if quick else preset.tokens)
-    return [{"rows": t, "hidden": h} for h in hidden for t in tokens]
+    return row_plan(preset, arch, quick, "hidden", preset and preset.hidden, (64, 128), (2048, 4096),
+                    (1024, 4096, 16384, 65536))
 
 
 OP = register(Op(
     name="rms_norm", static=("hidden",), dynamic=("rows",), dims=_dims,
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports),
            Impl("torch", fn=rms_norm_ref)],
-    config=RMSNormConfig, candidates=_configs, heuristic=_heuristic, smem=_smem,
-    schema="Tensor x, Tensor weight, float eps, float offset", fake=_fake,
-    make_case=_make_case, plan=_plan, reduce_len=lambda d: d["rows"],
+    config=RMSNormConfig, candidates=_configs, heuristic=_heuristic, fake=_fake, make_case=_make_case, plan=_plan,
+    schema="Tensor x, Tensor weight, float eps, float offset", reduce_len=lambda d: d["rows"],
     schema_version=3, compiler_fuses=True))   # 2: grid-strided backward; 3: bwd_rows (tiled backward)
