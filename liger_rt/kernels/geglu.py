@@ -8,15 +8,8 @@ gelu_tanh(g) = 0.5 g (1 + tanh(z)), z = sqrt(2/pi) (g + 0.044715 g^3), computed 
 (0.5 (1 + tanh(z)) = sigmoid(2z): no tanh, which not every Triton release has).  Its derivative
 is s + 2 g s (1 - s) sqrt(2/pi) (1 + 3 * 0.044715 g^2) with s = sigmoid(2z).
 
-Casting follows ``act_fn(gate) * up`` in the input dtype, as swiglu: the activation is computed in
-fp32 and rounded to the gate dtype, then multiplied by up in fp32 and rounded once more.
-
-The kernels are swiglu's layout (elementwise over (ROWS, BLOCK_N) tiles of a 2-D view with one
-row stride per tensor, the halves of a fused gate_up projection read in place), its config and
-tuning space: both ops stream the same bytes, the extra arithmetic here is a few FMAs per element.
-The backward saves nothing but the inputs and recomputes the activation.  Minimum traffic: fwd
-3MN, bwd 5MN.  The op spec at the bottom gives dispatch, tuning, autograd and the torch.compile
-custom ops (liger_rt::geglu_fwd/bwd) to the runtime.
+Casting, kernel layout, config and tuning space are swiglu's: both ops stream the same bytes, the
+extra arithmetic here is a few FMAs per element.
 """
 from __future__ import annotations
 
@@ -47,7 +40,7 @@ def geglu_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def _geglu_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """What the Hugging Face Gemma MLP runs (the dispatcher's `torch` implementation)."""
+    """What the Hugging Face Gemma MLP runs (the `torch` implementation)."""
     return F.gelu(gate, approximate="tanh") * up
 
 
@@ -106,23 +99,20 @@ def _launch(kernel, num_warps: int, config, *tensors) -> None:
 
 
 def geglu_fwd(gate: torch.Tensor, up: torch.Tensor, config) -> torch.Tensor:
-    """gate, up (..., N) of one shape -> y (..., N)."""
     y = torch.empty(gate.shape, dtype=torch.promote_types(gate.dtype, up.dtype), device=gate.device)
     _launch(_geglu_fwd_kernel, config.num_warps, config, gate, up, y)
     return y
 
 
 def geglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, config) -> tuple[torch.Tensor, torch.Tensor]:
-    """dy, gate, up (..., N) -> (dgate in gate.dtype, dup in up.dtype), fresh contiguous tensors."""
+    """-> (dgate in gate.dtype, dup in up.dtype), fresh contiguous tensors."""
     dg = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     du = torch.empty(up.shape, dtype=up.dtype, device=up.device)
     _launch(_geglu_bwd_kernel, config.bwd_num_warps, config, dy, gate, up, dg, du)
     return dg, du
 
 
-# -- the op: what the runtime needs besides the math ---------------------------------------------------
-# config, checks, candidates, heuristic, fake outputs, tuning case and sweep plan are swiglu's (same
-# layout, same bytes moved)
+# -- the op: config, checks, candidates, heuristic, fake outputs, tuning case and plan are swiglu's ----
 
 def _dims(gate, up) -> dict:
     try:

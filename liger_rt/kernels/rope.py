@@ -12,18 +12,15 @@ are not assumed equal): y1 = x1*c1 - x2*s1, y2 = x2*c2 + x1*s2.  The backward is
 rotation, dx1 = dy1*c1 + dy2*s2, dx2 = dy2*c2 - dy1*s1, recomputed from cos and sin (the only
 saved tensors).  cos and sin get no gradient; when either requires one, the torch formula runs.
 
-Numerics: every load is cast to fp32 and each output is rounded once (eager bf16 rounds q*cos,
-rotate_half(q)*sin and their sum), so ours sits closer to the fp32 truth than eager's bf16 path.
+Every load is cast to fp32 and each output rounded once (eager bf16 rounds q*cos, rotate_half(q)*sin
+and their sum), so ours sits closer to the fp32 truth than eager's bf16 path.
 
-Kernel: one program per POS consecutive (batch, seq) positions; per position it loads the four
-cos/sin half-rows once and rotates every q head and every k head in (BLOCK_H, D/2) tiles per half,
-writing fresh outputs (q and k may be saved by autograd elsewhere: never in place).  Inputs are
-read through their strides (the transposed HF views need no copy); outputs are laid out
-(B, S, H, D) in memory, like HF's q and k, so a program's writes are one contiguous run.  The
-backward is the same kernel with BACKWARD set.  Minimum traffic per token, fwd and bwd alike:
-read and write (Hq + Hk) * D values each, plus 2D of cos/sin.
-The op spec at the bottom gives dispatch, tuning, autograd and the torch.compile custom ops
-(liger_rt::rope_fwd/bwd) to the runtime.
+Kernel: one program per POS consecutive (batch, seq) positions loads the four cos/sin half-rows
+of a position once and rotates every q and k head in (BLOCK_H, D/2) tiles per half into fresh
+outputs (autograd may have saved q and k: never in place).  Inputs are read through their strides;
+outputs are laid out (B, S, H, D) in memory, like HF's q and k, so a program's writes are one
+contiguous run.  Minimum traffic per token, fwd and bwd alike: read and write (Hq + Hk) * D values
+each, plus 2D of cos/sin.
 """
 from __future__ import annotations
 
@@ -53,7 +50,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _rope_torch(q, k, cos, sin, unsqueeze_dim: int = 1):
-    """What the Hugging Face attention runs, in the input dtypes (the dispatcher's `torch`)."""
+    """What the Hugging Face attention runs, in the input dtypes (the `torch` implementation)."""
     cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
@@ -152,14 +149,14 @@ def _new_out(x: torch.Tensor, dtype: torch.dtype, unsqueeze_dim: int) -> torch.T
 
 
 def _unit_d(x: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
-    """_bshd's copy of x (head-dim stride not 1) seen in x's own dims: the same pointer and strides."""
+    """_bshd's copy of x seen in x's own dims."""
     v = _bshd(x, unsqueeze_dim)
     return v.transpose(1, 2) if unsqueeze_dim == 1 else v
 
 
 def _out_strides(h: int, s: int, d: int, unsqueeze_dim: int) -> tuple[tuple, tuple]:
-    """(the strides, in q's or k's dim order, of an output laid out (B, S, H, D) in memory like
-    _new_out's; its (batch, seq, head) strides): torch's contiguous rule (a size-0 dim counts as 1)."""
+    """(strides in q's or k's dim order, (batch, seq, head) strides) of an output laid out like
+    _new_out's, by torch's contiguous rule (a size-0 dim counts as 1)."""
     sd = max(d, 1)
     sh = max(h, 1) * sd
     ss = max(s, 1) * sh
@@ -169,9 +166,8 @@ def _out_strides(h: int, s: int, d: int, unsqueeze_dim: int) -> tuple[tuple, tup
 @launch_memo
 def _launch_plan(config, backward: bool, unsqueeze_dim: int, q_shape, q_stride, k_shape, k_stride, cos_shape,
                  cos_stride, sin_stride):
-    """Per (config, shapes, strides) of a launch: the two outputs' strides, the kernel bound to its
-    grid and meta-parameters (None: nothing to rotate) and its scalar arguments.  The inputs have
-    unit head-dim strides (_launch copies the others) and sin has cos's shape (rope_fwd checks)."""
+    """(the two outputs' strides, the bound kernel or None (nothing to rotate), its scalar args).
+    The inputs have unit head-dim strides and sin has cos's shape."""
     if unsqueeze_dim == 1:
         b, hq, s, d = q_shape
         hk = k_shape[1]
@@ -214,8 +210,7 @@ def _launch(xq, xk, cos, sin, unsqueeze_dim: int, q_dtype, k_dtype, backward: bo
 
 
 def rope_fwd(q, k, cos, sin, unsqueeze_dim: int, config) -> tuple[torch.Tensor, torch.Tensor]:
-    """q (B, Hq, S, D), k (B, Hk, S, D) (unsqueeze_dim 1) or (B, S, H, D) (2), cos/sin (B|1, S, D)
-    -> (q_embed, k_embed), fresh tensors laid out (B, S, H, D) in memory."""
+    """(q_embed, k_embed), fresh tensors laid out (B, S, H, D) in memory."""
     _check_layout(q, k, cos, sin, unsqueeze_dim)
     return _launch(q, k, cos, sin, unsqueeze_dim, _out_dtype(q, cos, sin), _out_dtype(k, cos, sin), False, config)
 
@@ -248,9 +243,8 @@ _layout_memo = functools.lru_cache(maxsize=4096, typed=True)(_layout)   # typed:
 
 
 def _kernel_layout(q, k, cos, sin, unsqueeze_dim: int) -> int | None:
-    """1 or 2 (the normalised unsqueeze_dim) when the kernel can take these shapes, else None.
-    Memoised per (shapes, devices, unsqueeze_dim): the functional, the Op's dims and the launcher
-    each ask on every call."""
+    """1 or 2 (the normalised unsqueeze_dim) when the kernel can take these shapes, else None;
+    memoised, as the functional, the Op's dims and the launcher each ask on every call."""
     key = (q.shape, k.shape, cos.shape, sin.shape, q.device, k.device, cos.device, sin.device, unsqueeze_dim)
     if not torch.compiler.is_compiling():
         try:
@@ -360,17 +354,16 @@ def _supports(dims, dtype):
 
 
 def _plan(preset, arch, quick):
-    if arch.name == "cpu":
-        if preset is not None and preset.tiny:
-            heads = [(preset.heads, preset.kv_heads, preset.head_dim)]
-        else:
-            heads = [(4, 2, 16)]
+    cpu = arch.name == "cpu"
+    if preset is not None and (preset.tiny or not cpu):
+        heads = [(preset.heads, preset.kv_heads, preset.head_dim)]
+    else:   # tiny on cpu; Qwen3-1.7B (16 q / 8 kv heads) and Llama/Qwen3-4B-style 32 / 8, D 128
+        heads = [(4, 2, 16)] if cpu else [(16, 8, 128), (32, 8, 128)]
+    if cpu:
         tokens = (8,) if quick else (8, 32)
     elif preset is not None:
-        heads = [(preset.heads, preset.kv_heads, preset.head_dim)]
         tokens = preset.quick_tokens if quick else preset.tokens
-    else:   # Qwen3-1.7B (16 q / 8 kv heads) and Llama/Qwen3-4B-style 32 / 8, D 128
-        heads = [(16, 8, 128), (32, 8, 128)]
+    else:
         tokens = (8192,) if quick else (4096, 8192)
     return [{"heads_q": hq, "heads_k": hk, "head_dim": d, "tokens": t} for hq, hk, d in heads for t in tokens]
 

@@ -9,10 +9,8 @@ the gate dtype, then multiplied by up in fp32 and rounded once more.
 
 Kernels are elementwise over (ROWS, BLOCK_N) tiles of a 2-D view with one row stride per tensor,
 so the two halves of a fused gate_up projection (``gate_up.chunk(2, -1)``) are read in place.
-The backward saves nothing but the inputs and recomputes sigmoid(gate) (cheaper than storing
-it): it reads dy, gate, up and writes fresh dgate, dup.  Minimum traffic: fwd 3MN, bwd 5MN.
-The op spec at the bottom gives dispatch, tuning, autograd and the torch.compile custom ops
-(liger_rt::swiglu_fwd/bwd) to the runtime.
+The backward saves only the inputs and recomputes sigmoid(gate) (cheaper than storing it).
+Minimum traffic: fwd 3MN, bwd 5MN.
 """
 from __future__ import annotations
 
@@ -38,7 +36,7 @@ def swiglu_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def _swiglu_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """What the Hugging Face MLP runs (the dispatcher's `torch` implementation)."""
+    """What the Hugging Face MLP runs (the `torch` implementation)."""
     return F.silu(gate) * up
 
 
@@ -92,14 +90,12 @@ def _rows(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int, int]:
 
 @launch_memo
 def _launch(kernel, config, num_warps: int, m: int, n: int):
-    """`kernel` bound to its grid and meta-parameters at m rows of n."""
     block_n = min(config.BLOCK_N, next_pow2(n))
     return bind(kernel, (triton.cdiv(m, config.ROWS) * triton.cdiv(n, block_n),), BLOCK_N=block_n, ROWS=config.ROWS,
                 RNE_BF16=interpreter_on(), num_warps=num_warps)
 
 
 def swiglu_fwd(gate: torch.Tensor, up: torch.Tensor, config) -> torch.Tensor:
-    """gate, up (..., N) of one shape -> y (..., N)."""
     n = gate.shape[-1]
     (g2, m, stride_g), (u2, _, stride_u) = _rows(gate, n), _rows(up, n)
     dtype = gate.dtype if up.dtype == gate.dtype else torch.promote_types(gate.dtype, up.dtype)
@@ -110,7 +106,7 @@ def swiglu_fwd(gate: torch.Tensor, up: torch.Tensor, config) -> torch.Tensor:
 
 
 def swiglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, config) -> tuple[torch.Tensor, torch.Tensor]:
-    """dy, gate, up (..., N) -> (dgate in gate.dtype, dup in up.dtype), fresh contiguous tensors."""
+    """-> (dgate in gate.dtype, dup in up.dtype), fresh contiguous tensors."""
     n = gate.shape[-1]
     (g2, m, stride_g), (u2, _, stride_u), (dy2, _, stride_dy) = _rows(gate, n), _rows(up, n), _rows(dy, n)
     dg = torch.empty_like(gate, memory_format=torch.contiguous_format)    # rows of n
