@@ -31,10 +31,8 @@ import triton.language as tl
 from ..dispatch import register
 from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
 from ._common import as_rows, interpreter_on, to_dtype, triton_available
-from .cross_entropy import (
-    _check_args, _configs as _ce_configs, _heuristic as _ce_heuristic, check_target, cross_entropy_ref,
-    cross_entropy_rows, grad_scale, increment_version, reduce_rows,
-)
+from .cross_entropy import (_check_args, _configs as _ce_configs, _heuristic as _ce_heuristic, check_target,
+                            cross_entropy_ref, cross_entropy_rows, grad_scale, increment_version, reduce_rows)
 
 
 # -- reference ----------------------------------------------------------------------------------
@@ -45,8 +43,7 @@ def fused_linear_cross_entropy_ref(x, weight, target, bias=None, ignore_index: i
     """logits = x @ W.T (+ b) in x's dtype, then cross-entropy in fp32 (the `torch` implementation)."""
     logits = F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
     return cross_entropy_ref(logits, target, ignore_index, reduction, label_smoothing=label_smoothing,
-                             lse_square_scale=lse_square_scale, softcap=softcap,
-                             num_items_in_batch=num_items_in_batch)
+                             lse_square_scale=lse_square_scale, softcap=softcap, num_items_in_batch=num_items_in_batch)
 
 
 # -- launchers ----------------------------------------------------------------------------------
@@ -184,10 +181,9 @@ def _dims(x, weight, target, bias, ignore_index, reduction, label_smoothing, lse
 
 
 def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                               bias: torch.Tensor | None = None, ignore_index: int = -100,
-                               reduction: str = "mean", *, label_smoothing: float = 0.0,
-                               lse_square_scale: float = 0.0, softcap: float | None = None,
-                               num_items_in_batch=None) -> torch.Tensor:
+                               bias: torch.Tensor | None = None, ignore_index: int = -100, reduction: str = "mean",
+                               *, label_smoothing: float = 0.0, lse_square_scale: float = 0.0,
+                               softcap: float | None = None, num_items_in_batch=None) -> torch.Tensor:
     """Cross-entropy of x @ weight.T (+ bias) against `target`, without materialising the logits.
 
     x (..., hidden); weight (vocab, hidden), e.g. lm_head.weight (only read: a tied embedding's

@@ -65,9 +65,8 @@ def _geglu_fwd_kernel(G, U, Y, stride_g, stride_u, stride_y, M, N, K: tl.constex
 
 
 @triton.jit(do_not_specialize=["M"])
-def _geglu_bwd_kernel(DY, G, U, DG, DU, stride_dy, stride_g, stride_u, stride_dg, stride_du, M, N,
-                      K: tl.constexpr, C: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-                      RNE_BF16: tl.constexpr):
+def _geglu_bwd_kernel(DY, G, U, DG, DU, stride_dy, stride_g, stride_u, stride_dg, stride_du, M, N, K: tl.constexpr,
+                      C: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, RNE_BF16: tl.constexpr):
     o_m, o_n, mask = _tile(M, N, BLOCK_N, ROWS)
     dy = tl.load(DY + o_m * stride_dy + o_n, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(G + o_m * stride_g + o_n, mask=mask, other=0.0).to(tl.float32)
@@ -140,6 +139,5 @@ OP = register(Op(
     name="geglu", static=("cols",), dynamic=("rows",), dims=_dims,
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available),
            Impl("torch", fn=_geglu_torch)],
-    config=GeGLUConfig, candidates=_configs, heuristic=_heuristic,
-    schema="Tensor gate, Tensor up", fake=_fake, make_case=_make_case, plan=_plan,
-    compiler_fuses=True))
+    config=GeGLUConfig, candidates=_configs, heuristic=_heuristic, schema="Tensor gate, Tensor up", fake=_fake,
+    make_case=_make_case, plan=_plan, compiler_fuses=True))

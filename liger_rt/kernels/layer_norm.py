@@ -51,9 +51,8 @@ def _layer_norm_torch(x, weight, bias, eps):
 # -- Triton kernels -------------------------------------------------------------------------------
 
 @triton.jit(do_not_specialize=["M"])
-def _layer_norm_fwd_kernel(X, W, B, Y, MEAN, RSTD, stride_x, stride_y, M, N, eps,
-                           BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                           RNE_BF16: tl.constexpr):
+def _layer_norm_fwd_kernel(X, W, B, Y, MEAN, RSTD, stride_x, stride_y, M, N, eps, BLOCK_N: tl.constexpr,
+                           ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, RNE_BF16: tl.constexpr):
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < N
     if ROWS == 1:   # one row per program, 1-D tiles and scalar row statistics
@@ -169,9 +168,8 @@ def _bwd_launch(config, m: int, n: int, has_bias: bool, device: torch.device):
     """(programs, the backward kernel, the dW/dB-sum kernel), bound, at m rows of n on `device`."""
     grid = persistent_grid(m, device, config.bwd_progs_per_sm)
     block_r, block_g = partial_sum_tile(device)
-    return (grid,
-            bind(_layer_norm_bwd_kernel, (grid,), BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch),
-                 HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=config.bwd_num_warps),
+    return (grid, bind(_layer_norm_bwd_kernel, (grid,), BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch),
+                       HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=config.bwd_num_warps),
             bind(_layer_norm_dwdb_kernel, (triton.cdiv(n, block_r),), BLOCK_G=block_g, BLOCK_R=block_r,
                  HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=4))
 

@@ -185,9 +185,8 @@ def _bwd_launch(config, m: int, n: int, device: torch.device):
         grid = persistent_grid(m, device, config.bwd_progs_per_sm)
         bwd = bind(_rms_norm_bwd_kernel, (grid,), BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch),
                    RNE_BF16=interpreter_on(), num_warps=config.bwd_num_warps)
-    return (grid, bwd,
-            bind(_rms_norm_dw_kernel, (triton.cdiv(n, block_r),), BLOCK_G=block_g, BLOCK_R=block_r,
-                 RNE_BF16=interpreter_on(), num_warps=4))
+    return (grid, bwd, bind(_rms_norm_dw_kernel, (triton.cdiv(n, block_r),), BLOCK_G=block_g, BLOCK_R=block_r,
+                            RNE_BF16=interpreter_on(), num_warps=4))
 
 
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, config) -> tuple[torch.Tensor, torch.Tensor]:

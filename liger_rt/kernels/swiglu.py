@@ -204,6 +204,5 @@ OP = register(Op(
     name="swiglu", static=("cols",), dynamic=("rows",), dims=_dims,
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available),
            Impl("torch", fn=_swiglu_torch)],
-    config=SwiGLUConfig, candidates=_configs, heuristic=_heuristic,
-    schema="Tensor gate, Tensor up", fake=_fake, make_case=_make_case, plan=_plan,
-    compiler_fuses=True))
+    config=SwiGLUConfig, candidates=_configs, heuristic=_heuristic, schema="Tensor gate, Tensor up", fake=_fake,
+    make_case=_make_case, plan=_plan, compiler_fuses=True))
