@@ -221,8 +221,7 @@ def cross_entropy_rows(config, logits, target, loss, lse, ignore_index, label_sm
 
 
 def increment_version(t: torch.Tensor) -> None:
-    """Tell autograd that a kernel wrote `t` in place: a node that saved it then raises instead of
-    reading the new values."""
+    """Tell autograd that a kernel wrote `t` in place: a node that saved it then raises."""
     fn = getattr(torch.autograd.graph, "increment_version", None)
     if fn is not None:
         fn(t)

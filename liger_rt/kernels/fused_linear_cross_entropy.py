@@ -235,13 +235,17 @@ _GRAIN = {"gpu": 128, "cpu": 4}       # chunk sizes are multiples of this (GEMM 
 _CHUNKS = {"gpu": (256, 512, 768, 1024, 1280, 1536, 2048, 3072, 4096, 8192, 16384), "cpu": (4, 8, 16)}
 
 
+def _kind(arch) -> str:
+    return "cpu" if arch.name == "cpu" else "gpu"
+
+
 def logits_budget(arch) -> int:
     return _HIP_BUDGET if arch.is_hip else _LOGITS_BUDGET.get(arch.name, _HIP_BUDGET)
 
 
 def budget_chunk(arch, vocab: int, dtype: torch.dtype) -> int:
     """The largest chunk (a multiple of the grain) whose logits fit the budget, never below the floor."""
-    kind = "cpu" if arch.name == "cpu" else "gpu"
+    kind = _kind(arch)
     rows = logits_budget(arch) // (vocab * torch.empty((), dtype=dtype).element_size())
     return max(c for c in (_FLOOR[kind], *CHUNKS) if c % _GRAIN[kind] == 0 and (c <= rows or c == _FLOOR[kind]))
 
@@ -250,7 +254,7 @@ def _configs(arch, dims, dtype):
     """Chunks under the budget (0: all tokens at once, where they fit) x the cross-entropy heuristic
     launch and its neighbours (half the block, half the warps)."""
     tokens, cap = dims["tokens"], budget_chunk(arch, dims["vocab"], dtype)
-    chunks = sorted({c for c in (*_CHUNKS["cpu" if arch.name == "cpu" else "gpu"], cap) if c <= cap and c < tokens})
+    chunks = sorted({c for c in (*_CHUNKS[_kind(arch)], cap) if c <= cap and c < tokens})
     ce_dims = {"rows": tokens, "vocab": dims["vocab"]}
     base = _ce_heuristic(arch, ce_dims, dtype)
     launches = [base] + [c for c in _ce_configs(arch, ce_dims, dtype) if c != base

@@ -35,7 +35,7 @@ import triton.language as tl
 from ..dispatch import register
 from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
 from ._common import interpreter_on, next_pow2, to_dtype, triton_available, warps_for
-from .fused_linear_cross_entropy import MiB, linear_plan
+from .fused_linear_cross_entropy import _FLOOR, MiB, _kind, linear_plan
 
 
 # -- reference ------------------------------------------------------------------------------------
@@ -239,9 +239,8 @@ def _backward(config, args, saved, needs, g_lp, g_h):
 
 
 def _fake(config, x, weight, target, bias, temperature, ignore_index):
-    def f32():
-        return x.new_empty((x.shape[0],), dtype=torch.float32)
-    return (f32(), f32()), (f32(), f32())
+    lp, ent, lse, sbar = (x.new_empty((x.shape[0],), dtype=torch.float32) for _ in range(4))
+    return (lp, ent), (lse, sbar)
 
 
 # -- the op -----------------------------------------------------------------------------------------
@@ -309,15 +308,11 @@ def fused_linear_logprobs(x: torch.Tensor, weight: torch.Tensor, target: torch.T
 # budget and never fewer than the floor, rounded down to LADDER.  Budgets: 1 GiB on hopper and
 # blackwell (1536 rows at V151936), 512 MiB elsewhere; not measured yet: the sweep picks among
 # the chunks under the cap.
-# The floor: dW (+)= dz.T @ x is a K=chunk GEMM that reads and writes all of dW once per chunk;
-# below ~256 rows it is bound by that traffic (2 x 0.78 GB per chunk at V151936 H2560 bf16).
+# The floor (fused_linear_cross_entropy's _FLOOR): dW (+)= dz.T @ x is a K=chunk GEMM that reads and
+# writes all of dW once per chunk; below ~256 rows it is bound by that traffic (2 x 0.78 GB per
+# chunk at V151936 H2560 bf16).
 _BUDGET = {"hopper": 1024 * MiB, "blackwell": 1024 * MiB, "cpu": 16 * 1024}
 _OTHER_BUDGET = 512 * MiB
-_FLOOR = {"gpu": 256, "cpu": 4}
-
-
-def _kind(arch) -> str:
-    return "cpu" if arch.name == "cpu" else "gpu"
 
 
 def chunk_cap(arch, dims: dict, share: int = 16) -> int:

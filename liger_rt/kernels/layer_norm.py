@@ -33,10 +33,8 @@ MAX_HIDDEN = 32768   # as rms_norm's, whose _supports this op shares
 def layer_norm_ref(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                    eps: float = 1e-5) -> torch.Tensor:
     """fp32 LayerNorm cast to x.dtype (what nn.LayerNorm computes for 16-bit inputs)."""
-    n = x.shape[-1]
-    w = weight.float() if weight is not None else None
-    b = bias.float() if bias is not None else None
-    return F.layer_norm(x.float(), (n,), w, b, eps).to(x.dtype)
+    w, b = (None if t is None else t.float() for t in (weight, bias))
+    return F.layer_norm(x.float(), x.shape[-1:], w, b, eps).to(x.dtype)
 
 
 def _layer_norm_torch(x, weight, bias, eps):

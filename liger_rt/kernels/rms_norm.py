@@ -37,8 +37,7 @@ TILE_BWD_MAX_HIDDEN = 256   # the heuristic's backward walks (rows, hidden) tile
 
 @dataclasses.dataclass(frozen=True)
 class RMSNormConfig(RowNormConfig):
-    """The row-norm knobs, and bwd_rows: rows per backward tile.  1 is the 1-D row walk; above 1 the
-    backward walks (bwd_rows, hidden) tiles, for small hidden (per-head q/k norms: rows of 64-256)."""
+    # rows per backward tile: 1 is the 1-D row walk; above 1, (bwd_rows, hidden) tiles for small hidden
     bwd_rows: int = knob(1, pow2(1, 256))
 
 
@@ -300,9 +299,8 @@ def _configs(arch, dims, dtype):
 
 
 def _supports(dims, dtype):
-    if dims["hidden"] > MAX_HIDDEN:
-        return f"hidden {dims['hidden']} > {MAX_HIDDEN} (one row per program in registers)"
-    return None
+    too_wide = dims["hidden"] > MAX_HIDDEN
+    return f"hidden {dims['hidden']} > {MAX_HIDDEN} (one row per program in registers)" if too_wide else None
 
 
 def _plan(preset, arch, quick):

@@ -256,8 +256,7 @@ def _kernel_layout(q, k, cos, sin, unsqueeze_dim: int) -> int | None:
 
 def _dims(q, k, cos, sin, unsqueeze_dim) -> dict:
     _check_layout(q, k, cos, sin, unsqueeze_dim)
-    if not (q.dtype.is_floating_point and k.dtype.is_floating_point and cos.dtype.is_floating_point
-            and sin.dtype.is_floating_point):
+    if not all(t.dtype.is_floating_point for t in (q, k, cos, sin)):
         raise TypeError(f"rope: unsupported dtypes q {q.dtype}, k {k.dtype}, cos {cos.dtype}, sin {sin.dtype}; "
                         f"accepted: floating point dtypes")
     h, s = (1, 2) if unsqueeze_dim == 1 else (2, 1)
