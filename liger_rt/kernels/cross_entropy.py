@@ -37,8 +37,6 @@ from ._common import as_rows, interpreter_on, next_pow2, to_dtype, triton_availa
 REDUCTIONS = ("mean", "sum", "none")
 
 
-# -- reference ----------------------------------------------------------------------------------
-
 def cross_entropy_ref(logits, target, ignore_index: int = -100, reduction: str = "mean",
                       label_smoothing: float = 0.0, lse_square_scale: float = 0.0, softcap=None,
                       num_items_in_batch=None, inplace_backward: bool = False):
@@ -108,8 +106,6 @@ def grad_scale(target: torch.Tensor, ignore_index: int, reduction: str, num_item
 def reduce_rows(loss_rows: torch.Tensor, scale: torch.Tensor, reduction: str, shape) -> torch.Tensor:
     return loss_rows.view(shape) if reduction == "none" else loss_rows.sum() * scale[0]
 
-
-# -- Triton kernel ------------------------------------------------------------------------------
 
 @triton.jit
 def _tanh(x):
@@ -199,8 +195,6 @@ def _cross_entropy_kernel(
             tl.store(p_g + o, to_dtype(g, G.dtype.element_ty, RNE_BF16), mask=m_v)
 
 
-# -- launchers ----------------------------------------------------------------------------------
-
 def cross_entropy_rows(config, logits, target, loss, lse, ignore_index, label_smoothing, lse_square_scale,
                        softcap, *, grad=None, scale=None, fwd=True) -> None:
     """One launch over `logits` (rows, vocab), last dim contiguous, and targets (rows,).  fwd: fp32
@@ -258,8 +252,6 @@ def _fake(config, logits, target, ignore_index, reduction, *rest):
     loss = logits.new_empty(target.shape if reduction == "none" else (), dtype=f32)
     return (loss,), (logits.new_empty((target.numel(),), dtype=f32), logits.new_empty((1,), dtype=f32))
 
-
-# -- the op -------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class CrossEntropyConfig(Config):

@@ -35,8 +35,6 @@ from .cross_entropy import (_check_args, _configs as _ce_configs, _heuristic as 
                             cross_entropy_ref, cross_entropy_rows, grad_scale, increment_version, reduce_rows)
 
 
-# -- reference ----------------------------------------------------------------------------------
-
 def fused_linear_cross_entropy_ref(x, weight, target, bias=None, ignore_index: int = -100, reduction: str = "mean",
                                    label_smoothing: float = 0.0, lse_square_scale: float = 0.0, softcap=None,
                                    num_items_in_batch=None, *launch_flags):
@@ -45,8 +43,6 @@ def fused_linear_cross_entropy_ref(x, weight, target, bias=None, ignore_index: i
     return cross_entropy_ref(logits, target, ignore_index, reduction, label_smoothing=label_smoothing,
                              lse_square_scale=lse_square_scale, softcap=softcap, num_items_in_batch=num_items_in_batch)
 
-
-# -- launchers ----------------------------------------------------------------------------------
 
 @triton.jit
 def _scale_kernel(SRC, DST, S, numel, BLOCK: tl.constexpr, IN_PLACE: tl.constexpr, RNE_BF16: tl.constexpr):
@@ -155,8 +151,6 @@ def _fake(config, x, weight, target, bias, ignore_index, reduction, *rest):
     loss = x.new_empty(target.shape if reduction == "none" else (), dtype=torch.float32)
     return (loss,), (*saved, x.new_empty((1,), dtype=torch.float32))
 
-
-# -- the op -------------------------------------------------------------------------------------
 
 CHUNKS = (0, *range(1, 65), *range(128, 65537, 128))     # token rows per chunk; 0 = all
 

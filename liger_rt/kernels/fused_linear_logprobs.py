@@ -38,8 +38,6 @@ from ._common import interpreter_on, next_pow2, to_dtype, triton_available, warp
 from .fused_linear_cross_entropy import _FLOOR, MiB, _kind, linear_plan
 
 
-# -- reference ------------------------------------------------------------------------------------
-
 def fused_linear_logprobs_ref(x, weight, target, bias=None, temperature: float = 1.0, ignore_index: int = -100):
     """(lp, H) of x (tokens, hidden) from materialised fp32 (fp64 inputs: fp64) logits."""
     wide = torch.promote_types(x.dtype, torch.float32)
@@ -51,8 +49,6 @@ def fused_linear_logprobs_ref(x, weight, target, bias=None, temperature: float =
     zero = torch.zeros((), device=x.device)
     return torch.where(valid, lp, zero), torch.where(valid, ent, zero)
 
-
-# -- Triton kernels -------------------------------------------------------------------------------
 
 @triton.jit
 def _logprobs_fwd_kernel(L, stride_l, B, T, LP, ENT, LSE, SBAR, V, inv_t, ignore_index,
@@ -137,8 +133,6 @@ def _logprobs_bwd_kernel(L, stride_l, DZ, stride_dz, B, T, LSE, SBAR, GLP, GH, V
             tl.debug_barrier()
         tl.store(p_dz + o, to_dtype(g, DZ.dtype.element_ty, RNE_BF16), mask=m_v)
 
-
-# -- launchers --------------------------------------------------------------------------------------
 
 _FP32_OUT: dict = {}
 
@@ -242,8 +236,6 @@ def _fake(config, x, weight, target, bias, temperature, ignore_index):
     lp, ent, lse, sbar = (x.new_empty((x.shape[0],), dtype=torch.float32) for _ in range(4))
     return (lp, ent), (lse, sbar)
 
-
-# -- the op -----------------------------------------------------------------------------------------
 
 # token rows per chunk (0: all): powers of two and their 1.5x, so a budget-derived cap lands near
 LADDER = (4, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)

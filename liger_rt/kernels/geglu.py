@@ -31,8 +31,6 @@ _K = math.sqrt(2.0 / math.pi)
 _C = 0.044715
 
 
-# -- reference ------------------------------------------------------------------------------------
-
 def geglu_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """fp32 compute; gelu_tanh(gate) rounded to gate.dtype before the multiply, as the eager module does."""
     a = F.gelu(gate.float(), approximate="tanh").to(gate.dtype)
@@ -43,8 +41,6 @@ def _geglu_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """What the Hugging Face Gemma MLP runs (the `torch` implementation)."""
     return F.gelu(gate, approximate="tanh") * up
 
-
-# -- Triton kernels -------------------------------------------------------------------------------
 
 @triton.jit
 def _gelu_tanh_parts(g, K: tl.constexpr, C: tl.constexpr):
@@ -78,8 +74,6 @@ def _geglu_bwd_kernel(DY, G, U, DG, DU, stride_dy, stride_g, stride_u, stride_dg
     tl.store(DU + o_m * stride_du + o_n, to_dtype(du, DU.dtype.element_ty, RNE_BF16), mask=mask)
 
 
-# -- launchers --------------------------------------------------------------------------------------
-
 def _grid(m: int, n: int, config) -> tuple[int, int]:
     block_n = min(config.BLOCK_N, next_pow2(n))
     return block_n, triton.cdiv(m, config.ROWS) * triton.cdiv(n, block_n)
@@ -110,8 +104,6 @@ def geglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, config) ->
     _launch(_geglu_bwd_kernel, config.bwd_num_warps, config, dy, gate, up, dg, du)
     return dg, du
 
-
-# -- the op: config, checks, candidates, heuristic, fake outputs, tuning case and plan are swiglu's ----
 
 def _dims(gate, up) -> dict:
     try:

@@ -28,8 +28,6 @@ from .rms_norm import _supports
 MAX_HIDDEN = 32768   # as rms_norm's, whose _supports this op shares
 
 
-# -- reference ------------------------------------------------------------------------------------
-
 def layer_norm_ref(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                    eps: float = 1e-5) -> torch.Tensor:
     """fp32 LayerNorm cast to x.dtype (what nn.LayerNorm computes for 16-bit inputs)."""
@@ -45,8 +43,6 @@ def _layer_norm_torch(x, weight, bias, eps):
         return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
     return layer_norm_ref(x, weight, bias, eps)
 
-
-# -- Triton kernels -------------------------------------------------------------------------------
 
 @triton.jit(do_not_specialize=["M"])
 def _layer_norm_fwd_kernel(X, W, B, Y, MEAN, RSTD, stride_x, stride_y, M, N, eps, BLOCK_N: tl.constexpr,
@@ -147,8 +143,6 @@ def _layer_norm_dwdb_kernel(PW, PB, DW, DB, G, N, BLOCK_G: tl.constexpr, BLOCK_R
         tl.store(DB + o_n, to_dtype(tl.sum(acc_b, axis=0), DB.dtype.element_ty, RNE_BF16), mask=m_n)
 
 
-# -- launchers --------------------------------------------------------------------------------------
-
 def _check_hidden(n: int) -> None:
     if n > MAX_HIDDEN:
         raise ValueError(f"layer_norm triton kernel supports hidden <= {MAX_HIDDEN}, got {n}; "
@@ -206,8 +200,6 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
     sum_kernel(part[0], part_b, dw, db if has_bias else dw, grid, n)
     return dx, dw, db
 
-
-# -- the op: what the runtime needs besides the math ---------------------------------------------------
 
 def _dims(x, weight, bias, eps) -> dict:
     if x.dim() < 1:

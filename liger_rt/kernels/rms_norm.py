@@ -41,8 +41,6 @@ class RMSNormConfig(RowNormConfig):
     bwd_rows: int = knob(1, pow2(1, 256))
 
 
-# -- reference ------------------------------------------------------------------------------------
-
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0) -> torch.Tensor:
     xf = x.float()
     rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
@@ -50,8 +48,6 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offse
     out_dtype = torch.promote_types(x.dtype, weight.dtype)
     return ((weight.float() + offset) * xn.float()).to(out_dtype)
 
-
-# -- Triton kernels -------------------------------------------------------------------------------
 
 @triton.jit(do_not_specialize=["M"])
 def _rms_norm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps, offset,
@@ -158,8 +154,6 @@ def _rms_norm_dw_kernel(PART, DW, G, N, BLOCK_G: tl.constexpr, BLOCK_R: tl.const
     tl.store(DW + o_n, to_dtype(tl.sum(acc, axis=0), DW.dtype.element_ty, RNE_BF16), mask=m_n)
 
 
-# -- launchers --------------------------------------------------------------------------------------
-
 def _check_hidden(n: int) -> None:
     if n > MAX_HIDDEN:
         raise ValueError(f"rms_norm triton kernel supports hidden <= {MAX_HIDDEN}, got {n}; "
@@ -219,8 +213,6 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: 
     dw_kernel(part, dw, grid, n)
     return dx, dw
 
-
-# -- the op: what the runtime needs besides the math ---------------------------------------------------
 
 def _dims(x, weight, eps, offset) -> dict:
     if x.dim() < 1:

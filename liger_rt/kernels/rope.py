@@ -42,8 +42,6 @@ MAX_HEAD_DIM = 256
 MAX_TILE = 4096
 
 
-# -- reference ------------------------------------------------------------------------------------
-
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     d2 = x.shape[-1] // 2
     return torch.cat((-x[..., d2:], x[..., :d2]), dim=-1)
@@ -64,8 +62,6 @@ def rope_ref(q, k, cos, sin, unsqueeze_dim: int = 1):
     qe, ke = _rope_torch(q.float(), k.float(), cos.float(), sin.float(), unsqueeze_dim)
     return qe.to(_out_dtype(q, cos, sin)), ke.to(_out_dtype(k, cos, sin))
 
-
-# -- Triton kernels -------------------------------------------------------------------------------
 
 @triton.jit
 def _rotate_heads(X, Y, off_x, off_y, stride_xh, stride_yh, c1, c2, s1, s2, m_d, H, D2,
@@ -115,8 +111,6 @@ def _rope_kernel(Q, K, COS, SIN, QO, KO,
         _rotate_heads(K, KO, b * stride_kb + s * stride_ks, b * stride_kob + s * stride_kos, stride_kh, stride_koh,
                       c1, c2, s1, s2, m_d, HK, D2, BLOCK_HK, BLOCK_D, BACKWARD, RNE_BF16)
 
-
-# -- launchers --------------------------------------------------------------------------------------
 
 def _check_head_dim(d: int) -> None:
     if d % 2:
@@ -214,8 +208,6 @@ def rope_fwd(q, k, cos, sin, unsqueeze_dim: int, config) -> tuple[torch.Tensor, 
     _check_layout(q, k, cos, sin, unsqueeze_dim)
     return _launch(q, k, cos, sin, unsqueeze_dim, _out_dtype(q, cos, sin), _out_dtype(k, cos, sin), False, config)
 
-
-# -- the op: what the runtime needs besides the math ---------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class RoPEConfig(Config):

@@ -27,8 +27,6 @@ from ._common import (DTYPES, as_rows, bind, interpreter_on, launch_memo, next_p
                       triton_available, warps_for)
 
 
-# -- reference ------------------------------------------------------------------------------------
-
 def swiglu_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """fp32 compute; silu(gate) rounded to gate.dtype before the multiply, as the eager module does."""
     s = F.silu(gate.float()).to(gate.dtype)
@@ -39,8 +37,6 @@ def _swiglu_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """What the Hugging Face MLP runs (the `torch` implementation)."""
     return F.silu(gate) * up
 
-
-# -- Triton kernels -------------------------------------------------------------------------------
 
 @triton.jit
 def _tile(M, N, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
@@ -78,8 +74,6 @@ def _swiglu_bwd_kernel(DY, G, U, DG, DU, stride_dy, stride_g, stride_u, stride_d
     tl.store(DU + o_m * stride_du + o_n, to_dtype(du, DU.dtype.element_ty, RNE_BF16), mask=mask)
 
 
-# -- launchers --------------------------------------------------------------------------------------
-
 def _rows(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int, int]:
     """row_layout(t, n); at n == 1 as_rows, which passes a one-element tensor's own stride."""
     if n > 1:
@@ -116,8 +110,6 @@ def swiglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, config) -
                                                                         stride_u, n, n, m, n)
     return dg, du
 
-
-# -- the op: what the runtime needs besides the math ---------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class SwiGLUConfig(Config):
