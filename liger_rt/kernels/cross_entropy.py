@@ -3,12 +3,10 @@
     loss = liger_rt.ops.cross_entropy(logits, target)                 # logits (rows, vocab)
     loss = liger_rt.ops.cross_entropy(logits, target, label_smoothing=0.1, softcap=30.0)
 
-Forward: one pass over each row (running max and sum of exponentials) gives the loss and the
-row's log-sum-exp, saved (4 bytes a row).  Backward: one pass writes the gradient with
-grad_output folded in (a per-row factor for reduction="none"): Liger-Kernel's traffic (two reads
-and one write of the logits) without its second logits-sized buffer, a scale pass when
-grad_output != 1, or a one-backward-only limit.  All arithmetic is fp32; the gradient is stored
-in the logits dtype, like PyTorch's.
+Forward: one pass over each row gives the loss and its log-sum-exp, saved (4 bytes a row).
+Backward: one pass writes the gradient with grad_output folded in: Liger-Kernel's traffic (two
+reads and one write of the logits) without its second logits-sized buffer or scale pass.  All
+arithmetic is fp32; the gradient is stored in the logits dtype, like PyTorch's.
 
 Semantics (PyTorch's ``F.cross_entropy`` on fp32 logits, plus three extensions):
 - ``reduction="mean"`` divides by the count of non-ignored targets (or by ``num_items_in_batch``);
@@ -274,13 +272,10 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
                   num_items_in_batch=None, inplace_backward: bool = False) -> torch.Tensor:
     """Cross-entropy of `logits` (..., vocab) against integer `target` (...), fp32 result; the
     options are the module docstring's.  num_items_in_batch (int or tensor) divides the summed
-    loss instead (HF's gradient-accumulation convention).
-
-    inplace_backward=True writes the gradient over `logits` during backward (no second
-    logits-sized buffer): safe only when nothing reads the logits after the backward.  Their
-    autograd version is bumped, so another op that saved them raises in its backward; leaf tensors
-    are never overwritten, and under torch.compile the gradient always gets its own buffer.
-
+    loss instead (HF's gradient-accumulation convention).  inplace_backward=True writes the
+    gradient over `logits` (no second logits-sized buffer): safe only when nothing reads them after
+    the backward.  Their autograd version is bumped, so another op that saved them raises in its
+    backward; leaf tensors are never overwritten, nor are compiled graphs' inputs.
     Example: logits (4, 128, 151936) bf16 and labels (4, 128) -> cross_entropy(logits, labels)
     """
     if logits.dim() >= 1 and logits.stride(-1) != 1:
@@ -307,13 +302,8 @@ def _configs(arch, dims, dtype):
     vmax = next_pow2(dims["vocab"])
     if arch.name == "cpu":   # the interpreter ignores warps; larger blocks mean fewer Python loop trips
         return [CrossEntropyConfig(BLOCK_V=min(b, vmax), num_warps=4) for b in (64, 256, 1024)]
-    out = []
-    for block in (1024, 2048, 4096, 8192, 16384, 32768):
-        for warps in (4, 8, 16, 32):
-            per_thread = block // (warps * arch.warp_size)
-            if 4 <= per_thread <= 64 and block <= max(vmax, 1024):
-                out.append(CrossEntropyConfig(BLOCK_V=block, num_warps=warps))
-    return out
+    return [CrossEntropyConfig(BLOCK_V=block, num_warps=warps) for block in (1024, 2048, 4096, 8192, 16384, 32768)
+            for warps in (4, 8, 16, 32) if 4 <= block // (warps * arch.warp_size) <= 64 and block <= max(vmax, 1024)]
 
 
 def _heuristic(arch, dims, dtype):

@@ -17,11 +17,9 @@ For each chunk of `chunk` token rows (a dispatch decision, see `chunk_cap`):
                 dz = (g_lp * (onehot(t) - p) - g_H * p * (z - sbar)) / T
             over the logits buffer (16-bit x: into the first half of each fp32 row), then
             dX[chunk] = dz @ W, dW (+)= dz.T @ x[chunk], db += sum(dz).
-The backward recomputes the logits because dz depends on the per-row g_lp and g_H, unknown in
-the forward.  Cost: 4 GEMMs (fwd 1, bwd 3) where the materialised path does 3, for memory of
-one chunk instead of the logits and their gradient.  Memory beyond the inputs: one (chunk,
-vocab) fp32 buffer, dX and dW, 4 fp32 per token.  dW accumulates in the weight dtype (one
-rounding per chunk), as fused_linear_cross_entropy does.
+The backward recomputes the logits (dz depends on the per-row g_lp and g_H, unknown in the
+forward): 4 GEMMs where the materialised path does 3, for memory of one (chunk, vocab) fp32
+buffer instead of the logits and their gradient.  dW accumulates in the weight dtype.
 """
 from __future__ import annotations
 
@@ -269,8 +267,7 @@ def _dims(x, weight, target, bias, temperature, ignore_index) -> dict:
 def fused_linear_logprobs(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                           bias: torch.Tensor | None = None, *, temperature: float = 1.0, ignore_index: int = -100,
                           return_entropy: bool = False):
-    """log p(target | x) under softmax((x @ weight.T + bias) / temperature), without the logits.
-
+    """log p(target | x) under softmax((x @ weight.T + bias) / temperature), without the logits:
     x (..., hidden); weight (vocab, hidden); target (...) integer ids with x's leading dims (shift
     labels before the call); bias (vocab,) or None, cast as fused_linear_cross_entropy casts them.
     Returns fp32 log-probs of target's shape (0 where target == ignore_index), and with
@@ -281,10 +278,8 @@ def fused_linear_logprobs(x: torch.Tensor, weight: torch.Tensor, target: torch.T
     if target.shape != x.shape[:-1]:
         raise ValueError(f"target {tuple(target.shape)} must have x's leading dims {tuple(x.shape[:-1])} "
                          f"(x is {tuple(x.shape)})")
-    if torch.is_autocast_enabled(x.device.type):
-        amp = torch.get_autocast_dtype(x.device.type)
-        x, weight = x.to(amp), weight.to(amp)
-        bias = None if bias is None else bias.to(amp)
+    if torch.is_autocast_enabled(x.device.type):     # weight and bias follow x
+        x = x.to(torch.get_autocast_dtype(x.device.type))
     weight = weight.to(x.dtype)
     bias = None if bias is None else bias.to(x.dtype).contiguous()
     lp, ent = OP(x.reshape(-1, hidden).contiguous(), weight, target.reshape(-1).contiguous(), bias,
@@ -293,13 +288,11 @@ def fused_linear_logprobs(x: torch.Tensor, weight: torch.Tensor, target: torch.T
     return (lp, ent.view(target.shape)) if return_entropy else lp
 
 
-# Bytes the chunk's logits buffer (fp32, rows x vocab) may take.  The issue's target is a peak
-# at most 1/4 of torch.compile's materialised path, which holds the bf16 logits and their
-# gradient (2 x 2 bytes x tokens x vocab; at T16384 V151936: 10 GB, plus dW): so a chunk takes
-# at most tokens/16 rows (its fp32 buffer is 1/8 of the bf16 logits), never more than the arch
-# budget and never fewer than the floor, rounded down to LADDER.  Budgets: 1 GiB on hopper and
-# blackwell (1536 rows at V151936), 512 MiB elsewhere; not measured yet: the sweep picks among
-# the chunks under the cap.
+# Bytes the chunk's logits buffer (fp32, rows x vocab) may take.  The issue's target is a peak at
+# most 1/4 of torch.compile's materialised path, which holds the bf16 logits and their gradient
+# (at T16384 V151936: 10 GB, plus dW): so a chunk takes at most tokens/16 rows (its fp32 buffer
+# is 1/8 of the bf16 logits), within the arch budget (1 GiB on hopper and blackwell: 1536 rows at
+# V151936; 512 MiB elsewhere; not measured yet) and never below the floor, rounded down to LADDER.
 # The floor (fused_linear_cross_entropy's _FLOOR): dW (+)= dz.T @ x is a K=chunk GEMM that reads and
 # writes all of dW once per chunk; below ~256 rows it is bound by that traffic (2 x 0.78 GB per
 # chunk at V151936 H2560 bf16).
@@ -343,11 +336,9 @@ def _configs(arch, dims, dtype):
     # memory (the target allows 25%) and each halving of the chunk count saved time (256 -> 512
     # rows at T8192: 20.6 -> 16.8 ms), so the sweep measures the next larger chunk as well
     cap = chunk_cap(arch, dims, share=8)
-    chunks = [c for c in LADDER if _FLOOR[kind] <= c <= cap and c < tokens]
-    if tokens <= cap:
-        chunks.append(0)
-    launches = [_launch(arch, 4096, 16, dims["vocab"]), _launch(arch, 8192, 16, dims["vocab"]),
-                _launch(arch, 8192, 32, dims["vocab"])]
+    chunks = [c for c in LADDER if _FLOOR[kind] <= c <= cap and c < tokens] + [0] * (tokens <= cap)
+    launches = [_launch(arch, block, per_thread, dims["vocab"])
+                for block, per_thread in ((4096, 16), (8192, 16), (8192, 32))]
     return list(dict.fromkeys(LogProbsConfig(chunk=c, **ln) for c in chunks[-3:] for ln in launches))
 
 
