@@ -10,11 +10,9 @@ For each chunk of `chunk` token rows:
 Gradients are computed in forward (as Liger-Kernel does), so backward is only a scale by
 grad_output (a launch that moves nothing when grad_output == 1, the usual case).
 
-Memory: beyond the inputs, one chunk of logits (its size a dispatch decision under a budget, see
-`budget_chunk`) plus dX and dW, which autograd would allocate anyway.  dW accumulates in the
-weight dtype: an fp32 dW is 2x the bf16 one (1.56 GB at V151936 H2560), which alone breaks the
-1.0 GB budget that shape has; the price is one bf16 rounding per chunk, the trade Liger-Kernel
-makes too.  In fp16 the 1/n of "mean" is applied to dX/dW afterwards (p/n underflows fp16).
+Memory: beyond the inputs, one chunk of logits (see `budget_chunk`) plus dX and dW.  dW
+accumulates in the weight dtype: an fp32 dW (1.56 GB at V151936 H2560) alone breaks that
+shape's 1.0 GB budget; the price is one bf16 rounding per chunk, the trade Liger-Kernel makes too.
 
 reduction="none" cannot fold a per-row grad_output into a dW summed in forward: forward then
 computes the loss only, and backward recomputes each chunk's logits (one extra GEMM).
@@ -190,8 +188,6 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
         y = F.pad(labels, (0, 1), value=-100)[..., 1:]   # HF's shift (or its `shift_labels` kwarg)
         loss = fused_linear_cross_entropy(hidden_states, model.lm_head.weight, y, ignore_index=-100,
                                           num_items_in_batch=num_items_in_batch)
-
-    Example: h (4, 2048, 2560) bf16, W (151936, 2560) bf16, y (4, 2048) -> 0-d loss.
     """
     if torch.is_autocast_enabled(x.device.type) and x.dtype != torch.get_autocast_dtype(x.device.type):
         x = x.to(torch.get_autocast_dtype(x.device.type))     # what F.linear would do under autocast
@@ -208,16 +204,14 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
 
 MiB = 1 << 20
 
-# Peak bytes of one chunk of logits (chunk * vocab * element bytes) that a config may use: the
-# sweep measures only chunk sizes under it and the heuristic takes the largest, so a tuned DB row
-# can never trade the memory saving for speed.
-#  - HIP (mi300x/mi325x/mi355x) and unknown GPUs: 128 MiB, upstream's ROCm cap (Liger-Kernel PR #1317: the
-#    LFM2 PR raised the ROCm chunk floor for large hidden sizes "capped at 128 MiB" on MI325X).
-#  - hopper/blackwell/ampere: 160 MiB, derived from the H200 memory targets rather than timed.
-#    peak extra memory counts dW and dX (which autograd hands out): at BT8192 H2560 V151936 bf16
-#    they are 0.778 + 0.042 GB, so a 1.0 GB target leaves 0.18 GB of logits (chunk <= 592 rows);
-#    at BT8192 H2048 V65536, 0.5 GB leaves 0.198 GB (chunk <= 1510). 160 MiB admits 512 and 1280
-#    rows there. Speed per chunk size: to be measured (benchmarks/results/flce_chunks_h200.csv).
+# Peak bytes of one chunk of logits (chunk * vocab * element bytes) that a config may use: the sweep
+# measures only chunks under it and the heuristic takes the largest, so a tuned DB row never trades
+# the memory saving for speed.
+#  - HIP and unknown GPUs: 128 MiB, upstream's ROCm cap (Liger-Kernel PR #1317, "capped at 128 MiB" on MI325X).
+#  - hopper/blackwell/ampere: 160 MiB, from the H200 memory targets (not timed): at BT8192 H2560
+#    V151936 bf16, dW + dX are 0.778 + 0.042 GB, so a 1.0 GB target leaves 0.18 GB of logits (chunk
+#    <= 592 rows); at BT8192 H2048 V65536, 0.5 GB leaves 0.198 GB (chunk <= 1510); 160 MiB admits
+#    512 and 1280 rows there.  Time per chunk size: benchmarks/results/flce_chunks_h200_quick.csv.
 #  - cpu (interpreter): tiny, so that CI shapes run several chunks.
 _LOGITS_BUDGET = {"hopper": 160 * MiB, "blackwell": 160 * MiB, "ampere": 160 * MiB, "cpu": 4 * 1024}
 _HIP_BUDGET = 128 * MiB

@@ -15,12 +15,10 @@ saved tensors).  cos and sin get no gradient; when either requires one, the torc
 Every load is cast to fp32 and each output rounded once (eager bf16 rounds q*cos, rotate_half(q)*sin
 and their sum), so ours sits closer to the fp32 truth than eager's bf16 path.
 
-Kernel: one program per POS consecutive (batch, seq) positions loads the four cos/sin half-rows
-of a position once and rotates every q and k head in (BLOCK_H, D/2) tiles per half into fresh
-outputs (autograd may have saved q and k: never in place).  Inputs are read through their strides;
-outputs are laid out (B, S, H, D) in memory, like HF's q and k, so a program's writes are one
-contiguous run.  Minimum traffic per token, fwd and bwd alike: read and write (Hq + Hk) * D values
-each, plus 2D of cos/sin.
+Kernel: per position, one load of the cos/sin half-rows, then every q and k head rotated in
+(BLOCK_H, D/2) tiles into fresh outputs (never in place: autograd may have saved q and k), laid
+out (B, S, H, D) in memory like HF's q and k.  Minimum traffic per token, fwd and bwd alike: read
+and write (Hq + Hk) * D values each, plus 2D of cos/sin.
 """
 from __future__ import annotations
 
@@ -281,9 +279,8 @@ def _other_float(dtype: torch.dtype) -> bool:
 
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids=None,
          unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """apply_rotary_pos_emb: q (B, Hq, S, D), k (B, Hk, S, D), cos/sin (B|1, S, D) -> (q_embed,
-    k_embed).  position_ids is accepted and ignored, as HF does.  Dispatched per call; shapes the
-    kernel does not take, and cos/sin that want a gradient, run HF's formula."""
+    """apply_rotary_pos_emb (position_ids is ignored, as HF does); shapes the kernel does not take,
+    and cos/sin that want a gradient, run HF's formula."""
     if q.shape[-1] % 2 or k.shape[-1] % 2:
         raise ValueError(f"rope: head_dim must be even (rotate_half pairs element i with i + D/2); "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
@@ -301,13 +298,11 @@ def _make_case(dims, dtype, device):
     hq, hk, d, t = dims["heads_q"], dims["heads_k"], dims["head_dim"], dims["tokens"]
     b = 2 if t % 2 == 0 and t >= 4 else 1
     s = t // b
-    q = torch.randn(b, s, hq, d, generator=g).to(device, dtype).transpose(1, 2).requires_grad_()
-    k = torch.randn(b, s, hk, d, generator=g).to(device, dtype).transpose(1, 2).requires_grad_()
+    q, k = (torch.randn(b, s, h, d, generator=g).to(device, dtype).transpose(1, 2).requires_grad_() for h in (hq, hk))
     angle = 4.0 * torch.rand(1, s, d, generator=g)
     cos, sin = angle.cos().to(device, dtype), angle.sin().to(device, dtype)
-    dq = torch.randn(b, hq, s, d, generator=g).to(device, dtype)
-    dk = torch.randn(b, hk, s, d, generator=g).to(device, dtype)
-    return Case(args=(q, k, cos, sin, 1), grads=(dq, dk))
+    grads = tuple(torch.randn(b, h, s, d, generator=g).to(device, dtype) for h in (hq, hk))
+    return Case(args=(q, k, cos, sin, 1), grads=grads)
 
 
 def _config(arch, dims, pos: int, per_thread: int, split: int = 1) -> RoPEConfig:
@@ -321,9 +316,8 @@ def _config(arch, dims, pos: int, per_thread: int, split: int = 1) -> RoPEConfig
 
 def _heuristic(arch, dims, dtype):
     """One position per program, all heads in one tile, 8 values per thread per half-tile (one
-    16-byte bf16 vector per load): 4 warps at Qwen3-1.7B's 16 q heads x D 128 (its 8-head k tile
-    gets 4 values per thread); 8192 tokens are 8192 programs, several waves on 132 SMs.
-    An estimate, not measured on a GPU yet: `liger-tune sweep` decides among _configs."""
+    16-byte bf16 vector per load): 4 warps at Qwen3-1.7B's 16 q heads x D 128; 8192 tokens are
+    8192 programs, several waves on 132 SMs.  Not measured on a GPU yet: the sweep decides."""
     return _config(arch, dims, 1, 8)
 
 
@@ -360,9 +354,8 @@ def _plan(preset, arch, quick):
 
 
 def _bwd_fake(tensors, saved, grads, unsqueeze_dim, needs, config):
-    """The runtime's backward fake promises contiguous gradients; this kernel writes dq and dk
-    laid out (B, S, H, D) like HF's q and k (what the projections' backward reads without a copy),
-    and inductor checks the layout the fake promised."""
+    """dq, dk laid out (B, S, H, D) like HF's q and k, as the kernel writes them (the runtime's
+    default fake promises contiguous gradients, and inductor checks the promised layout)."""
     q, k = tensors[0], tensors[1]
     return [_new_out(x, x.dtype, unsqueeze_dim) if need else q.new_empty(0) for x, need in zip((q, k), needs)] + \
         [q.new_empty(0), q.new_empty(0)]
