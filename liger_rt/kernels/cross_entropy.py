@@ -1,7 +1,6 @@
 """Cross-entropy over a vocabulary: one row per program, online softmax over BLOCK_V chunks.
 
-    loss = liger_rt.ops.cross_entropy(logits, target)                 # logits (rows, vocab)
-    loss = liger_rt.ops.cross_entropy(logits, target, label_smoothing=0.1, softcap=30.0)
+    loss = liger_rt.ops.cross_entropy(logits, target, label_smoothing=0.1)     # logits (rows, vocab)
 
 Forward: one pass over each row gives the loss and its log-sum-exp, saved (4 bytes a row).
 Backward: one pass writes the gradient with grad_output folded in: Liger-Kernel's traffic (two
@@ -335,9 +334,7 @@ OP = register(Op(
     name="cross_entropy", static=("vocab",), dynamic=("rows",), dims=_dims,
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available),
            Impl("torch", fn=cross_entropy_ref)],
-    config=CrossEntropyConfig, candidates=_configs, heuristic=_heuristic,
+    config=CrossEntropyConfig, candidates=_configs, heuristic=_heuristic, fake=_fake, make_case=_make_case, plan=_plan,
+    # reduce_len 1 (the default): fp32 accumulation, the loss and gradient differ from the reference by rounding only
     schema="Tensor logits, Tensor target, int ignore_index, str reduction, float label_smoothing, "
-           "float lse_square_scale, float? softcap, Tensor? num_items, bool inplace",
-    fake=_fake, make_case=_make_case, plan=_plan,
-    # fp32 accumulation: the loss and gradient differ from the fp32 reference by rounding only
-    reduce_len=lambda d: 1))
+           "float lse_square_scale, float? softcap, Tensor? num_items, bool inplace"))

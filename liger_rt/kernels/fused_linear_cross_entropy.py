@@ -13,7 +13,6 @@ grad_output (a launch that moves nothing when grad_output == 1, the usual case).
 Memory: beyond the inputs, one chunk of logits (see `budget_chunk`) plus dX and dW.  dW
 accumulates in the weight dtype: an fp32 dW (1.56 GB at V151936 H2560) alone breaks that
 shape's 1.0 GB budget; the price is one bf16 rounding per chunk, the trade Liger-Kernel makes too.
-
 reduction="none" cannot fold a per-row grad_output into a dW summed in forward: forward then
 computes the loss only, and backward recomputes each chunk's logits (one extra GEMM).
 """

@@ -1,15 +1,12 @@
 """Fused linear log-probs and entropy: per-token log p(target | x) and the entropy of the tempered
 softmax of x @ W.T (+ b), chunked over tokens so the (tokens, vocab) logits never exist.
 
-    lp = liger_rt.ops.fused_linear_logprobs(hidden, lm_head.weight, actions)              # (B, S) fp32
-    lp, ent = liger_rt.ops.fused_linear_logprobs(hidden, lm_head.weight, actions, temperature=0.7,
-                                                 return_entropy=True)
+    lp, ent = liger_rt.ops.fused_linear_logprobs(hidden, lm_head.weight, actions, return_entropy=True)  # (B, S) fp32
 
 With z = (x @ W.T + b) / T, p = softmax(z), lse = logsumexp(z):
     lp = z[t] - lse,   H = lse - sum_j p_j z_j.
 Rows whose target is `ignore_index` give lp = H = 0 and no gradient; a target outside [0, vocab)
 gives lp = NaN (never a silent wrong value).  Both outputs are fp32 whatever the input dtype.
-
 For each chunk of `chunk` token rows (a dispatch decision, see `chunk_cap`):
   forward   logits = x[chunk] @ W.T            cuBLAS, fp32 out (16-bit inputs: no rounded logits)
             lp, H, lse, sbar per row           one online pass of the forward kernel
@@ -301,8 +298,7 @@ _OTHER_BUDGET = 512 * MiB
 
 
 def chunk_cap(arch, dims: dict, share: int = 16) -> int:
-    """The most token rows one chunk may take on this arch (see the budget above); the heuristic
-    takes 1/16 of the tokens, the sweep's candidates up to 1/8 (`share`)."""
+    """The most token rows one chunk may take (see above): 1/16 of the tokens, 1/8 for candidates (`share`)."""
     kind = _kind(arch)
     rows = _BUDGET.get(arch.name, _OTHER_BUDGET) // (4 * dims["vocab"])
     if kind == "gpu":
@@ -363,8 +359,7 @@ OP = register(Op(
     name="fused_linear_logprobs", static=("hidden", "vocab"), dynamic=("tokens",), dims=_dims,
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available),
            Impl("torch", fn=fused_linear_logprobs_ref)],
-    config=LogProbsConfig, candidates=_configs, heuristic=_heuristic,
-    schema="Tensor x, Tensor weight, Tensor target, Tensor? bias, float temperature, int ignore_index",
-    fake=_fake, outputs=2, make_case=_make_case, plan=_plan,
+    config=LogProbsConfig, candidates=_configs, heuristic=_heuristic, fake=_fake, outputs=2, make_case=_make_case,
+    plan=_plan, schema="Tensor x, Tensor weight, Tensor target, Tensor? bias, float temperature, int ignore_index",
     # dW adds one rounding in the weight dtype per chunk (token rows); the rest reduces in fp32
     reduce_len=lambda d: d["tokens"]))

@@ -233,8 +233,7 @@ def _fake(config, x, weight, bias, eps):
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                eps: float = 1e-5) -> torch.Tensor:
-    """LayerNorm over the last dim; x (..., hidden), weight/bias (hidden,).  Dispatched per call;
-    weight=None (no affine) runs PyTorch's LayerNorm."""
+    """LayerNorm over the last dim; weight=None (no affine) runs PyTorch's LayerNorm."""
     if weight is None:
         return OP.reference(x, None, bias, float(eps))
     return OP(x, weight, bias, float(eps))

@@ -9,11 +9,10 @@ weights stored as w - 1.
 Casting follows LlamaRMSNorm: statistics in fp32, the normalised x is rounded to the input dtype
 *before* the weight multiply (``weight * hidden.to(input_dtype)``).
 
-Kernels: the forward takes ROWS rows per program (1-D tiles at ROWS == 1) and stores rstd (fp32,
-one per row).  The backward is persistent: G = min(rows, sm_count * bwd_progs_per_sm) programs,
-program p walks rows p, p + G, ... (bwd_rows > 1, for small hidden: (bwd_rows, N) tiles), dW
-accumulates in fp32 registers as one partial row per program, and a column-parallel kernel sums
-the (G, N) partials into the weight dtype.  No atomics.  Minimum traffic: fwd 2MN, bwd 3MN.
+Kernels: the forward takes ROWS rows per program and stores rstd (fp32, one per row).  The
+backward is persistent: G = min(rows, sm_count * bwd_progs_per_sm) programs walk rows p, p + G,
+... (or (bwd_rows, N) tiles), each keeping one fp32 dW partial row, which a column-parallel kernel
+sums into the weight dtype.  No atomics.  Minimum traffic: fwd 2MN, bwd 3MN.
 """
 from __future__ import annotations
 
@@ -257,16 +256,13 @@ def _make_case(dims, dtype, device):
 
 
 def _heuristic(arch, dims, dtype):
-    """Forward: one row per program from hidden 2048 up (1-D tiles, Liger-Kernel's shape, which
-    runs at 3.76 TB/s on the H200), 8 values per thread up to 2048 and 16 above (8 warps at 4096);
-    small rows pack 2048 elements per program.  Backward: 2 persistent programs per SM walking
-    rows with the grid's stride (neighbouring rows in flight together), 8 values per thread (16
-    warps at 4096: 57 registers on Triton 3.9 sm_90, both programs resident), the next row
-    prefetched into registers: 4 row pairs (64 KB at 4096) of loads in flight per SM; fp32 dW
-    partials (2 * sm_count rows, 4 MB at 4096) summed by a column-parallel kernel.  Up to hidden
-    256 (per-head q/k norms) the backward walks 2048-element tiles of 2048 / hidden rows, 4
-    programs per SM: one row per step left each program ~1000 dependent steps at 262144 x 64.
-    `liger-tune sweep` decides among _configs."""
+    """Forward: one row per program from hidden 2048 up (Liger-Kernel's shape, 3.76 TB/s on the
+    H200), 8 values per thread up to 2048 and 16 above; small rows pack 2048 elements per program.
+    Backward: 2 persistent programs per SM, 8 values per thread (16 warps at 4096: 57 registers on
+    Triton 3.9 sm_90, both programs resident), the next row prefetched: 4 row pairs (64 KB at 4096)
+    of loads in flight per SM; fp32 dW partials 4 MB at 4096.  Up to hidden 256 (per-head q/k
+    norms) the backward walks 2048-element tiles, 4 programs per SM: one row per step left each
+    program ~1000 dependent steps at 262144 x 64.  `liger-tune sweep` decides among _configs."""
     e = next_pow2(dims["hidden"])
     fwd = norm_fwd(arch, e, 2048, 8 if e <= 2048 else 16)
     if e <= TILE_BWD_MAX_HIDDEN:

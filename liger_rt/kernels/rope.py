@@ -11,7 +11,6 @@ With x1 = x[..., :D/2], x2 = x[..., D/2:] and c1, c2 / s1, s2 the halves of cos 
 are not assumed equal): y1 = x1*c1 - x2*s1, y2 = x2*c2 + x1*s2.  The backward is the transposed
 rotation, dx1 = dy1*c1 + dy2*s2, dx2 = dy2*c2 - dy1*s1, recomputed from cos and sin (the only
 saved tensors).  cos and sin get no gradient; when either requires one, the torch formula runs.
-
 Every load is cast to fp32 and each output rounded once (eager bf16 rounds q*cos, rotate_half(q)*sin
 and their sum), so ours sits closer to the fp32 truth than eager's bf16 path.
 
@@ -292,8 +291,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 
 
 def _make_case(dims, dtype, device):
-    """HF's tensors: q, k transposed views of (B, S, H, D) projections, cos/sin (1, S, D) with
-    unequal halves (random, not a real frequency table), upstream gradients in the output layout."""
+    """HF's layout: q, k transposed (B, S, H, D) views; cos/sin (1, S, D), random, unequal halves."""
     g = torch.Generator(device="cpu").manual_seed(0)
     hq, hk, d, t = dims["heads_q"], dims["heads_k"], dims["head_dim"], dims["tokens"]
     b = 2 if t % 2 == 0 and t >= 4 else 1

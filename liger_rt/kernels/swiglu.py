@@ -8,9 +8,8 @@ Casting follows ``act_fn(gate) * up`` in the input dtype: silu is computed in fp
 the gate dtype, then multiplied by up in fp32 and rounded once more.
 
 Kernels are elementwise over (ROWS, BLOCK_N) tiles of a 2-D view with one row stride per tensor,
-so the two halves of a fused gate_up projection (``gate_up.chunk(2, -1)``) are read in place.
-The backward saves only the inputs and recomputes sigmoid(gate) (cheaper than storing it).
-Minimum traffic: fwd 3MN, bwd 5MN.
+so the halves of a fused gate_up projection (``gate_up.chunk(2, -1)``) are read in place.  The
+backward recomputes sigmoid(gate) (cheaper than storing it).  Minimum traffic: fwd 3MN, bwd 5MN.
 """
 from __future__ import annotations
 
