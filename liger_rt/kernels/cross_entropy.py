@@ -1,34 +1,22 @@
 """Cross-entropy over a vocabulary: one row per program, online softmax over BLOCK_V chunks.
 
-    loss = liger_rt.ops.cross_entropy(logits, target)                 # logits (rows, vocab)
-    loss = liger_rt.ops.cross_entropy(logits, target, label_smoothing=0.1, softcap=30.0)
+    loss = liger_rt.ops.cross_entropy(logits, target, label_smoothing=0.1)     # logits (rows, vocab)
 
-Forward: one pass over each row (running max and sum of exponentials) gives the loss and the
-row's log-sum-exp, saved (4 bytes a row).  Backward: one pass writes the gradient with
-grad_output folded in (a per-row factor for reduction="none").  Traffic is that of computing the
-gradient in the forward (Liger-Kernel's scheme: two reads and one write of the logits) without
-its second logits-sized buffer between forward and backward, a scale pass when grad_output != 1,
-or a one-backward-only limit.  All arithmetic is fp32 whatever the logits dtype; the gradient is
-stored in the logits dtype, like PyTorch's.
+Forward: one pass over each row gives the loss and its log-sum-exp, saved (4 bytes a row).
+Backward: one pass writes the gradient with grad_output folded in: Liger-Kernel's traffic (two
+reads and one write of the logits) without its second logits-sized buffer or scale pass.  All
+arithmetic is fp32; the gradient is stored in the logits dtype, like PyTorch's.
 
 Semantics (PyTorch's ``F.cross_entropy`` on fp32 logits, plus three extensions):
-- ``reduction="mean"`` divides by the count of non-ignored targets (or by
-  ``num_items_in_batch`` when given); an all-ignored batch gives loss 0 and zero gradients
-  instead of PyTorch's NaN.
+- ``reduction="mean"`` divides by the count of non-ignored targets (or by ``num_items_in_batch``);
+  an all-ignored batch gives loss 0 and zero gradients instead of PyTorch's NaN.
 - ``label_smoothing`` eps: ``(1 - eps) * nll + eps * mean_j(-log p_j)`` per row (PyTorch's).
-- ``lse_square_scale`` s: the z-loss of PaLM (Liger-Kernel's name for it), ``s * lse**2`` added to
-  each non-ignored row's loss, where lse is the row's log-sum-exp (after softcapping).
-- ``softcap`` c: Gemma-2's final-logit softcapping, the loss is taken on ``c * tanh(logits / c)``
-  and the gradient flows through the tanh.
+- ``lse_square_scale`` s: PaLM's z-loss, ``s * lse**2`` added to each non-ignored row's loss.
+- ``softcap`` c: Gemma-2's final-logit softcapping, the loss is taken on ``c * tanh(logits / c)``.
 - A target outside [0, vocab) that is not ``ignore_index`` gives that row a NaN loss and NaN
-  gradient on the Triton path (PyTorch raises on CPU and device-asserts on CUDA).  Raising needs
-  the targets on the host: a device sync per call, which stops the host running ahead of the GPU
-  (issue 19's host-bound cases); ``tl.device_assert`` is compiled out unless Triton runs with
-  debug on, and when it fires it leaves the CUDA context unusable.  The NaN costs one compare per
-  row, reaches the loss of any reduction and, through the gradient, every weight it touches.
-
-The module also holds the row kernel fused_linear_cross_entropy runs on each chunk of logits
-(forward and gradient in one launch there, see that module).
+  gradient (PyTorch raises).  Raising needs the targets on the host, a device sync per call that
+  stops the host running ahead of the GPU (issue 19); ``tl.device_assert`` is compiled out unless
+  Triton runs with debug on, and when it fires it leaves the CUDA context unusable.
 """
 from __future__ import annotations
 
@@ -46,16 +34,11 @@ from ._common import as_rows, interpreter_on, next_pow2, to_dtype, triton_availa
 REDUCTIONS = ("mean", "sum", "none")
 
 
-# -- reference ----------------------------------------------------------------------------------
-
 def cross_entropy_ref(logits, target, ignore_index: int = -100, reduction: str = "mean",
                       label_smoothing: float = 0.0, lse_square_scale: float = 0.0, softcap=None,
                       num_items_in_batch=None, inplace_backward: bool = False):
-    """The loss in fp32 with PyTorch ops (also the `torch` implementation; it takes the op's args).
-
-    logits (..., vocab), target (...) int; returns a 0-d fp32 tensor, or target's shape for "none".
-    `inplace_backward` is accepted for signature parity and ignored.
-    """
+    """The loss in fp32 with PyTorch ops (the `torch` implementation; `inplace_backward` is ignored):
+    logits (..., vocab), target (...) int -> 0-d fp32, or target's shape for "none"."""
     _check_args(reduction, label_smoothing, softcap, num_items_in_batch)
     vocab = logits.shape[-1]
     x = logits.reshape(-1, vocab).float()
@@ -121,13 +104,10 @@ def reduce_rows(loss_rows: torch.Tensor, scale: torch.Tensor, reduction: str, sh
     return loss_rows.view(shape) if reduction == "none" else loss_rows.sum() * scale[0]
 
 
-# -- Triton kernel ------------------------------------------------------------------------------
-
 @triton.jit
 def _tanh(x):
     # tl.tanh is not in every Triton release (3.6 and 3.9 must both work); exp-based tanh is exact
-    # to fp32 rounding in absolute terms, which is what a softcapped logit needs. exp overflow
-    # at large |x| saturates correctly to +-1.
+    # to fp32 rounding in absolute terms and saturates to +-1 where exp overflows.
     return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
 
 
@@ -212,14 +192,11 @@ def _cross_entropy_kernel(
             tl.store(p_g + o, to_dtype(g, G.dtype.element_ty, RNE_BF16), mask=m_v)
 
 
-# -- launchers ----------------------------------------------------------------------------------
-
 def cross_entropy_rows(config, logits, target, loss, lse, ignore_index, label_smoothing, lse_square_scale,
                        softcap, *, grad=None, scale=None, fwd=True) -> None:
-    """One launch over 2-D `logits` (rows, vocab) with a contiguous last dim and targets (rows,).
-    fwd: per-row fp32 losses into `loss` and log-sum-exps into `lse`; else `lse` is read.  With
-    `grad` (which may be `logits` itself) the gradient of sum(loss * scale) goes there; scale is
-    fp32 (1,) or (rows,)."""
+    """One launch over `logits` (rows, vocab), last dim contiguous, and targets (rows,).  fwd: fp32
+    losses into `loss`, log-sum-exps into `lse`; else `lse` is read.  With `grad` (may be `logits`)
+    the gradient of sum(loss * scale) goes there; scale is fp32 (1,) or (rows,)."""
     rows, n_cols = logits.shape
     if rows == 0:
         return
@@ -235,8 +212,7 @@ def cross_entropy_rows(config, logits, target, loss, lse, ignore_index, label_sm
 
 
 def increment_version(t: torch.Tensor) -> None:
-    """Tell autograd that a kernel wrote `t` in place: a node that saved it then raises instead of
-    reading the new values."""
+    """Tell autograd that a kernel wrote `t` in place: a node that saved it then raises."""
     fn = getattr(torch.autograd.graph, "increment_version", None)
     if fn is not None:
         fn(t)
@@ -274,8 +250,6 @@ def _fake(config, logits, target, ignore_index, reduction, *rest):
     return (loss,), (logits.new_empty((target.numel(),), dtype=f32), logits.new_empty((1,), dtype=f32))
 
 
-# -- the op -------------------------------------------------------------------------------------
-
 @dataclasses.dataclass(frozen=True)
 class CrossEntropyConfig(Config):
     BLOCK_V: int = knob(1024, pow2(1, 65536))     # vocab columns per loop trip (clamped to the vocab)
@@ -295,20 +269,12 @@ def _dims(logits, target, ignore_index, reduction, label_smoothing, lse_square_s
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
                   *, label_smoothing: float = 0.0, lse_square_scale: float = 0.0, softcap: float | None = None,
                   num_items_in_batch=None, inplace_backward: bool = False) -> torch.Tensor:
-    """Cross-entropy of `logits` (..., vocab) against integer `target` (...), fp32 result.
-
-    reduction: "mean" (over non-ignored targets, 0 when all are ignored), "sum" or "none"
-    (target's shape). label_smoothing (PyTorch's), lse_square_scale (z-loss, s * lse**2 per row),
-    softcap (loss on c * tanh(logits / c)): see the module docstring. num_items_in_batch (int or
-    tensor): divide the summed loss by it instead (HF's gradient-accumulation convention).
-
-    inplace_backward=True writes the gradient over `logits` during backward (no second
-    logits-sized buffer). Safe only when the logits are a temporary that nothing reads after the
-    backward (e.g. an lm_head output that is not returned to the caller). The logits' autograd
-    version counter is bumped, so another op that saved them and runs its backward later raises
-    instead of computing garbage; leaf tensors are never overwritten, and under torch.compile the
-    gradient always gets its own buffer (a compiled graph's inputs are not mutated). Default False.
-
+    """Cross-entropy of `logits` (..., vocab) against integer `target` (...), fp32 result; the
+    options are the module docstring's.  num_items_in_batch (int or tensor) divides the summed
+    loss instead (HF's gradient-accumulation convention).  inplace_backward=True writes the
+    gradient over `logits` (no second logits-sized buffer): safe only when nothing reads them after
+    the backward.  Their autograd version is bumped, so another op that saved them raises in its
+    backward; leaf tensors are never overwritten, nor are compiled graphs' inputs.
     Example: logits (4, 128, 151936) bf16 and labels (4, 128) -> cross_entropy(logits, labels)
     """
     if logits.dim() >= 1 and logits.stride(-1) != 1:
@@ -335,13 +301,8 @@ def _configs(arch, dims, dtype):
     vmax = next_pow2(dims["vocab"])
     if arch.name == "cpu":   # the interpreter ignores warps; larger blocks mean fewer Python loop trips
         return [CrossEntropyConfig(BLOCK_V=min(b, vmax), num_warps=4) for b in (64, 256, 1024)]
-    out = []
-    for block in (1024, 2048, 4096, 8192, 16384, 32768):
-        for warps in (4, 8, 16, 32):
-            per_thread = block // (warps * arch.warp_size)
-            if 4 <= per_thread <= 64 and block <= max(vmax, 1024):
-                out.append(CrossEntropyConfig(BLOCK_V=block, num_warps=warps))
-    return out
+    return [CrossEntropyConfig(BLOCK_V=block, num_warps=warps) for block in (1024, 2048, 4096, 8192, 16384, 32768)
+            for warps in (4, 8, 16, 32) if 4 <= block // (warps * arch.warp_size) <= 64 and block <= max(vmax, 1024)]
 
 
 def _heuristic(arch, dims, dtype):
@@ -360,7 +321,7 @@ def _heuristic(arch, dims, dtype):
 def _plan(preset, arch, quick):
     if arch.name == "cpu":
         vocab = preset.vocab if (preset is not None and preset.tiny) else 199
-        return [{"rows": 16, "vocab": vocab}] if quick else [{"rows": r, "vocab": vocab} for r in (16, 64)]
+        return [{"rows": r, "vocab": vocab} for r in ((16,) if quick else (16, 64))]
     if preset is not None:
         tokens = preset.quick_tokens if quick else preset.tokens
         return [{"rows": t, "vocab": preset.vocab} for t in tokens]
@@ -373,9 +334,7 @@ OP = register(Op(
     name="cross_entropy", static=("vocab",), dynamic=("rows",), dims=_dims,
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available),
            Impl("torch", fn=cross_entropy_ref)],
-    config=CrossEntropyConfig, candidates=_configs, heuristic=_heuristic,
+    config=CrossEntropyConfig, candidates=_configs, heuristic=_heuristic, fake=_fake, make_case=_make_case, plan=_plan,
+    # reduce_len 1 (the default): fp32 accumulation, the loss and gradient differ from the reference by rounding only
     schema="Tensor logits, Tensor target, int ignore_index, str reduction, float label_smoothing, "
-           "float lse_square_scale, float? softcap, Tensor? num_items, bool inplace",
-    fake=_fake, make_case=_make_case, plan=_plan,
-    # fp32 accumulation: the loss and gradient differ from the fp32 reference by rounding only
-    reduce_len=lambda d: 1))
+           "float lse_square_scale, float? softcap, Tensor? num_items, bool inplace"))

@@ -8,22 +8,13 @@ For each chunk of `chunk` token rows:
   2. loss rows and dlogits, in place            the cross-entropy Triton kernel (fp32 math)
   3. dX[chunk] = dlogits @ W; dW (+)= dlogits.T @ x[chunk] (addmm, W's dtype); db += dlogits.sum(0) (fp32)
 Gradients are computed in forward (as Liger-Kernel does), so backward is only a scale by
-grad_output (a launch that moves nothing when grad_output == 1, the usual case).  Under
-torch.compile the scale is plain torch ops in the backward graph (`_traced_backward`): a backward
-custom op may neither mutate nor return its inputs and would write a fresh dW beside the saved one,
-where inductor may reuse the saved buffer.
+grad_output (a launch that moves nothing when grad_output == 1, the usual case).
 
-Memory: beyond the inputs, one chunk of logits (chunk * vocab * elt bytes; the chunk is a dispatch
-decision under a budget, see `budget_chunk`) plus dX and dW, which autograd would allocate anyway.
-dW accumulates in the weight dtype rather than fp32: an fp32 dW is 2x the bf16 one (1.56 GB at
-V151936 H2560), which alone breaks the 1.0 GB budget that shape has; the price is one bf16
-rounding per chunk (each addmm accumulates in fp32 inside cuBLAS and rounds once), the trade
-Liger-Kernel makes too. In fp16 the per-chunk dlogits are stored unscaled and the 1/n of "mean"
-is applied to dX/dW afterwards, because p/n underflows fp16 at large batches.
-
+Memory: beyond the inputs, one chunk of logits (see `budget_chunk`) plus dX and dW.  dW
+accumulates in the weight dtype: an fp32 dW (1.56 GB at V151936 H2560) alone breaks that
+shape's 1.0 GB budget; the price is one bf16 rounding per chunk, the trade Liger-Kernel makes too.
 reduction="none" cannot fold a per-row grad_output into a dW summed in forward: forward then
-computes the loss only, and backward recomputes each chunk's logits (one extra GEMM).  Targets
-outside [0, vocab) that are not ignore_index give NaN (see kernels/cross_entropy.py).
+computes the loss only, and backward recomputes each chunk's logits (one extra GEMM).
 """
 from __future__ import annotations
 
@@ -37,26 +28,18 @@ import triton.language as tl
 from ..dispatch import register
 from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
 from ._common import as_rows, interpreter_on, to_dtype, triton_available
-from .cross_entropy import (
-    _check_args, _configs as _ce_configs, _heuristic as _ce_heuristic, check_target, cross_entropy_ref,
-    cross_entropy_rows, grad_scale, increment_version, reduce_rows,
-)
+from .cross_entropy import (_check_args, _configs as _ce_configs, _heuristic as _ce_heuristic, check_target,
+                            cross_entropy_ref, cross_entropy_rows, grad_scale, increment_version, reduce_rows)
 
-
-# -- reference ----------------------------------------------------------------------------------
 
 def fused_linear_cross_entropy_ref(x, weight, target, bias=None, ignore_index: int = -100, reduction: str = "mean",
                                    label_smoothing: float = 0.0, lse_square_scale: float = 0.0, softcap=None,
                                    num_items_in_batch=None, *launch_flags):
-    """The plain PyTorch loss: logits = x @ W.T (+ b) in x's dtype, then cross-entropy in fp32 (the
-    `torch` implementation: it materialises the logits, and ignores the Triton path's flags)."""
+    """logits = x @ W.T (+ b) in x's dtype, then cross-entropy in fp32 (the `torch` implementation)."""
     logits = F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
     return cross_entropy_ref(logits, target, ignore_index, reduction, label_smoothing=label_smoothing,
-                             lse_square_scale=lse_square_scale, softcap=softcap,
-                             num_items_in_batch=num_items_in_batch)
+                             lse_square_scale=lse_square_scale, softcap=softcap, num_items_in_batch=num_items_in_batch)
 
-
-# -- launchers ----------------------------------------------------------------------------------
 
 @triton.jit
 def _scale_kernel(SRC, DST, S, numel, BLOCK: tl.constexpr, IN_PLACE: tl.constexpr, RNE_BF16: tl.constexpr):
@@ -148,8 +131,8 @@ def _backward(config, args, saved, needs, dloss):
 
 def _traced_backward(args, saved, needs, dloss):
     """Under torch.compile, where forward computed the gradients: those times grad_output as torch
-    ops, which inductor may write into the saved buffers (the backward op would allocate a fresh dW
-    beside the saved one); None (the backward op) for fp16's deferred scale and reduction="none"."""
+    ops, which inductor may write into the saved buffers (a backward custom op may not mutate its
+    inputs and would allocate a fresh dW); None (the backward op) for fp16 and reduction="none"."""
     x, _, _, bias, _, reduction, _, _, _, _, grads, _ = args
     want = (needs[0], needs[1], needs[3] and bias is not None)
     if x.dtype == torch.float16 or not all(h or not w for w, h in zip(want, _stored(grads, bias, reduction))):
@@ -165,8 +148,6 @@ def _fake(config, x, weight, target, bias, ignore_index, reduction, *rest):
     loss = x.new_empty(target.shape if reduction == "none" else (), dtype=torch.float32)
     return (loss,), (*saved, x.new_empty((1,), dtype=torch.float32))
 
-
-# -- the op -------------------------------------------------------------------------------------
 
 CHUNKS = (0, *range(1, 65), *range(128, 65537, 128))     # token rows per chunk; 0 = all
 
@@ -191,32 +172,21 @@ def _dims(x, weight, target, bias, ignore_index, reduction, label_smoothing, lse
 
 
 def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                               bias: torch.Tensor | None = None, ignore_index: int = -100,
-                               reduction: str = "mean", *, label_smoothing: float = 0.0,
-                               lse_square_scale: float = 0.0, softcap: float | None = None,
-                               num_items_in_batch=None) -> torch.Tensor:
+                               bias: torch.Tensor | None = None, ignore_index: int = -100, reduction: str = "mean",
+                               *, label_smoothing: float = 0.0, lse_square_scale: float = 0.0,
+                               softcap: float | None = None, num_items_in_batch=None) -> torch.Tensor:
     """Cross-entropy of x @ weight.T (+ bias) against `target`, without materialising the logits.
 
-    x (..., hidden) — leading dims are flattened; weight (vocab, hidden) — e.g. lm_head.weight,
-    possibly tied to the input embedding (it is only read; its gradient is returned to autograd,
-    which sums it with the embedding's); target (...) int, the same leading dims as x; bias (vocab,).
-    weight/bias in another dtype than x are cast to x's dtype (differentiably: the cast costs one
-    copy of W); under torch.autocast, x, weight and bias are cast to the autocast dtype first, as
-    F.linear would be. Returns a 0-d fp32 loss, or target's shape for reduction="none".
-    ignore_index, reduction, label_smoothing, lse_square_scale (z-loss), softcap and
-    num_items_in_batch mean what they mean in `liger_rt.ops.cross_entropy`.
-
-    Hugging Face's ``ForCausalLMLoss`` maps onto it as follows (shifting the labels is the caller's
-    job; every position's hidden state is kept)::
+    x (..., hidden); weight (vocab, hidden), e.g. lm_head.weight (only read: a tied embedding's
+    gradient is summed by autograd); target (...) int with x's leading dims; bias (vocab,).
+    weight/bias are cast to x's dtype (differentiably), and under torch.autocast all three to the
+    autocast dtype, as F.linear would be.  Returns a 0-d fp32 loss, or target's shape for "none".
+    The other options are `liger_rt.ops.cross_entropy`'s.  Hugging Face's ``ForCausalLMLoss``
+    (shifting the labels is the caller's job)::
 
         y = F.pad(labels, (0, 1), value=-100)[..., 1:]   # HF's shift (or its `shift_labels` kwarg)
         loss = fused_linear_cross_entropy(hidden_states, model.lm_head.weight, y, ignore_index=-100,
                                           num_items_in_batch=num_items_in_batch)
-
-    num_items_in_batch=None gives HF's "mean" over non-ignored labels; a given one gives HF's
-    ``reduction="sum"`` then ``/ num_items_in_batch``, fused into the dlogits (no extra pass over
-    dW; "sum" and "mean" both mean that then). Gemma-2's ``final_logit_softcapping`` is `softcap`.
-    Example: h (4, 2048, 2560) bf16, W (151936, 2560) bf16, y (4, 2048) -> 0-d loss.
     """
     if torch.is_autocast_enabled(x.device.type) and x.dtype != torch.get_autocast_dtype(x.device.type):
         x = x.to(torch.get_autocast_dtype(x.device.type))     # what F.linear would do under autocast
@@ -233,16 +203,14 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
 
 MiB = 1 << 20
 
-# Peak bytes of one chunk of logits (chunk * vocab * element bytes) that a config may use: the
-# sweep measures only chunk sizes under it and the heuristic takes the largest, so a tuned DB row
-# can never trade the memory saving for speed.
-#  - HIP (mi300x/mi325x/mi355x) and unknown GPUs: 128 MiB, upstream's ROCm cap (Liger-Kernel PR #1317: the
-#    LFM2 PR raised the ROCm chunk floor for large hidden sizes "capped at 128 MiB" on MI325X).
-#  - hopper/blackwell/ampere: 160 MiB, derived from the H200 memory targets rather than timed.
-#    peak extra memory counts dW and dX (which autograd hands out): at BT8192 H2560 V151936 bf16
-#    they are 0.778 + 0.042 GB, so a 1.0 GB target leaves 0.18 GB of logits (chunk <= 592 rows);
-#    at BT8192 H2048 V65536, 0.5 GB leaves 0.198 GB (chunk <= 1510). 160 MiB admits 512 and 1280
-#    rows there. Speed per chunk size: to be measured (benchmarks/results/flce_chunks_h200.csv).
+# Peak bytes of one chunk of logits (chunk * vocab * element bytes) that a config may use: the sweep
+# measures only chunks under it and the heuristic takes the largest, so a tuned DB row never trades
+# the memory saving for speed.
+#  - HIP and unknown GPUs: 128 MiB, upstream's ROCm cap (Liger-Kernel PR #1317, "capped at 128 MiB" on MI325X).
+#  - hopper/blackwell/ampere: 160 MiB, from the H200 memory targets (not timed): at BT8192 H2560
+#    V151936 bf16, dW + dX are 0.778 + 0.042 GB, so a 1.0 GB target leaves 0.18 GB of logits (chunk
+#    <= 592 rows); at BT8192 H2048 V65536, 0.5 GB leaves 0.198 GB (chunk <= 1510); 160 MiB admits
+#    512 and 1280 rows there.  Time per chunk size: benchmarks/results/flce_chunks_h200_quick.csv.
 #  - cpu (interpreter): tiny, so that CI shapes run several chunks.
 _LOGITS_BUDGET = {"hopper": 160 * MiB, "blackwell": 160 * MiB, "ampere": 160 * MiB, "cpu": 4 * 1024}
 _HIP_BUDGET = 128 * MiB
@@ -254,14 +222,17 @@ _GRAIN = {"gpu": 128, "cpu": 4}       # chunk sizes are multiples of this (GEMM 
 _CHUNKS = {"gpu": (256, 512, 768, 1024, 1280, 1536, 2048, 3072, 4096, 8192, 16384), "cpu": (4, 8, 16)}
 
 
+def _kind(arch) -> str:
+    return "cpu" if arch.name == "cpu" else "gpu"
+
+
 def logits_budget(arch) -> int:
-    """Bytes one chunk of logits may take on this arch."""
     return _HIP_BUDGET if arch.is_hip else _LOGITS_BUDGET.get(arch.name, _HIP_BUDGET)
 
 
 def budget_chunk(arch, vocab: int, dtype: torch.dtype) -> int:
     """The largest chunk (a multiple of the grain) whose logits fit the budget, never below the floor."""
-    kind = "cpu" if arch.name == "cpu" else "gpu"
+    kind = _kind(arch)
     rows = logits_budget(arch) // (vocab * torch.empty((), dtype=dtype).element_size())
     return max(c for c in (_FLOOR[kind], *CHUNKS) if c % _GRAIN[kind] == 0 and (c <= rows or c == _FLOOR[kind]))
 
@@ -270,7 +241,7 @@ def _configs(arch, dims, dtype):
     """Chunks under the budget (0: all tokens at once, where they fit) x the cross-entropy heuristic
     launch and its neighbours (half the block, half the warps)."""
     tokens, cap = dims["tokens"], budget_chunk(arch, dims["vocab"], dtype)
-    chunks = sorted({c for c in (*_CHUNKS["cpu" if arch.name == "cpu" else "gpu"], cap) if c <= cap and c < tokens})
+    chunks = sorted({c for c in (*_CHUNKS[_kind(arch)], cap) if c <= cap and c < tokens})
     ce_dims = {"rows": tokens, "vocab": dims["vocab"]}
     base = _ce_heuristic(arch, ce_dims, dtype)
     launches = [base] + [c for c in _ce_configs(arch, ce_dims, dtype) if c != base
@@ -300,16 +271,23 @@ def _make_case(dims, dtype, device):
                 grads=(torch.tensor(1.0, device=device),))
 
 
-def _plan(preset, arch, quick):
+def linear_plan(preset, arch, quick: bool, gpu_shapes: list) -> list[dict]:
+    """Sweep dims of a fused lm_head op: tiny shapes on cpu (the interpreter), a preset's hidden
+    and vocab at its token counts, else `gpu_shapes` ((tokens, hidden, vocab) each)."""
     if arch.name == "cpu":
         hidden, vocab = (preset.hidden, preset.vocab) if preset is not None and preset.tiny else (32, 199)
-        return [{"tokens": t, "hidden": hidden, "vocab": vocab} for t in ((16,) if quick else (16, 64))]
-    if preset is not None:
-        tokens = preset.quick_tokens if quick else preset.tokens
-        return [{"tokens": t, "hidden": preset.hidden, "vocab": preset.vocab} for t in tokens]
+        shapes = [(t, hidden, vocab) for t in ((16,) if quick else (16, 64))]
+    elif preset is not None:
+        shapes = [(t, preset.hidden, preset.vocab) for t in (preset.quick_tokens if quick else preset.tokens)]
+    else:
+        shapes = gpu_shapes
+    return [{"tokens": t, "hidden": h, "vocab": v} for t, h, v in shapes]
+
+
+def _plan(preset, arch, quick):
     shapes = ((2048, 65536), (2560, 151936)) + (() if quick else ((2048, 128256), (4096, 151936)))
     tokens = (8192,) if quick else (4096, 8192, 16384)
-    return [{"tokens": t, "hidden": h, "vocab": v} for h, v in shapes for t in tokens]
+    return linear_plan(preset, arch, quick, [(t, h, v) for h, v in shapes for t in tokens])
 
 
 OP = register(Op(

@@ -1,32 +1,22 @@
 """Fused linear log-probs and entropy: per-token log p(target | x) and the entropy of the tempered
 softmax of x @ W.T (+ b), chunked over tokens so the (tokens, vocab) logits never exist.
 
-    lp = liger_rt.ops.fused_linear_logprobs(hidden, lm_head.weight, actions)              # (B, S) fp32
-    lp, ent = liger_rt.ops.fused_linear_logprobs(hidden, lm_head.weight, actions, temperature=0.7,
-                                                 return_entropy=True)
+    lp, ent = liger_rt.ops.fused_linear_logprobs(hidden, lm_head.weight, actions, return_entropy=True)  # (B, S) fp32
 
 With z = (x @ W.T + b) / T, p = softmax(z), lse = logsumexp(z):
     lp = z[t] - lse,   H = lse - sum_j p_j z_j.
 Rows whose target is `ignore_index` give lp = H = 0 and no gradient; a target outside [0, vocab)
 gives lp = NaN (never a silent wrong value).  Both outputs are fp32 whatever the input dtype.
-
 For each chunk of `chunk` token rows (a dispatch decision, see `chunk_cap`):
-  forward   logits = x[chunk] @ W.T            cuBLAS, fp32 out (bf16/fp16 inputs accumulate in
-                                               fp32 and are stored unrounded: no bf16 logits error)
+  forward   logits = x[chunk] @ W.T            cuBLAS, fp32 out (16-bit inputs: no rounded logits)
             lp, H, lse, sbar per row           one online pass of the forward kernel
   backward  logits recomputed (same GEMM), then one pass of the backward kernel writes
                 dz = (g_lp * (onehot(t) - p) - g_H * p * (z - sbar)) / T
-            over the logits buffer (in x's dtype; for 16-bit x into the first half of each fp32
-            row, so one buffer serves both), then dX[chunk] = dz @ W, dW (+)= dz.T @ x[chunk],
-            db += sum(dz).
-The backward recomputes the logits because it must take any upstream gradient on both outputs:
-dW = dz.T @ x needs dz, and dz depends on the per-row g_lp and g_H, unknown in the forward
-(fused_linear_cross_entropy can compute its gradients in the forward only because its output is
-one scalar loss).  Cost: 4 GEMMs of 2*tokens*hidden*vocab FLOPs (fwd 1, bwd 3) where the
-materialised path does 3, for memory of one chunk instead of the logits and their gradient; a
-forward without grad (rollouts, reference models) is 1 GEMM.  Memory beyond the inputs: one
-(chunk, vocab) fp32 buffer, dX and dW (autograd would allocate those anyway), 4 fp32 per token.
-dW accumulates in the weight dtype (one rounding per chunk), as fused_linear_cross_entropy does.
+            over the logits buffer (16-bit x: into the first half of each fp32 row), then
+            dX[chunk] = dz @ W, dW (+)= dz.T @ x[chunk], db += sum(dz).
+The backward recomputes the logits (dz depends on the per-row g_lp and g_H, unknown in the
+forward): 4 GEMMs where the materialised path does 3, for memory of one (chunk, vocab) fp32
+buffer instead of the logits and their gradient.  dW accumulates in the weight dtype.
 """
 from __future__ import annotations
 
@@ -40,13 +30,11 @@ import triton.language as tl
 from ..dispatch import register
 from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
 from ._common import interpreter_on, next_pow2, to_dtype, triton_available, warps_for
+from .fused_linear_cross_entropy import _FLOOR, MiB, _kind, linear_plan
 
-
-# -- reference ------------------------------------------------------------------------------------
 
 def fused_linear_logprobs_ref(x, weight, target, bias=None, temperature: float = 1.0, ignore_index: int = -100):
-    """(lp, H) of 2-D x (tokens, hidden) from fp32 (fp64 for fp64 inputs) logits, materialised (the
-    `torch` implementation)."""
+    """(lp, H) of x (tokens, hidden) from materialised fp32 (fp64 inputs: fp64) logits."""
     wide = torch.promote_types(x.dtype, torch.float32)
     z = F.linear(x.to(wide), weight.to(wide), None if bias is None else bias.to(wide)) / temperature
     logp = torch.log_softmax(z, dim=-1)
@@ -56,8 +44,6 @@ def fused_linear_logprobs_ref(x, weight, target, bias=None, temperature: float =
     zero = torch.zeros((), device=x.device)
     return torch.where(valid, lp, zero), torch.where(valid, ent, zero)
 
-
-# -- Triton kernels -------------------------------------------------------------------------------
 
 @triton.jit
 def _logprobs_fwd_kernel(L, stride_l, B, T, LP, ENT, LSE, SBAR, V, inv_t, ignore_index,
@@ -107,10 +93,9 @@ def _logprobs_fwd_kernel(L, stride_l, B, T, LP, ENT, LSE, SBAR, V, inv_t, ignore
 def _logprobs_bwd_kernel(L, stride_l, DZ, stride_dz, B, T, LSE, SBAR, GLP, GH, V, inv_t, ignore_index,
                          BLOCK_V: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_GLP: tl.constexpr,
                          HAS_GH: tl.constexpr, NARROW: tl.constexpr, RNE_BF16: tl.constexpr):
-    """dz of one row in one pass (lse and sbar saved by the forward).  NARROW: dz (16-bit) is
-    written over the first half of the row's fp32 logits; block k's store covers fp32 elements
-    [k B / 2, (k + 1) B / 2), all loaded by this or earlier iterations, and the barrier makes every
-    warp finish this block's loads before any store."""
+    """dz of one row in one pass.  NARROW: dz (16-bit) is written over the first half of the row's
+    fp32 logits; block k's store covers fp32 elements [k B / 2, (k + 1) B / 2), all loaded by this
+    or earlier iterations, and the barrier makes every warp finish this block's loads first."""
     row = tl.program_id(0).to(tl.int64)
     t = tl.load(T + row).to(tl.int64)
     p_l = L + row * stride_l
@@ -143,8 +128,6 @@ def _logprobs_bwd_kernel(L, stride_l, DZ, stride_dz, B, T, LSE, SBAR, GLP, GH, V
             tl.debug_barrier()
         tl.store(p_dz + o, to_dtype(g, DZ.dtype.element_ty, RNE_BF16), mask=m_v)
 
-
-# -- launchers --------------------------------------------------------------------------------------
 
 _FP32_OUT: dict = {}
 
@@ -245,12 +228,9 @@ def _backward(config, args, saved, needs, g_lp, g_h):
 
 
 def _fake(config, x, weight, target, bias, temperature, ignore_index):
-    def f32():
-        return x.new_empty((x.shape[0],), dtype=torch.float32)
-    return (f32(), f32()), (f32(), f32())
+    lp, ent, lse, sbar = (x.new_empty((x.shape[0],), dtype=torch.float32) for _ in range(4))
+    return (lp, ent), (lse, sbar)
 
-
-# -- the op -----------------------------------------------------------------------------------------
 
 # token rows per chunk (0: all): powers of two and their 1.5x, so a budget-derived cap lands near
 LADDER = (4, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
@@ -284,25 +264,19 @@ def _dims(x, weight, target, bias, temperature, ignore_index) -> dict:
 def fused_linear_logprobs(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                           bias: torch.Tensor | None = None, *, temperature: float = 1.0, ignore_index: int = -100,
                           return_entropy: bool = False):
-    """log p(target | x) under softmax((x @ weight.T + bias) / temperature), without the logits.
-
-    x (..., hidden); weight (vocab, hidden), e.g. lm_head.weight; target (...) integer ids with x's
-    leading dims (shift labels before the call); bias (vocab,) or None.  Returns fp32 log-probs of
-    target's shape (0 where target == ignore_index), and with return_entropy=True also the
-    entropy of the tempered distribution (fp32, target's shape, 0 at ignored rows).  Gradients
-    flow into x, weight and bias from any upstream gradient on either output.  weight/bias in
-    another dtype than x are cast to x's (differentiably); under torch.autocast all three are cast
-    to the autocast dtype first, as F.linear would be.
+    """log p(target | x) under softmax((x @ weight.T + bias) / temperature), without the logits:
+    x (..., hidden); weight (vocab, hidden); target (...) integer ids with x's leading dims (shift
+    labels before the call); bias (vocab,) or None, cast as fused_linear_cross_entropy casts them.
+    Returns fp32 log-probs of target's shape (0 where target == ignore_index), and with
+    return_entropy=True also the entropy of the tempered distribution (fp32, 0 at ignored rows).
     Example: h (4, 2048, 2560) bf16, W (151936, 2560) bf16, y (4, 2048) -> lp (4, 2048) fp32.
     """
     hidden = x.shape[-1]
     if target.shape != x.shape[:-1]:
         raise ValueError(f"target {tuple(target.shape)} must have x's leading dims {tuple(x.shape[:-1])} "
                          f"(x is {tuple(x.shape)})")
-    if torch.is_autocast_enabled(x.device.type):
-        amp = torch.get_autocast_dtype(x.device.type)
-        x, weight = x.to(amp), weight.to(amp)
-        bias = None if bias is None else bias.to(amp)
+    if torch.is_autocast_enabled(x.device.type):     # weight and bias follow x
+        x = x.to(torch.get_autocast_dtype(x.device.type))
     weight = weight.to(x.dtype)
     bias = None if bias is None else bias.to(x.dtype).contiguous()
     lp, ent = OP(x.reshape(-1, hidden).contiguous(), weight, target.reshape(-1).contiguous(), bias,
@@ -311,37 +285,25 @@ def fused_linear_logprobs(x: torch.Tensor, weight: torch.Tensor, target: torch.T
     return (lp, ent.view(target.shape)) if return_entropy else lp
 
 
-# Bytes the chunk's logits buffer (fp32, rows x vocab) may take.  The issue's target is a peak
-# at most 1/4 of torch.compile's materialised path, which holds the bf16 logits and their
-# gradient (2 x 2 bytes x tokens x vocab; at T16384 V151936: 10 GB, plus dW): so a chunk takes
-# at most tokens/16 rows (its fp32 buffer is 1/8 of the bf16 logits), never more than the arch
-# budget and never fewer than the floor, rounded down to LADDER.  Budgets: 1 GiB on hopper and
-# blackwell (1536 rows at V151936), 512 MiB elsewhere; not measured yet: the sweep picks among
-# the chunks under the cap.
-# The floor: dW (+)= dz.T @ x is a K=chunk GEMM that reads and writes all of dW once per chunk;
-# below ~256 rows it is bound by that traffic (2 x 0.78 GB per chunk at V151936 H2560 bf16).
-MiB = 1 << 20
+# Bytes the chunk's logits buffer (fp32, rows x vocab) may take.  The issue's target is a peak at
+# most 1/4 of torch.compile's materialised path, which holds the bf16 logits and their gradient
+# (at T16384 V151936: 10 GB, plus dW): so a chunk takes at most tokens/16 rows (its fp32 buffer
+# is 1/8 of the bf16 logits), within the arch budget (1 GiB on hopper and blackwell: 1536 rows at
+# V151936; 512 MiB elsewhere; not measured yet) and never below the floor, rounded down to LADDER.
+# The floor (fused_linear_cross_entropy's _FLOOR): dW (+)= dz.T @ x is a K=chunk GEMM that reads and
+# writes all of dW once per chunk; below ~256 rows it is bound by that traffic (2 x 0.78 GB per
+# chunk at V151936 H2560 bf16).
 _BUDGET = {"hopper": 1024 * MiB, "blackwell": 1024 * MiB, "cpu": 16 * 1024}
 _OTHER_BUDGET = 512 * MiB
-_FLOOR = {"gpu": 256, "cpu": 4}
-
-
-def _kind(arch) -> str:
-    return "cpu" if arch.name == "cpu" else "gpu"
 
 
 def chunk_cap(arch, dims: dict, share: int = 16) -> int:
-    """The most token rows one chunk may take on this arch (see the budget above); the heuristic
-    takes 1/16 of the tokens, the sweep's candidates up to 1/8 (`share`)."""
+    """The most token rows one chunk may take (see above): 1/16 of the tokens, 1/8 for candidates (`share`)."""
     kind = _kind(arch)
     rows = _BUDGET.get(arch.name, _OTHER_BUDGET) // (4 * dims["vocab"])
     if kind == "gpu":
         rows = min(rows, dims["tokens"] // share)
     return max([_FLOOR[kind]] + [c for c in LADDER if c <= rows])
-
-
-def _chunk(cap: int, tokens: int) -> int:
-    return 0 if tokens <= cap else cap
 
 
 def _launch(arch, block: int, per_thread: int, vocab: int) -> dict:
@@ -354,15 +316,11 @@ def _launch(arch, block: int, per_thread: int, vocab: int) -> dict:
 def _heuristic(arch, dims, dtype):
     """The largest chunk under the cap (fewest dW passes, largest GEMMs); 4096 columns a loop trip,
     16 fp32 per thread (8 warps on NVIDIA, 4 wave64 on AMD: HIP-safe).  Not measured yet."""
+    cap = chunk_cap(arch, dims)
+    chunk = 0 if dims["tokens"] <= cap else cap
     if arch.name == "cpu":
-        return LogProbsConfig(chunk=_chunk(chunk_cap(arch, dims), dims["tokens"]), BLOCK_V=256, num_warps=4,
-                              bwd_BLOCK_V=256, bwd_num_warps=4)
-    return LogProbsConfig(chunk=_chunk(chunk_cap(arch, dims), dims["tokens"]), **_launch(arch, 4096, 16, dims["vocab"]))
-
-
-def _pinned(arch, dims, dtype):
-    """A fixed config that runs anywhere: the heuristic (its warps are <= 8, no pipelining stages)."""
-    return _heuristic(arch, dims, dtype)
+        return LogProbsConfig(chunk=chunk, BLOCK_V=256, num_warps=4, bwd_BLOCK_V=256, bwd_num_warps=4)
+    return LogProbsConfig(chunk=chunk, **_launch(arch, 4096, 16, dims["vocab"]))
 
 
 def _configs(arch, dims, dtype):
@@ -374,11 +332,9 @@ def _configs(arch, dims, dtype):
     # memory (the target allows 25%) and each halving of the chunk count saved time (256 -> 512
     # rows at T8192: 20.6 -> 16.8 ms), so the sweep measures the next larger chunk as well
     cap = chunk_cap(arch, dims, share=8)
-    chunks = [c for c in LADDER if _FLOOR[kind] <= c <= cap and c < tokens]
-    if tokens <= cap:
-        chunks.append(0)
-    launches = [_launch(arch, 4096, 16, dims["vocab"]), _launch(arch, 8192, 16, dims["vocab"]),
-                _launch(arch, 8192, 32, dims["vocab"])]
+    chunks = [c for c in LADDER if _FLOOR[kind] <= c <= cap and c < tokens] + [0] * (tokens <= cap)
+    launches = [_launch(arch, block, per_thread, dims["vocab"])
+                for block, per_thread in ((4096, 16), (8192, 16), (8192, 32))]
     return list(dict.fromkeys(LogProbsConfig(chunk=c, **ln) for c in chunks[-3:] for ln in launches))
 
 
@@ -394,26 +350,16 @@ def _make_case(dims, dtype, device):
 
 
 def _plan(preset, arch, quick):
-    """cpu: tiny shapes for the interpreter; GPUs: the issue's two benchmark shapes (more without
-    --quick), or a preset's hidden/vocab at its token counts."""
-    if arch.name == "cpu":
-        tiny = preset is not None and preset.tiny
-        hv = (preset.hidden, preset.vocab) if tiny else (32, 199)
-        shapes = [(t, *hv) for t in ((16,) if quick else (16, 64))]
-    elif preset is not None:
-        shapes = [(t, preset.hidden, preset.vocab) for t in (preset.quick_tokens if quick else preset.tokens)]
-    else:
-        shapes = [(8192, 2048, 65536), (16384, 2560, 151936)]
-        shapes += [] if quick else [(4096, 2048, 65536), (4096, 2560, 151936), (8192, 2560, 151936)]
-    return [dict(zip(("tokens", "hidden", "vocab"), s)) for s in shapes]
+    shapes = [(8192, 2048, 65536), (16384, 2560, 151936)]   # the issue's two benchmark shapes
+    more = [(4096, 2048, 65536), (4096, 2560, 151936), (8192, 2560, 151936)]
+    return linear_plan(preset, arch, quick, shapes if quick else shapes + more)
 
 
 OP = register(Op(
     name="fused_linear_logprobs", static=("hidden", "vocab"), dynamic=("tokens",), dims=_dims,
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available),
            Impl("torch", fn=fused_linear_logprobs_ref)],
-    config=LogProbsConfig, candidates=_configs, heuristic=_heuristic, pinned=_pinned,
-    schema="Tensor x, Tensor weight, Tensor target, Tensor? bias, float temperature, int ignore_index",
-    fake=_fake, outputs=2, make_case=_make_case, plan=_plan,
+    config=LogProbsConfig, candidates=_configs, heuristic=_heuristic, fake=_fake, outputs=2, make_case=_make_case,
+    plan=_plan, schema="Tensor x, Tensor weight, Tensor target, Tensor? bias, float temperature, int ignore_index",
     # dW adds one rounding in the weight dtype per chunk (token rows); the rest reduces in fp32
     reduce_len=lambda d: d["tokens"]))

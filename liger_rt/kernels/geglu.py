@@ -8,15 +8,8 @@ gelu_tanh(g) = 0.5 g (1 + tanh(z)), z = sqrt(2/pi) (g + 0.044715 g^3), computed 
 (0.5 (1 + tanh(z)) = sigmoid(2z): no tanh, which not every Triton release has).  Its derivative
 is s + 2 g s (1 - s) sqrt(2/pi) (1 + 3 * 0.044715 g^2) with s = sigmoid(2z).
 
-Casting follows ``act_fn(gate) * up`` in the input dtype, as swiglu: the activation is computed in
-fp32 and rounded to the gate dtype, then multiplied by up in fp32 and rounded once more.
-
-The kernels are swiglu's layout (elementwise over (ROWS, BLOCK_N) tiles of a 2-D view with one
-row stride per tensor, the halves of a fused gate_up projection read in place), its config and
-tuning space: both ops stream the same bytes, the extra arithmetic here is a few FMAs per element.
-The backward saves nothing but the inputs and recomputes the activation.  Minimum traffic: fwd
-3MN, bwd 5MN.  The op spec at the bottom gives dispatch, tuning, autograd and the torch.compile
-custom ops (liger_rt::geglu_fwd/bwd) to the runtime.
+Casting, kernel layout, config and tuning space are swiglu's: both ops stream the same bytes, the
+extra arithmetic here is a few FMAs per element.
 """
 from __future__ import annotations
 
@@ -38,8 +31,6 @@ _K = math.sqrt(2.0 / math.pi)
 _C = 0.044715
 
 
-# -- reference ------------------------------------------------------------------------------------
-
 def geglu_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """fp32 compute; gelu_tanh(gate) rounded to gate.dtype before the multiply, as the eager module does."""
     a = F.gelu(gate.float(), approximate="tanh").to(gate.dtype)
@@ -47,11 +38,9 @@ def geglu_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def _geglu_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """What the Hugging Face Gemma MLP runs (the dispatcher's `torch` implementation)."""
+    """What the Hugging Face Gemma MLP runs (the `torch` implementation)."""
     return F.gelu(gate, approximate="tanh") * up
 
-
-# -- Triton kernels -------------------------------------------------------------------------------
 
 @triton.jit
 def _gelu_tanh_parts(g, K: tl.constexpr, C: tl.constexpr):
@@ -72,9 +61,8 @@ def _geglu_fwd_kernel(G, U, Y, stride_g, stride_u, stride_y, M, N, K: tl.constex
 
 
 @triton.jit(do_not_specialize=["M"])
-def _geglu_bwd_kernel(DY, G, U, DG, DU, stride_dy, stride_g, stride_u, stride_dg, stride_du, M, N,
-                      K: tl.constexpr, C: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-                      RNE_BF16: tl.constexpr):
+def _geglu_bwd_kernel(DY, G, U, DG, DU, stride_dy, stride_g, stride_u, stride_dg, stride_du, M, N, K: tl.constexpr,
+                      C: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, RNE_BF16: tl.constexpr):
     o_m, o_n, mask = _tile(M, N, BLOCK_N, ROWS)
     dy = tl.load(DY + o_m * stride_dy + o_n, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(G + o_m * stride_g + o_n, mask=mask, other=0.0).to(tl.float32)
@@ -85,8 +73,6 @@ def _geglu_bwd_kernel(DY, G, U, DG, DU, stride_dy, stride_g, stride_u, stride_dg
     tl.store(DG + o_m * stride_dg + o_n, to_dtype(dy * u * da, DG.dtype.element_ty, RNE_BF16), mask=mask)
     tl.store(DU + o_m * stride_du + o_n, to_dtype(du, DU.dtype.element_ty, RNE_BF16), mask=mask)
 
-
-# -- launchers --------------------------------------------------------------------------------------
 
 def _grid(m: int, n: int, config) -> tuple[int, int]:
     block_n = min(config.BLOCK_N, next_pow2(n))
@@ -106,23 +92,18 @@ def _launch(kernel, num_warps: int, config, *tensors) -> None:
 
 
 def geglu_fwd(gate: torch.Tensor, up: torch.Tensor, config) -> torch.Tensor:
-    """gate, up (..., N) of one shape -> y (..., N)."""
     y = torch.empty(gate.shape, dtype=torch.promote_types(gate.dtype, up.dtype), device=gate.device)
     _launch(_geglu_fwd_kernel, config.num_warps, config, gate, up, y)
     return y
 
 
 def geglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, config) -> tuple[torch.Tensor, torch.Tensor]:
-    """dy, gate, up (..., N) -> (dgate in gate.dtype, dup in up.dtype), fresh contiguous tensors."""
+    """-> (dgate in gate.dtype, dup in up.dtype), fresh contiguous tensors."""
     dg = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     du = torch.empty(up.shape, dtype=up.dtype, device=up.device)
     _launch(_geglu_bwd_kernel, config.bwd_num_warps, config, dy, gate, up, dg, du)
     return dg, du
 
-
-# -- the op: what the runtime needs besides the math ---------------------------------------------------
-# config, checks, candidates, heuristic, fake outputs, tuning case and sweep plan are swiglu's (same
-# layout, same bytes moved)
 
 def _dims(gate, up) -> dict:
     try:
@@ -150,6 +131,5 @@ OP = register(Op(
     name="geglu", static=("cols",), dynamic=("rows",), dims=_dims,
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available),
            Impl("torch", fn=_geglu_torch)],
-    config=GeGLUConfig, candidates=_configs, heuristic=_heuristic,
-    schema="Tensor gate, Tensor up", fake=_fake, make_case=_make_case, plan=_plan,
-    compiler_fuses=True))
+    config=GeGLUConfig, candidates=_configs, heuristic=_heuristic, schema="Tensor gate, Tensor up", fake=_fake,
+    make_case=_make_case, plan=_plan, compiler_fuses=True))

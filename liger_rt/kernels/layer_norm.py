@@ -5,16 +5,10 @@ like nn.LayerNorm: statistics and the affine in fp32, one rounding at the end.
 
     y = liger_rt.ops.layer_norm(x, weight, bias, eps=1e-6)   # x (4, 729, 1152) bf16
 
-Kernels mirror rms_norm.py: ROWS rows per program in the forward (1-D tiles when ROWS == 1;
-stores mean and rstd, fp32, per row); a persistent backward of min(rows, sm_count *
-bwd_progs_per_sm) programs walking rows with the grid's stride, the next row optionally
-prefetched while the current one computes, writing fp32 partials of dW and dB (one row per
-program each), summed by a column-parallel second kernel.  No atomics.  Launch config, tuning
-space and sweep plan are rms_norm's (kernels/_common.py); the op spec at the bottom gives
-dispatch, autograd and the torch.compile custom ops (liger_rt::layer_norm_fwd/bwd) to the runtime.
-PyTorch's own LayerNorm is fast at small hidden sizes; the dispatcher picks `torch` wherever the
-tuning DB measured it faster (the torch implementation is registered and timed by sweeps).
-Minimum traffic: fwd 2MN, bwd 3MN.
+Kernels, launch config and tuning space mirror rms_norm.py (the forward also stores the mean; the
+backward writes fp32 partials of dW and dB).  PyTorch's LayerNorm is fast at small hidden sizes:
+the dispatcher picks `torch` wherever the tuning DB measured it faster.  Minimum traffic: fwd
+2MN, bwd 3MN.
 """
 from __future__ import annotations
 
@@ -28,38 +22,31 @@ from ..opspec import Case, Impl, Op
 from ._common import RowNormConfig as LayerNormConfig
 from ._common import (bind, interpreter_on, launch_memo, next_pow2, norm_bwd, norm_candidates, norm_fwd,
                       partial_sum_tile, persistent_grid, row_layout, row_plan, to_dtype, triton_available)
+from .rms_norm import _supports
 
 # One row lives in registers (see rms_norm.py); the backward holds two accumulators here.
-MAX_HIDDEN = 32768
+MAX_HIDDEN = 32768   # as rms_norm's, whose _supports this op shares
 
-
-# -- reference ------------------------------------------------------------------------------------
 
 def layer_norm_ref(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                    eps: float = 1e-5) -> torch.Tensor:
-    """fp32 LayerNorm cast to x.dtype (what nn.LayerNorm computes for bf16/fp16 inputs)."""
-    n = x.shape[-1]
-    w = weight.float() if weight is not None else None
-    b = bias.float() if bias is not None else None
-    return F.layer_norm(x.float(), (n,), w, b, eps).to(x.dtype)
+    """fp32 LayerNorm cast to x.dtype (what nn.LayerNorm computes for 16-bit inputs)."""
+    w, b = (None if t is None else t.float() for t in (weight, bias))
+    return F.layer_norm(x.float(), x.shape[-1:], w, b, eps).to(x.dtype)
 
 
 def _layer_norm_torch(x, weight, bias, eps):
-    """PyTorch's native LayerNorm (the dispatcher's `torch` implementation, and the reference the
-    autotuner validates against).  On CPU its bf16/fp16 backward is off by 2 ulps in dW/dB at 16
-    rows (the CUDA kernel accumulates in fp32), so low precision on CPU runs the fp32 reference."""
+    """PyTorch's LayerNorm (the `torch` implementation).  On CPU its 16-bit backward is off by 2 ulps
+    in dW/dB at 16 rows (CUDA's accumulates in fp32), so 16-bit on CPU runs the fp32 reference."""
     same = all(t is None or t.dtype == x.dtype for t in (weight, bias))
     if same and (x.device.type != "cpu" or x.dtype == torch.float32):
         return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
     return layer_norm_ref(x, weight, bias, eps)
 
 
-# -- Triton kernels -------------------------------------------------------------------------------
-
 @triton.jit(do_not_specialize=["M"])
-def _layer_norm_fwd_kernel(X, W, B, Y, MEAN, RSTD, stride_x, stride_y, M, N, eps,
-                           BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                           RNE_BF16: tl.constexpr):
+def _layer_norm_fwd_kernel(X, W, B, Y, MEAN, RSTD, stride_x, stride_y, M, N, eps, BLOCK_N: tl.constexpr,
+                           ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, RNE_BF16: tl.constexpr):
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < N
     if ROWS == 1:   # one row per program, 1-D tiles and scalar row statistics
@@ -97,8 +84,7 @@ def _layer_norm_fwd_kernel(X, W, B, Y, MEAN, RSTD, stride_x, stride_y, M, N, eps
 def _layer_norm_bwd_kernel(DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, stride_dy, stride_x, stride_dx,
                            M, N, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, HAS_BIAS: tl.constexpr,
                            RNE_BF16: tl.constexpr):
-    """Persistent, as rms_norm.py: program pid takes rows pid, pid + G, ... (G = grid <= M), 1-D
-    row tiles, scalar mean/rstd, fp32 dW/dB accumulators, one partial row each per program."""
+    """Persistent, as rms_norm.py's: program pid takes rows pid, pid + G, ... (G = grid <= M)."""
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     o_n = tl.arange(0, BLOCK_N)
@@ -157,8 +143,6 @@ def _layer_norm_dwdb_kernel(PW, PB, DW, DB, G, N, BLOCK_G: tl.constexpr, BLOCK_R
         tl.store(DB + o_n, to_dtype(tl.sum(acc_b, axis=0), DB.dtype.element_ty, RNE_BF16), mask=m_n)
 
 
-# -- launchers --------------------------------------------------------------------------------------
-
 def _check_hidden(n: int) -> None:
     if n > MAX_HIDDEN:
         raise ValueError(f"layer_norm triton kernel supports hidden <= {MAX_HIDDEN}, got {n}; "
@@ -167,7 +151,6 @@ def _check_hidden(n: int) -> None:
 
 @launch_memo
 def _fwd_launch(config, m: int, n: int, has_bias: bool):
-    """The forward kernel bound to its grid and meta-parameters at m rows of n."""
     return bind(_layer_norm_fwd_kernel, (triton.cdiv(m, config.ROWS),), BLOCK_N=next_pow2(n), ROWS=config.ROWS,
                 HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=config.num_warps)
 
@@ -177,9 +160,8 @@ def _bwd_launch(config, m: int, n: int, has_bias: bool, device: torch.device):
     """(programs, the backward kernel, the dW/dB-sum kernel), bound, at m rows of n on `device`."""
     grid = persistent_grid(m, device, config.bwd_progs_per_sm)
     block_r, block_g = partial_sum_tile(device)
-    return (grid,
-            bind(_layer_norm_bwd_kernel, (grid,), BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch),
-                 HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=config.bwd_num_warps),
+    return (grid, bind(_layer_norm_bwd_kernel, (grid,), BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch),
+                       HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=config.bwd_num_warps),
             bind(_layer_norm_dwdb_kernel, (triton.cdiv(n, block_r),), BLOCK_G=block_g, BLOCK_R=block_r,
                  HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=4))
 
@@ -219,8 +201,6 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
     return dx, dw, db
 
 
-# -- the op: what the runtime needs besides the math ---------------------------------------------------
-
 def _dims(x, weight, bias, eps) -> dict:
     if x.dim() < 1:
         raise ValueError("layer_norm: x must have at least one dim (..., hidden)")
@@ -253,8 +233,7 @@ def _fake(config, x, weight, bias, eps):
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                eps: float = 1e-5) -> torch.Tensor:
-    """LayerNorm over the last dim; x (..., hidden), weight/bias (hidden,).  Dispatched per call;
-    weight=None (no affine) runs PyTorch's LayerNorm."""
+    """LayerNorm over the last dim; weight=None (no affine) runs PyTorch's LayerNorm."""
     if weight is None:
         return OP.reference(x, None, bias, float(eps))
     return OP(x, weight, bias, float(eps))
@@ -271,15 +250,10 @@ def _make_case(dims, dtype, device):
 
 
 def _heuristic(arch, dims, dtype):
-    """As rms_norm.py.  Forward: one row per program from hidden 2048 up (1-D tiles), 8 values
-    per thread up to 2048 and 16 above; small rows pack 2048 elements per program.  Backward: 2
-    persistent programs per SM walking rows with the grid's stride, 8 values per thread (16
-    warps at 4096); the next row prefetched into registers up to hidden 2048 only: LayerNorm's
+    """rms_norm's 1-D heuristic, but the next row is prefetched up to hidden 2048 only: LayerNorm's
     backward holds two accumulators, and with prefetch a 16-warp program at 4096 takes 82
     registers on Triton 3.9 sm_90 (one resident per SM), without it 64 (two resident).
-    fp32 dW/dB partials (2 * sm_count rows each) summed by a column-parallel kernel.
-    Not measured on a GPU yet: `liger-tune sweep` decides among the candidates, and picks torch
-    where PyTorch's LayerNorm is faster (small hidden)."""
+    Not measured on a GPU yet: `liger-tune sweep` decides (torch where it is faster)."""
     e = next_pow2(dims["hidden"])
     return LayerNormConfig(**norm_fwd(arch, e, 2048, 8 if e <= 2048 else 16),
                            **norm_bwd(arch, e, 8, 2, 1 if e <= 2048 else 0))
@@ -287,12 +261,6 @@ def _heuristic(arch, dims, dtype):
 
 def _configs(arch, dims, dtype):
     return norm_candidates(arch, dims["hidden"], _heuristic(arch, dims, dtype))
-
-
-def _supports(dims, dtype):
-    if dims["hidden"] > MAX_HIDDEN:
-        return f"hidden {dims['hidden']} > {MAX_HIDDEN} (one row per program in registers)"
-    return None
 
 
 def _plan(preset, arch, quick):
@@ -307,5 +275,6 @@ OP = register(Op(
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports),
            Impl("torch", fn=_layer_norm_torch)],
     config=LayerNormConfig, candidates=_configs, heuristic=_heuristic,
-    schema="Tensor x, Tensor weight, Tensor? bias, float eps", fake=_fake, make_case=_make_case, plan=_plan, reduce_len=lambda d: d["rows"],
+    schema="Tensor x, Tensor weight, Tensor? bias, float eps", fake=_fake, make_case=_make_case, plan=_plan,
+    reduce_len=lambda d: d["rows"],
     schema_version=2, compiler_fuses=True))   # 2: grid-strided backward; bwd_ROWS and bwd_stages are gone

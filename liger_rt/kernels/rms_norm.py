@@ -9,19 +9,10 @@ weights stored as w - 1.
 Casting follows LlamaRMSNorm: statistics in fp32, the normalised x is rounded to the input dtype
 *before* the weight multiply (``weight * hidden.to(input_dtype)``).
 
-Kernels
-- forward: ROWS rows per program (ROWS > 1 only for small hidden), BLOCK_N = next_pow2(hidden);
-  stores rstd (fp32, one per row) for the backward; ROWS == 1 runs 1-D tiles, scalar rstd.
-- backward: persistent, G = min(rows, sm_count * bwd_progs_per_sm) programs; program p takes rows
-  p, p + G, p + 2G, ... one 1-D row tile at a time (bwd_prefetch: the next row's loads in flight
-  while this one computes, register double buffering); dx is written per row, dW is accumulated
-  in fp32 registers and written as one fp32 partial row per program, then a column-parallel
-  kernel sums the (G, N) partials (32 contiguous columns per program) and casts to the weight
-  dtype.  No atomics.  With bwd_rows > 1 (small hidden) programs walk (bwd_rows, N) tiles instead
-  of single rows.  Minimum traffic: fwd reads x, writes y (2MN); bwd reads dy and x,
-  writes dx (3MN).
-- the op spec at the bottom gives dispatch, tuning, the autograd wiring and the torch.compile
-  custom ops (liger_rt::rms_norm_fwd/bwd) to the runtime.
+Kernels: the forward takes ROWS rows per program and stores rstd (fp32, one per row).  The
+backward is persistent: G = min(rows, sm_count * bwd_progs_per_sm) programs walk rows p, p + G,
+... (or (bwd_rows, N) tiles), each keeping one fp32 dW partial row, which a column-parallel kernel
+sums into the weight dtype.  No atomics.  Minimum traffic: fwd 2MN, bwd 3MN.
 """
 from __future__ import annotations
 
@@ -35,7 +26,7 @@ from ..dispatch import register
 from ..opspec import Case, Impl, Op, knob, pow2
 from ._common import RowNormConfig
 from ._common import (bind, interpreter_on, launch_memo, next_pow2, norm_bwd, norm_candidates, norm_fwd,
-                      partial_sum_tile, persistent_grid, row_layout, to_dtype, triton_available)
+                      partial_sum_tile, persistent_grid, row_layout, row_plan, to_dtype, triton_available)
 
 # One row lives in registers: BLOCK_N 32768 over 1024 threads is 32 fp32 values per thread and
 # tensor, the most the backward (dy, x, dW accumulator) holds without spilling.
@@ -45,23 +36,17 @@ TILE_BWD_MAX_HIDDEN = 256   # the heuristic's backward walks (rows, hidden) tile
 
 @dataclasses.dataclass(frozen=True)
 class RMSNormConfig(RowNormConfig):
-    """The row-norm knobs, and bwd_rows: rows per backward tile.  1 is the 1-D row walk; above 1 the
-    backward walks (bwd_rows, hidden) tiles, for small hidden (per-head q/k norms: rows of 64-256)."""
+    # rows per backward tile: 1 is the 1-D row walk; above 1, (bwd_rows, hidden) tiles for small hidden
     bwd_rows: int = knob(1, pow2(1, 256))
 
 
-# -- reference ------------------------------------------------------------------------------------
-
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0) -> torch.Tensor:
-    """fp32 statistics, normalised x cast to x.dtype, then times (offset + weight), like LlamaRMSNorm."""
     xf = x.float()
     rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     xn = (xf * rstd).to(x.dtype)
     out_dtype = torch.promote_types(x.dtype, weight.dtype)
     return ((weight.float() + offset) * xn.float()).to(out_dtype)
 
-
-# -- Triton kernels -------------------------------------------------------------------------------
 
 @triton.jit(do_not_specialize=["M"])
 def _rms_norm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps, offset,
@@ -93,9 +78,7 @@ def _rms_norm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps, offset,
 @triton.jit(do_not_specialize=["M"])
 def _rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW_PART, stride_dy, stride_x, stride_dx, M, N, offset,
                          BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, RNE_BF16: tl.constexpr):
-    """Persistent: program pid takes rows pid, pid + G, pid + 2G, ... (G = grid <= M, so every
-    program owns >= 1 row), so the rows in flight at any moment are neighbours in memory.  1-D
-    tiles of one row, scalar rstd; dW accumulates in fp32 registers, one partial row per program."""
+    """Program pid takes rows pid, pid + G, ... (G = grid <= M): the rows in flight are neighbours."""
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     o_n = tl.arange(0, BLOCK_N)
@@ -133,8 +116,7 @@ def _rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW_PART, stride_dy, stride_x, strid
 def _rms_norm_bwd_tile_kernel(DY, X, W, RSTD, DX, DW_PART, stride_dy, stride_x, stride_dx, M, N, offset,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RNE_BF16: tl.constexpr):
     """The backward on (BLOCK_M, BLOCK_N) tiles for small hidden, where one row is too little work
-    per step of the walk: program pid takes row blocks pid, pid + G, ... (G = grid <= blocks); dW
-    accumulates as a tile in fp32 registers and leaves as one partial row per program."""
+    per step: program pid takes row blocks pid, pid + G, ... (G = grid <= blocks)."""
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     o_m = tl.arange(0, BLOCK_M)
@@ -154,15 +136,13 @@ def _rms_norm_bwd_tile_kernel(DY, X, W, RSTD, DX, DW_PART, stride_dy, stride_x, 
         g = dy * w[None, :]
         c = tl.sum(g * xhat, axis=1) / N
         dx = (g - xhat * c[:, None]) * rstd[:, None]
-        tl.store(DX + rows[:, None] * stride_dx + o_n[None, :], to_dtype(dx, DX.dtype.element_ty, RNE_BF16),
-                 mask=mask)
+        tl.store(DX + rows[:, None] * stride_dx + o_n[None, :], to_dtype(dx, DX.dtype.element_ty, RNE_BF16), mask=mask)
     tl.store(DW_PART + pid.to(tl.int64) * N + o_n, tl.sum(acc, axis=0), mask=m_n)
 
 
 @triton.jit
 def _rms_norm_dw_kernel(PART, DW, G, N, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, RNE_BF16: tl.constexpr):
-    """Column-parallel sum of the (G, N) fp32 partials: each program owns BLOCK_R columns (rows of
-    the tile are BLOCK_R * 4 contiguous bytes, coalesced) and walks the G partial rows."""
+    """Column-parallel sum of the (G, N) fp32 partials, BLOCK_R columns per program (coalesced rows)."""
     o_n = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     m_n = o_n < N
     acc = tl.zeros([BLOCK_G, BLOCK_R], dtype=tl.float32)
@@ -173,8 +153,6 @@ def _rms_norm_dw_kernel(PART, DW, G, N, BLOCK_G: tl.constexpr, BLOCK_R: tl.const
     tl.store(DW + o_n, to_dtype(tl.sum(acc, axis=0), DW.dtype.element_ty, RNE_BF16), mask=m_n)
 
 
-# -- launchers --------------------------------------------------------------------------------------
-
 def _check_hidden(n: int) -> None:
     if n > MAX_HIDDEN:
         raise ValueError(f"rms_norm triton kernel supports hidden <= {MAX_HIDDEN}, got {n}; "
@@ -183,7 +161,6 @@ def _check_hidden(n: int) -> None:
 
 @launch_memo
 def _fwd_launch(config, m: int, n: int):
-    """The forward kernel bound to its grid and meta-parameters at m rows of n."""
     return bind(_rms_norm_fwd_kernel, (triton.cdiv(m, config.ROWS),), BLOCK_N=next_pow2(n), ROWS=config.ROWS,
                 RNE_BF16=interpreter_on(), num_warps=config.num_warps)
 
@@ -200,9 +177,8 @@ def _bwd_launch(config, m: int, n: int, device: torch.device):
         grid = persistent_grid(m, device, config.bwd_progs_per_sm)
         bwd = bind(_rms_norm_bwd_kernel, (grid,), BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch),
                    RNE_BF16=interpreter_on(), num_warps=config.bwd_num_warps)
-    return (grid, bwd,
-            bind(_rms_norm_dw_kernel, (triton.cdiv(n, block_r),), BLOCK_G=block_g, BLOCK_R=block_r,
-                 RNE_BF16=interpreter_on(), num_warps=4))
+    return (grid, bwd, bind(_rms_norm_dw_kernel, (triton.cdiv(n, block_r),), BLOCK_G=block_g, BLOCK_R=block_r,
+                            RNE_BF16=interpreter_on(), num_warps=4))
 
 
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, config) -> tuple[torch.Tensor, torch.Tensor]:
@@ -236,8 +212,6 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: 
     dw_kernel(part, dw, grid, n)
     return dx, dw
 
-
-# -- the op: what the runtime needs besides the math ---------------------------------------------------
 
 def _dims(x, weight, eps, offset) -> dict:
     if x.dim() < 1:
@@ -282,16 +256,13 @@ def _make_case(dims, dtype, device):
 
 
 def _heuristic(arch, dims, dtype):
-    """Forward: one row per program from hidden 2048 up (1-D tiles, Liger-Kernel's shape, which
-    runs at 3.76 TB/s on the H200), 8 values per thread up to 2048 and 16 above (8 warps at 4096);
-    small rows pack 2048 elements per program.  Backward: 2 persistent programs per SM walking
-    rows with the grid's stride (neighbouring rows in flight together), 8 values per thread (16
-    warps at 4096: 57 registers on Triton 3.9 sm_90, both programs resident), the next row
-    prefetched into registers: 4 row pairs (64 KB at 4096) of loads in flight per SM; fp32 dW
-    partials (2 * sm_count rows, 4 MB at 4096) summed by a column-parallel kernel.  Up to hidden
-    256 (per-head q/k norms) the backward walks 2048-element tiles of 2048 / hidden rows, 4
-    programs per SM: one row per step left each program ~1000 dependent steps at 262144 x 64.
-    `liger-tune sweep` decides among _configs."""
+    """Forward: one row per program from hidden 2048 up (Liger-Kernel's shape, 3.76 TB/s on the
+    H200), 8 values per thread up to 2048 and 16 above; small rows pack 2048 elements per program.
+    Backward: 2 persistent programs per SM, 8 values per thread (16 warps at 4096: 57 registers on
+    Triton 3.9 sm_90, both programs resident), the next row prefetched: 4 row pairs (64 KB at 4096)
+    of loads in flight per SM; fp32 dW partials 4 MB at 4096.  Up to hidden 256 (per-head q/k
+    norms) the backward walks 2048-element tiles, 4 programs per SM: one row per step left each
+    program ~1000 dependent steps at 262144 x 64.  `liger-tune sweep` decides among _configs."""
     e = next_pow2(dims["hidden"])
     fwd = norm_fwd(arch, e, 2048, 8 if e <= 2048 else 16)
     if e <= TILE_BWD_MAX_HIDDEN:
@@ -315,34 +286,20 @@ def _configs(arch, dims, dtype):
     return list(dict.fromkeys([base, *tiles, walk, walk.replace(**norm_bwd(arch, e, 8, 8, 0)), *fwds]))[:12]
 
 
-def _smem(config, dims, dtype) -> int:
-    """Row reductions only: a few KB of scratch (no pipelined shared-memory tiles)."""
-    return 4096
-
-
 def _supports(dims, dtype):
-    if dims["hidden"] > MAX_HIDDEN:
-        return f"hidden {dims['hidden']} > {MAX_HIDDEN} (one row per program in registers)"
-    return None
+    too_wide = dims["hidden"] > MAX_HIDDEN
+    return f"hidden {dims['hidden']} > {MAX_HIDDEN} (one row per program in registers)" if too_wide else None
 
 
 def _plan(preset, arch, quick):
-    if arch.name == "cpu":
-        hidden = (preset.hidden,) if preset is not None and preset.tiny else (64, 128)
-        rows = (8,) if quick else (8, 32)
-        return [{"rows": r, "hidden": h} for h in hidden for r in rows]
-    if preset is None:
-        hidden, tokens = (2048, 4096), ((4096,) if quick else (1024, 4096, 16384, 65536))
-    else:
-        hidden, tokens = (preset.hidden,), (preset.quick_tokens if quick else preset.tokens)
-    return [{"rows": t, "hidden": h} for h in hidden for t in tokens]
+    return row_plan(preset, arch, quick, "hidden", preset and preset.hidden, (64, 128), (2048, 4096),
+                    (1024, 4096, 16384, 65536))
 
 
 OP = register(Op(
     name="rms_norm", static=("hidden",), dynamic=("rows",), dims=_dims,
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports),
            Impl("torch", fn=rms_norm_ref)],
-    config=RMSNormConfig, candidates=_configs, heuristic=_heuristic, smem=_smem,
-    schema="Tensor x, Tensor weight, float eps, float offset", fake=_fake,
-    make_case=_make_case, plan=_plan, reduce_len=lambda d: d["rows"],
+    config=RMSNormConfig, candidates=_configs, heuristic=_heuristic, fake=_fake, make_case=_make_case, plan=_plan,
+    schema="Tensor x, Tensor weight, float eps, float offset", reduce_len=lambda d: d["rows"],
     schema_version=3, compiler_fuses=True))   # 2: grid-strided backward; 3: bwd_rows (tiled backward)

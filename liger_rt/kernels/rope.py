@@ -11,19 +11,13 @@ With x1 = x[..., :D/2], x2 = x[..., D/2:] and c1, c2 / s1, s2 the halves of cos 
 are not assumed equal): y1 = x1*c1 - x2*s1, y2 = x2*c2 + x1*s2.  The backward is the transposed
 rotation, dx1 = dy1*c1 + dy2*s2, dx2 = dy2*c2 - dy1*s1, recomputed from cos and sin (the only
 saved tensors).  cos and sin get no gradient; when either requires one, the torch formula runs.
+Every load is cast to fp32 and each output rounded once (eager bf16 rounds q*cos, rotate_half(q)*sin
+and their sum), so ours sits closer to the fp32 truth than eager's bf16 path.
 
-Numerics: every load is cast to fp32 and each output is rounded once (eager bf16 rounds q*cos,
-rotate_half(q)*sin and their sum), so ours sits closer to the fp32 truth than eager's bf16 path.
-
-Kernel: one program per POS consecutive (batch, seq) positions; per position it loads the four
-cos/sin half-rows once and rotates every q head and every k head in (BLOCK_H, D/2) tiles per half,
-writing fresh outputs (q and k may be saved by autograd elsewhere: never in place).  Inputs are
-read through their strides (the transposed HF views need no copy); outputs are laid out
-(B, S, H, D) in memory, like HF's q and k, so a program's writes are one contiguous run.  The
-backward is the same kernel with BACKWARD set.  Minimum traffic per token, fwd and bwd alike:
-read and write (Hq + Hk) * D values each, plus 2D of cos/sin.
-The op spec at the bottom gives dispatch, tuning, autograd and the torch.compile custom ops
-(liger_rt::rope_fwd/bwd) to the runtime.
+Kernel: per position, one load of the cos/sin half-rows, then every q and k head rotated in
+(BLOCK_H, D/2) tiles into fresh outputs (never in place: autograd may have saved q and k), laid
+out (B, S, H, D) in memory like HF's q and k.  Minimum traffic per token, fwd and bwd alike: read
+and write (Hq + Hk) * D values each, plus 2D of cos/sin.
 """
 from __future__ import annotations
 
@@ -45,15 +39,13 @@ MAX_HEAD_DIM = 256
 MAX_TILE = 4096
 
 
-# -- reference ------------------------------------------------------------------------------------
-
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     d2 = x.shape[-1] // 2
     return torch.cat((-x[..., d2:], x[..., :d2]), dim=-1)
 
 
 def _rope_torch(q, k, cos, sin, unsqueeze_dim: int = 1):
-    """What the Hugging Face attention runs, in the input dtypes (the dispatcher's `torch`)."""
+    """What the Hugging Face attention runs, in the input dtypes (the `torch` implementation)."""
     cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
@@ -67,8 +59,6 @@ def rope_ref(q, k, cos, sin, unsqueeze_dim: int = 1):
     qe, ke = _rope_torch(q.float(), k.float(), cos.float(), sin.float(), unsqueeze_dim)
     return qe.to(_out_dtype(q, cos, sin)), ke.to(_out_dtype(k, cos, sin))
 
-
-# -- Triton kernels -------------------------------------------------------------------------------
 
 @triton.jit
 def _rotate_heads(X, Y, off_x, off_y, stride_xh, stride_yh, c1, c2, s1, s2, m_d, H, D2,
@@ -119,8 +109,6 @@ def _rope_kernel(Q, K, COS, SIN, QO, KO,
                       c1, c2, s1, s2, m_d, HK, D2, BLOCK_HK, BLOCK_D, BACKWARD, RNE_BF16)
 
 
-# -- launchers --------------------------------------------------------------------------------------
-
 def _check_head_dim(d: int) -> None:
     if d % 2:
         raise ValueError(f"rope: head_dim must be even (rotate_half pairs element i with i + D/2), got {d}")
@@ -152,14 +140,14 @@ def _new_out(x: torch.Tensor, dtype: torch.dtype, unsqueeze_dim: int) -> torch.T
 
 
 def _unit_d(x: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
-    """_bshd's copy of x (head-dim stride not 1) seen in x's own dims: the same pointer and strides."""
+    """_bshd's copy of x seen in x's own dims."""
     v = _bshd(x, unsqueeze_dim)
     return v.transpose(1, 2) if unsqueeze_dim == 1 else v
 
 
 def _out_strides(h: int, s: int, d: int, unsqueeze_dim: int) -> tuple[tuple, tuple]:
-    """(the strides, in q's or k's dim order, of an output laid out (B, S, H, D) in memory like
-    _new_out's; its (batch, seq, head) strides): torch's contiguous rule (a size-0 dim counts as 1)."""
+    """(strides in q's or k's dim order, (batch, seq, head) strides) of an output laid out like
+    _new_out's, by torch's contiguous rule (a size-0 dim counts as 1)."""
     sd = max(d, 1)
     sh = max(h, 1) * sd
     ss = max(s, 1) * sh
@@ -169,9 +157,8 @@ def _out_strides(h: int, s: int, d: int, unsqueeze_dim: int) -> tuple[tuple, tup
 @launch_memo
 def _launch_plan(config, backward: bool, unsqueeze_dim: int, q_shape, q_stride, k_shape, k_stride, cos_shape,
                  cos_stride, sin_stride):
-    """Per (config, shapes, strides) of a launch: the two outputs' strides, the kernel bound to its
-    grid and meta-parameters (None: nothing to rotate) and its scalar arguments.  The inputs have
-    unit head-dim strides (_launch copies the others) and sin has cos's shape (rope_fwd checks)."""
+    """(the two outputs' strides, the bound kernel or None (nothing to rotate), its scalar args).
+    The inputs have unit head-dim strides and sin has cos's shape."""
     if unsqueeze_dim == 1:
         b, hq, s, d = q_shape
         hk = k_shape[1]
@@ -214,13 +201,10 @@ def _launch(xq, xk, cos, sin, unsqueeze_dim: int, q_dtype, k_dtype, backward: bo
 
 
 def rope_fwd(q, k, cos, sin, unsqueeze_dim: int, config) -> tuple[torch.Tensor, torch.Tensor]:
-    """q (B, Hq, S, D), k (B, Hk, S, D) (unsqueeze_dim 1) or (B, S, H, D) (2), cos/sin (B|1, S, D)
-    -> (q_embed, k_embed), fresh tensors laid out (B, S, H, D) in memory."""
+    """(q_embed, k_embed), fresh tensors laid out (B, S, H, D) in memory."""
     _check_layout(q, k, cos, sin, unsqueeze_dim)
     return _launch(q, k, cos, sin, unsqueeze_dim, _out_dtype(q, cos, sin), _out_dtype(k, cos, sin), False, config)
 
-
-# -- the op: what the runtime needs besides the math ---------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class RoPEConfig(Config):
@@ -248,9 +232,8 @@ _layout_memo = functools.lru_cache(maxsize=4096, typed=True)(_layout)   # typed:
 
 
 def _kernel_layout(q, k, cos, sin, unsqueeze_dim: int) -> int | None:
-    """1 or 2 (the normalised unsqueeze_dim) when the kernel can take these shapes, else None.
-    Memoised per (shapes, devices, unsqueeze_dim): the functional, the Op's dims and the launcher
-    each ask on every call."""
+    """1 or 2 (the normalised unsqueeze_dim) when the kernel can take these shapes, else None;
+    memoised, as the functional, the Op's dims and the launcher each ask on every call."""
     key = (q.shape, k.shape, cos.shape, sin.shape, q.device, k.device, cos.device, sin.device, unsqueeze_dim)
     if not torch.compiler.is_compiling():
         try:
@@ -262,8 +245,7 @@ def _kernel_layout(q, k, cos, sin, unsqueeze_dim: int) -> int | None:
 
 def _dims(q, k, cos, sin, unsqueeze_dim) -> dict:
     _check_layout(q, k, cos, sin, unsqueeze_dim)
-    if not (q.dtype.is_floating_point and k.dtype.is_floating_point and cos.dtype.is_floating_point
-            and sin.dtype.is_floating_point):
+    if not all(t.dtype.is_floating_point for t in (q, k, cos, sin)):
         raise TypeError(f"rope: unsupported dtypes q {q.dtype}, k {k.dtype}, cos {cos.dtype}, sin {sin.dtype}; "
                         f"accepted: floating point dtypes")
     h, s = (1, 2) if unsqueeze_dim == 1 else (2, 1)
@@ -296,9 +278,8 @@ def _other_float(dtype: torch.dtype) -> bool:
 
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids=None,
          unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """apply_rotary_pos_emb: q (B, Hq, S, D), k (B, Hk, S, D), cos/sin (B|1, S, D) -> (q_embed,
-    k_embed).  position_ids is accepted and ignored, as HF does.  Dispatched per call; shapes the
-    kernel does not take, and cos/sin that want a gradient, run HF's formula."""
+    """apply_rotary_pos_emb (position_ids is ignored, as HF does); shapes the kernel does not take,
+    and cos/sin that want a gradient, run HF's formula."""
     if q.shape[-1] % 2 or k.shape[-1] % 2:
         raise ValueError(f"rope: head_dim must be even (rotate_half pairs element i with i + D/2); "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
@@ -310,19 +291,16 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 
 
 def _make_case(dims, dtype, device):
-    """HF's tensors: q, k transposed views of (B, S, H, D) projections, cos/sin (1, S, D) with
-    unequal halves (random, not a real frequency table), upstream gradients in the output layout."""
+    """HF's layout: q, k transposed (B, S, H, D) views; cos/sin (1, S, D), random, unequal halves."""
     g = torch.Generator(device="cpu").manual_seed(0)
     hq, hk, d, t = dims["heads_q"], dims["heads_k"], dims["head_dim"], dims["tokens"]
     b = 2 if t % 2 == 0 and t >= 4 else 1
     s = t // b
-    q = torch.randn(b, s, hq, d, generator=g).to(device, dtype).transpose(1, 2).requires_grad_()
-    k = torch.randn(b, s, hk, d, generator=g).to(device, dtype).transpose(1, 2).requires_grad_()
+    q, k = (torch.randn(b, s, h, d, generator=g).to(device, dtype).transpose(1, 2).requires_grad_() for h in (hq, hk))
     angle = 4.0 * torch.rand(1, s, d, generator=g)
     cos, sin = angle.cos().to(device, dtype), angle.sin().to(device, dtype)
-    dq = torch.randn(b, hq, s, d, generator=g).to(device, dtype)
-    dk = torch.randn(b, hk, s, d, generator=g).to(device, dtype)
-    return Case(args=(q, k, cos, sin, 1), grads=(dq, dk))
+    grads = tuple(torch.randn(b, h, s, d, generator=g).to(device, dtype) for h in (hq, hk))
+    return Case(args=(q, k, cos, sin, 1), grads=grads)
 
 
 def _config(arch, dims, pos: int, per_thread: int, split: int = 1) -> RoPEConfig:
@@ -336,9 +314,8 @@ def _config(arch, dims, pos: int, per_thread: int, split: int = 1) -> RoPEConfig
 
 def _heuristic(arch, dims, dtype):
     """One position per program, all heads in one tile, 8 values per thread per half-tile (one
-    16-byte bf16 vector per load): 4 warps at Qwen3-1.7B's 16 q heads x D 128 (its 8-head k tile
-    gets 4 values per thread); 8192 tokens are 8192 programs, several waves on 132 SMs.
-    An estimate, not measured on a GPU yet: `liger-tune sweep` decides among _configs."""
+    16-byte bf16 vector per load): 4 warps at Qwen3-1.7B's 16 q heads x D 128; 8192 tokens are
+    8192 programs, several waves on 132 SMs.  Not measured on a GPU yet: the sweep decides."""
     return _config(arch, dims, 1, 8)
 
 
@@ -360,25 +337,23 @@ def _supports(dims, dtype):
 
 
 def _plan(preset, arch, quick):
-    if arch.name == "cpu":
-        if preset is not None and preset.tiny:
-            heads = [(preset.heads, preset.kv_heads, preset.head_dim)]
-        else:
-            heads = [(4, 2, 16)]
+    cpu = arch.name == "cpu"
+    if preset is not None and (preset.tiny or not cpu):
+        heads = [(preset.heads, preset.kv_heads, preset.head_dim)]
+    else:   # tiny on cpu; Qwen3-1.7B (16 q / 8 kv heads) and Llama/Qwen3-4B-style 32 / 8, D 128
+        heads = [(4, 2, 16)] if cpu else [(16, 8, 128), (32, 8, 128)]
+    if cpu:
         tokens = (8,) if quick else (8, 32)
     elif preset is not None:
-        heads = [(preset.heads, preset.kv_heads, preset.head_dim)]
         tokens = preset.quick_tokens if quick else preset.tokens
-    else:   # Qwen3-1.7B (16 q / 8 kv heads) and Llama/Qwen3-4B-style 32 / 8, D 128
-        heads = [(16, 8, 128), (32, 8, 128)]
+    else:
         tokens = (8192,) if quick else (4096, 8192)
     return [{"heads_q": hq, "heads_k": hk, "head_dim": d, "tokens": t} for hq, hk, d in heads for t in tokens]
 
 
 def _bwd_fake(tensors, saved, grads, unsqueeze_dim, needs, config):
-    """The runtime's backward fake promises contiguous gradients; this kernel writes dq and dk
-    laid out (B, S, H, D) like HF's q and k (what the projections' backward reads without a copy),
-    and inductor checks the layout the fake promised."""
+    """dq, dk laid out (B, S, H, D) like HF's q and k, as the kernel writes them (the runtime's
+    default fake promises contiguous gradients, and inductor checks the promised layout)."""
     q, k = tensors[0], tensors[1]
     return [_new_out(x, x.dtype, unsqueeze_dim) if need else q.new_empty(0) for x, need in zip((q, k), needs)] + \
         [q.new_empty(0), q.new_empty(0)]

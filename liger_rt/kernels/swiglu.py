@@ -8,11 +8,8 @@ Casting follows ``act_fn(gate) * up`` in the input dtype: silu is computed in fp
 the gate dtype, then multiplied by up in fp32 and rounded once more.
 
 Kernels are elementwise over (ROWS, BLOCK_N) tiles of a 2-D view with one row stride per tensor,
-so the two halves of a fused gate_up projection (``gate_up.chunk(2, -1)``) are read in place.
-The backward saves nothing but the inputs and recomputes sigmoid(gate) (cheaper than storing
-it): it reads dy, gate, up and writes fresh dgate, dup.  Minimum traffic: fwd 3MN, bwd 5MN.
-The op spec at the bottom gives dispatch, tuning, autograd and the torch.compile custom ops
-(liger_rt::swiglu_fwd/bwd) to the runtime.
+so the halves of a fused gate_up projection (``gate_up.chunk(2, -1)``) are read in place.  The
+backward recomputes sigmoid(gate) (cheaper than storing it).  Minimum traffic: fwd 3MN, bwd 5MN.
 """
 from __future__ import annotations
 
@@ -29,8 +26,6 @@ from ._common import (DTYPES, as_rows, bind, interpreter_on, launch_memo, next_p
                       triton_available, warps_for)
 
 
-# -- reference ------------------------------------------------------------------------------------
-
 def swiglu_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """fp32 compute; silu(gate) rounded to gate.dtype before the multiply, as the eager module does."""
     s = F.silu(gate.float()).to(gate.dtype)
@@ -38,11 +33,9 @@ def swiglu_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def _swiglu_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """What the Hugging Face MLP runs (the dispatcher's `torch` implementation)."""
+    """What the Hugging Face MLP runs (the `torch` implementation)."""
     return F.silu(gate) * up
 
-
-# -- Triton kernels -------------------------------------------------------------------------------
 
 @triton.jit
 def _tile(M, N, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
@@ -80,8 +73,6 @@ def _swiglu_bwd_kernel(DY, G, U, DG, DU, stride_dy, stride_g, stride_u, stride_d
     tl.store(DU + o_m * stride_du + o_n, to_dtype(du, DU.dtype.element_ty, RNE_BF16), mask=mask)
 
 
-# -- launchers --------------------------------------------------------------------------------------
-
 def _rows(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int, int]:
     """row_layout(t, n); at n == 1 as_rows, which passes a one-element tensor's own stride."""
     if n > 1:
@@ -92,14 +83,12 @@ def _rows(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int, int]:
 
 @launch_memo
 def _launch(kernel, config, num_warps: int, m: int, n: int):
-    """`kernel` bound to its grid and meta-parameters at m rows of n."""
     block_n = min(config.BLOCK_N, next_pow2(n))
     return bind(kernel, (triton.cdiv(m, config.ROWS) * triton.cdiv(n, block_n),), BLOCK_N=block_n, ROWS=config.ROWS,
                 RNE_BF16=interpreter_on(), num_warps=num_warps)
 
 
 def swiglu_fwd(gate: torch.Tensor, up: torch.Tensor, config) -> torch.Tensor:
-    """gate, up (..., N) of one shape -> y (..., N)."""
     n = gate.shape[-1]
     (g2, m, stride_g), (u2, _, stride_u) = _rows(gate, n), _rows(up, n)
     dtype = gate.dtype if up.dtype == gate.dtype else torch.promote_types(gate.dtype, up.dtype)
@@ -110,7 +99,7 @@ def swiglu_fwd(gate: torch.Tensor, up: torch.Tensor, config) -> torch.Tensor:
 
 
 def swiglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, config) -> tuple[torch.Tensor, torch.Tensor]:
-    """dy, gate, up (..., N) -> (dgate in gate.dtype, dup in up.dtype), fresh contiguous tensors."""
+    """-> (dgate in gate.dtype, dup in up.dtype), fresh contiguous tensors."""
     n = gate.shape[-1]
     (g2, m, stride_g), (u2, _, stride_u), (dy2, _, stride_dy) = _rows(gate, n), _rows(up, n), _rows(dy, n)
     dg = torch.empty_like(gate, memory_format=torch.contiguous_format)    # rows of n
@@ -120,8 +109,6 @@ def swiglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, config) -
                                                                         stride_u, n, n, m, n)
     return dg, du
 
-
-# -- the op: what the runtime needs besides the math ---------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class SwiGLUConfig(Config):
@@ -208,6 +195,5 @@ OP = register(Op(
     name="swiglu", static=("cols",), dynamic=("rows",), dims=_dims,
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available),
            Impl("torch", fn=_swiglu_torch)],
-    config=SwiGLUConfig, candidates=_configs, heuristic=_heuristic,
-    schema="Tensor gate, Tensor up", fake=_fake, make_case=_make_case, plan=_plan,
-    compiler_fuses=True))
+    config=SwiGLUConfig, candidates=_configs, heuristic=_heuristic, schema="Tensor gate, Tensor up", fake=_fake,
+    make_case=_make_case, plan=_plan, compiler_fuses=True))
