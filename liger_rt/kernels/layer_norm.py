@@ -37,9 +37,10 @@ def layer_norm_ref(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Ten
 
 def _layer_norm_torch(x, weight, bias, eps):
     """PyTorch's LayerNorm (the `torch` implementation).  On CPU its 16-bit backward is off by 2 ulps
-    in dW/dB at 16 rows (CUDA's accumulates in fp32), so 16-bit on CPU runs the fp32 reference."""
+    in dW/dB at 16 rows (CUDA's accumulates in fp32), so 16-bit on CPU runs the fp32 reference; fp64
+    stays fp64, as in nn.LayerNorm."""
     same = all(t is None or t.dtype == x.dtype for t in (weight, bias))
-    if same and (x.device.type != "cpu" or x.dtype == torch.float32):
+    if same and (x.device.type != "cpu" or x.dtype not in (torch.float16, torch.bfloat16)):
         return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
     return layer_norm_ref(x, weight, bias, eps)
 
