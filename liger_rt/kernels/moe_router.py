@@ -32,7 +32,6 @@ MAX_EXPERTS = 256
 MAX_TOP_K = 8
 
 
-# -- reference ---------------------------------------------------------------------------------------
 def _round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """x rounded to `dtype` and back, with an identity gradient (straight through, in fp32)."""
     return x if dtype == torch.float32 else x + (x.to(dtype).float() - x).detach()
@@ -58,7 +57,6 @@ def moe_router_ref(logits: torch.Tensor, top_k: int, expert_bias: torch.Tensor |
     return (weights * routed_scaling_factor).to(logits.dtype), indices
 
 
-# -- Triton kernels -------------------------------------------------------------------------------------
 @triton.jit
 def _round_fp32(x, QUANT: tl.constexpr):
     # QUANT 1: to bf16 (round to nearest even, by bits: the interpreter's cast truncates; NaN kept
@@ -160,7 +158,6 @@ def _moe_router_bwd_kernel(
     tl.store(DL + o_t64[:, None] * s_dlt + o_e[None, :], b_dl.to(DL.dtype.element_ty), mask=m)
 
 
-# -- launchers ------------------------------------------------------------------------------------------
 _QUANT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
@@ -205,7 +202,6 @@ def moe_router_bwd(logits2d, indices32, dweights, norm_topk_prob, routed_scaling
     return dlogits
 
 
-# -- the op: what the runtime needs besides the math ---------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class MoERouterConfig(Config):
     BLOCK_T: int = knob(64, pow2(1, 8192))      # tokens per program (forward and backward)

@@ -23,7 +23,6 @@ from ._common import sm_count, triton_available, warps_for
 MAX_KERNEL = 4  # LFM2 uses 3 (conv_L_cache); the weight-gradient kernel has 4 tap accumulators
 
 
-# -- reference -------------------------------------------------------------------------------------
 def short_conv_ref(bcx: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                    seq_idx: torch.Tensor | None = None) -> torch.Tensor:
     """fp32 reference (also the `torch` impl): (batch, seq, 3H), (H, K) -> (batch, seq, H).
@@ -58,7 +57,6 @@ def seq_idx_from_position_ids(position_ids: torch.Tensor, batch: int | None = No
     return idx.expand(batch, -1) if batch is not None and idx.shape[0] != batch else idx
 
 
-# -- Triton kernels ----------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["T"])
 def _short_conv_fwd_kernel(
     BCX, W, BIAS, SEQ, Y, T, H, n_tblocks, s_xb, s_xt, s_yb, s_yt, s_sb, s_st, K: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -189,7 +187,6 @@ def _short_conv_bwd_kernel(
         tl.store(DB_PART + pid64 * H + o_h, tl.sum(b_db, axis=0), mask=m_h)
 
 
-# -- launchers ------------------------------------------------------------------------------------
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -258,7 +255,6 @@ def short_conv_bwd(bcx, weight, bias, seq_idx, dy, config):
     return dbcx, dw, db
 
 
-# -- the op: what the runtime needs besides the math ---------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class ShortConvConfig(Config):
     BLOCK_T: int = knob(32, pow2(1, 256))             # forward tile: tokens x channels
