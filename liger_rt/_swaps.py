@@ -32,9 +32,7 @@ class StandIn:
     replaced_type: type = object
 
     def __new__(cls, fn=None):
-        if fn is None:
-            return cls.replaced_type()
-        return super().__new__(cls)
+        return cls.replaced_type() if fn is None else super().__new__(cls)
 
     def __init__(self, fn):
         self.__wrapped__ = fn

@@ -85,8 +85,7 @@ def softcapped_logprobs(hidden, lm_head, target, softcap: float, *, scale: float
                      else _softcap_chunk(*args))
     if not parts:
         return (hidden.new_zeros(target.shape, dtype=torch.float32),) * 2
-    lp, ent = (torch.cat(p).view(target.shape) for p in zip(*parts))
-    return lp, ent
+    return tuple(torch.cat(p).view(target.shape) for p in zip(*parts))
 
 
 def _head_logprobs(self, hidden, target, temperature: float):

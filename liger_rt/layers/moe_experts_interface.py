@@ -20,14 +20,11 @@ NAME = "liger_rt"
 _warned: set[str] = set()
 
 
-def _is_silu(act) -> bool:
-    return act is F.silu or isinstance(act, torch.nn.SiLU) or type(act).__name__ in ("SiLUActivation", "SiLU")
-
-
 def _unsupported(module) -> str | None:
     for attr in ("gate_up_proj", "down_proj"):
         if not isinstance(getattr(module, attr, None), torch.Tensor):
             return f"no {attr} tensor"
+    act = getattr(module, "act_fn", None)
     checks = (
         (getattr(module, "has_gate", True), "experts without a gate (up_proj only)"),
         (not getattr(module, "has_bias", False), "expert biases"),
@@ -35,7 +32,8 @@ def _unsupported(module) -> str | None:
         (getattr(module, "is_concatenated", True), "interleaved gate/up weights"),
         (not getattr(module, "has_post_expert_norm", False), "a post-expert norm"),
         (not getattr(module, "_is_expert_parallel", False), "expert parallelism (sentinel expert ids)"),
-        (_is_silu(getattr(module, "act_fn", None)), f"activation {getattr(module, 'act_fn', None)!r} (SiLU only)"),
+        (act is F.silu or isinstance(act, torch.nn.SiLU) or type(act).__name__ in ("SiLUActivation", "SiLU"),
+         f"activation {act!r} (SiLU only)"),
     )
     for ok, what in checks:
         if not ok:

@@ -234,14 +234,6 @@ def unwrap(model):
     return model
 
 
-def _model_type(root) -> str:
-    model_type = getattr(getattr(root, "config", None), "model_type", None)
-    if not model_type:
-        raise ValueError(f"liger_rt.patch needs a transformers model (its config.model_type picks the spec); got "
-                         f"{type(root).__name__}. Supported model types: {', '.join(supported_models())}")
-    return model_type
-
-
 def _set(record: InstanceRecord, obj, attr: str, value) -> None:
     record.saved.append((obj, attr, attr in obj.__dict__, obj.__dict__.get(attr)))
     setattr(obj, attr, value)
@@ -257,7 +249,10 @@ def _bind(record: InstanceRecord, module: torch.nn.Module, fn) -> None:
 
 def _patch_instance(model, given: dict[str, Any]):
     root = unwrap(model)
-    plan = _plan(_model_type(root), given, for_class=False)
+    if not (model_type := getattr(getattr(root, "config", None), "model_type", None)):
+        raise ValueError(f"liger_rt.patch needs a transformers model (its config.model_type picks the spec); got "
+                         f"{type(root).__name__}. Supported model types: {', '.join(supported_models())}")
+    plan = _plan(model_type, given, for_class=False)
     _unpatch_instance(root)
     record = InstanceRecord(plan.model_type, plan.flags, plan.given)
     by_class = {_key(cls): (row, fn) for cls, row, fn in plan.layers}
@@ -288,7 +283,8 @@ def _patch_instance(model, given: dict[str, Any]):
     record.counts.update(_function_counts(plan))
     for config in configs.values():
         from ..layers.moe import EXPERTS_IMPLEMENTATION
-        record.config_saved.append((config, "_experts_implementation", getattr(config, "_experts_implementation", None)))
+        old = getattr(config, "_experts_implementation", None)
+        record.config_saved.append((config, "_experts_implementation", old))
         config._experts_implementation = EXPERTS_IMPLEMENTATION
     root.__dict__[_RECORD_KEY] = record
     return model
@@ -444,8 +440,7 @@ def describe(target) -> dict | None:
 
 def _describe_class_patched(root) -> dict | None:
     model_type = getattr(getattr(root, "config", None), "model_type", None)
-    order = sorted(_CLASS_RECORDS, key=lambda t: t != model_type)       # its own family first
-    for family in order:
+    for family in sorted(_CLASS_RECORDS, key=lambda t: t != model_type):     # its own family first
         rec = _CLASS_RECORDS[family]
         patched, modules = collections.Counter(), collections.Counter()
         for module in root.modules():
