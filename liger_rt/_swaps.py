@@ -1,13 +1,9 @@
 """The swap ledger: what ``liger_rt.patch`` replaced, and how a layer forward reaches it.
 
 liger_rt.patch writes here, liger_rt.layers reads here; this module imports nothing from liger_rt.
-Two kinds of swap:
-- on an object shared by the process (a class's ``forward``, a modeling module's
-  ``apply_rotary_pos_emb``): ``hold`` / ``release``, reference-counted by holders (a model type for a
-  class patch, ``instance:<id>`` for an instance patch); the very original comes back with the last;
-- on one module instance: ``bind(module, fn, attr)`` sets ``module.<attr> = BoundForward(fn, module)``
-  and keeps the instance forward it replaced (if any) under ORIG_KEY.
-``original(module)`` / ``original_function(module)`` answer "what ran before the patch" for both.
+Swaps on shared objects (a class's ``forward``, a modeling module's function) are ``hold`` / ``release``,
+reference-counted by holders (a model type, or ``instance:<id>``); ``bind`` swaps one module instance's
+forward.  ``original(module)`` / ``original_function(module)`` answer "what ran before the patch".
 """
 from __future__ import annotations
 
@@ -17,8 +13,6 @@ import types
 from typing import Any
 
 ORIG_KEY = "_liger_rt_orig_forward"      # module.__dict__ entry: the instance forward a patch replaced
-
-
 MISSING = object()                       # "the owner had no attribute of its own" (never pickled or copied)
 
 
@@ -31,18 +25,14 @@ class Swap:
 
 
 class StandIn:
-    """Put in place of a callable *object* that a function swaps out.  Since transformers 5.25 (which
-    requires the ``kernels`` package), a modeling module's ``apply_rotary_pos_emb`` is an nn.Module
-    instance, and each attention layer keeps a private copy that unpickling rebuilds as
-    ``type(<modeling module>.apply_rotary_pos_emb)()``.  Calling a stand-in's class with no arguments
-    therefore builds what it replaced (a plain function there fails the load); calling a stand-in calls
-    the function."""
+    """Put in place of a callable *object* that a function swaps out: since transformers 5.25 a modeling
+    module's ``apply_rotary_pos_emb`` is an nn.Module, which unpickling rebuilds as ``type(<it>)()``.
+    Calling a stand-in's class with no arguments builds what it replaced; calling a stand-in calls the
+    function."""
     replaced_type: type = object
 
     def __new__(cls, fn=None):
-        if fn is None:
-            return cls.replaced_type()
-        return super().__new__(cls)
+        return cls.replaced_type() if fn is None else super().__new__(cls)
 
     def __init__(self, fn):
         self.__wrapped__ = fn
@@ -58,7 +48,7 @@ _STAND_IN_TYPES: dict[type, type] = {}
 
 
 def _to_place(original, value):
-    """``value`` itself, or a StandIn where a function replaces a callable object (see StandIn)."""
+    # value itself, or a StandIn where a function replaces a callable object
     if not isinstance(value, types.FunctionType) or original is MISSING or isinstance(
             original, (types.FunctionType, types.BuiltinFunctionType, type, staticmethod, classmethod)) \
             or not callable(original):
@@ -117,9 +107,8 @@ def release(keys: list, holder: str) -> None:
 # -- instance forwards -------------------------------------------------------------------------------
 
 class BoundForward:
-    """``types.MethodType(fn, module)``, except that it pickles and copies (a bound method pickles as
-    ``getattr(module, fn.__name__)``, which cannot find a patched forward again) and that its signature
-    is the replaced forward's plus ``fn``'s keyword-only extras (for HF Trainer's introspection)."""
+    """``types.MethodType(fn, module)`` that pickles and copies (a bound method pickles as
+    ``getattr(module, fn.__name__)``), with the replaced forward's signature plus fn's keyword-only extras."""
 
     def __init__(self, fn, module):
         self.__func__ = fn
@@ -141,8 +130,8 @@ class BoundForward:
 
 
 def merged_signature(host: inspect.Signature, ours: inspect.Signature, bound: bool = False) -> inspect.Signature:
-    """``host``'s signature plus the keyword-only parameters (with defaults) of ``ours`` that it
-    lacks, placed before its ``**kwargs``; ``bound``: ``ours`` still has ``self`` to drop."""
+    """``host`` plus the keyword-only parameters with defaults of ``ours`` (less self if ``bound``) that
+    it lacks, before its ``**kwargs``."""
     params = list(host.parameters.values())
     names = {p.name for p in params}
     ours_params = list(ours.parameters.values())[1 if bound else 0:]
@@ -155,8 +144,7 @@ def merged_signature(host: inspect.Signature, ours: inspect.Signature, bound: bo
 
 
 def with_signature(fn, sig: inspect.Signature):
-    """A copy of function ``fn`` whose ``inspect.signature`` is ``sig`` (``_liger_rt_function``: fn);
-    for class attributes, which are never pickled."""
+    """A copy of function ``fn`` whose ``inspect.signature`` is ``sig`` (``_liger_rt_function``: fn)."""
     new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__dict__.update(fn.__dict__)
@@ -167,8 +155,7 @@ def with_signature(fn, sig: inspect.Signature):
 
 
 def bind(module, fn, attr: str = "forward"):
-    """Set ``module.<attr>`` to ``BoundForward(fn, module)``; returns what the instance itself
-    held before (MISSING: nothing, the class's forward ran)."""
+    """Set ``module.<attr>`` to ``BoundForward(fn, module)``; returns what the instance held (or MISSING)."""
     old = module.__dict__.get(attr, MISSING)
     if old is MISSING:
         module.__dict__.pop(ORIG_KEY, None)
@@ -199,10 +186,8 @@ def class_original(cls: type):
 
 
 def original_function(module):
-    """The forward a patch replaced on ``module``, as a function to call as ``fn(module, ...)``: the
-    instance's own earlier forward if it had one, else the class's pre-patch function.  Not a bound
-    method: torch.compile rebuilds one after a graph break as ``module.forward``, the patched forward
-    again (infinite recursion)."""
+    """The forward a patch replaced on ``module``, as ``fn(module, ...)``: not a bound method, which
+    torch.compile rebuilds after a graph break as ``module.forward``, the patched forward again."""
     own = module.__dict__.get(ORIG_KEY)
     if own is None:
         return class_original(type(module))

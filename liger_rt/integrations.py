@@ -5,12 +5,9 @@
     trainer = Trainer(model=model, args=args, train_dataset=ds,
                       callbacks=[LigerRTCallback(fused_linear_cross_entropy=True)])           # or patch here
 
-Both patch at instance level: the callback when the Trainer is built (before accelerate wraps,
-shards or compiles the model) and again when training starts if the model was replaced
-(``model_init``); the loader what ``AutoModelForCausalLM`` loads.  TRL's trainers put their own fused
-LM head on the model, so liger_rt's loss flags would not run in their training steps (the layer
-kernels still do): the callback leaves them off and warns once (``ShadowWarning``), as it warns for
-Liger-Kernel (``use_liger_kernel``) and hub kernels (``use_kernels``).
+Both patch at instance level.  TRL's trainers put their own fused LM head on the model, so liger_rt's
+loss flags would not run in their training steps: the callback leaves them off and warns once
+(``ShadowWarning``), as it warns for Liger-Kernel (``use_liger_kernel``) and hub kernels (``use_kernels``).
 """
 from __future__ import annotations
 
@@ -44,9 +41,8 @@ def _is_trl_head(fn) -> bool:
 
 
 def trl_fused_head(model) -> bool:
-    """Whether TRL's fused LM head (``trl.trainer.utils.add_fused_lm_head``, installed by SFTTrainer,
-    GRPOTrainer and others) is on the model: as its forward, inside a wrapper of it (accelerate's
-    fp32-output wrapper, anything ``functools.wraps``), or as the forward a liger_rt patch replaced."""
+    """Whether TRL's fused LM head (``trl.trainer.utils.add_fused_lm_head``) is on the model: as its forward,
+    inside a ``functools.wraps`` wrapper of it, or as the forward a liger_rt patch replaced."""
     root = core.unwrap(model)
     candidates = [root.__dict__.get("forward"), root.__dict__.get("_original_forward")]
     if "forward" in root.__dict__:
@@ -55,8 +51,7 @@ def trl_fused_head(model) -> bool:
 
 
 def _loss_over_trl_head(model) -> list[str]:
-    """The liger_rt loss flags patched *over* TRL's head (after the TRL trainer was built): TRL's
-    training step then gets liger_rt's output, without the log-probs it reads."""
+    # the liger_rt loss flags patched *over* TRL's head (after the TRL trainer was built)
     root = core.unwrap(model)
     info = core.describe(root) or {}
     flags = [f for f in ("fused_linear_cross_entropy", "logprobs") if (info.get("flags") or {}).get(f)]
@@ -72,8 +67,8 @@ def _is_trl(args) -> bool:
 
 
 def shadows(model, args=None, wanted=()) -> list[str]:
-    """Why parts of a liger_rt patch of `model` (the flags in force, plus `wanted`) would not run
-    under this stack (TrainingArguments `args`, or None); one message per cause, empty if none."""
+    """Why parts of a liger_rt patch of `model` (the flags in force, plus `wanted`) would not run under
+    TrainingArguments `args` (or None): one message per cause."""
     info = core.describe(model) or {}
     loss = sorted({f for f in LOSS_FLAGS if (info.get("flags") or {}).get(f)} | {f for f in wanted if f in LOSS_FLAGS})
     out = []
@@ -93,13 +88,8 @@ def shadows(model, args=None, wanted=()) -> list[str]:
 # -- Trainer callback ------------------------------------------------------------------------------------
 
 class LigerRTCallback(TrainerCallback):
-    """Patches the Trainer's model with ``liger_rt.patch(model, **layers)``, e.g.
-    ``SFTTrainer(model=model, args=SFTConfig(...), train_dataset=ds, callbacks=[LigerRTCallback()])``.
-
-    When the Trainer is built (``on_init_end``), and when training starts (``on_train_begin``) if the
-    model has no liger_rt patch by then (``model_init``); a model already patched is left as it is.
-    Under a TRL trainer the loss flags are left off; each cause of shadowing is a ``ShadowWarning``,
-    once per callback."""
+    """Patches the Trainer's model with ``liger_rt.patch(model, **layers)`` when the Trainer is built, and
+    when training starts if the model has no liger_rt patch by then (``model_init``)."""
 
     def __init__(self, **layers):
         self.layers = dict(layers)
@@ -136,18 +126,14 @@ _CONFIG_KWARGS = ("revision", "trust_remote_code", "cache_dir", "token", "local_
 
 
 class AutoLigerRTModelForCausalLM:
-    """``AutoModelForCausalLM`` that patches what it loads (instance level), e.g.
-    ``AutoLigerRTModelForCausalLM.from_config(config, rms_norm=False)``.
-
-    Keyword arguments that are liger_rt flags go to ``liger_rt.patch``, the rest to transformers; the
-    model type and flags are checked from the config before the weights load."""
+    """``AutoModelForCausalLM`` that patches what it loads: keyword arguments that are liger_rt flags go to
+    ``liger_rt.patch`` (checked before the weights load), the rest to transformers."""
 
     def __init__(self):
         raise TypeError("AutoLigerRTModelForCausalLM is built with from_pretrained(...) or from_config(...)")
 
     @staticmethod
     def _layers(config, kwargs: dict) -> dict:
-        # the liger_rt flags out of kwargs, checked with the model type before any weights load
         layers = {k: kwargs.pop(k) for k in list(kwargs) if k in _ALL_FLAGS}
         core._flags(core._spec(config.model_type), layers)
         return layers

@@ -1,16 +1,14 @@
-"""The rule the ``causal_mask`` flag swaps into ``transformers.masking_utils`` (specs.CAUSAL_MASK).
+"""The rules the ``causal_mask`` flag swaps into ``transformers.masking_utils`` (specs.CAUSAL_MASK).
 
-transformers asks ``_ignore_causal_mask_sdpa`` whether SDPA may run with no mask, on its ``is_causal``
-path (the one flash attention takes).  Eager, it says yes whenever no token is padded.  While
-torch.compile traces, transformers 5.17 (the H200 image's, with torch 2.11) always says no, so a compiled
-model builds a (batch, 1, q, kv) mask and SDPA leaves flash attention for a masked kernel; later releases
-skip the mask again on newer torch.  This rule answers as transformers does eagerly when no padding mask
-was given (known at trace time, no tensor is read) and asks transformers' own rule otherwise.  The
-attention is the same either way: a causal mask and ``is_causal`` select the same keys.
+transformers asks ``_ignore_causal_mask_sdpa`` whether SDPA may run with no mask (its ``is_causal``
+path, the one flash attention takes); eager, it says yes whenever no token is padded, but while
+torch.compile traces, transformers 5.17 always says no, so SDPA leaves flash attention for a masked
+kernel.  This rule answers as transformers does eagerly when no padding mask was given (known at trace
+time) and asks transformers' own rule otherwise; the attention is the same either way.
 
 With no cache (the fused loss asks for none, layers/loss.py), transformers also looks for packed
-sequences in the position ids, which it cannot do while compiling: the flag's second swap,
-``find_packed_sequence_indices``, answers "not packed" while the base model runs on positions it made.
+sequences in the position ids, which it cannot do while compiling: ``find_packed_sequence_indices``
+answers "not packed" while the base model runs on positions it made.
 """
 from __future__ import annotations
 
@@ -25,7 +23,7 @@ PACKED = "find_packed_sequence_indices"
 
 
 def _host(name: str):
-    """transformers' own ``masking_utils.<name>`` (also when this module is re-imported under a held swap)."""
+    # transformers' own masking_utils.<name>, also when this module is re-imported under a held swap
     fn = getattr(masking_utils, name, None)
     return _swaps.LEDGER[(masking_utils, name)].original if getattr(fn, _swaps.SWAPPED, False) else fn
 
@@ -34,10 +32,9 @@ _HF_RULE, _HF_PACKED = _host(NAME), _host(PACKED)
 
 
 class _Depth(threading.local):
-    """Per thread: > 0 while a base model runs on the positions it builds itself (layers/loss.py); a thread
-    (DataParallel's replicas run in threads) never answers for another's call.  Every thread starts with
-    ``depth`` set, so a compiled graph's guard on it holds on every call (a missing attribute before the
-    first eager call and a present one after it once cost a recompile)."""
+    """Per thread (DataParallel's replicas run in threads): > 0 while a base model runs on the positions it
+    builds itself.  Set in every thread from the start: a missing attribute before the first eager call
+    and a present one after it once cost a compiled graph a recompile."""
 
     def __init__(self):
         self.depth = 0
@@ -56,11 +53,8 @@ def ignore_causal_mask_sdpa(padding_mask, q_length, kv_length, q_offset, kv_offs
 
 
 def find_packed_sequence_indices(position_ids):
-    """transformers' packed-sequence detector, which it runs when there is no cache and no padding mask.
-    Eager, it reads the positions (a host sync) and answers None for one sequence per row; while compiling
-    it cannot read them and returns a tensor, so a mask is built.  While the base model runs on the
-    positions it built itself (``arange``: one sequence per row, known before any tensor exists) this
-    answers None; otherwise transformers' own detector runs."""
+    """transformers' packed-sequence detector: None (one sequence per row, as its ``arange`` positions
+    are) while the base model runs on the positions it built itself, else transformers' own answer."""
     if _OWN_POSITIONS.depth:
         return None
     return _HF_PACKED(position_ids)

@@ -15,44 +15,38 @@ from __future__ import annotations
 import torch
 
 from .. import ops
+from .mlp import is_silu, missing_submodules
+from .norms import module_eps
 
 
 def _rms_norm_as_input(self, x: torch.Tensor, offset: float) -> torch.Tensor:
-    eps = getattr(self, "variance_epsilon", None)
-    y = ops.rms_norm(x, self.weight, eps=float(self.eps if eps is None else eps), offset=offset)
+    y = ops.rms_norm(x, self.weight, eps=module_eps(self), offset=offset)
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 def offset_rms_norm_forward(self, x: torch.Tensor) -> torch.Tensor:
-    """Gemma-style RMSNorm: weights stored as w - 1, y = norm(x) * (1 + w), in x's dtype."""
     return _rms_norm_as_input(self, x, 1.0)
 
 
 def rms_norm_as_input_forward(self, x: torch.Tensor) -> torch.Tensor:
-    """OLMo-2 RMSNorm: y = norm(x) * w, in x's dtype."""
     return _rms_norm_as_input(self, x, 0.0)
 
 
 def gate_up_swiglu_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    """Phi-3 / GLM-4 MLP: gate_up_proj (hidden -> 2 * intermediate, gate first), SiLU, down_proj;
-    the two halves go to the op as strided views (no copy)."""
+    # the two halves go to the op as strided views (no copy)
     gate, up = self.gate_up_proj(hidden_states).chunk(2, dim=-1)
     return self.down_proj(ops.swiglu(gate, up))
 
 
 def silu_gate_up(module) -> str | None:
     """None when a fused MLP has gate_up_proj / down_proj and a SiLU activation_fn, else why not."""
-    gone = [n for n in ("gate_up_proj", "down_proj") if not isinstance(getattr(module, n, None), torch.nn.Module)]
-    if gone:
-        return f"no {', '.join(gone)} submodule(s) in this transformers' {type(module).__name__}"
+    if missing := missing_submodules(module, ("gate_up_proj", "down_proj")):
+        return missing
     act = getattr(module, "activation_fn", None)
-    if isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation" or act is torch.nn.functional.silu:
-        return None
-    return f"activation is {type(act).__name__}, not SiLU (SwiGLU would change the model)"
+    return None if is_silu(act) else f"activation is {type(act).__name__}, not SiLU (SwiGLU would change the model)"
 
 
 def apply_rotary_pos_emb_as_input(q, k, cos, sin, unsqueeze_dim: int = 1):
-    """OLMo-2's apply_rotary_pos_emb: HF's formula through liger_rt.ops.rope, outputs in q's and k's
-    dtypes (as OLMo-2 casts them; ops.rope returns the promoted dtype)."""
+    # ops.rope returns the promoted dtype; OLMo-2 casts to q's and k's
     q_embed, k_embed = ops.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
     return q_embed.to(q.dtype), k_embed.to(k.dtype)

@@ -1,36 +1,17 @@
-"""Causal-LM forward for RL: given labels, per-token log-probs and entropy instead of logits.
+"""Causal-LM forward for RL (the ``logprobs`` flag): given labels, per-token log-probs and entropy, no logits.
 
-``causal_lm_logprobs_forward`` replaces a ``*ForCausalLM`` forward under the ``logprobs`` patch
-flag.  A call with ``labels`` (or ``shift_labels``) runs the base model (``self.model(...)``),
-then, with HF's causal shift (``labels[..., 1:]`` scored at positions ``0 .. S-2``),
+A call with ``labels`` (or ``shift_labels``) runs the base model, then, with HF's causal shift,
 
     logprobs, entropy = liger_rt.ops.fused_linear_logprobs(hidden (B, S, H), lm_head.weight,
                                                            shifted labels (B, S), lm_head.bias,
                                                            temperature=temperature, return_entropy=True)
 
-and returns a ``CausalLMLogProbsOutput``: ``logprobs`` and ``entropy`` (B, S) fp32, 0 where the
-shifted label is -100 (the last position, padding, prompt tokens), ``loss`` and ``logits`` None,
-plus the base model's past_key_values / hidden_states / attentions (and router_logits, aux_loss
-for MoE models asked for them).  ``logprobs[b, i]`` is log p(input_ids[b, i+1] | ids[b, :i+1]) when
-labels are the input ids: exactly ``log_softmax(logits / T)[b, i, labels[b, i+1]]`` of the host.
-
-What the host does to lm_head's output is kept.  Granite's ``logits_scaling`` s divides the logits:
-(x W^T + b) / s / T is the op at temperature s * T (exact, with or without a bias).  Gemma 2/3's
-``final_logit_softcapping`` c (softcap * tanh(logits / c)) is not in the op: a softcapped head runs
-``softcapped_logprobs``, a torch computation over chunks of ``SOFTCAP_CHUNK_BYTES`` of fp32 logits,
-each under activation checkpointing (one chunk's logits alive; the backward recomputes them), the
-same results at torch speed; its chunks never reach the dispatcher or Triton.
-
-The host forward runs unchanged (logits, its own loss) when the call has no labels, asks for
-logits (``return_logits=True``, or ``keep_logits`` in the patch), keeps only some logits
-(``logits_to_keep`` != 0), or the lm_head is not a plain Linear (LoRA on the head).  Eval mode
-and ``torch.no_grad()`` keep the fused path: a reference model's log-probs then cost one GEMM
-chunk at a time and no logits.  Its signature is the host forward's plus ``return_logits`` and
-``temperature`` (keyword-only).
-
-Patch wiring (done by liger_rt.patch): bind this function as the causal-LM forward and store
-``liger_rt.layers.loss.loss_options(signature of the host forward, module name, keep_logits=...)``
-as the ``_liger_rt_logprobs`` attribute of the model (instance patch) or class (class patch).
+and returns a ``CausalLMLogProbsOutput``: ``logprobs`` and ``entropy`` (B, S) fp32, 0 where the shifted
+label is -100, ``loss`` and ``logits`` None.  Granite's ``logits_scaling`` s is the op at temperature
+s * T; a softcapped head (Gemma 2/3) runs ``softcapped_logprobs`` in torch, a checkpointed chunk of
+``SOFTCAP_CHUNK_BYTES`` of fp32 logits at a time.  The host forward runs when the call has no labels,
+asks for logits, keeps only some (``logits_to_keep`` != 0), or the lm_head is not a plain Linear; eval
+mode and no_grad keep the fused path.  docs/logprobs.md has the details.
 """
 from __future__ import annotations
 
@@ -39,22 +20,17 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
+from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import ModelOutput
 
 from .. import ops
 from .._swaps import original_function
+from .loss import bind_call
 
 
-def _cache_field() -> str:
-    """transformers renamed the output field past_key_values to cache (5.2x); follow the installed one."""
-    from transformers.modeling_outputs import CausalLMOutputWithPast
-    names = {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
-    return "cache" if "cache" in names else "past_key_values"
-
-
-_CACHE = _cache_field()
-# What a ``logprobs``-patched causal LM returns for a call with labels: HF's CausalLMOutputWithPast
-# fields (loss and logits None) plus logprobs and entropy, (batch, seq) fp32.
+# transformers renamed the output field past_key_values to cache (5.2x); follow the installed one
+_CACHE = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
+# HF's CausalLMOutputWithPast fields (loss and logits None) plus logprobs and entropy, (batch, seq) fp32
 CausalLMLogProbsOutput = dataclasses.make_dataclass(
     "CausalLMLogProbsOutput",
     [(name, object, dataclasses.field(default=None)) for name in
@@ -62,21 +38,13 @@ CausalLMLogProbsOutput = dataclasses.make_dataclass(
     bases=(ModelOutput,), namespace={"__module__": __name__})
 
 
-def _named(opts, args: tuple, kwargs: dict) -> dict | None:
-    """The call's arguments by name (positional ones named from the host signature); None when
-    the call would not bind, so the host forward runs and raises its own error."""
-    if len(args) > opts.positional or any(k in kwargs for k in opts.parameters[:len(args)]):
-        return None
-    if not opts.var_keyword and any(k not in opts.parameters for k in kwargs):
-        return None
-    return {**dict(zip(opts.parameters, args)), **kwargs}
-
-
 def _fused_call(self, opts, args, kwargs, return_logits) -> dict | None:
     if opts is None or (return_logits if return_logits is not None else opts.keep_logits):
         return None
-    named = _named(opts, args, kwargs)
-    if named is None or (named.get("labels") is None and named.get("shift_labels") is None):
+    if (split := bind_call(opts, args, kwargs)) is None:
+        return None
+    named = {**split[0], **split[1]}
+    if named.get("labels") is None and named.get("shift_labels") is None:
         return None
     keep = named.get("logits_to_keep", 0)
     head = getattr(self, "lm_head", None)
@@ -102,8 +70,8 @@ def _softcap_chunk(x, weight, bias, target, scale: float, softcap: float, temper
 
 def softcapped_logprobs(hidden, lm_head, target, softcap: float, *, scale: float = 1.0, temperature: float = 1.0,
                         ignore_index: int = -100):
-    """(lp, entropy), fp32 of target's shape, of z = c * tanh(lm_head(hidden) / s / c) / T, computed in
-    torch a chunk of token rows at a time, each chunk checkpointed when a gradient is needed."""
+    """(lp, entropy), fp32 of target's shape, of z = c * tanh(lm_head(hidden) / s / c) / T, in torch a
+    checkpointed chunk of token rows at a time."""
     if not (temperature > 0.0 and softcap > 0.0 and scale > 0.0):
         raise ValueError(f"softcapped log-probs need temperature, softcap and logits_scaling > 0; got {temperature}, "
                          f"{softcap}, {scale}")
@@ -117,12 +85,10 @@ def softcapped_logprobs(hidden, lm_head, target, softcap: float, *, scale: float
                      else _softcap_chunk(*args))
     if not parts:
         return (hidden.new_zeros(target.shape, dtype=torch.float32),) * 2
-    lp, ent = (torch.cat(p).view(target.shape) for p in zip(*parts))
-    return lp, ent
+    return tuple(torch.cat(p).view(target.shape) for p in zip(*parts))
 
 
 def _head_logprobs(self, hidden, target, temperature: float):
-    """(lp, entropy) of the host's logits (lm_head, then its logits_scaling and softcapping) / T."""
     scale = float(getattr(self.config, "logits_scaling", None) or 1.0)
     cap = getattr(self.config, "final_logit_softcapping", None)
     if cap is not None:
@@ -133,7 +99,7 @@ def _head_logprobs(self, hidden, target, temperature: float):
 
 def causal_lm_logprobs_forward(self, *args, return_logits: bool | None = None, temperature: float = 1.0,
                                **kwargs):
-    """A *ForCausalLM forward returning per-token log-probs and entropy (see the module docstring)."""
+    """A *ForCausalLM forward returning per-token log-probs and entropy (module docstring)."""
     opts = getattr(self, "_liger_rt_logprobs", None)
     named = _fused_call(self, opts, args, kwargs, return_logits)
     if named is None:
@@ -141,8 +107,7 @@ def causal_lm_logprobs_forward(self, *args, return_logits: bool | None = None, t
     labels, shift_labels = named.pop("labels", None), named.pop("shift_labels", None)
     named.pop("logits_to_keep", None)
     named.pop("num_items_in_batch", None)
-    return_dict = named.pop("return_dict", None)
-    if return_dict is None:
+    if (return_dict := named.pop("return_dict", None)) is None:
         return_dict = getattr(self.config, "return_dict", True)
     outputs = self.model(**named)
     hidden = outputs[0]

@@ -1,18 +1,14 @@
 """Causal-LM loss forwards: fused linear cross-entropy (no logits) and a cross-entropy loss function.
 
-``causal_lm_forward`` replaces a causal LM's forward under ``fused_linear_cross_entropy``: given
-labels and no need of logits it runs the base model, then
+``causal_lm_forward`` (the ``fused_linear_cross_entropy`` flag), given labels and no need of logits, runs
+the base model (with no KV cache unless asked for one), then
 
     loss = liger_rt.ops.fused_linear_cross_entropy(hidden (N, H), lm_head.weight (V, H),
                                                    shifted labels (N,), lm_head.bias, ignore_index, reduction)
 
-with HF's ForCausalLMLoss semantics (shift, ``num_items_in_batch``, MoE aux loss), returning the
-host's output class with ``logits=None`` and, unless the caller asks for one (``use_cache=True``, a cache
-or position ids passed in, the ``causal_mask`` flag off), no KV cache: transformers would build one in
-every training forward.  Otherwise (no labels, ``return_logits=True``,
-``keep_logits``, eval mode, ``logits_to_keep`` != 0, a custom loss, an lm_head that is not a plain
-Linear) the host forward runs.  ``causal_lm_loss`` is ForCausalLMLoss through liger_rt.ops.cross_entropy
-(the ``cross_entropy`` flag's ``loss_function``).  docs/patching.md ("Loss forwards") has the details.
+with HF's ForCausalLMLoss semantics, returning the host's output class with ``logits=None``.
+``causal_lm_loss`` is ForCausalLMLoss through liger_rt.ops.cross_entropy (the ``cross_entropy`` flag).
+docs/patching.md ("Loss forwards") says when the host forward runs instead.
 """
 from __future__ import annotations
 
@@ -32,8 +28,7 @@ from .._swaps import original_function
 
 @dataclasses.dataclass(frozen=True)
 class LossOptions:
-    """What the patch asked of the causal-LM forward, and what it read of the host forward at patch
-    time (stored as ``_liger_rt_loss`` on the model or class; built by ``loss_options``)."""
+    """The patch's options and what it read of the host forward (``_liger_rt_loss`` on the model or class)."""
     keep_logits: bool = False
     parameters: tuple[str, ...] = ()        # the host forward's named parameters (no self), positional first
     positional: int = 0                     # how many of them a call may pass by position
@@ -71,8 +66,8 @@ def causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ign
 def fused_causal_lm_loss(hidden: torch.Tensor, lm_head: torch.nn.Linear, labels, num_items_in_batch=None,
                          ignore_index: int = -100, shift_labels=None, softcap: float | None = None,
                          logits_scaling: float | None = None, **kwargs) -> torch.Tensor:
-    """The causal-LM loss from final hidden states (..., H) without materialising logits; the
-    logits it stands for are lm_head(hidden) / logits_scaling, then softcap * tanh(. / softcap)."""
+    """The causal-LM loss of logits lm_head(hidden (..., H)) / logits_scaling, then softcap * tanh(. / softcap),
+    never materialised."""
     target = _shifted_targets(labels, shift_labels, ignore_index).to(hidden.device)
     x = hidden.reshape(-1, hidden.shape[-1])
     if logits_scaling is not None:      # (x / s) W^T = (x W^T) / s: a bias-free head only (head_transform)
@@ -84,10 +79,8 @@ def fused_causal_lm_loss(hidden: torch.Tensor, lm_head: torch.nn.Linear, labels,
 
 
 def head_transform(config, lm_head) -> dict | None:
-    """What the host causal LM does to lm_head's output before its loss, as fused_causal_lm_loss
-    arguments: Gemma 2/3's ``final_logit_softcapping`` (softcap * tanh(logits / softcap)) and
-    Granite's ``logits_scaling`` (logits / s); {} for a plain head, None when a scaled head has a
-    bias (the host's logits are not (x / s) W^T + b then: the host forward runs)."""
+    """What the host does to lm_head's output, as fused_causal_lm_loss arguments (Gemma 2/3's softcap,
+    Granite's logits_scaling); None when a scaled head has a bias (the host forward runs then)."""
     out = {}
     if (cap := getattr(config, "final_logit_softcapping", None)) is not None:
         out["softcap"] = float(cap)
@@ -102,7 +95,6 @@ def head_transform(config, lm_head) -> dict | None:
 # -- the forward ------------------------------------------------------------------------------------
 
 def _output_class(sig: inspect.Signature, module_name: str):
-    """The ModelOutput class the host forward returns (its return annotation), or None."""
     from transformers.utils import ModelOutput
     ann = sig.return_annotation
     if isinstance(ann, str):
@@ -114,9 +106,8 @@ def _output_class(sig: inspect.Signature, module_name: str):
 
 def loss_options(sig: inspect.Signature, module_name: str, *, keep_logits: bool = False,
                  has_self: bool = False) -> LossOptions:
-    """LossOptions for a host forward of signature ``sig`` (``has_self``: its first parameter is
-    self) defined in ``module_name``: everything ``causal_lm_forward`` needs to know about the host,
-    read once at patch time so the forward itself never inspects."""
+    """LossOptions for a host forward of signature ``sig`` defined in ``module_name``, read at patch time
+    so the forward itself never inspects."""
     params = list(sig.parameters.values())[1 if has_self else 0:]
     positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     keyword = [p.name for p in params if p.kind is p.KEYWORD_ONLY]
@@ -133,7 +124,7 @@ def _default_loss(model) -> bool:
     return fn is LOSS_MAPPING.get("ForCausalLM") or fn is causal_lm_loss
 
 
-def _split(opts: LossOptions, args: tuple, kwargs: dict):
+def bind_call(opts: LossOptions, args: tuple, kwargs: dict):
     """(named arguments, **kwargs extras) of a call as the host forward binds them; None when the
     call would not bind (the host forward then runs, and raises its own error)."""
     if len(args) > opts.positional or any(k in kwargs for k in opts.parameters[:len(args)]):
@@ -144,17 +135,11 @@ def _split(opts: LossOptions, args: tuple, kwargs: dict):
     return arguments, {k: v for k, v in kwargs.items() if k not in opts.parameters}
 
 
-def _given_cache(arguments: dict, extra: dict) -> bool:
-    """The caller passed a cache (``cache``, or ``past_key_values`` before transformers renamed it)."""
-    return any(d.get(k) is not None for d in (arguments, extra) for k in ("cache", "past_key_values"))
-
-
 def _fused_plan(self, opts, args, kwargs, return_logits):
-    """(named arguments, var-kwargs) when the fused path can run for this call, else None."""
     if opts is None:
         return None
     want_logits = return_logits if return_logits is not None else (opts.keep_logits or not self.training)
-    if want_logits or (split := _split(opts, args, kwargs)) is None:
+    if want_logits or (split := bind_call(opts, args, kwargs)) is None:
         return None
     arguments, extra = split
     keep = arguments.get("logits_to_keep", 0)
@@ -170,9 +155,7 @@ def _fused_plan(self, opts, args, kwargs, return_logits):
 
 
 def causal_lm_forward(self, *args, return_logits: bool | None = None, **kwargs):
-    """A *ForCausalLM forward whose loss runs through fused linear cross-entropy when labels are
-    given and logits are not needed (see the module docstring for when logits stay).  Patched on,
-    its signature is the host forward's plus ``return_logits``."""
+    """A *ForCausalLM forward whose loss runs through fused linear cross-entropy (module docstring)."""
     opts = getattr(self, "_liger_rt_loss", None)
     if (plan := _fused_plan(self, opts, args, kwargs, return_logits)) is None:
         return original_function(self)(self, *args, **kwargs)
@@ -183,8 +166,10 @@ def causal_lm_forward(self, *args, return_logits: bool | None = None, **kwargs):
     arguments.pop("logits_to_keep", None)
     # no logits come back, so a KV cache would only hold memory; without one transformers looks for
     # packed sequences in the positions, which the causal_mask flag answers when the model makes them
+    # (a cache passed in: cache, or past_key_values before transformers renamed it)
     no_cache = ("use_cache" in opts.parameters and arguments.get("use_cache") is None
-                and arguments.get("position_ids") is None and not _given_cache(arguments, extra)
+                and arguments.get("position_ids") is None
+                and all(d.get(k) is None for d in (arguments, extra) for k in ("cache", "past_key_values"))
                 and attention.own_positions_rule_held())
     if no_cache:
         arguments["use_cache"] = False

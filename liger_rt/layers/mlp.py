@@ -22,48 +22,44 @@ _TANH_GELUS = ("GELUTanh", "PytorchGELUTanh", "NewGELUActivation", "FastGELUActi
 
 
 def swiglu_forward(self, x: torch.Tensor) -> torch.Tensor:
-    """gate_proj / up_proj / down_proj naming (Qwen3, Llama, Qwen3-MoE dense MLPs)."""
     return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
 def swiglu_w1_w3_w2_forward(self, x: torch.Tensor) -> torch.Tensor:
-    """LFM2 naming: w1 is the gate, w3 the up projection, w2 the down projection."""
     return self.w2(ops.swiglu(self.w1(x), self.w3(x)))
 
 
-def _missing(module, names) -> str | None:
+def geglu_forward(self, x: torch.Tensor) -> torch.Tensor:
+    return self.down_proj(ops.geglu(self.gate_proj(x), self.up_proj(x)))
+
+
+def missing_submodules(module, names) -> str | None:
     gone = [n for n in names if not isinstance(getattr(module, n, None), torch.nn.Module)]
     return f"no {', '.join(gone)} submodule(s) in this transformers' {type(module).__name__}" if gone else None
 
 
+def is_silu(act) -> bool:
+    return isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation" or act is torch.nn.functional.silu
+
+
 def w1_w3_w2(module) -> str | None:
-    """None when an LFM2 MLP has its w1/w3/w2 projections, else why not."""
-    return _missing(module, ("w1", "w3", "w2"))
+    return missing_submodules(module, ("w1", "w3", "w2"))
 
 
 def silu_gated(module) -> str | None:
-    """None when the MLP has gate/up/down projections and a SiLU activation (so SwiGLU computes
-    what it computes), else why not."""
-    if missing := _missing(module, ("gate_proj", "up_proj", "down_proj")):
+    """None when the MLP has gate/up/down projections and a SiLU activation, else why not."""
+    if missing := missing_submodules(module, ("gate_proj", "up_proj", "down_proj")):
         return missing
     act = getattr(module, "act_fn", None)
-    if isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation" or act is torch.nn.functional.silu:
-        return None
     name = getattr(getattr(module, "config", None), "hidden_act", None)
-    if isinstance(name, str) and name.lower() in _SILU_NAMES:
+    if is_silu(act) or isinstance(name, str) and name.lower() in _SILU_NAMES:
         return None
     return f"activation is {name or type(act).__name__}, not SiLU (SwiGLU would change the model)"
 
 
-def geglu_forward(self, x: torch.Tensor) -> torch.Tensor:
-    """gate_proj / up_proj / down_proj naming (the Gemma MLPs)."""
-    return self.down_proj(ops.geglu(self.gate_proj(x), self.up_proj(x)))
-
-
 def gelu_tanh_gated(module) -> str | None:
-    """None when the MLP has gate/up/down projections and a tanh-approximate GELU (so GeGLU computes
-    what it computes), else why not."""
-    if missing := _missing(module, ("gate_proj", "up_proj", "down_proj")):
+    """None when the MLP has gate/up/down projections and a tanh-approximate GELU, else why not."""
+    if missing := missing_submodules(module, ("gate_proj", "up_proj", "down_proj")):
         return missing
     act = getattr(module, "act_fn", None)
     if isinstance(act, torch.nn.GELU) and act.approximate == "tanh" or type(act).__name__ in _TANH_GELUS:

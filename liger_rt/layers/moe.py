@@ -1,11 +1,6 @@
 """MoE forwards: the LFM2-MoE router through liger_rt.ops.moe_router, experts through the
-transformers experts interface under the name ``liger_rt``.
-
-Router: Lfm2MoeTopKRouter.forward(hidden_states (tokens, hidden), expert_bias=None) ->
-(router_logits (tokens, experts), weights, indices (tokens, top_k)), the HF router's triple.
-Experts: the patcher registers ``liger_rt`` (moe_experts_interface.py) and sets
-``config._experts_implementation`` to it; class-level patches bind ``experts_forward`` below, which
-calls the same registered function.
+transformers experts interface under the name ``liger_rt`` (moe_experts_interface.py), which instance
+patches set in ``config._experts_implementation`` and class-level patches call from ``experts_forward``.
 """
 from __future__ import annotations
 
@@ -21,8 +16,8 @@ EXPERTS_IMPLEMENTATION = "liger_rt"
 
 
 def router_forward(self, hidden_states: torch.Tensor, expert_bias: torch.Tensor | None = None):
-    """Sigmoid top-k router of LFM2-MoE: experts picked on scores + expert_bias, weights from the
-    unbiased scores, normalised (1e-6 guard) when norm_topk_prob, then scaled."""
+    """Lfm2MoeTopKRouter.forward: hidden_states (tokens, hidden) -> (router_logits (tokens, experts),
+    weights, indices (tokens, top_k))."""
     router_logits = F.linear(hidden_states, self.weight)
     bias = expert_bias if getattr(self, "use_expert_bias", expert_bias is not None) else None
     weights, indices = ops.moe_router(router_logits, self.top_k, expert_bias=bias,
@@ -53,24 +48,18 @@ def experts_interface_missing() -> str | None:
 
 
 def register_experts() -> None:
-    """Register ``liger_rt`` in transformers' ExpertsInterface (idempotent)."""
     from .moe_experts_interface import register_experts_interface
     register_experts_interface()
-    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
-    if EXPERTS_IMPLEMENTATION not in ALL_EXPERTS_FUNCTIONS:
-        raise RuntimeError(f"register_experts_interface() did not register {EXPERTS_IMPLEMENTATION!r} in "
-                           f"ExpertsInterface (it has: {', '.join(ALL_EXPERTS_FUNCTIONS.valid_keys())})")
 
 
 def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
-    """Experts forward for class-level patches: the registered ``liger_rt`` experts function."""
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
     return ALL_EXPERTS_FUNCTIONS[EXPERTS_IMPLEMENTATION](self, hidden_states, top_k_index, top_k_weights)
 
 
 def experts_forward_for(cls: type):
-    """``experts_forward`` for one experts class, ``__wrapped__`` pointing at the forward it replaces:
-    the interface's own fallback for layouts it cannot take unwraps to that, never back to us."""
+    """``experts_forward`` for one experts class, ``__wrapped__`` pointing at the forward it replaces (where
+    the interface's fallback unwraps to)."""
     original = cls.__dict__.get("forward", cls.forward)
 
     @functools.wraps(original)

@@ -1,15 +1,12 @@
 """liger_rt as an experts implementation of transformers v5 (``ExpertsInterface``).
 
-transformers v5 MoE experts modules (decorated with ``@use_experts_implementation``) look their
-forward up at every call by ``config._experts_implementation``; ``register_experts_interface()`` adds
-``"liger_rt"`` there, a forward through ``liger_rt.ops.moe_experts``.  Register first (transformers
-validates the name), then ``from_pretrained(..., experts_implementation="liger_rt")``,
-``model.set_experts_implementation("liger_rt")`` or ``config._experts_implementation = "liger_rt"``.
+transformers v5 MoE experts modules look their forward up at every call by
+``config._experts_implementation``; ``register_experts_interface()`` adds ``"liger_rt"`` there, a forward
+through ``liger_rt.ops.moe_experts``.  Register first (transformers validates the name), then
+``from_pretrained(..., experts_implementation="liger_rt")`` or ``config._experts_implementation = "liger_rt"``.
 
 The layout it takes: gate_up_proj (E, 2*I, H) gate first, down_proj (E, H, I), SiLU, no bias, not
-transposed (lfm2_moe, qwen3_moe).  A module with another layout or activation (biases, transposed or
-interleaved weights, a post-expert norm, expert parallelism) runs its own eager forward, with a
-one-time warning saying why.
+transposed.  A module with another layout or activation runs its own eager forward, warned once.
 """
 from __future__ import annotations
 
@@ -23,15 +20,11 @@ NAME = "liger_rt"
 _warned: set[str] = set()
 
 
-def _is_silu(act) -> bool:
-    return act is F.silu or isinstance(act, torch.nn.SiLU) or type(act).__name__ in ("SiLUActivation", "SiLU")
-
-
 def _unsupported(module) -> str | None:
-    """None when the experts module has the layout moe_experts takes, else why not."""
     for attr in ("gate_up_proj", "down_proj"):
         if not isinstance(getattr(module, attr, None), torch.Tensor):
             return f"no {attr} tensor"
+    act = getattr(module, "act_fn", None)
     checks = (
         (getattr(module, "has_gate", True), "experts without a gate (up_proj only)"),
         (not getattr(module, "has_bias", False), "expert biases"),
@@ -39,7 +32,8 @@ def _unsupported(module) -> str | None:
         (getattr(module, "is_concatenated", True), "interleaved gate/up weights"),
         (not getattr(module, "has_post_expert_norm", False), "a post-expert norm"),
         (not getattr(module, "_is_expert_parallel", False), "expert parallelism (sentinel expert ids)"),
-        (_is_silu(getattr(module, "act_fn", None)), f"activation {getattr(module, 'act_fn', None)!r} (SiLU only)"),
+        (act is F.silu or isinstance(act, torch.nn.SiLU) or type(act).__name__ in ("SiLUActivation", "SiLU"),
+         f"activation {act!r} (SiLU only)"),
     )
     for ok, what in checks:
         if not ok:
@@ -55,8 +49,8 @@ _DEFAULT_GATE = _UNSET
 
 
 def _default_apply_gate():
-    """transformers' ``_default_apply_gate`` (None where it has none), read once outside any trace:
-    register_experts_interface() reads it, since torch 2.11's dynamo cannot import from the lazy
+    """transformers' ``_default_apply_gate`` (None where it has none), read once by
+    register_experts_interface(): torch 2.11's dynamo cannot import from the lazy
     ``transformers.integrations`` package inside a compiled forward ("Bad import result")."""
     global _DEFAULT_GATE
     if _DEFAULT_GATE is _UNSET:
@@ -66,9 +60,8 @@ def _default_apply_gate():
 
 
 def _eager_forward(module):
-    """The module's own eager forward under use_experts_implementation's wrapper (and a class-level
-    patch's, whose ``__wrapped__`` points at that wrapper): unwrapped all the way, so a fallback
-    never dispatches back here."""
+    # unwrapped past use_experts_implementation's wrapper (and a class-level patch's), so a fallback
+    # never dispatches back here
     fwd = inspect.unwrap(type(module).forward)
     if fwd is liger_rt_experts_forward or getattr(fwd, "_liger_rt_experts", False):
         raise RuntimeError(f"liger_rt experts: {type(module).__name__} has no eager forward to fall back to")
@@ -94,8 +87,7 @@ def liger_rt_experts_forward(self, hidden_states: torch.Tensor, top_k_index: tor
 
 
 def register_experts_interface(name: str = NAME) -> bool:
-    """Register ``name`` (default "liger_rt") in transformers' ExpertsInterface (idempotent): True, or an
-    ImportError naming the fix when this transformers has no experts interface (transformers < 5)."""
+    """Register ``name`` in transformers' ExpertsInterface (idempotent): True, or an ImportError (transformers < 5)."""
     try:
         from transformers.integrations.moe import ExpertsInterface
     except ImportError as exc:
@@ -109,7 +101,7 @@ def register_experts_interface(name: str = NAME) -> bool:
 
 
 def unregister_experts_interface(name: str = NAME) -> bool:
-    """Remove ``name`` from ExpertsInterface (models still set to it then fail at forward)."""
+    """Remove ``name`` from ExpertsInterface (models still set to it then fail at forward); False if absent."""
     if not is_registered(name):
         return False
     from transformers.integrations.moe import ExpertsInterface
@@ -118,7 +110,6 @@ def unregister_experts_interface(name: str = NAME) -> bool:
 
 
 def is_registered(name: str = NAME) -> bool:
-    """Whether ``name`` is registered as liger_rt's experts forward."""
     try:
         from transformers.integrations.moe import ExpertsInterface
     except ImportError:

@@ -2,19 +2,16 @@
 
     y = out_proj(C * causal_depthwise_conv(B * x)),  B, C, x = in_proj(mask(h)).split(3)
 
-``in_proj`` and ``out_proj`` stay the module's own Linear layers; the gates and the depthwise conv
-(weight ``conv.weight.squeeze(1)``) run as one op on ``bcx`` (batch, seq, 3*hidden).  The op runs for
-training and no-cache calls and a prefill into an empty cache (writing the conv state as the HF layer
-does; a training forward into a cache of unknown API fuses and leaves it unwritten); decoding,
-continuation from cached state, other caches, accelerate hooks and positional extras run the
-module's own forward.
+The gates and the depthwise conv run as one op on ``bcx`` (batch, seq, 3*hidden), for training and
+no-cache calls and a prefill into an empty cache (writing the conv state as the HF layer does);
+decoding, continuation from cached state, other caches, accelerate hooks and positional extras run the
+module's own forward (docs/patching.md, "The short conv").
 
 Packed sequences: boundaries come from ``seq_idx``, else ``cu_seq_lens_q`` (batch 1), else
 ``position_ids``.  ``decoder_layer_forward`` hands the last two to the conv as ``seq_idx=Packing(...)``
-(transformers 5.17's decoder layer passes its conv ``seq_idx`` and nothing else of its kwargs, 5.24's
-passes them all); the conv forward unwraps it, so the host's forward never sees it.  If the op cannot
-take ``seq_idx`` and the batch is packed, the segment-aware ``short_conv_ref`` runs: sequences are
-never mixed (HF's own F.conv1d fallback does mix them).
+(transformers 5.17's decoder layer passes its conv ``seq_idx`` and nothing else of its kwargs); the conv
+forward unwraps it.  If the op cannot take ``seq_idx`` and the batch is packed, the segment-aware
+``short_conv_ref`` runs: sequences are never mixed (HF's own F.conv1d fallback does mix them).
 """
 from __future__ import annotations
 
@@ -42,8 +39,7 @@ def seq_idx_from_cu_seqlens(cu: torch.Tensor, seq: int) -> torch.Tensor:
 
 
 class Packing(NamedTuple):
-    """What the decoder layer knows of packed-sequence boundaries, handed to its conv as ``seq_idx``
-    (see the module docstring); short_conv_forward pops it before any call of the host's forward."""
+    """The decoder layer's packed-sequence boundaries, handed to its conv as ``seq_idx``."""
     position_ids: torch.Tensor | None
     cu_seq_lens_q: torch.Tensor | None
 
@@ -62,11 +58,9 @@ _last_seq_idx = [None]   # (fn, source tensor, its version, arg, seq_idx): the c
 
 
 def _shared(fn, source: torch.Tensor, arg: int) -> torch.Tensor:
-    """fn(source, arg), computed once for the conv layers of a forward: they all receive the same
-    position_ids (or cu_seq_lens_q) tensor, and each recomputation costs ~5 launches.  Reused only
-    for the same tensor object at the same version (an in-place change recomputes); the entry holds
-    that tensor, so its identity cannot pass to another.  Not under torch.compile (traced as is) or
-    for inference tensors (no version counter)."""
+    """fn(source, arg), computed once for the conv layers of a forward (each recomputation costs ~5
+    launches): reused for the same tensor object at the same version, which the entry holds so its
+    identity cannot pass to another.  Not under torch.compile or for inference tensors (no version)."""
     if torch.compiler.is_compiling() or source.is_inference():
         return fn(source, arg)
     hit = _last_seq_idx[0]
@@ -101,7 +95,7 @@ def _conv(bcx, weight, bias, seq_idx):
 
 def _fresh_conv_state(cache, idx: int) -> bool | None:
     """Whether a transformers cache holds no conv state for layer idx and records no past (a speculative
-    rollback keeps every column, not the last ``kernel``); None for a cache without these methods."""
+    rollback keeps every column); None for a cache without these methods."""
     if hasattr(cache, "get_conv_state"):                                     # transformers 5.24
         if cache.get_conv_state(idx) is not None:
             return False
@@ -122,7 +116,7 @@ def _conv_state(bcx: torch.Tensor, kernel: int) -> torch.Tensor:
 
 def _fresh_prefill(self, cache, kwargs: dict, seq: int):
     """How to write the conv state when the fused op runs with a cache: a callable(bcx), or None
-    when the HF path must run (decode, continuation, recorded past, unknown cache API)."""
+    when the HF path must run."""
     idx = getattr(self, "layer_idx", None)
     if idx is None or seq < 2:
         return None
@@ -141,8 +135,7 @@ def _fresh_prefill(self, cache, kwargs: dict, seq: int):
         return write_old
     if self.training and torch.is_grad_enabled():
         # a training forward into a cache API this layer does not know (transformers creates one
-        # whenever config.use_cache is on): fuse, and leave that cache's conv state unwritten —
-        # nobody decodes from a training step's cache; inference prefill keeps the HF path
+        # whenever config.use_cache is on): nobody decodes from it, so fuse and leave it unwritten
         return lambda bcx: None
     return None
 
@@ -159,7 +152,7 @@ def conv_compatible(module) -> str | None:
 
 
 def short_conv_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-    """Lfm2ShortConv.forward through liger_rt.ops.short_conv; hidden_states (batch, seq, hidden)."""
+    """Lfm2ShortConv.forward; hidden_states (batch, seq, hidden)."""
     packing = kwargs.pop("seq_idx") if isinstance(kwargs.get("seq_idx"), Packing) else None
     cache = next((kwargs[k] for k in _CACHE_KWARGS if kwargs.get(k) is not None), None)
     write_state = _fresh_prefill(self, cache, kwargs, hidden_states.shape[1]) if cache is not None else None
@@ -186,7 +179,7 @@ def short_conv_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> to
 
 
 def _runs_ours(conv) -> bool:
-    """The conv module runs short_conv_forward (instance patch, accelerate hook, or class patch)."""
+    # instance patch, accelerate hook, or class patch
     for fn in (conv.__dict__.get("_old_forward"), conv.__dict__.get("forward"), type(conv).forward):
         fn = getattr(fn, "__func__", fn)
         if fn is not None and (fn is short_conv_forward or getattr(fn, "_liger_rt_function", None) is short_conv_forward):
@@ -196,9 +189,7 @@ def _runs_ours(conv) -> bool:
 
 def decoder_layer_forward(self, *args, **kwargs):
     """Lfm2DecoderLayer.forward unchanged, except that a conv layer's conv also receives the layer's
-    position_ids and cu_seq_lens_q (as ``seq_idx=Packing(...)``, where the caller gave no seq_idx).
-    It calls the forward it replaced as a function: at instance level that is transformers'
-    checkpointing wrapper, so gradient checkpointing works; at class level the patch wraps this one."""
+    position_ids and cu_seq_lens_q (as ``seq_idx=Packing(...)``, where the caller gave no seq_idx)."""
     positions, cu = kwargs.get("position_ids"), kwargs.get("cu_seq_lens_q")
     conv = getattr(self, "conv", None)
     if (positions is not None or cu is not None) and kwargs.get("seq_idx") is None and conv is not None \

@@ -2,13 +2,10 @@
 
     liger_rt.patch(model, fused_linear_cross_entropy=True)   # a loaded model: instance level
     liger_rt.patch("qwen3")                                  # a model type: class level
-    with liger_rt.patched(model, swiglu=False): ...
 
-The mechanism is in core.py, the per-family tables in specs.py, the semantics in docs/patching.md.
-``liger_rt.patch`` is both this package and the function: importing a subpackage makes it an
-attribute of its parent, so this module is made callable and its ``patch`` attribute is the module
-itself; ``liger_rt.patch(model)`` and ``from liger_rt.patch import patch`` work whichever import ran
-first.  The plain function is ``liger_rt.patch.core.patch``.
+The mechanism is in core.py, the tables in specs.py.  ``liger_rt.patch`` is both this package and the
+function: this module is callable, and its ``patch`` attribute is the module itself, so
+``liger_rt.patch(model)`` and ``from liger_rt.patch import patch`` work whichever import ran first.
 """
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """The patch mechanism behind ``liger_rt.patch`` / ``unpatch`` / ``patched``; specs.py holds the tables,
 docs/patching.md the semantics.
 
-Instance patching binds ``BoundForward(layer_forward, module)`` as the forward of every module whose
-class is a spec row (``_old_forward`` under accelerate hooks; experts switch through
-``config._experts_implementation``); parameters, buffers and ``state_dict()`` are untouched.  Class-level
-patching replaces ``Cls.forward`` (a copy of the layer forward carrying the host's signature); families
-sharing classes hold them jointly.  Both are idempotent, and record what they replaced in the swap
-ledger (liger_rt/_swaps.py), which the layer forwards read, so liger_rt.layers never imports liger_rt.patch.
+Instance patching binds ``BoundForward(layer_forward, module)`` on every module whose class is a spec row;
+class-level patching replaces ``Cls.forward``.  Both record what they replaced in the swap ledger
+(liger_rt/_swaps.py), which the layer forwards read, so liger_rt.layers never imports liger_rt.patch.
 """
 from __future__ import annotations
 
@@ -15,6 +12,7 @@ import contextlib
 import dataclasses
 import importlib
 import inspect
+import sys
 import warnings
 import weakref
 from typing import Any
@@ -35,8 +33,7 @@ class PatchWarning(UserWarning):
 # -- flags, specs, classes -----------------------------------------------------------------------------
 
 def supported_models() -> list[str]:
-    """The validated allowlist, less the families this checkout or transformers cannot patch
-    (specs.unavailable: no liger_rt experts implementation, no modeling module)."""
+    """The validated allowlist, less the families this checkout or transformers cannot patch (specs.unavailable)."""
     return [m for m in specs.ALLOWLIST if specs.unavailable(m) is None]
 
 
@@ -106,17 +103,12 @@ def _refuse(flag: str, reason: str, explicit: set[str], model_type: str, exc=Imp
     msg = f"liger_rt.patch({model_type!r}): {flag} cannot be patched: {reason}"
     if flag in explicit:
         raise exc(msg)
-    warnings.warn(msg + f"; it stays on the host path (pass {flag}=False to silence this)", PatchWarning,
-                  stacklevel=_caller_level())
-
-
-def _caller_level() -> int:
-    # the first frame outside liger_rt.patch, so the warning points at the user's patch() call
-    import sys
-    level, frame = 1, sys._getframe(1)
+    # the warning points at the first frame outside liger_rt.patch: the user's patch() call
+    level, frame = 1, sys._getframe(0)
     while frame is not None and frame.f_globals.get("__name__", "").startswith("liger_rt.patch"):
         frame, level = frame.f_back, level + 1
-    return level
+    warnings.warn(msg + f"; it stays on the host path (pass {flag}=False to silence this)", PatchWarning,
+                  stacklevel=level)
 
 
 def _plan(model_type: str, given: dict[str, Any], *, for_class: bool) -> _Plan:
@@ -173,8 +165,7 @@ def _plan(model_type: str, given: dict[str, Any], *, for_class: bool) -> _Plan:
 
 
 def _key(cls: type) -> tuple[str, str]:
-    # matched by module + qualified name: robust to a reloaded modeling module, and never a
-    # same-named class from remote code
+    # robust to a reloaded modeling module, and never a same-named class from remote code
     return cls.__module__, cls.__qualname__
 
 
@@ -196,15 +187,14 @@ class InstanceRecord:
 
     def hold_functions(self, root, swaps) -> None:
         """Hold module-wide swaps [(module, name, function)] for `root` until unpatch or its death."""
-        self.root = weakref.ref(root)
+        self.root, holder = weakref.ref(root), f"instance:{id(root)}"
         for mod, fn_name, fn in swaps:
-            _swaps.hold(mod, fn_name, fn, _instance_holder(root), self.function_keys)
+            _swaps.hold(mod, fn_name, fn, holder, self.function_keys)
         if self.function_keys:
-            self.finalizer = weakref.finalize(root, _swaps.release, list(self.function_keys), _instance_holder(root))
+            self.finalizer = weakref.finalize(root, _swaps.release, list(self.function_keys), holder)
 
-    # pickle, torch.save and copy.deepcopy go through these: a copy of a patched model is patched
-    # to itself, holding the module-wide swaps on its own account (modules and finalizers are not
-    # picklable: the swaps travel as (module name, attribute, function))
+    # pickle and deepcopy: a copy of a patched model is patched to itself, holding the module-wide
+    # swaps on its own account (they travel as (module name, attribute, function))
     def __getstate__(self) -> dict:
         state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                  if f.name not in ("function_keys", "finalizer", "root")}
@@ -230,7 +220,7 @@ class InstanceRecord:
 
 
 def unwrap(model):
-    """The transformers model inside a PEFT-style wrapper (get_base_model() or base_model.model)."""
+    """The transformers model inside a PEFT-style wrapper."""
     from transformers import PreTrainedModel
     for _ in range(4):
         if isinstance(model, PreTrainedModel):
@@ -242,14 +232,6 @@ def unwrap(model):
         else:
             break
     return model
-
-
-def _model_type(root) -> str:
-    model_type = getattr(getattr(root, "config", None), "model_type", None)
-    if not model_type:
-        raise ValueError(f"liger_rt.patch needs a transformers model (its config.model_type picks the spec); got "
-                         f"{type(root).__name__}. Supported model types: {', '.join(supported_models())}")
-    return model_type
 
 
 def _set(record: InstanceRecord, obj, attr: str, value) -> None:
@@ -267,7 +249,10 @@ def _bind(record: InstanceRecord, module: torch.nn.Module, fn) -> None:
 
 def _patch_instance(model, given: dict[str, Any]):
     root = unwrap(model)
-    plan = _plan(_model_type(root), given, for_class=False)
+    if not (model_type := getattr(getattr(root, "config", None), "model_type", None)):
+        raise ValueError(f"liger_rt.patch needs a transformers model (its config.model_type picks the spec); got "
+                         f"{type(root).__name__}. Supported model types: {', '.join(supported_models())}")
+    plan = _plan(model_type, given, for_class=False)
     _unpatch_instance(root)
     record = InstanceRecord(plan.model_type, plan.flags, plan.given)
     by_class = {_key(cls): (row, fn) for cls, row, fn in plan.layers}
@@ -298,14 +283,15 @@ def _patch_instance(model, given: dict[str, Any]):
     record.counts.update(_function_counts(plan))
     for config in configs.values():
         from ..layers.moe import EXPERTS_IMPLEMENTATION
-        record.config_saved.append((config, "_experts_implementation", getattr(config, "_experts_implementation", None)))
+        old = getattr(config, "_experts_implementation", None)
+        record.config_saved.append((config, "_experts_implementation", old))
         config._experts_implementation = EXPERTS_IMPLEMENTATION
     root.__dict__[_RECORD_KEY] = record
     return model
 
 
 def _loss_heads(flags: dict[str, bool]) -> list[tuple[str, Any, str]]:
-    """(flag, causal-LM forward, options attribute) of the loss heads on: at most one (_flags)."""
+    # (flag, causal-LM forward, options attribute) of the loss heads on: at most one (_flags)
     from ..layers import logprobs, loss
     heads = (("fused_linear_cross_entropy", loss.causal_lm_forward, "_liger_rt_loss"),
              ("logprobs", logprobs.causal_lm_logprobs_forward, "_liger_rt_logprobs"))
@@ -351,15 +337,11 @@ _CLASS_RECORDS: dict[str, dict] = {}
 
 
 def _class_forward(cls: type, fn):
-    """``fn`` as ``cls.forward``: a copy whose signature is the host forward's (plus fn's keyword-only
-    extras), so introspecting callers (HF Trainer, generate) see the parameters they expect; on a
-    decoder layer, wrapped as transformers wraps the layer's own forward, so it still checkpoints."""
+    """``fn`` as ``cls.forward``: a copy with the host forward's signature (plus fn's keyword-only extras)."""
     host = inspect.signature(_swaps.class_original(cls))
     fn = _swaps.with_signature(fn, _swaps.merged_signature(host, inspect.signature(fn)))
-    # transformers' GradientCheckpointingLayer.__init_subclass__ wraps each subclass's forward in a
-    # function that checkpoints only while it *is* type(self).forward; a class-level swap replaces
-    # that wrapper, so the swap is wrapped the same way: by the same __init_subclass__, run on a
-    # throwaway subclass whose forward is fn (only the wrapped function is kept)
+    # GradientCheckpointingLayer.__init_subclass__ wraps each subclass's forward in a function that
+    # checkpoints only while it *is* type(self).forward: run it on a throwaway subclass whose forward is fn
     base = next((k for k in cls.__mro__ if k.__name__ == "GradientCheckpointingLayer"
                  and k.__module__.startswith("transformers.")), None)
     if base is None:
@@ -405,12 +387,8 @@ def _patch_class(model_type: str, given: dict[str, Any]) -> None:
 
 
 def _function_counts(plan: _Plan) -> collections.Counter:
-    """Per flag, the module-wide function swaps that run an op (rope; not the causal-mask rule)."""
+    # per flag, the module-wide function swaps that run an op (rope; not the causal-mask rule)
     return collections.Counter(row.flag for *_, row in plan.functions if row.op is not None)
-
-
-def _instance_holder(root) -> str:
-    return f"instance:{id(root)}"
 
 
 def _unpatch_class(model_type: str) -> None:
@@ -423,7 +401,6 @@ def _unpatch_class(model_type: str) -> None:
 def patch(target, **layers):
     """Patch a loaded model (instance level, returns it) or a model type (class level, returns None).
 
-        liger_rt.patch(model)                                   # the family's defaults
         liger_rt.patch(model, fused_linear_cross_entropy=True)  # SFT: loss without logits
         liger_rt.patch("lfm2", short_conv=False)                # classes, before building models
     """
@@ -437,8 +414,7 @@ def patch(target, **layers):
 
 
 def unpatch(target):
-    """Undo patch(target): the model's instance forwards and configs, or the model type's classes.
-    Unpatching something not patched is a no-op."""
+    """Undo patch(target) (a no-op where nothing is patched)."""
     if isinstance(target, str):
         if target not in specs.SPECS:
             raise ValueError(f"unknown model type {target!r}; supported: {', '.join(supported_models())}")
@@ -451,10 +427,8 @@ def unpatch(target):
 
 
 def describe(target) -> dict | None:
-    """What is patched: model type, level, flags in force, modules patched per flag (None if nothing).
-
-    A model with no instance patch of its own that was built from (or runs) class-patched classes
-    is described at level "class", with the modules of this model that run a liger_rt forward."""
+    """What is patched: model type, level, flags in force, modules patched per flag (None if nothing);
+    a model with no instance patch that runs class-patched classes is described at level "class"."""
     if isinstance(target, str):
         rec = _CLASS_RECORDS.get(target)
         return None if rec is None else {"model_type": target, "level": "class", "flags": dict(rec["flags"]),
@@ -466,8 +440,7 @@ def describe(target) -> dict | None:
 
 def _describe_class_patched(root) -> dict | None:
     model_type = getattr(getattr(root, "config", None), "model_type", None)
-    order = sorted(_CLASS_RECORDS, key=lambda t: t != model_type)       # its own family first
-    for family in order:
+    for family in sorted(_CLASS_RECORDS, key=lambda t: t != model_type):     # its own family first
         rec = _CLASS_RECORDS[family]
         patched, modules = collections.Counter(), collections.Counter()
         for module in root.modules():
@@ -496,8 +469,7 @@ def _given(target) -> dict | None:
 
 @contextlib.contextmanager
 def patched(target, **layers):
-    """Patch for the duration of a with-block; on exit the target is back as it was (unpatched, or
-    patched with its earlier flags)."""
+    """Patch for the duration of a with-block; on exit the target is back as it was."""
     before = _given(target)
     patch(target, **layers)
     try:

@@ -1,17 +1,10 @@
 """Model-family specs for ``liger_rt.patch``: one small table per family (format: docs/patching.md).
 
-Class names resolve through the family's modeling module,
-``transformers.models.<model_type>.modeling_<model_type>``, *at patch time* (importlib, then getattr):
-never a from-import captured when liger_rt was imported, so the patch sees the class the model is
-really built from; ``"torch.nn:LayerNorm"`` names a class in another module.  ``functions`` rows swap
-a function of the modeling module itself (``apply_rotary_pos_emb``, which attention looks up as a
-module global; a "module:name" key names one elsewhere, as COMMON_FUNCTIONS does): module-wide,
-reference-counted, undone by the last unpatch.  Every family also takes ``rope``, ``cross_entropy``,
-``fused_linear_cross_entropy``, ``logprobs`` and ``keep_logits``, off by default, and ``causal_mask``,
-on; rope=True keeps the host's cos/sin and never touches attention.
-
-Adding a family is adding one ``ModelSpec`` here, a tiny preset in tools/presets.py and a parity
-test; ``supported_models()`` is the list of families validated that way.
+Class names resolve through the family's modeling module at patch time (importlib, then getattr), so the
+patch sees the class the model is really built from; a "module:name" key names one elsewhere.
+``functions`` rows swap a function of the modeling module (``apply_rotary_pos_emb``): module-wide,
+reference-counted, undone by the last unpatch.  Adding a family is adding one ``ModelSpec`` here, a tiny
+preset in tools/presets.py and a parity test.
 """
 from __future__ import annotations
 
@@ -21,7 +14,6 @@ from typing import Mapping
 
 @dataclasses.dataclass(frozen=True)
 class Layer:
-    """A row's right-hand side: which flag switches it and what it binds."""
     flag: str                       # the patch flag (rms_norm, swiglu, ...)
     forward: str                    # "module:function" under liger_rt.layers, bound as the module's forward
     op: str | None = None           # the op whose kernel module it needs (liger_rt.kernels.<op>)
@@ -150,8 +142,7 @@ TEXT_MODEL = {"gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
 
 
 def unavailable(model_type: str) -> str | None:
-    """Why a model type cannot be patched in this checkout and transformers (None: it can, or it is
-    simply not in the allowlist)."""
+    """Why a model type cannot be patched here (None: it can, or it is not in the allowlist)."""
     import importlib.util
     if model_type in TEXT_MODEL:
         text, cls = TEXT_MODEL[model_type]
@@ -173,27 +164,23 @@ def unavailable(model_type: str) -> str | None:
     return None
 
 
+def _resolved(spec: ModelSpec, table: Mapping[str, Layer]) -> list[tuple[str, str, Layer]]:
+    # "module:name" keys name an object outside the family's modeling module
+    return [(key.rpartition(":")[0] or spec.module, key.rpartition(":")[2], layer) for key, layer in table.items()]
+
+
 def rows(spec: ModelSpec) -> list[tuple[str, str, Layer]]:
     """(module name, class name, Layer) for every row of a spec and the specs it includes."""
-    out = [row for other in spec.includes for row in rows(SPECS[other])]
-    for key, layer in spec.layers.items():
-        module, _, name = key.rpartition(":")
-        out.append((module or spec.module, name, layer))
-    return out
+    return [row for other in spec.includes for row in rows(SPECS[other])] + _resolved(spec, spec.layers)
 
 
 def function_rows(spec: ModelSpec) -> list[tuple[str, str, Layer]]:
-    """(module name, function name, Layer) for every function row of a spec, its includes and
-    COMMON_FUNCTIONS ("module:name" keys name a function outside the modeling module)."""
+    """(module name, function name, Layer) for every function row of a spec, its includes and COMMON_FUNCTIONS."""
     out = [row for other in spec.includes for row in function_rows(SPECS[other])]
-    for key, layer in {**spec.functions, **COMMON_FUNCTIONS}.items():
-        module, _, name = key.rpartition(":")
-        out.append((module or spec.module, name, layer))
-    return list(dict.fromkeys(out))
+    return list(dict.fromkeys(out + _resolved(spec, {**spec.functions, **COMMON_FUNCTIONS})))
 
 
 def has_rope(spec: ModelSpec) -> bool:
-    """Whether the family has a rope function row (rope=True patches something)."""
     return any(row.flag == "rope" for _, _, row in function_rows(spec))
 
 
@@ -203,8 +190,7 @@ def flags(spec: ModelSpec) -> tuple[str, ...]:
 
 
 def parity_flags(model_type: str) -> dict[str, bool]:
-    """The flags a family's parity gates run with: its defaults, rope where it has a rope row, and
-    the fused loss (tests/test_families.py on CPU, tests/gpu/test_families_gpu.py on the H200)."""
+    """The flags a family's parity gates run with: its defaults, rope where it has a rope row, the fused loss."""
     spec = SPECS[model_type]
     rope = {"rope": True} if has_rope(spec) else {}
     return {**dict.fromkeys(sorted(spec.defaults), True), **rope, "fused_linear_cross_entropy": True}
