@@ -53,7 +53,7 @@ def _check(outs, refs, dtype, what=""):
 
 
 def _heuristic(cols):
-    return gg._heuristic(CPU, {"rows": 1, "cols": cols}, torch.float32)
+    return gg.OP.heuristic(CPU, {"rows": 1, "cols": cols}, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -143,6 +143,8 @@ def test_dispatch_routes_to_triton_then_env(monkeypatch):
 def test_errors_and_fallbacks(monkeypatch):
     with pytest.raises(ValueError, match="geglu: .* same shape"):
         liger_rt.ops.geglu(torch.randn(2, 8), torch.randn(2, 9))
+    with pytest.raises(ValueError, match="geglu: .* same shape"):      # fp64 runs the reference: no broadcasting
+        liger_rt.ops.geglu(torch.randn(2, 8, dtype=torch.float64), torch.randn(1, 8, dtype=torch.float64))
     with pytest.raises(TypeError, match="geglu: .*accepted: floating point"):
         liger_rt.ops.geglu(torch.ones(2, 8, dtype=torch.int32), torch.ones(2, 8, dtype=torch.int32))
     ran = record_impls(monkeypatch, gg.OP)

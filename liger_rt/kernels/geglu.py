@@ -20,12 +20,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ..dispatch import register
-from ..opspec import Impl, Op
-from ._common import DTYPES, as_rows, interpreter_on, next_pow2, to_dtype, triton_available
+from ._common import as_rows, interpreter_on, next_pow2, to_dtype
 from .swiglu import SwiGLUConfig as GeGLUConfig
-from .swiglu import _configs, _fake, _heuristic, _make_case, _plan, _tile
-from .swiglu import _dims as _swiglu_dims
+from .swiglu import _tile, gated_op, run_gated
 
 _K = math.sqrt(2.0 / math.pi)
 _C = 0.044715
@@ -105,13 +102,6 @@ def geglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, config) ->
     return dg, du
 
 
-def _dims(gate, up) -> dict:
-    try:
-        return _swiglu_dims(gate, up)
-    except (ValueError, TypeError) as exc:      # the same checks, in this op's name
-        raise type(exc)(str(exc).replace("swiglu", "geglu")) from None
-
-
 def _forward(config, gate, up):
     return (geglu_fwd(gate, up, config),), ()
 
@@ -122,14 +112,7 @@ def _backward(config, args, saved, needs, dy):
 
 def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """gelu(gate, approximate="tanh") * up; gate, up (..., cols).  Dispatched per call."""
-    if up.dtype not in DTYPES.values() and up.dtype.is_floating_point:   # the kernels compute in fp32
-        return OP.reference(gate, up)
-    return OP(gate, up)
+    return run_gated(OP, gate, up)
 
 
-OP = register(Op(
-    name="geglu", static=("cols",), dynamic=("rows",), dims=_dims,
-    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available),
-           Impl("torch", fn=_geglu_torch)],
-    config=GeGLUConfig, candidates=_configs, heuristic=_heuristic, schema="Tensor gate, Tensor up", fake=_fake,
-    make_case=_make_case, plan=_plan, compiler_fuses=True))
+OP = gated_op("geglu", _geglu_torch, _forward, _backward)

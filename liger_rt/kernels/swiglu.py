@@ -118,14 +118,14 @@ class SwiGLUConfig(Config):
     bwd_num_warps: int = knob(4, WARPS)
 
 
-def _dims(gate, up) -> dict:
+def _dims(gate, up, name: str = "swiglu") -> dict:
     if gate.shape != up.shape or gate.dim() < 1:
-        raise ValueError(f"swiglu: gate {tuple(gate.shape)} and up {tuple(up.shape)} must have the same shape "
+        raise ValueError(f"{name}: gate {tuple(gate.shape)} and up {tuple(up.shape)} must have the same shape "
                          f"(..., cols)")
     if gate.device != up.device:
-        raise ValueError(f"swiglu: gate on {gate.device}, up on {up.device}; both must be on one device")
+        raise ValueError(f"{name}: gate on {gate.device}, up on {up.device}; both must be on one device")
     if not up.dtype.is_floating_point:
-        raise TypeError(f"swiglu: unsupported up dtype {up.dtype}; accepted: floating point dtypes")
+        raise TypeError(f"{name}: unsupported up dtype {up.dtype}; accepted: floating point dtypes")
     n = gate.shape[-1]
     return {"rows": gate.numel() // n if n else 0, "cols": n}
 
@@ -142,12 +142,17 @@ def _fake(config, gate, up):
     return (gate.new_empty(gate.shape, dtype=torch.promote_types(gate.dtype, up.dtype)),), ()
 
 
+def run_gated(op: Op, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """A gated activation's functional: other float dtypes (fp64) run the reference, the kernels compute in fp32."""
+    if up.dtype not in DTYPES.values() and up.dtype.is_floating_point:
+        op.dims(gate, up)                                                 # no broadcasting there either
+        return op.reference(gate, up)
+    return op(gate, up)
+
+
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up; gate, up (..., cols).  Dispatched per call."""
-    if up.dtype not in DTYPES.values() and up.dtype.is_floating_point:   # the kernels compute in fp32
-        _dims(gate, up)                                                   # no broadcasting there either
-        return OP.reference(gate, up)
-    return OP(gate, up)
+    return run_gated(OP, gate, up)
 
 
 def _make_case(dims, dtype, device):
@@ -191,9 +196,15 @@ def _plan(preset, arch, quick):
                     (1024, 4096, 16384))
 
 
-OP = register(Op(
-    name="swiglu", static=("cols",), dynamic=("rows",), dims=_dims,
-    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available),
-           Impl("torch", fn=_swiglu_torch)],
-    config=SwiGLUConfig, candidates=_configs, heuristic=_heuristic, schema="Tensor gate, Tensor up", fake=_fake,
-    make_case=_make_case, plan=_plan, compiler_fuses=True))
+def gated_op(name: str, torch_fn, forward, backward) -> Op:
+    """The spec of a gated activation act(gate) * up: swiglu's, and geglu's, which streams the same bytes and
+    shares the checks, config and tuning space."""
+    return register(Op(
+        name=name, static=("cols",), dynamic=("rows",), dims=lambda gate, up: _dims(gate, up, name),
+        impls=[Impl("triton", forward=forward, backward=backward, available=triton_available),
+               Impl("torch", fn=torch_fn)],
+        config=SwiGLUConfig, candidates=_configs, heuristic=_heuristic, schema="Tensor gate, Tensor up", fake=_fake,
+        make_case=_make_case, plan=_plan, compiler_fuses=True))
+
+
+OP = gated_op("swiglu", _swiglu_torch, _forward, _backward)
