@@ -118,7 +118,8 @@ def validation_report(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, 
     worst = float((err / (atol + rtol * r.abs())).max())
     if rel_rmse <= REL_RMSE[dtype] and worst <= 8.0:
         return None
-    return f"{msg}; relative RMSE {rel_rmse:.3g} (bound {REL_RMSE[dtype]:.0e}), worst element {worst:.1f}x its tolerance"
+    return (f"{msg}; relative RMSE {rel_rmse:.3g} (bound {REL_RMSE[dtype]:.0e}), "
+            f"worst element {worst:.1f}x its tolerance")
 
 
 # -- helpers shared by the kernel files -------------------------------------------------------------

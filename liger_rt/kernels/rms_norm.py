@@ -181,7 +181,8 @@ def _bwd_launch(config, m: int, n: int, device: torch.device):
                             RNE_BF16=interpreter_on(), num_warps=4))
 
 
-def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, config) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+                 config) -> tuple[torch.Tensor, torch.Tensor]:
     """x (..., N) -> (y (..., N), rstd (rows,) fp32)."""
     n = x.shape[-1]
     _check_hidden(n)

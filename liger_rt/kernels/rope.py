@@ -221,7 +221,8 @@ def _layout(q_shape, k_shape, cos_shape, sin_shape, q_dev, k_dev, cos_dev, sin_d
         return None
     sd = 2 if ud == 1 else 1
     b, s, d = q_shape[0], q_shape[sd], q_shape[-1]
-    if (k_shape[0], k_shape[sd], k_shape[-1]) != (b, s, d) or tuple(cos_shape[1:]) != (s, d) or cos_shape[0] not in (1, b):
+    if ((k_shape[0], k_shape[sd], k_shape[-1]) != (b, s, d) or tuple(cos_shape[1:]) != (s, d)
+            or cos_shape[0] not in (1, b)):
         return None
     if not (q_dev == k_dev == cos_dev == sin_dev):
         return None
@@ -268,7 +269,8 @@ def _backward(config, args, saved, needs, dq_embed, dk_embed):
 
 
 def _fake(config, q, k, cos, sin, unsqueeze_dim):
-    return (_new_out(q, _out_dtype(q, cos, sin), unsqueeze_dim), _new_out(k, _out_dtype(k, cos, sin), unsqueeze_dim)), ()
+    return (_new_out(q, _out_dtype(q, cos, sin), unsqueeze_dim),
+            _new_out(k, _out_dtype(k, cos, sin), unsqueeze_dim)), ()
 
 
 def _other_float(dtype: torch.dtype) -> bool:
@@ -325,7 +327,8 @@ def _configs(arch, dims, dtype):
                 RoPEConfig(POS=2, BLOCK_H=2, num_warps=2)]
     shapes = [(1, 8, 1), (1, 4, 1), (1, 16, 1), (2, 8, 1), (2, 4, 1), (2, 16, 1), (4, 8, 1), (4, 16, 1),
               (1, 8, 2), (2, 8, 2), (1, 4, 2)]
-    return [_config(arch, dims, pos, per_thread, split) for pos, per_thread, split in shapes]   # deduplicated by the runtime
+    # deduplicated by the runtime
+    return [_config(arch, dims, pos, per_thread, split) for pos, per_thread, split in shapes]
 
 
 def _supports(dims, dtype):

@@ -182,7 +182,7 @@ def _runs_ours(conv) -> bool:
     # instance patch, accelerate hook, or class patch
     for fn in (conv.__dict__.get("_old_forward"), conv.__dict__.get("forward"), type(conv).forward):
         fn = getattr(fn, "__func__", fn)
-        if fn is not None and (fn is short_conv_forward or getattr(fn, "_liger_rt_function", None) is short_conv_forward):
+        if fn is not None and short_conv_forward in (fn, getattr(fn, "_liger_rt_function", None)):
             return True
     return False
 

@@ -148,7 +148,8 @@ def measure_ceilings(*, quick: bool = False) -> dict:
 _UNCAPTURABLE: dict[tuple, str] = {}   # (op, arm) -> why its CUDA-graph capture failed, for this process
 
 
-def time_fn(fn: Callable, device: str, quick: bool = False, arm: tuple | None = None) -> tuple[float, float | None, str]:
+def time_fn(fn: Callable, device: str, quick: bool = False,
+            arm: tuple | None = None) -> tuple[float, float | None, str]:
     """(wall ms, device ms or None, how the device time was taken or why there is none).  An `arm` whose capture
     failed once is not captured again in this process: a failed capture never gives its memory pool back (H200,
     2026-12-04: Liger-Kernel's fused MoE failed in every case, and the grid run held 137 GB at its eleventh)."""
