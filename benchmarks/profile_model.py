@@ -111,21 +111,27 @@ def print_gaps(prof, steps: int, rows: int, min_us: float = 3.0) -> None:
     launch = {e["args"]["correlation"]: e["ts"] for e in events
               if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     ops = sorted(((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e.get("cat") == "cpu_op"))
-    def chain(t):   # the CPU ops around host time t, outermost first (at most the innermost three)
-        inside = sorted((o for o in ops if o[0] <= t <= o[1]), key=lambda o: o[1] - o[0], reverse=True)
-        return " > ".join(o[2] for o in inside[-3:]) or "(no CPU op)"
-    by, total, late_total, end = defaultdict(lambda: [0, 0.0, 0]), 0.0, 0.0, None
+    gaps, end = [], None     # (gap us, launch time or None, kernel name, host late)
     for k in dev:
         if end is not None and k["ts"] - end >= min_us:
-            gap = k["ts"] - end
             t = launch.get(k.get("args", {}).get("correlation"))
-            late = t is not None and t > end
-            row = by[(chain(t) if t is not None else "(launch not traced)", k["name"][:60], late)]
-            row[0] += 1
-            row[1] += gap
-            total += gap
-            late_total += gap if late else 0.0
+            gaps.append((k["ts"] - end, t, k["name"][:60], t is not None and t > end))
         end = max(end or 0.0, k["ts"] + k.get("dur", 0))
+    chains, active, i = {}, [], 0    # the CPU ops around each launch time, swept in time order (linear, not ops x gaps)
+    for t in sorted({g[1] for g in gaps if g[1] is not None}):
+        while i < len(ops) and ops[i][0] <= t:
+            active.append(ops[i])
+            i += 1
+        active = [o for o in active if o[1] >= t]
+        inside = sorted(active, key=lambda o: o[1] - o[0], reverse=True)   # outermost first, the innermost three
+        chains[t] = " > ".join(o[2] for o in inside[-3:]) or "(no CPU op)"
+    by, total, late_total = defaultdict(lambda: [0, 0.0, 0]), 0.0, 0.0
+    for gap, t, name, late in gaps:
+        row = by[(chains[t] if t is not None else "(launch not traced)", name, late)]
+        row[0] += 1
+        row[1] += gap
+        total += gap
+        late_total += gap if late else 0.0
     print(f"device idle between kernels: {total / steps / 1e3:.2f} ms per step ({late_total / steps / 1e3:.2f} ms with "
           f"the host late), in gaps of >= {min_us:g} us; the largest by total:")
     print(f"{'ms/step':>8} {'gaps':>5}  host late  host ops around the launch  ->  the kernel after the gap")
