@@ -242,6 +242,7 @@ def test_crossover_derivation_with_hysteresis():
     seg = derive_crossover(pts, margin=0.05)
     assert seg == [[64.0, "a"], [None, "b"]]
     assert crossover_pick(seg, 63.9) == "a" and crossover_pick(seg, 64.0) == "b"
+    assert crossover_pick([[64.0, "a"], [128.0, "b"]], 500.0) == "b"    # past every bound: the last segment
     assert derive_crossover(pts, margin=0.35) == [[None, "a"]]
     # non-monotone: a, then b, then a again
     seg = derive_crossover([(1, {"a": 1, "b": 2}), (4, {"a": 2, "b": 1}), (16, {"a": 1, "b": 2})])

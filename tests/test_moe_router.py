@@ -145,7 +145,7 @@ def test_leading_dims_and_validation():
         mr.moe_router(logits, 9)
     with pytest.raises(ValueError, match="expert_bias"):
         mr.moe_router(logits, 2, torch.zeros(7))
-    for k in (1.7, 2.0, True, "2"):       # never truncated to an int
+    for k in (1.7, 2.0, True, "2", torch.tensor(2.0)):    # never truncated to an int
         with pytest.raises(TypeError, match="top_k must be an integer"):
             mr.moe_router(logits, k)
     with pytest.raises(TypeError, match="accepted: torch.float32"):

@@ -247,9 +247,13 @@ def moe_router(logits: torch.Tensor, top_k: int, expert_bias: torch.Tensor | Non
 
     >>> weights, idx = moe_router(F.linear(h2d, gate.weight), cfg.num_experts_per_tok, block.expert_bias)
     """
-    if isinstance(top_k, bool) or not hasattr(type(top_k), "__index__"):
+    try:
+        k = None if isinstance(top_k, bool) else operator.index(top_k)
+    except TypeError:      # a float tensor has __index__ and refuses it
+        k = None
+    if k is None:
         raise TypeError(f"moe_router: top_k must be an integer number of experts, got {top_k!r}")
-    return OP(logits, operator.index(top_k), expert_bias, bool(norm_topk_prob), float(routed_scaling_factor))
+    return OP(logits, k, expert_bias, bool(norm_topk_prob), float(routed_scaling_factor))
 
 
 def _make_case(dims, dtype, device):

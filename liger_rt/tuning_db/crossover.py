@@ -29,5 +29,5 @@ def derive_crossover(points: list[tuple[float, dict[str, float]]], margin: float
 
 
 def crossover_pick(segments: list, value: float) -> str:
-    """The implementation of the segment holding `value` (the last segment's bound is None)."""
-    return next(impl for bound, impl in segments if bound is None or value < bound)
+    """The implementation of the segment holding `value` (past every bound: the last segment's)."""
+    return next((impl for bound, impl in segments if bound is None or value < bound), segments[-1][1])
