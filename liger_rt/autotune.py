@@ -366,11 +366,11 @@ def sweep_sharded(plan: list, target, open_store: Callable[[], object], *, quick
                                        sort_keys=True).encode()).hexdigest()
     rounds = range(-(-len(plan) // world))
     out, ops = {"results": [], "skipped": [], "crossovers": []}, {}
-    state = {"store": None, "error": None}
+    store, error = None, None
 
     def exchange(payload: dict) -> list[dict]:
         gathered: list = [None] * world
-        dist.all_gather_object(gathered, {**payload, "error": state["error"], "plan": digest,
+        dist.all_gather_object(gathered, {**payload, "error": error, "plan": digest,
                                           "persisted": len(out["results"])}, group=group)
         bad = [f"rank {r}: {p['error']}" for r, p in enumerate(gathered) if p["error"]]
         bad += [f"rank {r} has another plan than rank 0 (the same command line on every rank?)"
@@ -383,35 +383,35 @@ def sweep_sharded(plan: list, target, open_store: Callable[[], object], *, quick
     try:
         if rank == 0:
             try:
-                state["store"] = open_store()
+                store = open_store()
             except Exception as exc:
-                state["error"] = _one_line_error(exc)
+                error = _one_line_error(exc)
             if progress:
                 rounds = progress(rounds)
         for rnd in rounds:
             i, payload = rnd * world + rank, {"index": None}
-            if state["error"] is None and i < len(plan):
+            if error is None and i < len(plan):
                 try:
                     payload.update(index=i, out=_sweep_case(plan[i], target, quick, rounds))
                     pickle.dumps(payload)    # here, not inside the collective that the other ranks wait in
                 except Exception as exc:    # _sweep_case catches a case's own failures: this is the rank's
-                    state["error"], payload = _one_line_error(exc), {"index": None}
+                    error, payload = _one_line_error(exc), {"index": None}
             for p in exchange(payload):
-                if rank != 0 or p["index"] is None or state["error"] is not None:
+                if rank != 0 or p["index"] is None or error is not None:
                     continue
                 try:
-                    _keep(out, ops, plan[p["index"]][0], p["out"], state["store"], origin)
+                    _keep(out, ops, plan[p["index"]][0], p["out"], store, origin)
                 except Exception as exc:    # told to every rank at the next exchange
-                    state["error"] = _one_line_error(exc)
-        if rank == 0 and state["error"] is None:
+                    error = _one_line_error(exc)
+        if rank == 0 and error is None:
             try:
-                out["crossovers"] = _persist_crossovers(out["results"], ops, target, state["store"], origin)
+                out["crossovers"] = _persist_crossovers(out["results"], ops, target, store, origin)
             except Exception as exc:
-                state["error"] = _one_line_error(exc)
+                error = _one_line_error(exc)
         exchange({"index": None})    # the closing barrier: a failure anywhere fails every rank
     finally:
-        if state["store"] is not None:
-            state["store"].close()
+        if store is not None:
+            store.close()
     return out if rank == 0 else None
 
 

@@ -200,7 +200,6 @@ def doctor_report() -> dict:
             ops.append(name)
         except Exception as exc:
             ops.append(f"{name} (cannot be loaded: {type(exc).__name__}: {_one_line(exc)})")
-    snap = env.snapshot()
     db = {"user_path": None, "user_exists": False, "user_bytes": 0, "user_schema": None, "user_error": None,
           "user_health": None, "user_bad": []}
     try:
@@ -223,7 +222,7 @@ def doctor_report() -> dict:
     db["shipped_health"], db["shipped_bad"] = _health(tuning_db.store.shipped_defaults())
     files = (resources.files("liger_rt.tuning_db") / "defaults").iterdir()
     db["shipped_files"] = ", ".join(sorted(p.name for p in files if p.name.endswith(".jsonl"))) or "none"
-    return {"arch": arch, "device": device, "versions": versions, "db": db, "env": snap,
+    return {"arch": arch, "device": device, "versions": versions, "db": db, "env": env.snapshot(),
             "interpreter": os.environ.get("TRITON_INTERPRET", ""), "ops": ops}
 
 
@@ -413,8 +412,7 @@ def _crossover_note(op, d) -> str | None:
     if row is None:
         return None
     value = float(op.crossover_axis(dict(d.dims)))
-    pick = crossover_pick(row["segments"], value)
-    if pick == d.impl:
+    if (pick := crossover_pick(row["segments"], value)) == d.impl:
         return None
     return (f"the {row['layer']} crossover row ({row['origin']}) picks {pick} at "
             f"{op.crossover_axis_name or 'axis'}={value:.4g}, but {pick} is not available here")
@@ -441,16 +439,13 @@ def export_cmd(file, arch_name, shipped, db_path):
 
     with user or contextlib.nullcontext():
         try:
-            out = sys.stdout if file == "-" else open(file, "w")     # fail before any warning
+            out = click.open_file(file, "w")     # fail before any warning
         except OSError as exc:
             raise click.ClickException(f"cannot write {file}: {exc.strerror or exc}") from None
         lines = list(dump_jsonl(layers, arch_name, keep=keep))
-    text = "".join(line + "\n" for line in lines)
-    if file == "-":
-        click.echo(text, nl=False)
-    else:
-        with out:
-            out.write(text)
+    with out:
+        out.write("".join(line + "\n" for line in lines))
+    if file != "-":
         click.echo(f"wrote {len(lines) - 1} records to {file}", err=True)
     if bad:
         click.echo(f"warning: left out {len(bad)} invalid rows (first: {bad[0]}); `liger-tune doctor` lists them",

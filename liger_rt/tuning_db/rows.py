@@ -167,9 +167,8 @@ def check(table: str, rec: dict, *, op=None) -> dict:
     out["arch"] = text(rec, "arch", env.ARCH_CHOICES + GENERIC_ARCHES)
     out["dtype"] = text(rec, "dtype", DTYPES)
     out["static_key"] = op.static_key(_dims(op, json_value(rec, "static_key", dict), tuple(op.static), "static_key"))
-    for col in ("device_name", "torch_version", "triton_version", "runtime_version", "source_hash"):
-        out[col] = text(rec, col)
-    out["sm_count"] = number(rec, "sm_count", integer=True)
+    for col in FINGERPRINT:
+        out[col] = number(rec, col, integer=True) if col == "sm_count" else text(rec, col)
     out["method"] = text(rec, "method", METHODS)
     out["origin"] = text(rec, "origin", ORIGINS)
     out["created"] = number(rec, "created", low=0.0) if rec.get("created") not in (None, 0, "") else time.time()

@@ -134,7 +134,7 @@ def _inspect(conn: sqlite3.Connection, path) -> int | None:
     return found
 
 
-class Store:
+class Store(contextlib.AbstractContextManager):
     """One SQLite file (or, path None, an in-memory DB) with the liger_rt schema, ``readonly`` for lookups,
     doctor, show and export; writable, a missing file is created (unless ``create=False``)."""
 
@@ -150,7 +150,7 @@ class Store:
         try:
             if path is None:
                 self.conn = self._connect(":memory:")
-                self._create()
+                self._setup()
             elif readonly:
                 self._open_readonly(path)
             else:
@@ -190,28 +190,23 @@ class Store:
         self.conn = self._connect(str(path))
         with self._write_errors("open"):
             found = _inspect(self.conn, path)
+            if found is None or self.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                self.conn.execute("PRAGMA journal_mode=WAL")
+            if found != DB_SCHEMA:
+                self._setup()
+
+    def _setup(self) -> None:
+        """Create the schema in an empty DB, or migrate schema 1 -> 2: the fingerprint, method and host-time
+        columns (old rows: method "unrecorded", so they count as stale until re-measured) and idempotent
+        measurements."""
+        with self.transaction():
+            found = _inspect(self.conn, self.path)      # again: another process may have done it meanwhile
+            if found == DB_SCHEMA:
+                return
             if found is None:
-                self.conn.execute("PRAGMA journal_mode=WAL")
-                self._create()
-            elif found < DB_SCHEMA:
-                self._migrate(found)
-            elif self.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-                self.conn.execute("PRAGMA journal_mode=WAL")
-
-    def _create(self) -> None:
-        with self.transaction():
-            if _inspect(self.conn, self.path) is not None:     # another process created it meanwhile
-                return
-            for sql in _CREATE + _INDEXES:
-                self.conn.execute(sql)
-            self.conn.execute("INSERT INTO meta(key, value) VALUES ('db_schema', ?)", [str(DB_SCHEMA)])
-
-    def _migrate(self, found: int) -> None:
-        """Schema 1 -> 2: the fingerprint, method and host-time columns (old rows: method
-        "unrecorded", so they count as stale until re-measured) and idempotent measurements."""
-        with self.transaction():
-            if _inspect(self.conn, self.path) == DB_SCHEMA:      # migrated by another process meanwhile
-                return
+                for sql in _CREATE:
+                    self.conn.execute(sql)
+                self.conn.execute("INSERT INTO meta(key, value) VALUES ('db_schema', ?)", [str(DB_SCHEMA)])
             for table, columns in R.COLUMNS.items():
                 have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})").fetchall()}
                 for col, typ in columns.items():
@@ -229,9 +224,6 @@ class Store:
         if self.conn is not None:
             with contextlib.suppress(Exception):
                 self.conn.close()
-
-    def __enter__(self) -> "Store":
-        return self
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -274,20 +266,11 @@ class Store:
         here = fingerprint(row.get("arch", ""), "")
         return {**{k: here[k] for k in FINGERPRINT[:-1]}, **row}      # the kernel hash is the row's own
 
-    def put_tuning(self, row: dict) -> None:
-        self.put_rows("tuning", [row])
-
-    def put_measurements(self, rows: Iterable[dict]) -> None:
-        self.put_rows("measurements", rows)
-
-    def put_crossover(self, row: dict) -> None:
-        self.put_rows("crossover", [row])
-
-    def put_rows(self, table: str, rows: Iterable[dict], *, checked: bool = False) -> None:
-        """Validate (a row without fingerprint fields was measured here) and write rows of one table in one
-        transaction (RowError for a bad one).  A tuning row replaces an entry that is not comparable (other
-        method, fingerprint or config schema) or slower."""
-        rows = [r if checked else R.check(table, self._here(r)) for r in rows]
+    def put_rows(self, table: str, rows: Iterable[dict] | dict, *, checked: bool = False) -> None:
+        """Validate (a row without fingerprint fields was measured here) and write rows (or one row) of one
+        table in one transaction (RowError for a bad one).  A tuning row replaces an entry that is not
+        comparable (other method, fingerprint or config schema) or slower."""
+        rows = [r if checked else R.check(table, self._here(r)) for r in ([rows] if isinstance(rows, dict) else rows)]
         if not rows:
             return
         cols = list(R.COLUMNS[table])
@@ -300,6 +283,10 @@ class Store:
                     + f" WHERE NOT ({comparable}) OR excluded.median_ms < tuning.median_ms")
         with self.transaction():
             self.conn.executemany(sql, [[r[c] for c in cols] for r in rows])
+
+    put_tuning = functools.partialmethod(put_rows, "tuning")
+    put_measurements = functools.partialmethod(put_rows, "measurements")
+    put_crossover = functools.partialmethod(put_rows, "crossover")
 
     def select(self, table: str, where: str | None = None, args: list | None = None, *,
                rowid: bool = False) -> list[dict]:
@@ -362,8 +349,12 @@ def classify(table: str, row: dict) -> tuple[str, str]:
     return ("stale", why) if why else ("ok", "")
 
 
-def _parse_lines(lines: Iterable[str]):
-    """Yield (line number, table, record) of an export; TuningDBError for a line that is not one."""
+def load_jsonl(store: Store, lines: Iterable[str], *, strict: bool = True) -> dict:
+    """Merge an export (JSON lines {"table": ..., **row}) into `store`, all or nothing: the first bad line
+    raises TuningDBError("line N: why") with nothing written; importing twice changes nothing.  Schema-1
+    rows enter with method "unrecorded", so they count as stale.  strict=False (the shipped defaults)
+    stores rows unvalidated: lookups validate them when they are read."""
+    batches: dict[str, list] = {t: [] for t in R.COLUMNS}
     for n, line in enumerate(lines, 1):
         line = line.strip()
         if not line or line.startswith("#"):
@@ -385,16 +376,6 @@ def _parse_lines(lines: Iterable[str]):
             continue
         if table not in R.COLUMNS:
             raise TuningDBError(f"line {n}: unknown table {table!r}; valid: {', '.join(R.COLUMNS)}")
-        yield n, table, rec
-
-
-def load_jsonl(store: Store, lines: Iterable[str], *, strict: bool = True) -> dict:
-    """Merge an export (JSON lines {"table": ..., **row}) into `store`, all or nothing: the first bad line
-    raises TuningDBError("line N: why") with nothing written; importing twice changes nothing.  Schema-1
-    rows enter with method "unrecorded", so they count as stale.  strict=False (the shipped defaults)
-    stores rows unvalidated: lookups validate them when they are read."""
-    batches: dict[str, list] = {t: [] for t in R.COLUMNS}
-    for n, table, rec in _parse_lines(lines):
         try:
             batches[table].append(R.check(table, rec) if strict else _coerce(table, rec))
         except RowError as exc:
@@ -468,31 +449,16 @@ class LayeredStore:
         if self.user is not None:   # the shipped defaults are shared by the process: keep them open
             self.user.close()
 
-    def _select(self, store: Store, table: str, args: list) -> list[dict]:
-        try:
-            return store.select(table, _STATIC, args)
-        except sqlite3.Error as exc:  # locked past the timeout, corrupted since opening...
-            if store is self.user:
-                warnings.warn(f"liger_rt: tuning DB read failed ({exc}); using shipped defaults",
-                              RuntimeWarning, stacklevel=4)
-                self.user_error, self.user = str(exc), None
-            return []
-
-    def _bad(self, store: Store, table: str, row: dict, why: str) -> None:
-        key = (store.layer, table, *(str(row.get(c)) for c in TUNING_PK), why)
-        if key in self._warned:
-            return
-        self._warned.add(key)
-        warnings.warn(f"liger_rt: skipping a bad {table} row in the {store.layer} DB ({row_name(row)}): {why}; "
-                      "`liger-tune doctor` counts them, `liger-tune prune --invalid` removes them",
-                      RuntimeWarning, stacklevel=5)
-
     def _usable(self, store: Store, table: str, op, row: dict):
-        """(checked row, config or None) when the row may be used, else None (a bad one warned)."""
+        """(checked row, config or None) when the row may be used, else None (a bad one warned once)."""
         try:
             checked = R.check(table, row, op=op)
         except RowError as exc:
-            self._bad(store, table, row, str(exc))
+            if (key := (store.layer, table, *(str(row.get(c)) for c in TUNING_PK), str(exc))) not in self._warned:
+                self._warned.add(key)
+                warnings.warn(f"liger_rt: skipping a bad {table} row in the {store.layer} DB ({row_name(row)}): "
+                              f"{exc}; `liger-tune doctor` counts them, `liger-tune prune --invalid` removes them",
+                              RuntimeWarning, stacklevel=4)
             return None
         if table == "crossover":
             return checked, None
@@ -511,7 +477,15 @@ class LayeredStore:
         here = self._here[arch, op.source_hash]
         found = []      # a loop, not a comprehension: the warnings' stacklevel counts these frames
         for store in self.layers():
-            for row in self._select(store, table, args):
+            try:
+                rows = store.select(table, _STATIC, args)
+            except sqlite3.Error as exc:  # locked past the timeout, corrupted since opening...
+                if store is self.user:
+                    warnings.warn(f"liger_rt: tuning DB read failed ({exc}); using shipped defaults",
+                                  RuntimeWarning, stacklevel=3)
+                    self.user_error, self.user = str(exc), None
+                continue
+            for row in rows:
                 if usable := (keep is None or keep(row)) and self._usable(store, table, op, row):
                     found.append((store, *usable, stale_reason(usable[0], here)))
         return found
