@@ -66,8 +66,7 @@ def graph_ms(fn: Callable[[], object], *, rep_ms: float = 30.0, replays: int = 1
     torch.cuda.current_stream().wait_stream(s)
     g.replay()
     torch.cuda.synchronize()
-    times = sorted(_event_ms(g.replay) / reps for _ in range(replays))
-    return float(times[len(times) // 2])
+    return float(statistics.median_high(_event_ms(g.replay) / reps for _ in range(replays)))
 
 
 def _release_cuda_rng() -> None:

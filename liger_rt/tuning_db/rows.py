@@ -163,9 +163,8 @@ def check(table: str, rec: dict, *, op=None) -> dict:
     if op is None or op.name != name:
         raise RowError(f"unknown op {name!r}; valid ops: {', '.join(op_names())}")
     rec = fill_defaults(table, rec)
-    out = {"op": name, "variant": text(rec, "variant", (op.variant,))}
-    out["arch"] = text(rec, "arch", env.ARCH_CHOICES + GENERIC_ARCHES)
-    out["dtype"] = text(rec, "dtype", DTYPES)
+    out = {"op": name, "variant": text(rec, "variant", (op.variant,)),
+           "arch": text(rec, "arch", env.ARCH_CHOICES + GENERIC_ARCHES), "dtype": text(rec, "dtype", DTYPES)}
     out["static_key"] = op.static_key(_dims(op, json_value(rec, "static_key", dict), tuple(op.static), "static_key"))
     for col in FINGERPRINT:
         out[col] = number(rec, col, integer=True) if col == "sm_count" else text(rec, col)
