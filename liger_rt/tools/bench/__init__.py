@@ -1,10 +1,5 @@
-"""`liger-tune bench`: kernel benchmarks against the measured ceilings, model training steps, host costs.
-
-    liger-tune bench kernels [--op norms|lfm2_ops|losses|moe_experts|OP ...] [--where k=v] [--quick]
-    liger-tune bench model --model qwen3 --preset qwen3-1.7b [--batch 4 --seq 2048 ...]
-    liger-tune bench model --target all [--quick]      # issue 9's model runs
-    liger-tune bench model --target qwen3 --shape 4x2048,1x512 --compile   # + torch.compile arms
-    liger-tune bench host | dispatch | ceilings
+"""`liger-tune bench` (kernels, model, host, dispatch, ceilings; docs/cli.md, "bench"): kernel benchmarks against the
+measured ceilings, model training steps, host costs.
 
 Modules: `harness` (versions, CSV, ceilings, timers, the kernel-case loop), one per kernel family (`norms`,
 `lfm2_ops`, `losses`, `moe_experts`: cases and arms), `model` (the training step), `host_overhead`, `logprobs`.
@@ -153,8 +148,7 @@ def model_cmd(model_type, targets, batch, seq, shapes, steps, warmup, quick, arm
     shapes = _run(M.parse_shapes, shapes) or [(batch, seq)]
     compile_kw = {k: kw.pop(k) for k in ("compile", "compile_backend", "compile_mode")}
     if compile_kw["compile"] or arms:      # a bad arm, backend or warm-up: a usage error before any GPU check or build
-        _run(M.resolve_arms, arms, False, compile_kw["compile"], compile_kw["compile_backend"],
-             compile_kw["compile_mode"], 3 if warmup is None else warmup)
+        _run(M.resolve_arms, arms, False, warmup=3 if warmup is None else warmup, **compile_kw)
     if targets:
         targets = [t.strip() for text in targets for t in text.split(",") if t.strip()]
         names = list(M.TARGETS) if "all" in targets else list(dict.fromkeys(targets))

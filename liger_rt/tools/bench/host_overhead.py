@@ -178,13 +178,12 @@ def cpu_stub(repeats: int = 7, calls: int = 2000, rows: int = 16, hidden: int = 
     with dispatch_env(TRITON_INTERPRET="1", LIGER_RT_IMPL_RMS_NORM="triton", LIGER_RT_IMPL_SWIGLU="triton",
                       LIGER_RT_IMPL_ROPE="triton"), StubbedLaunches(rms_norm, swiglu, rope) as stub:
         probes = _stub_probes(rows, hidden)
-        for name, (op, fn) in probes.items():
-            if op is not None:          # each forward launches its one kernel: the triton path
-                before = stub.launches
-                fn()
-                if stub.launches != before + 1:
-                    raise RuntimeError(f"cpu stub: {op} made {stub.launches - before} stubbed launches; "
-                                       "expected 1 (the triton path)")
+        for op, fn in [probe for probe in probes.values() if probe[0]]:
+            before = stub.launches      # each forward launches its one kernel: the triton path
+            fn()
+            if stub.launches != before + 1:
+                raise RuntimeError(f"cpu stub: {op} made {stub.launches - before} stubbed launches; "
+                                   "expected 1 (the triton path)")
         for name, (_, fn) in probes.items():
             samples = [per_call_us(fn, calls, sync=False, clock=time.thread_time) for _ in range(repeats)]
             rows_out.append({"what": name, "us": round(statistics.median(samples), 2), "min_us": round(min(samples), 2),

@@ -3,14 +3,13 @@
     python -m liger_rt.tools.bench.logprobs [--quick] [--no-compile] [--tokens 8192] [--rounds 3] [--out DIR]
 
 Cases: bf16 (tokens, hidden, vocab) = (16384, 2560, 151936) and (8192, 2048, 65536), 10% ignored targets.  Passes:
-`fwdbwd` (log-probs and entropy, then autograd.grad of sum(lp * g_lp + H * g_H) into x and W, as a PPO/GRPO loss
-does) and `fwd_nograd` (old-policy and reference-model log-probs).  Arms: `liger_rt` (as dispatched), `eager` (the
-materialised path: bf16 logits, log_softmax in fp32) and `compile` of it, `trl` (trl.kernels.ChunkedLogProbFunction
-as add_fused_lm_head calls it) and `liger_kernel` (fused_selective_log_softmax on materialised logits, no-grad only);
-an arm whose package does not import is skipped with the reason.  Columns: `ms` (do_bench median), `dev_ms`
-(autotune.time_fn: CUDA-graph device time, or do_bench where the arm cannot be captured), `peak_GB` (what the call
-allocates beyond what is live before it, returned gradients included), `err_lp`/`err_ent` (max abs against an fp64
-formula of the same inputs), `err_dx`/`err_dw` (relative L2 against fp64).  The CSV carries every peer's version.
+`fwdbwd` (log-probs and entropy, then autograd.grad of sum(lp * g_lp + H * g_H) into x and W, as a PPO/GRPO loss does)
+and `fwd_nograd` (old-policy and reference-model log-probs).  Arms: `liger_rt` (as dispatched), `eager` (the
+materialised path: bf16 logits, log_softmax in fp32) and `compile` of it, `trl` (trl.kernels.ChunkedLogProbFunction as
+add_fused_lm_head calls it) and `liger_kernel` (fused_selective_log_softmax on materialised logits, no-grad
+only).  Columns: `ms` (do_bench median), `dev_ms` (autotune.time_fn: CUDA-graph device time, or do_bench where the arm
+cannot be captured), `peak_GB` (what the call allocates beyond what is live before it, returned gradients included),
+`err_lp`/`err_ent` (max abs against an fp64 formula), `err_dx`/`err_dw` (relative L2), the peers' versions.
 """
 from __future__ import annotations
 
@@ -77,12 +76,12 @@ def ours(x, w, t):
 def trl_arm(echo=print) -> Callable | None:
     if (fn := peer("trl.kernels", "ChunkedLogProbFunction", echo)) is None:
         return None
+    import sys
     note = ""
     try:        # its backward imports this at call time; it needs accelerate, datasets, pandas, ...
         import trl.trainer.utils  # noqa: F401
     except Exception as exc:    # the wheel carried alone: its ZeRO-3 gather is a null context without DeepSpeed
         import contextlib
-        import sys
         import types
         stub = types.ModuleType("trl.trainer.utils")
         stub.maybe_gather_lm_head_ctx = lambda *params: contextlib.nullcontext()
@@ -90,10 +89,7 @@ def trl_arm(echo=print) -> Callable | None:
         echo(f"  (trl.trainer.utils does not import: {type(exc).__name__}: {exc}; its maybe_gather_lm_head_ctx, "
              f"a null context without DeepSpeed ZeRO-3, is stubbed for the trl arm)")
         note = "; trl.trainer.utils stubbed"
-    try:
-        from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE as vocab_tile
-    except ImportError:
-        vocab_tile = 32768
+    vocab_tile = getattr(sys.modules["trl.trainer.utils"], "_CHUNKED_LOGPROB_CHUNK_SIZE", 32768)
 
     def arm(x, w, t):
         mask = t != -100
@@ -115,14 +111,14 @@ def liger_arm(echo=print) -> Callable | None:
         lp = fn((x @ w.t())[None], ids, TEMPERATURE, (ids != -100).to(torch.int32))[0]
         return torch.cat([lp, lp.new_zeros(1)]), None
     arm.desc = "fused_selective_log_softmax on materialised bf16 logits"
+    arm.no_grad_only = "fused_selective_log_softmax is @torch.no_grad (no backward) and has no entropy"
+    arm.scored = slice(0, -1)
     return arm
 
 
-NO_GRAD_ONLY = {"liger_kernel": "fused_selective_log_softmax is @torch.no_grad (no backward) and has no entropy"}
-
-
 def arms(compile_: bool, echo=print) -> dict[str, Callable | str]:
-    """name -> fn, or the reason the arm is skipped."""
+    """name -> fn (its optional attributes: desc, no_grad_only: why it has no fwdbwd pass, scored: the rows it
+    scores), or the reason the arm is skipped."""
     out: dict[str, Callable | str] = {"liger_rt": ours, "eager": materialised}
     if compile_:
         out["compile"] = torch.compile(materialised, dynamic=False)
@@ -173,12 +169,12 @@ def measure(spec: dict, arm_set: dict, *, quick: bool, device: str = "cuda", rnd
         fwd_nograd = torch.no_grad()(lambda: fn(xs, ws, t))
         for p, run in (("fwdbwd", fwdbwd), ("fwd_nograd", fwd_nograd)):
             row = {**label, "impl": name, "pass": p, "config": desc, "error": ""}
-            if p == "fwdbwd" and name in NO_GRAD_ONLY:
-                rows.append({**row, "error": f"skipped: {NO_GRAD_ONLY[name]}"})
+            if p == "fwdbwd" and hasattr(fn, "no_grad_only"):
+                rows.append({**row, "error": f"skipped: {fn.no_grad_only}"})
                 continue
             try:
                 lp, ent = fwd_nograd()
-                scored = slice(0, -1) if name == "liger_kernel" else slice(None)
+                scored = getattr(fn, "scored", slice(None))
                 row.update(err_lp=_err(lp[scored], ref_lp[scored]), err_ent=None if ent is None else _err(ent, ref_ent))
                 del lp, ent
                 if p == "fwdbwd":

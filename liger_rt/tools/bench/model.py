@@ -28,7 +28,7 @@ ARMS = ("baseline", "liger_rt", "liger_kernel", "baseline+compile", "liger_rt+co
         "liger_rt+compile+fuse")
 # liger_rt+compile runs under the environment's LIGER_RT_COMPILE_POLICY (default fuse); the +kernels and +fuse arms
 # under that policy whatever the environment says, so both policies run counterbalanced in one process
-COMPILED = ("baseline+compile", "liger_rt+compile", "liger_rt+compile+kernels", "liger_rt+compile+fuse")
+COMPILED = tuple(a for a in ARMS if "+compile" in a)
 POLICY_ARMS = {"liger_rt+compile+kernels": "kernels", "liger_rt+compile+fuse": "fuse"}
 COMPILE_MODES = ("default", "reduce-overhead")
 # What a run row holds (None in the row of a compiled run that failed)
@@ -295,15 +295,15 @@ def train_steps(model, opt, ids, warmup: int, steps: int, cuda: bool) -> tuple[d
 def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, seq, ids, steps, warmup, lr,
              compile_backend="inductor", compile_mode="default") -> dict:
     """One run: a fresh model, the arm's patch (then torch.compile), warm-up + measured steps.  `ids` None on the
-    first run (drawn here and returned for the later runs)."""
-    cuda = device == "cuda"
-    base, compiled = arm.split("+")[0], arm in COMPILED
+    first run (drawn here and returned for the later runs).  A compiled arm that fails returns its error and
+    dynamo's counters; any other failure raises."""
+    cuda, compiled = device == "cuda", arm in COMPILED
     gc.collect()
     t0 = time.perf_counter()
-    model = build(preset, dtype, device, seed, overrides)      # in train mode
-    undo = step_model = None
+    model = undo = step_model = None
     try:
-        undo = apply_arm(model, base, flags)
+        model = build(preset, dtype, device, seed, overrides)      # in train mode
+        undo = apply_arm(model, arm.split("+")[0], flags)
         step_model = model
         if compiled:
             _reset_dynamo()
@@ -317,11 +317,21 @@ def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, 
             res, warm_extra_s = train_steps(step_model, opt, ids, warmup, steps, cuda)
         return {**res, "build_s": build_s, "params_M": sum(p.numel() for p in model.parameters()) / 1e6,
                 "flops_per_step": train_flops_per_step(model, batch, seq), **(compile_stats(arm) if compiled else {}),
-                "compile_s": warm_extra_s if compiled else None, "ids": ids}
+                "compile_s": warm_extra_s if compiled else None, "ids": ids, "error": ""}
+    except Exception as exc:
+        if not compiled:
+            raise
+        return {**dict.fromkeys(RUN_METRICS), **compile_stats(arm),      # the other NEW_COLS come out None
+                "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"}
     finally:
         if undo is not None:
             undo()
-        del model, step_model          # the caller resets dynamo once it has read its counters, then collects
+        del model, step_model
+        if compiled:
+            torch._dynamo.reset()        # the compiled graphs (and CUDA-graph pools) go with the model
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
 
 
 def arm_order(arms) -> list[str]:
@@ -387,7 +397,7 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
          + (f"; Liger-Kernel arm skipped: {lk_note}" if "liger_kernel" in arms and not lk_ok else ""))
     runs, ids, failed = [], None, set()
     for n, arm in enumerate(order):
-        if arm == "liger_kernel" and lk_note.startswith("failed") or arm in failed:
+        if arm in failed:             # a failed arm's repeat is skipped
             continue
         t0 = time.time()
         try:
@@ -395,30 +405,22 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
                            seq=seq, ids=ids, steps=steps, warmup=warmup, lr=lr, compile_backend=compile_backend,
                            compile_mode=compile_mode)
         except Exception as exc:
-            if arm == "liger_kernel":
-                lk_note = f"failed: {type(exc).__name__}: {str(exc)[:300]}"   # the peer must not hide our numbers
-                echo(f"  [{n + 1}/{len(order)}] liger_kernel FAILED ({lk_note}); continuing without it")
-                continue
-            if arm not in COMPILED:
+            if arm != "liger_kernel":
                 raise
-            err = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-            failed.add(arm)           # a compiled arm that fails is a row; its repeat is skipped
-            runs.append({"arm": arm, "run_index": len(runs), **dict.fromkeys(RUN_METRICS), **compile_stats(arm),
-                         "error": err})      # the other NEW_COLS come out None
-            echo(f"  [{n + 1}/{len(order)}] {arm} FAILED ({err}); its repeat is skipped")
+            failed.add(arm)
+            lk_note = f"failed: {type(exc).__name__}: {str(exc)[:300]}"   # the peer must not hide our numbers
+            echo(f"  [{n + 1}/{len(order)}] liger_kernel FAILED ({lk_note}); continuing without it")
             continue
-        finally:
-            if arm in COMPILED:
-                torch._dynamo.reset()        # the compiled graphs (and CUDA-graph pools) go with the model
-            gc.collect()
-            if device == "cuda":
-                torch.cuda.empty_cache()
-        ids = res.pop("ids")
+        ids = res.pop("ids", ids)
+        runs.append({"arm": arm, "run_index": len(runs), **res})
+        if res["error"]:              # a compiled arm that fails is a row
+            failed.add(arm)
+            echo(f"  [{n + 1}/{len(order)}] {arm} FAILED ({res['error']}); its repeat is skipped")
+            continue
         mem = "n/a" if res["peak_alloc_GB"] is None else f"{res['peak_alloc_GB']:.2f} GB"
         extra = f"  {res['graph_breaks']} graph breaks, compile {res['compile_s']:.1f} s" if arm in COMPILED else ""
         echo(f"  [{n + 1}] {arm:21s} {res['median_step_ms']:9.2f} ms/step {res['tok_per_s']:10.0f} tok/s  peak {mem}  "
              f"loss {res['loss_first']:.4f} -> {res['loss_last']:.4f}{extra}  ({time.time() - t0:.1f} s)")
-        runs.append({"arm": arm, "run_index": len(runs), **res, "error": ""})
     common = dict(model_type=model_type, preset=p.name, layers=p.layers, batch=batch, seq=seq, steps=steps,
                   warmup=warmup, dtype=dtype_name(dt), device=device, lr=lr, seed=seed,
                   order=">".join(r["arm"] for r in runs), flags=",".join(f"{k}={int(v)}" for k, v in flags.items()),
@@ -461,36 +463,33 @@ def summarize_runs(run_rows: list[dict]) -> list[dict]:
     (tokens/s against baseline+compile when it ran), loss-curve overlap against the first baseline run.  Failed runs
     count in no figure; an arm whose every run failed is a row with its error."""
     out, base = [], None
-    tol = LOSS_RTOL[run_rows[0]["dtype"]]
     drop = ("run_index", "min_step_ms", "max_step_ms", "losses", "build_s")
     for arm in [a for a in ARMS if any(r["arm"] == a for r in run_rows)]:
         every = [r for r in run_rows if r["arm"] == arm]
         rs = [r for r in every if not r.get("error")]
-        errors = "; ".join(r["error"] for r in every if r.get("error"))
+        row = {k: v for k, v in (rs or every)[0].items() if k not in drop} | {"kind": "summary", "runs": len(rs)}
+        out.append(row)
         if not rs:
-            out.append({k: v for k, v in every[0].items() if k not in drop} | {"kind": "summary", "runs": 0})
             continue
         def mean(key):
             return statistics.mean(r[key] for r in rs)
+        def top(key):       # None where no run has it (off CUDA)
+            return max((r[key] for r in rs if r.get(key) is not None), default=None)
         tok = mean("tok_per_s")
-        peaks = [r["peak_alloc_GB"] for r in rs if r["peak_alloc_GB"] is not None]
-        reserved = [r["peak_reserved_GB"] for r in rs if r.get("peak_reserved_GB") is not None]
-        row = {k: v for k, v in rs[0].items() if k not in drop}
-        row.update(kind="summary", runs=len(rs), tok_per_s=tok, median_step_ms=row["batch"] * row["seq"] / tok * 1e3,
+        row.update(tok_per_s=tok, median_step_ms=row["batch"] * row["seq"] / tok * 1e3,
                    tok_per_s_spread=(max(r["tok_per_s"] for r in rs) - min(r["tok_per_s"] for r in rs)) / tok,
-                   peak_alloc_GB=max(peaks) if peaks else None, model_TFLOPs=mean("model_TFLOPs"),
-                   mfu=mean("mfu") if rs[0]["mfu"] is not None else None,
-                   max_loss_diff=max(r["max_loss_diff"] for r in rs), loss_last=mean("loss_last"), error=errors)
-        if reserved:
-            row["peak_reserved_GB"] = max(reserved)
+                   peak_alloc_GB=top("peak_alloc_GB"), peak_reserved_GB=top("peak_reserved_GB"),
+                   model_TFLOPs=mean("model_TFLOPs"), mfu=mean("mfu") if rs[0]["mfu"] is not None else None,
+                   max_loss_diff=top("max_loss_diff"), loss_last=mean("loss_last"),
+                   error="; ".join(r["error"] for r in every if r.get("error")))
         if arm in COMPILED:
-            row.update(graph_breaks=max(r["graph_breaks"] for r in rs), compile_s=mean("compile_s"))
+            row.update(graph_breaks=top("graph_breaks"), compile_s=mean("compile_s"))
         row["loss_rel_diff"] = row["max_loss_diff"] / (abs(run_rows[0]["loss_first"]) or 1.0)
-        row["loss_curves_overlap"] = row["loss_rel_diff"] <= tol
+        row["loss_curves_overlap"] = row["loss_rel_diff"] <= LOSS_RTOL[run_rows[0]["dtype"]]
         base = base or row
         row["speedup"] = tok / base["tok_per_s"]
-        row["mem_ratio"] = row["peak_alloc_GB"] / base["peak_alloc_GB"] if peaks and base["peak_alloc_GB"] else None
-        out.append(row)
+        peak, base_peak = row["peak_alloc_GB"], base["peak_alloc_GB"]
+        row["mem_ratio"] = peak / base_peak if peak is not None and base_peak else None
     comp = next((r for r in out if r["arm"] == "baseline+compile" and r["runs"]), None)
     for row in out if comp else ():
         row["vs_baseline_compile"] = row["tok_per_s"] / comp["tok_per_s"] if row["runs"] else None
@@ -515,17 +514,16 @@ def format_summary(rows: list[dict]) -> str:
     group = lambda r: (r["model_type"], r["preset"], r["batch"], r["seq"])  # noqa: E731
     for key in dict.fromkeys(map(group, summ)):
         mine = [r for r in summ if group(r) == key]
-        base = [r for r in rows if r.get("kind") == "run" and group(r) == key and r["arm"] == "baseline"]
+        base = [r for r in mine if r["arm"] == "baseline"][-1]      # baseline runs first and last, never fails
         name = f"{key[1]} B{key[2]}xT{key[3]}"
-        if len(base) >= 2:
-            notes.append(f"{name}: baseline vs its repeat: max |dloss| {float(base[-1]['max_loss_diff']):.3g} "
-                         f"(the noise floor the other arms compare with)")
+        notes.append(f"{name}: baseline vs its repeat: max |dloss| {base['max_loss_diff']:.3g} "
+                     f"(the noise floor the other arms compare with)")
         if mine[0].get("liger_kernel_note") not in ("", "not requested", None):
             notes.append(f"{name}: no Liger-Kernel arm: {mine[0]['liger_kernel_note']}")
         notes += [f"{name}: {r['arm']} FAILED: {r['error']}" for r in mine if r.get("error")]
         notes += [f"{name}: {r['arm']}: {r['graph_breaks']} graph breaks ({r['graph_break_reasons']})"
                   for r in mine if r.get("graph_breaks")]
-        bad = [r["arm"] for r in mine if r["runs"] and str(r["loss_curves_overlap"]) != "True"]
+        bad = [r["arm"] for r in mine if r["runs"] and not r["loss_curves_overlap"]]
         if bad:
             notes.append(f"{name}: WARNING loss curves of {', '.join(bad)} do not overlap the baseline's "
                          f"(relative difference above {LOSS_RTOL[mine[0]['dtype']]:.3g})")
