@@ -8,6 +8,7 @@ forward.  ``original(module)`` / ``original_function(module)`` answer "what ran 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import types
 from typing import Any
@@ -44,7 +45,9 @@ class StandIn:
         return f"<liger_rt stand-in for {self.replaced_type.__name__}: {self.__wrapped__.__qualname__}>"
 
 
-_STAND_IN_TYPES: dict[type, type] = {}
+@functools.lru_cache(maxsize=None)
+def _stand_in_type(kind: type) -> type:
+    return type("StandIn", (StandIn,), {"replaced_type": kind})
 
 
 def _to_place(original, value):
@@ -53,10 +56,7 @@ def _to_place(original, value):
             original, (types.FunctionType, types.BuiltinFunctionType, type, staticmethod, classmethod)) \
             or not callable(original):
         return value
-    kind = type(original)
-    if kind not in _STAND_IN_TYPES:
-        _STAND_IN_TYPES[kind] = type("StandIn", (StandIn,), {"replaced_type": kind})
-    return _STAND_IN_TYPES[kind](value)
+    return _stand_in_type(type(original))(value)
 
 
 def function_at(owner, attr: str):
@@ -154,15 +154,12 @@ def with_signature(fn, sig: inspect.Signature):
     return new
 
 
-def bind(module, fn, attr: str = "forward"):
-    """Set ``module.<attr>`` to ``BoundForward(fn, module)``; returns what the instance held (or MISSING)."""
-    old = module.__dict__.get(attr, MISSING)
-    if old is MISSING:
-        module.__dict__.pop(ORIG_KEY, None)
-    else:
-        module.__dict__[ORIG_KEY] = old
+def bind(module, fn, attr: str = "forward") -> None:
+    """Set ``module.<attr>`` to ``BoundForward(fn, module)``, keeping the instance's own under ORIG_KEY."""
+    module.__dict__.pop(ORIG_KEY, None)
+    if attr in module.__dict__:
+        module.__dict__[ORIG_KEY] = module.__dict__[attr]
     setattr(module, attr, BoundForward(fn, module))
-    return old
 
 
 # -- what a layer forward falls back to -------------------------------------------------------------

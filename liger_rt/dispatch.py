@@ -74,7 +74,7 @@ def register(op: Op) -> Op:
     op._decide = _decide_memo
     op.source_hash            # from the launchers as defined (a later monkeypatch of a global cannot change it)
     if op.schema:
-        op._custom_ops()      # registered now: dynamo cannot trace a registration
+        op._custom_ops        # registered now: dynamo cannot trace a registration
     _REGISTRY[op.name] = op
     return op
 
@@ -139,6 +139,19 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
         return Decision(op.name, impl, op.parse_config(config, impl), origin, reason, arch.name, dname,
                         types.MappingProxyType(dict(dims)))
 
+    def db_row(impls: list[str], nearest: bool) -> dict | None:
+        return tuning_db.get_store().lookup(op, arch.name, dname, dims, impls=impls, nearest=nearest)
+
+    def from_row(row: dict, origin: str, where: str) -> Decision:
+        speed = f", torch {row['baseline_ms']:.4g} ms" if row.get("baseline_ms") else ""
+        return made(row["impl"], row["config"], "stale" if row.get("stale") else origin,
+                    f"{where}: {row['median_ms']:.4g} ms{speed} ({row.get('db_origin', 'sweep')}, {row['layer']} DB)")
+
+    def nearest_config(impl: str) -> tuple[Any, str]:
+        if row := db_row([impl], nearest=True):
+            return row["config"], "; config from DB"
+        return op.default_config(impl, arch, dims, dtype), "; heuristic config"
+
     # 2. explicit overrides
     if env.disabled():
         return made("torch", {}, "env", "LIGER_RT_DISABLE=1")
@@ -148,37 +161,29 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
             raise RuntimeError(f"LIGER_RT_IMPL_{op.name.upper()}={forced} but {forced} cannot run here "
                                f"(arch {arch.name}, device {target.device_type}, dims {dims}); "
                                f"available: {', '.join(avail)}")
-        row = _db_row(op, target, dname, dims, impls=[forced], nearest=True)
-        config = row["config"] if row else op.default_config(forced, arch, dims, dtype)
-        return made(forced, config, "env", f"LIGER_RT_IMPL_{op.name.upper()}={forced}")
+        return made(forced, nearest_config(forced)[0], "env", f"LIGER_RT_IMPL_{op.name.upper()}={forced}")
     if op.pinned_by_fused_moe_env and not env.fused_moe_autotune():
-        cross = _crossover(op, target, dname, dims, avail)
+        cross = _crossover(op, target, dname, dims)
         impl = cross[0] if cross and cross[0] in avail else _heuristic_impl(op, target, dtype, dims, avail)
         kind = "HIP-safe pinned" if arch.is_hip else "pinned"
         return made(impl, op.default_config(impl, arch, dims, dtype, pinned=True), "pinned",
                     f"LIGER_FUSED_MOE_AUTOTUNE=0: {kind} config")
 
     # 3. tuning DB, exact bucket (a row of another device or software fingerprint says "stale")
-    row = _db_row(op, target, dname, dims, impls=avail, nearest=False)
-    if row is not None:
-        return made(row["impl"], row["config"], "stale" if row.get("stale") else "db",
-                    _row_reason(row, "exact bucket"))
+    if (row := db_row(avail, nearest=False)) is not None:
+        return from_row(row, "db", "exact bucket")
 
     # 4. crossover table, then the nearest bucket
-    cross = _crossover(op, target, dname, dims, avail)
+    cross = _crossover(op, target, dname, dims)
     unusable = ""
     if cross is not None and cross[0] not in avail:
         unusable = f"; the crossover picks {cross[0]}, which cannot run here"
     elif cross is not None:
         impl, reason, stale = cross
-        row = _db_row(op, target, dname, dims, impls=[impl], nearest=True)
-        config = row["config"] if row else op.default_config(impl, arch, dims, dtype)
-        return made(impl, config, "stale" if stale else "crossover",
-                    reason + ("; config from DB" if row else "; heuristic config"))
-    row = _db_row(op, target, dname, dims, impls=avail, nearest=True)
-    if row is not None:
-        return made(row["impl"], row["config"], "stale" if row.get("stale") else "db-nearest",
-                    _row_reason(row, f"nearest bucket {row['bucket']}"))
+        config, source = nearest_config(impl)
+        return made(impl, config, "stale" if stale else "crossover", reason + source)
+    if (row := db_row(avail, nearest=True)) is not None:
+        return from_row(row, "db-nearest", f"nearest bucket {row['bucket']}")
 
     # 5. a miss
     if env.autotune() and (len(avail) > 1 or avail[0] != "torch"):
@@ -198,17 +203,7 @@ def _heuristic_impl(op: Op, target: Target, dtype, dims, avail: list[str]) -> st
     return choice if choice in avail else avail[0]
 
 
-def _row_reason(row: dict, where: str) -> str:
-    base = row.get("baseline_ms")
-    speed = f", torch {base:.4g} ms" if base else ""
-    return f"{where}: {row['median_ms']:.4g} ms{speed} ({row.get('db_origin', 'sweep')}, {row['layer']} DB)"
-
-
-def _db_row(op: Op, target: Target, dname: str, dims: dict, *, impls: list[str], nearest: bool) -> dict | None:
-    return tuning_db.get_store().lookup(op, target.arch.name, dname, dims, impls=impls, nearest=nearest)
-
-
-def _crossover(op: Op, target: Target, dname: str, dims: dict, avail: list[str]):
+def _crossover(op: Op, target: Target, dname: str, dims: dict):
     if op.crossover_axis is None:
         return None
     row = tuning_db.get_store().crossover(op, target.arch.name, dname, dims)

@@ -214,7 +214,6 @@ class Op:
     def __post_init__(self) -> None:
         self._by_name = {i.name: i for i in self.impls}
         self._memo: dict = {}
-        self._custom = None
         self._decide = None           # set by dispatch.register
         self._dtypes = tuple(DTYPES[d] for d in self.dtypes)
         if "torch" not in self._by_name:
@@ -292,27 +291,23 @@ class Op:
     # -- the hot path ----------------------------------------------------------------------------------
     def select(self, x: torch.Tensor, **dims: int):
         """Decide for a call on tensor `x` (its device and dtype) with these dims (memoised)."""
-        return self._select(x, dims)
-
-    def _select(self, x: torch.Tensor, dims: dict):
-        # the memo key: x.device (not .device.type, which builds a string each time), dtype, dims
         key = (x.device, x.dtype, *dims.values())
-        return self._memo.get(key) or self._decide(self, x, dims, key)     # a Decision is always truthy
+        return self._memo.get(key) or self._decide(self, x, dims, key)
 
     def __call__(self, *args):
         """The functional's body: check the inputs, decide, run the chosen implementation."""
         dims = self.dims(*args)
         x = args[0]
-        if x.dtype not in self._dtypes:
+        if x.dtype not in self._dtypes or x.numel() == 0:
             if not x.dtype.is_floating_point:
                 raise TypeError(f"{self.name}: unsupported dtype {x.dtype}; accepted: "
                                 f"{', '.join(map(str, self._dtypes))} (other float dtypes run the reference)")
             return self.reference(*args)
-        if x.numel() == 0:
-            return self.reference(*args)
         if torch.compiler.is_compiling():
             return self._traced_call(dims, args)
-        d = self._select(x, dims)
+        # the memo key: x.device (not .device.type, which builds a string each time), dtype, dims
+        key = (x.device, x.dtype, *dims.values())
+        d = self._memo.get(key) or self._decide(self, x, dims, key)     # a Decision is always truthy
         impl = self._by_name[d.impl]
         if impl.fn is not None:
             return impl.fn(*args)
@@ -351,13 +346,12 @@ class Op:
         impl = self._by_name[impl_name]
         if impl.fn is not None:
             return impl.fn(*args)
-        out = self._custom_ops().apply(config_json, impl.keep, impl.traced_backward, *args)
+        out = self._custom_ops.apply(config_json, impl.keep, impl.traced_backward, *args)
         return out[0] if self.outputs == 1 else out
 
+    @functools.cached_property
     def _custom_ops(self):
-        if self._custom is None:
-            self._custom = _build_custom_ops(self)
-        return self._custom
+        return _build_custom_ops(self)
 
 
 def bucket(value) -> int:

@@ -130,7 +130,7 @@ def test_every_generated_custom_op_has_a_schema_inductor_can_read():
     ops = [dispatch.get_op(name) for name in dispatch.OP_MODULES]
     assert len(ops) >= 10, sorted(opspec.REGISTERED)
     for op in ops:
-        op._custom_ops()
+        op._custom_ops
         for half in ("fwd", "bwd"):
             overload = getattr(getattr(torch.ops.liger_rt, f"{op.name}_{half}"), "default")
             assert get_signature_for_torch_op(overload), f"{op.name}_{half}"
@@ -145,7 +145,7 @@ def test_each_generated_op_has_exactly_one_fake():
     from liger_rt import dispatch
     for name in dispatch.OP_MODULES:
         op = dispatch.get_op(name)
-        op._custom_ops()
+        op._custom_ops
         for half in ("fwd", "bwd"):
             kernels = singleton.find(f"liger_rt::{op.name}_{half}").fake_impl.kernels
             assert len(kernels) == 1, f"{op.name}_{half}: {len(kernels)} fake implementations registered"

@@ -97,6 +97,16 @@ class _Plan:
     causal_lm: list[type]
     # (module, name, our function, row): module-wide function swaps
     functions: list[tuple[Any, str, Any, specs.Layer]] = dataclasses.field(default_factory=list)
+    keys: list = dataclasses.field(default_factory=list)      # class level: the swaps it holds (_CLASS_RECORDS)
+
+    def class_names(self) -> list[str]:
+        """The classes a class-level patch swaps, and the module functions that run an op."""
+        loss_on = any(self.flags[f] for f in _LOSS_FLAGS)
+        return sorted({cls.__name__ for cls, _, _ in self.layers} | {c.__name__ for c in self.causal_lm if loss_on}
+                      | {name for _, name, _, row in self.functions if row.op is not None})
+
+
+_LOSS_FLAGS = ("fused_linear_cross_entropy", "logprobs", "cross_entropy")      # those that swap the causal LM's
 
 
 def _refuse(flag: str, reason: str, explicit: set[str], model_type: str, exc=ImportError) -> None:
@@ -196,23 +206,19 @@ class InstanceRecord:
     # pickle and deepcopy: a copy of a patched model is patched to itself, holding the module-wide
     # swaps on its own account (they travel as (module name, attribute, function))
     def __getstate__(self) -> dict:
-        state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                 if f.name not in ("function_keys", "finalizer", "root")}
-        state["functions"] = [(mod.__name__, attr, _swaps.LEDGER[(mod, attr)].value)
-                              for mod, attr in self.function_keys if (mod, attr) in _swaps.LEDGER]
-        state["root"] = self.root() if self.root is not None else None
-        return state
+        functions = [(mod.__name__, attr, _swaps.LEDGER[(mod, attr)].value)
+                     for mod, attr in self.function_keys if (mod, attr) in _swaps.LEDGER]
+        return {**self.__dict__, "function_keys": functions, "finalizer": None,
+                "root": self.root() if self.root is not None else None}
 
     def __setstate__(self, state: dict) -> None:
-        state = dict(state)
-        functions, root = state.pop("functions"), state.pop("root")
-        self.__dict__.update(state)
-        self.function_keys, self.finalizer, self.root = [], None, None
+        self.__dict__.update(state, function_keys=[], root=None)
         if self.config_saved:               # configs name the "liger_rt" experts: register it here too
             from ..layers.moe import register_experts
             register_experts()
-        if root is not None:
-            self.hold_functions(root, [(importlib.import_module(m), a, fn) for m, a, fn in functions])
+        if state["root"] is not None:
+            functions = [(importlib.import_module(m), a, fn) for m, a, fn in state["function_keys"]]
+            self.hold_functions(state["root"], functions)
 
     def describe(self) -> dict:
         return {"model_type": self.model_type, "level": "instance", "flags": dict(self.flags),
@@ -333,7 +339,7 @@ def _unpatch_instance(root) -> None:
 
 # -- class-level patching -------------------------------------------------------------------------------
 
-_CLASS_RECORDS: dict[str, dict] = {}
+_CLASS_RECORDS: dict[str, _Plan] = {}
 
 
 def _class_forward(cls: type, fn):
@@ -354,9 +360,7 @@ def _patch_class(model_type: str, given: dict[str, Any]) -> None:
     plan = _plan(model_type, given, for_class=True)
     _unpatch_class(model_type)
     from ..layers import loss, moe
-    keys: list = []
-    counts: dict[str, int] = collections.Counter()
-    classes: dict[type, str] = {}           # class -> the flag whose liger_rt op it runs
+    keys = plan.keys
     for cls, row, fn in plan.layers:
         if row.experts:
             rec = _swaps.LEDGER.get((cls, "forward"))
@@ -364,26 +368,17 @@ def _patch_class(model_type: str, given: dict[str, Any]) -> None:
         else:
             value = _class_forward(cls, fn)
         _swaps.hold(cls, "forward", value, model_type, keys)
-        counts[cls.__name__] += 1
-        if row.op is not None:
-            classes[cls] = row.flag
     for cls in plan.causal_lm:
         for _, forward, attr in _loss_heads(plan.flags):
             opts = loss.loss_options(inspect.signature(_swaps.class_original(cls)), cls.__module__,
                                      keep_logits=plan.flags["keep_logits"], has_self=True)
             _swaps.hold(cls, "forward", _class_forward(cls, forward), model_type, keys)
             _swaps.hold(cls, attr, opts, model_type, keys)
-            counts[cls.__name__] += 1
         if plan.flags["cross_entropy"]:
             _swaps.hold(cls, "_loss_function", staticmethod(loss.causal_lm_loss), model_type, keys)
-            counts[cls.__name__] += 1
-    for mod, fn_name, fn, row in plan.functions:
+    for mod, fn_name, fn, _ in plan.functions:
         _swaps.hold(mod, fn_name, fn, model_type, keys)
-        if row.op is not None:
-            counts[fn_name] += 1
-    _CLASS_RECORDS[model_type] = {"flags": plan.flags, "given": plan.given, "keys": keys, "counts": counts,
-                                  "classes": classes, "causal_lm": list(plan.causal_lm),
-                                  "functions": _function_counts(plan)}
+    _CLASS_RECORDS[model_type] = plan
 
 
 def _function_counts(plan: _Plan) -> collections.Counter:
@@ -393,7 +388,7 @@ def _function_counts(plan: _Plan) -> collections.Counter:
 
 def _unpatch_class(model_type: str) -> None:
     if (record := _CLASS_RECORDS.pop(model_type, None)) is not None:
-        _swaps.release(record["keys"], model_type)
+        _swaps.release(record.keys, model_type)
 
 
 # -- public entry points ------------------------------------------------------------------------------
@@ -430,9 +425,9 @@ def describe(target) -> dict | None:
     """What is patched: model type, level, flags in force, modules patched per flag (None if nothing);
     a model with no instance patch that runs class-patched classes is described at level "class"."""
     if isinstance(target, str):
-        rec = _CLASS_RECORDS.get(target)
-        return None if rec is None else {"model_type": target, "level": "class", "flags": dict(rec["flags"]),
-                                         "classes": sorted(rec["counts"])}
+        plan = _CLASS_RECORDS.get(target)
+        return None if plan is None else {"model_type": target, "level": "class", "flags": dict(plan.flags),
+                                          "classes": plan.class_names()}
     root = unwrap(target)
     rec = root.__dict__.get(_RECORD_KEY)
     return rec.describe() if rec is not None else _describe_class_patched(root)
@@ -441,36 +436,31 @@ def describe(target) -> dict | None:
 def _describe_class_patched(root) -> dict | None:
     model_type = getattr(getattr(root, "config", None), "model_type", None)
     for family in sorted(_CLASS_RECORDS, key=lambda t: t != model_type):     # its own family first
-        rec = _CLASS_RECORDS[family]
+        plan = _CLASS_RECORDS[family]
+        classes = {cls: row.flag for cls, row, _ in plan.layers if row.op is not None}   # -> the flag of its op
         patched, modules = collections.Counter(), collections.Counter()
         for module in root.modules():
             cls = type(module)
-            flag = rec["classes"].get(cls)
-            if flag is not None and "forward" not in module.__dict__:
+            if (flag := classes.get(cls)) is not None and "forward" not in module.__dict__:
                 patched[flag] += 1
                 modules[cls.__name__] += 1
-            if cls in rec["causal_lm"]:
-                patched.update(f for f in ("fused_linear_cross_entropy", "logprobs", "cross_entropy")
-                               if rec["flags"][f])
+            if cls in plan.causal_lm:
+                patched.update(f for f in _LOSS_FLAGS if plan.flags[f])
         if patched:
-            patched.update(rec["functions"])
-            return {"model_type": family, "level": "class", "flags": dict(rec["flags"]), "patched": dict(patched),
+            patched.update(_function_counts(plan))
+            return {"model_type": family, "level": "class", "flags": dict(plan.flags), "patched": dict(patched),
                     "modules": dict(modules), "skipped": []}
     return None
-
-
-def _given(target) -> dict | None:
-    if isinstance(target, str):
-        rec = _CLASS_RECORDS.get(target)
-        return None if rec is None else dict(rec["given"])
-    rec = unwrap(target).__dict__.get(_RECORD_KEY) if isinstance(target, torch.nn.Module) else None
-    return None if rec is None else dict(rec.given)
 
 
 @contextlib.contextmanager
 def patched(target, **layers):
     """Patch for the duration of a with-block; on exit the target is back as it was."""
-    before = _given(target)
+    if isinstance(target, str):
+        before = getattr(_CLASS_RECORDS.get(target), "given", None)
+    else:
+        rec = unwrap(target).__dict__.get(_RECORD_KEY) if isinstance(target, torch.nn.Module) else None
+        before = None if rec is None else rec.given
     patch(target, **layers)
     try:
         yield target

@@ -75,13 +75,11 @@ COMMON_FUNCTIONS = {"transformers.masking_utils:_ignore_causal_mask_sdpa": CAUSA
 
 
 def _llama_like(model_type: str, prefix: str, rope: Layer | None = ROPE, norm: Layer = RMS_NORM,
-                mlp: Layer | None = SWIGLU, experts: bool = False, models: str = "") -> ModelSpec:
-    """A decoder family shaped like Llama: rows <prefix>RMSNorm, [<prefix>MLP], [<prefix>Experts], the
-    causal LM <prefix>ForCausalLM, [apply_rotary_pos_emb]; its layer flags on by default.  ``models``:
-    the transformers.models folder, where it is not the model type."""
-    layers = {f"{prefix}RMSNorm": norm}
-    if mlp is not None:
-        layers[f"{prefix}MLP"] = mlp
+                mlp: Layer | None = SWIGLU, experts: bool = False, models: str = "", **more: Layer) -> ModelSpec:
+    """A decoder family shaped like Llama: rows <prefix>RMSNorm, [<prefix>MLP], ``more`` (class name ->
+    row), [<prefix>Experts], the causal LM <prefix>ForCausalLM, [apply_rotary_pos_emb]; its layer flags on
+    by default.  ``models``: the transformers.models folder, where it is not the model type."""
+    layers = {f"{prefix}RMSNorm": norm, **({f"{prefix}MLP": mlp} if mlp else {}), **more}
     if experts:
         layers[f"{prefix}Experts"] = MOE_EXPERTS
     return ModelSpec(model_type, layers, causal_lm=(prefix + "ForCausalLM",),
@@ -94,15 +92,9 @@ SPECS: dict[str, ModelSpec] = {s.model_type: s for s in [
     _llama_like("qwen3", "Qwen3"),
     _llama_like("llama", "Llama"),
     _llama_like("qwen3_moe", "Qwen3Moe", experts=True),
-    ModelSpec("lfm2", {"Lfm2RMSNorm": RMS_NORM, "Lfm2MLP": SWIGLU_W132, "Lfm2ShortConv": SHORT_CONV,
-                       "Lfm2DecoderLayer": CONV_POSITIONS},
-              causal_lm=("Lfm2ForCausalLM",), defaults={"rms_norm", "swiglu", "short_conv"},
-              functions={"apply_rotary_pos_emb": ROPE}),
-    ModelSpec("lfm2_moe", {"Lfm2MoeRMSNorm": RMS_NORM, "Lfm2MoeMLP": SWIGLU_W132, "Lfm2MoeShortConv": SHORT_CONV,
-                           "Lfm2MoeDecoderLayer": CONV_POSITIONS, "Lfm2MoeTopKRouter": MOE_ROUTER,
-                           "Lfm2MoeExperts": MOE_EXPERTS},
-              causal_lm=("Lfm2MoeForCausalLM",), functions={"apply_rotary_pos_emb": ROPE},
-              defaults={"rms_norm", "swiglu", "short_conv", "moe_router", "moe_experts"}),
+    _llama_like("lfm2", "Lfm2", mlp=SWIGLU_W132, Lfm2ShortConv=SHORT_CONV, Lfm2DecoderLayer=CONV_POSITIONS),
+    _llama_like("lfm2_moe", "Lfm2Moe", mlp=SWIGLU_W132, experts=True, Lfm2MoeShortConv=SHORT_CONV,
+                Lfm2MoeDecoderLayer=CONV_POSITIONS, Lfm2MoeTopKRouter=MOE_ROUTER),
     # the text decoder is LFM2; the SigLIP2 tower's LayerNorm is off by default (native LayerNorm
     # is faster at hidden 1152 in wall time: docs/perf.md)
     ModelSpec("lfm2_vl", {"torch.nn:LayerNorm": VISION_LAYER_NORM}, includes=("lfm2",),
