@@ -206,19 +206,23 @@ class InstanceRecord:
     # pickle and deepcopy: a copy of a patched model is patched to itself, holding the module-wide
     # swaps on its own account (they travel as (module name, attribute, function))
     def __getstate__(self) -> dict:
-        functions = [(mod.__name__, attr, _swaps.LEDGER[(mod, attr)].value)
-                     for mod, attr in self.function_keys if (mod, attr) in _swaps.LEDGER]
-        return {**self.__dict__, "function_keys": functions, "finalizer": None,
-                "root": self.root() if self.root is not None else None}
+        state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                 if f.name not in ("function_keys", "finalizer", "root")}
+        state["functions"] = [(mod.__name__, attr, _swaps.LEDGER[(mod, attr)].value)
+                              for mod, attr in self.function_keys if (mod, attr) in _swaps.LEDGER]
+        state["root"] = self.root() if self.root is not None else None
+        return state
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, function_keys=[], root=None)
+        state = dict(state)
+        functions, root = state.pop("functions"), state.pop("root")
+        self.__dict__.update(state)
+        self.function_keys, self.finalizer, self.root = [], None, None
         if self.config_saved:               # configs name the "liger_rt" experts: register it here too
             from ..layers.moe import register_experts
             register_experts()
-        if state["root"] is not None:
-            functions = [(importlib.import_module(m), a, fn) for m, a, fn in state["function_keys"]]
-            self.hold_functions(state["root"], functions)
+        if root is not None:
+            self.hold_functions(root, [(importlib.import_module(m), a, fn) for m, a, fn in functions])
 
     def describe(self) -> dict:
         return {"model_type": self.model_type, "level": "instance", "flags": dict(self.flags),

@@ -15,6 +15,7 @@ import sqlite3
 import time
 import urllib.parse
 import warnings
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Iterable
@@ -190,7 +191,9 @@ class Store(contextlib.AbstractContextManager):
         self.conn = self._connect(str(path))
         with self._write_errors("open"):
             found = _inspect(self.conn, path)
-            if found is None or self.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            # WAL for a new file or a current one; a schema-1 file migrates first (switching takes a lock of its own)
+            if found is None or (found == DB_SCHEMA and
+                                 self.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal"):
                 self.conn.execute("PRAGMA journal_mode=WAL")
             if found != DB_SCHEMA:
                 self._setup()
@@ -266,11 +269,12 @@ class Store(contextlib.AbstractContextManager):
         here = fingerprint(row.get("arch", ""), "")
         return {**{k: here[k] for k in FINGERPRINT[:-1]}, **row}      # the kernel hash is the row's own
 
-    def put_rows(self, table: str, rows: Iterable[dict] | dict, *, checked: bool = False) -> None:
+    def put_rows(self, table: str, rows: Iterable[dict] | Mapping, *, checked: bool = False) -> None:
         """Validate (a row without fingerprint fields was measured here) and write rows (or one row) of one
         table in one transaction (RowError for a bad one).  A tuning row replaces an entry that is not
         comparable (other method, fingerprint or config schema) or slower."""
-        rows = [r if checked else R.check(table, self._here(r)) for r in ([rows] if isinstance(rows, dict) else rows)]
+        rows = [rows] if isinstance(rows, Mapping) else rows
+        rows = [r if checked else R.check(table, self._here(r)) for r in rows]
         if not rows:
             return
         cols = list(R.COLUMNS[table])
