@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import warnings
 
 import torch
@@ -183,6 +184,11 @@ def sm_count(device: torch.device | str | int | None = None) -> int:
             return _CPU_SM_COUNT
         index = device.index if device.index is not None else torch.cuda.current_device()
     return int(getattr(_properties(index), "multi_processor_count", 0) or 0)
+
+
+def interpreter_on() -> bool:
+    """Whether Triton kernels run through the CPU interpreter (TRITON_INTERPRET=1), read per call: tests switch it."""
+    return os.environ.get("TRITON_INTERPRET", "").strip() == "1"
 
 
 def runtime_version() -> str:

@@ -1,13 +1,21 @@
-"""The op registry and the decision path (docs/architecture.md).  ``Op.select(x, **dims)`` answers
-"which implementation and config for this call": the memo, else env overrides (LIGER_RT_DISABLE,
-LIGER_RT_IMPL_<OP>, LIGER_FUSED_MOE_AUTOTUNE=0), the tuning DB's exact bucket, the crossover table, the
-DB's nearest bucket in log2, and on a miss online tuning (LIGER_RT_AUTOTUNE=1) or the arch heuristic.
-Every decision carries its origin and a reason (`liger-tune explain`, ``LIGER_RT_LOG=decisions``).
+"""The decision path and the call path (docs/architecture.md).
+
+    y = call(OP, x, weight, 1e-6, 0.0)          # a kernel file's functional: decide (memoised), then run
+    d = decision(OP, x, rows=4096, hidden=4096)  # the memoised Decision that call() runs for x
+    d = select("rms_norm", dtype="bf16", arch="hopper", rows=4096, hidden=4096)    # planning, by name
+
+A decision answers "which implementation and config for this call": the memo, else env overrides
+(LIGER_RT_DISABLE, LIGER_RT_IMPL_<OP>, LIGER_FUSED_MOE_AUTOTUNE=0), the tuning DB's exact bucket, the
+crossover table, the DB's nearest bucket in log2, and on a miss online tuning (LIGER_RT_AUTOTUNE=1) or the
+arch heuristic.  Every decision carries its origin and a reason (`liger-tune explain`,
+``LIGER_RT_LOG=decisions``).  Under torch.compile the same memoised decision is taken once at trace time
+and baked into the graph as the generated ops' config (`custom_ops`).
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import functools
+import json
 import logging
 import threading
 import types
@@ -15,18 +23,21 @@ from typing import Any, Mapping
 
 import torch
 
-from . import backend, env, opspec, tuning_db
-from .kernels._common import clear_launch_memos, dtype_name, interpreter_on, parse_dtype
-from .tuning_db.crossover import crossover_pick, derive_crossover  # noqa: F401  (the one copy)
-from .opspec import Case, Config, ConfigError, Impl, NoConfig, Op, bucket, config_dict, knob  # noqa: F401
+from . import backend, env, tuning_db
+from .autograd import apply_kernel
+from .autotune import tune_online
+from .backend import interpreter_on
+from .config import config_dict
+from .custom_ops import traced_function
+from .dtypes import dtype_name, parse_dtype
+from .launch import clear_launch_memos
+from .op import Op, bucket
+from .registry import REGISTRY
+from .tuning_db.crossover import crossover_pick
 
 log = logging.getLogger("liger_rt.dispatch")
 
-# op name -> module under liger_rt.kernels that registers it (imported on first use)
-OP_MODULES = {name: name for name in (
-    "rms_norm", "swiglu", "layer_norm", "short_conv", "moe_router", "moe_experts", "cross_entropy",
-    "fused_linear_cross_entropy", "fused_linear_logprobs", "rope", "geglu")}
-ORIGINS = ("env", "pinned", "db", "crossover", "db-nearest", "stale", "online", "heuristic")
+DECISION_ORIGINS = ("env", "pinned", "db", "crossover", "db-nearest", "stale", "online", "heuristic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +53,7 @@ class Decision:
     op: str
     impl: str
     config: Any               # the op's Config (a frozen dataclass)
-    origin: str               # one of ORIGINS
+    origin: str               # one of DECISION_ORIGINS
     reason: str
     arch: str
     dtype: str
@@ -53,55 +64,135 @@ class Decision:
                 "reason": self.reason, "arch": self.arch, "dtype": self.dtype, "dims": dict(self.dims)}
 
 
-def _decide_memo(op: Op, x: torch.Tensor, dims: dict, key) -> Decision:
-    """A memo miss: decide (locks, SQL), remember, log when asked."""
-    with _LOCK:
-        decision = decide(op, current_target("cpu" if x.device.type == "cpu" else "cuda", x.device), x.dtype, dims)
-        if len(op._memo) > 4096:
-            op._memo.clear()
-        op._memo[key] = decision
-    if env.log_decisions():
-        log.warning("liger_rt decision: %s", _describe(decision))
-    return decision
-
-
+# op -> {(device, dtype, *dims): Decision}; the key uses x.device, not x.device.type (a new string per call)
+_MEMOS: dict[Op, dict] = {}
 _LOCK = threading.RLock()
-_REGISTRY: dict[str, Op] = opspec.REGISTERED
 
 
 def register(op: Op) -> Op:
-    """Register an op (called at the bottom of each kernel file)."""
-    op._decide = _decide_memo
-    op.source_hash            # from the launchers as defined (a later monkeypatch of a global cannot change it)
+    """Register an op (the last statement of its kernel file): the registry records it and hashes its
+    kernels, its memo starts empty and its torch.compile ops are defined now (dynamo cannot trace a
+    registration)."""
+    REGISTRY.register(op)
+    _MEMOS.setdefault(op, {})
     if op.schema:
-        op._custom_ops        # registered now: dynamo cannot trace a registration
-    _REGISTRY[op.name] = op
+        traced_function(op)
     return op
 
 
-def get_op(name: str) -> Op:
-    """The registered op by name, importing its kernel module on first use."""
-    if name not in _REGISTRY:
-        if name not in OP_MODULES:
-            raise ValueError(f"unknown op {name!r}; valid ops: {', '.join(OP_MODULES)}")
-        importlib.import_module(f"liger_rt.kernels.{OP_MODULES[name]}")
-    return _REGISTRY[name]
+# -- the call path ---------------------------------------------------------------------------------
+
+def call(op: Op, *args):
+    """The functional's body: check the inputs (`op.dims`), decide, run the chosen implementation.  An
+    unsupported float dtype (fp64) or an empty input runs the reference; an integer dtype raises."""
+    dims = op.dims(*args)
+    x = args[0]
+    if x.dtype not in op.torch_dtypes or x.numel() == 0:
+        if not x.dtype.is_floating_point:
+            raise TypeError(f"{op.name}: unsupported dtype {x.dtype}; accepted: "
+                            f"{', '.join(map(str, op.torch_dtypes))} (other float dtypes run the reference)")
+        return op.reference(*args)
+    if torch.compiler.is_compiling():
+        return _traced_call(op, dims, args)
+    key = (x.device, x.dtype, *dims.values())
+    d = _MEMOS[op].get(key) or _decide_memo(op, x, dims, key)     # a Decision is always truthy
+    impl = op.by_name[d.impl]
+    if impl.fn is not None:
+        return impl.fn(*args)
+    return apply_kernel(impl, d.config, *args)
 
 
-def available_ops() -> list[str]:
-    """Every op, its kernel module imported."""
-    return [get_op(name).name for name in OP_MODULES]
+def decision(op: Op, x: torch.Tensor, **dims: int) -> Decision:
+    """The decision for a call of `op` on tensor `x` (its device and dtype) with these dims (memoised)."""
+    key = (x.device, x.dtype, *dims.values())
+    return _MEMOS[op].get(key) or _decide_memo(op, x, dims, key)
+
+
+def _decide_memo(op: Op, x: torch.Tensor, dims: dict, key) -> Decision:
+    """A memo miss: decide (locks, SQL), remember, log when asked."""
+    with _LOCK:
+        memo = _MEMOS[op]
+        found = decide(op, current_target("cpu" if x.device.type == "cpu" else "cuda", x.device), x.dtype, dims)
+        if len(memo) > 4096:
+            memo.clear()
+        memo[key] = found
+    if env.log_decisions():
+        log.warning("liger_rt decision: %s", _describe(found))
+    return found
+
+
+def memo(op: Op) -> dict:
+    """The memoised decisions of `op`, by (device, dtype, *dims) (what `reset` clears)."""
+    return _MEMOS[op]
+
+
+def decisions() -> list[Decision]:
+    """Every memoised decision of every registered op."""
+    with _LOCK:
+        return [d for m in _MEMOS.values() for d in m.values()]
 
 
 def reset() -> None:
     """Forget every memoised decision and launch constant, the arch cache and the open DB (re-read env and DB)."""
     with _LOCK:
-        for op in _REGISTRY.values():
-            op._memo.clear()
+        for m in _MEMOS.values():
+            m.clear()
         clear_launch_memos()
         backend.reset()
         tuning_db.reset()
 
+
+# -- torch.compile: the decision taken at trace time -------------------------------------------------
+
+def _traced_call(op: Op, dims: dict, args: tuple):
+    # dims are pinned down by comparisons only, so under dynamic shapes dynamo guards on the
+    # bucket of a dynamic dim (a new bucket recompiles) and on the exact value of a static one,
+    # and the decision below sees plain ints it can treat as constants
+    key = tuple(bucket(dims[d]) if d in op.dynamic else _traced_exact(dims[d])
+                for d in op.static + op.dynamic)
+    impl_name, config_json = _decide_constant(op.name, args[0].device.type, args[0].dtype, *key)
+    impl = op.by_name[impl_name]
+    if impl.fn is not None:
+        return impl.fn(*args)
+    out = traced_function(op).apply(config_json, impl.keep, impl.traced_backward, *args)
+    return out[0] if op.outputs == 1 else out
+
+
+def _traced_exact(value) -> int:
+    """A (possibly symbolic) positive int as a plain int, by bisection between powers of two."""
+    lo, hi = 0, bucket(value)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if value <= mid else (mid, hi)
+    return hi
+
+
+@torch.compiler.assume_constant_result
+def _decide_constant(op_name: str, device_type: str, dtype: torch.dtype, *key: int) -> tuple[str, str]:
+    op = REGISTRY.get(op_name)
+    dims = dict(zip(op.static + op.dynamic, key))
+    if compiler_takes(op):
+        if env.log_decisions():
+            log.warning("liger_rt decision: %s under torch.compile -> torch (LIGER_RT_COMPILE_POLICY=fuse: the "
+                        "compiler fuses it)", op.name)
+        return "torch", json.dumps({"impl": "torch", "config": {}}, sort_keys=True)
+    d = decision(op, _probe(device_type, dtype), **dims)
+    return d.impl, json.dumps({"impl": d.impl, "config": config_dict(d.config)}, sort_keys=True)
+
+
+def compiler_takes(op: Op) -> bool:
+    """Whether a torch.compile trace hands `op` to the compiler (its torch implementation): the op says
+    compiler_fuses, LIGER_RT_COMPILE_POLICY=fuse, and neither LIGER_RT_DISABLE nor LIGER_RT_IMPL_<OP> decides."""
+    return (op.compiler_fuses and env.compile_policy() == "fuse" and not env.disabled()
+            and env.impl_override(op.name, op.impl_names) is None)
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(device_type: str, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(0, dtype=dtype, device=device_type)
+
+
+# -- targets ---------------------------------------------------------------------------------------
 
 def current_target(device_type: str, device=None) -> Target:
     if device_type == "cpu":
@@ -121,7 +212,7 @@ def target_for_arch(arch_name: str) -> Target:
 
 def select(op: str, *, dtype="bf16", arch: str | None = None, **dims: int) -> Decision:
     """Decide for an op by name without a tensor (CLI, planning): no memo."""
-    the_op = get_op(op)
+    the_op = REGISTRY.get(op)
     dims = the_op.check_dims(dims)
     target = current_target("cuda" if backend.gpu_present() else "cpu") if arch is None else target_for_arch(arch)
     return decide(the_op, target, parse_dtype(dtype), dims)
@@ -187,8 +278,7 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
 
     # 5. a miss
     if env.autotune() and (len(avail) > 1 or avail[0] != "torch"):
-        from . import autotune
-        result = autotune.tune_online(op, target, dtype, dims)
+        result = tune_online(op, target, dtype, dims)
         if result is not None:
             baseline = result.get("baseline_ms") or float("nan")
             return made(result["impl"], result["config"], "online",

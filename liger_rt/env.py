@@ -10,8 +10,8 @@ import difflib
 import functools
 import math
 import os
-import sys
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 _TRUE = ("1", "true", "yes", "on")
@@ -102,12 +102,19 @@ _PARSERS = {
 }
 
 
+# op name -> its implementation names (None while its module is not imported): what LIGER_RT_IMPL_<OP> may
+# name.  The op registry declares them (env imports nothing from liger_rt); none are known before it loads.
+_OPS: dict[str, tuple | None] = {}
+
+
+def declare_ops(ops: Mapping[str, tuple[str, ...] | None]) -> None:
+    """Make LIGER_RT_IMPL_<OP> known for each op of `ops` (name -> implementation names, or None: not yet
+    known); the registry calls this for its table and for each op it registers."""
+    _OPS.update({name: None if impls is None else tuple(impls) for name, impls in ops.items()})
+
+
 def _ops() -> dict[str, tuple | None]:
-    """Op name -> its implementation names (None while its module is not imported), read from the
-    dispatcher if it is loaded (no import: env stays a leaf)."""
-    dispatch = sys.modules.get("liger_rt.dispatch")
-    registered = {name: tuple(op.impl_names) for name, op in getattr(dispatch, "_REGISTRY", {}).items()}
-    return {**dict.fromkeys(getattr(dispatch, "OP_MODULES", ()), None), **registered}
+    return dict(_OPS)
 
 
 # -- check ------------------------------------------------------------------------------------------

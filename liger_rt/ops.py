@@ -1,22 +1,23 @@
-"""Functional kernels: autograd-aware, dispatched per call (arch, dtype and shape pick the
-implementation and config).  Each name imports its kernel module on first use; the names are the
-op registry's (`dispatch.OP_MODULES`)."""
+"""Functional kernels: autograd-aware, dispatched per call (arch, dtype and shape pick the implementation
+and config).  One function per op of the registry (`liger_rt.registry.OP_MODULES`).
+
+    y = liger_rt.ops.rms_norm(x, weight, eps=1e-6)
+
+Importing this module imports every kernel module (`import liger_rt` alone imports none).
+"""
 from __future__ import annotations
 
-import importlib
+from .kernels.cross_entropy import cross_entropy
+from .kernels.fused_linear_cross_entropy import fused_linear_cross_entropy
+from .kernels.fused_linear_logprobs import fused_linear_logprobs
+from .kernels.geglu import geglu
+from .kernels.layer_norm import layer_norm
+from .kernels.moe_experts import moe_experts
+from .kernels.moe_router import moe_router
+from .kernels.rms_norm import rms_norm
+from .kernels.rope import rope
+from .kernels.short_conv import short_conv
+from .kernels.swiglu import swiglu
 
-from .dispatch import OP_MODULES
-
-__all__ = list(OP_MODULES)
-
-
-def __getattr__(name: str):
-    if name in OP_MODULES:
-        fn = getattr(importlib.import_module(f"liger_rt.kernels.{OP_MODULES[name]}"), name)
-        globals()[name] = fn
-        return fn
-    raise AttributeError(f"liger_rt.ops has no {name!r}; ops: {', '.join(OP_MODULES)}")
-
-
-def __dir__():
-    return __all__
+__all__ = ["rms_norm", "swiglu", "layer_norm", "short_conv", "moe_router", "moe_experts", "cross_entropy",
+           "fused_linear_cross_entropy", "fused_linear_logprobs", "rope", "geglu"]

@@ -27,9 +27,11 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ..dispatch import register
-from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
-from ._common import as_rows, interpreter_on, next_pow2, to_dtype, triton_available
+from ..backend import interpreter_on
+from ..config import WARPS, Config, knob, pow2
+from ..dispatch import call, register
+from ..op import Case, Impl, Op
+from ._common import as_rows, next_pow2, to_dtype, triton_available
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -282,8 +284,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     inplace = bool(inplace_backward) and not logits.is_leaf and not torch.compiler.is_compiling()
     if isinstance(num_items_in_batch, (int, float)):
         num_items_in_batch = torch.full((), float(num_items_in_batch), device=logits.device)
-    return OP(logits, target, int(ignore_index), str(reduction), float(label_smoothing), float(lse_square_scale),
-              None if softcap is None else float(softcap), num_items_in_batch, inplace)
+    return call(OP, logits, target, int(ignore_index), str(reduction), float(label_smoothing),
+                float(lse_square_scale), None if softcap is None else float(softcap), num_items_in_batch, inplace)
 
 
 def _make_case(dims, dtype, device):

@@ -25,9 +25,11 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ..dispatch import register
-from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
-from ._common import as_rows, interpreter_on, to_dtype, triton_available
+from ..backend import interpreter_on
+from ..config import WARPS, Config, knob, pow2
+from ..dispatch import call, register
+from ..op import Case, Impl, Op
+from ._common import as_rows, to_dtype, triton_available
 from .cross_entropy import (_check_args, _configs as _ce_configs, _heuristic as _ce_heuristic, check_target,
                             cross_entropy_ref, cross_entropy_rows, grad_scale, increment_version, reduce_rows)
 
@@ -196,9 +198,9 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
                 ) if torch.is_grad_enabled() else 0
     if isinstance(num_items_in_batch, (int, float)):
         num_items_in_batch = torch.full((), float(num_items_in_batch), device=x.device)
-    return OP(x, weight, target, bias, int(ignore_index), str(reduction), float(label_smoothing),
-              float(lse_square_scale), None if softcap is None else float(softcap), num_items_in_batch, grads,
-              not torch.compiler.is_compiling())
+    return call(OP, x, weight, target, bias, int(ignore_index), str(reduction), float(label_smoothing),
+                float(lse_square_scale), None if softcap is None else float(softcap), num_items_in_batch, grads,
+                not torch.compiler.is_compiling())
 
 
 MiB = 1 << 20

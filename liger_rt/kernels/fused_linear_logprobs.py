@@ -27,9 +27,11 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ..dispatch import register
-from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
-from ._common import interpreter_on, next_pow2, to_dtype, triton_available, warps_for
+from ..backend import interpreter_on
+from ..config import WARPS, Config, knob, pow2
+from ..dispatch import call, register
+from ..op import Case, Impl, Op
+from ._common import next_pow2, to_dtype, triton_available, warps_for
 from .fused_linear_cross_entropy import _FLOOR, MiB, _kind, linear_plan
 
 
@@ -279,8 +281,8 @@ def fused_linear_logprobs(x: torch.Tensor, weight: torch.Tensor, target: torch.T
         x = x.to(torch.get_autocast_dtype(x.device.type))
     weight = weight.to(x.dtype)
     bias = None if bias is None else bias.to(x.dtype).contiguous()
-    lp, ent = OP(x.reshape(-1, hidden).contiguous(), weight, target.reshape(-1).contiguous(), bias,
-                 float(temperature), int(ignore_index))
+    lp, ent = call(OP, x.reshape(-1, hidden).contiguous(), weight, target.reshape(-1).contiguous(), bias,
+                   float(temperature), int(ignore_index))
     lp = lp.view(target.shape)
     return (lp, ent.view(target.shape)) if return_entropy else lp
 

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._common import as_rows, interpreter_on, next_pow2, to_dtype
+from ..backend import interpreter_on
+from ._common import as_rows, next_pow2, to_dtype
 from .swiglu import SwiGLUConfig as GeGLUConfig
 from .swiglu import _tile, gated_op, run_gated
 

@@ -17,11 +17,13 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ..dispatch import register
-from ..opspec import Case, Impl, Op
+from ..backend import interpreter_on
+from ..dispatch import call, register
+from ..launch import bind, launch_memo
+from ..op import Case, Impl, Op
 from ._common import RowNormConfig as LayerNormConfig
-from ._common import (bind, interpreter_on, launch_memo, next_pow2, norm_bwd, norm_candidates, norm_fwd,
-                      partial_sum_tile, persistent_grid, row_layout, row_plan, to_dtype, triton_available)
+from ._common import (next_pow2, norm_bwd, norm_candidates, norm_fwd, partial_sum_tile, persistent_grid, row_layout,
+                      row_plan, to_dtype, triton_available)
 from .rms_norm import _supports
 
 # One row lives in registers (see rms_norm.py); the backward holds two accumulators here.
@@ -237,7 +239,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     """LayerNorm over the last dim; weight=None (no affine) runs PyTorch's LayerNorm."""
     if weight is None:
         return OP.reference(x, None, bias, float(eps))
-    return OP(x, weight, bias, float(eps))
+    return call(OP, x, weight, bias, float(eps))
 
 
 def _make_case(dims, dtype, device):

@@ -32,9 +32,11 @@ import triton
 import triton.language as tl
 
 from .. import backend
-from ..dispatch import register
-from ..opspec import STAGES, WARPS, Case, Config, Impl, Op, knob, pow2
-from ._common import interpreter_on, triton_available
+from ..backend import interpreter_on
+from ..config import STAGES, WARPS, Config, knob, pow2
+from ..dispatch import call, register
+from ..op import Case, Impl, Op
+from ._common import triton_available
 
 
 # ================================================================================ reference
@@ -687,10 +689,10 @@ def moe_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Te
     # the fused forward stores gate|up for the backward only when one can follow
     save = torch.is_grad_enabled() and any(t.requires_grad for t in (x, gate_up_proj, down_proj, top_k_weights))
     if x.dim() == 2:
-        return OP(x, gate_up_proj, down_proj, top_k_index, top_k_weights, save)
+        return call(OP, x, gate_up_proj, down_proj, top_k_index, top_k_weights, save)
     d = _dims(x, gate_up_proj, down_proj, top_k_index, top_k_weights)
     T, K, H = d["tokens"], d["top_k"], d["hidden"]
-    y = OP(x.reshape(T, H), gate_up_proj, down_proj, top_k_index.reshape(T, K), top_k_weights.reshape(T, K), save)
+    y = call(OP, x.reshape(T, H), gate_up_proj, down_proj, top_k_index.reshape(T, K), top_k_weights.reshape(T, K), save)
     return y.view(*x.shape[:-1], H)
 
 

@@ -19,8 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..dispatch import register
-from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
+from ..config import WARPS, Config, knob, pow2
+from ..dispatch import call, register
+from ..op import Case, Impl, Op
 from ._common import as_rows, next_pow2, triton_available, warps_for
 
 try:  # accurate expf on GPUs (CUDA libdevice / ROCm ocml); the interpreter has no libdevice
@@ -253,7 +254,7 @@ def moe_router(logits: torch.Tensor, top_k: int, expert_bias: torch.Tensor | Non
         k = None
     if k is None:
         raise TypeError(f"moe_router: top_k must be an integer number of experts, got {top_k!r}")
-    return OP(logits, k, expert_bias, bool(norm_topk_prob), float(routed_scaling_factor))
+    return call(OP, logits, k, expert_bias, bool(norm_topk_prob), float(routed_scaling_factor))
 
 
 def _make_case(dims, dtype, device):

@@ -22,11 +22,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ..dispatch import register
-from ..opspec import Case, Impl, Op, knob, pow2
+from ..backend import interpreter_on
+from ..config import knob, pow2
+from ..dispatch import call, register
+from ..launch import bind, launch_memo
+from ..op import Case, Impl, Op
 from ._common import RowNormConfig
-from ._common import (bind, interpreter_on, launch_memo, next_pow2, norm_bwd, norm_candidates, norm_fwd,
-                      partial_sum_tile, persistent_grid, row_layout, row_plan, to_dtype, triton_available)
+from ._common import (next_pow2, norm_bwd, norm_candidates, norm_fwd, partial_sum_tile, persistent_grid, row_layout,
+                      row_plan, to_dtype, triton_available)
 
 # One row lives in registers: BLOCK_N 32768 over 1024 threads is 32 fp32 values per thread and
 # tensor, the most the backward (dy, x, dW accumulator) holds without spilling.
@@ -244,7 +247,7 @@ def _fake(config, x, weight, eps, offset):
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0) -> torch.Tensor:
     """RMSNorm over the last dim; x (..., hidden), weight (hidden,).  Dispatched per call."""
-    return OP(x, weight, float(eps), float(offset))
+    return call(OP, x, weight, float(eps), float(offset))
 
 
 def _make_case(dims, dtype, device):

@@ -28,9 +28,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..dispatch import register
-from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
-from ._common import DTYPE_NAMES, bind, interpreter_on, launch_memo, next_pow2, to_dtype, triton_available, warps_for
+from ..backend import interpreter_on
+from ..config import WARPS, Config, knob, pow2
+from ..dispatch import call, register
+from ..dtypes import DTYPE_NAMES
+from ..launch import bind, launch_memo
+from ..op import Case, Impl, Op
+from ._common import next_pow2, to_dtype, triton_available, warps_for
 
 # A position's (BLOCK_H, D/2) half-tiles live in registers.  BLOCK_H * next_pow2(D/2) is capped at
 # MAX_TILE fp32 (32 heads at D 256: 16 values per thread at 8 warps, twice for the two halves);
@@ -289,7 +293,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     if (ud is None or _other_float(k.dtype) or _other_float(cos.dtype) or _other_float(sin.dtype) or k.numel() == 0
             or cos.requires_grad or sin.requires_grad):
         return OP.reference(q, k, cos, sin, int(unsqueeze_dim))
-    return OP(q, k, cos, sin, ud)
+    return call(OP, q, k, cos, sin, ud)
 
 
 def _make_case(dims, dtype, device):

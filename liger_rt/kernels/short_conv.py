@@ -16,8 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..dispatch import register
-from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
+from ..config import WARPS, Config, knob, pow2
+from ..dispatch import call, register
+from ..op import Case, Impl, Op
 from ._common import sm_count, triton_available, warps_for
 
 MAX_KERNEL = 4  # LFM2 uses 3 (conv_L_cache); the weight-gradient kernel has 4 tap accumulators
@@ -311,7 +312,7 @@ def short_conv(bcx: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """
     if weight.dim() == 3 and weight.shape[1] == 1:
         weight = weight.squeeze(1)
-    return OP(bcx, weight, bias, seq_idx)
+    return call(OP, bcx, weight, bias, seq_idx)
 
 
 def _make_case(dims, dtype, device):

@@ -20,10 +20,13 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ..dispatch import register
-from ..opspec import WARPS, Case, Config, Impl, Op, knob, pow2
-from ._common import (DTYPES, as_rows, bind, interpreter_on, launch_memo, next_pow2, row_layout, row_plan, to_dtype,
-                      triton_available, warps_for)
+from ..backend import interpreter_on
+from ..config import WARPS, Config, knob, pow2
+from ..dispatch import call, register
+from ..dtypes import DTYPES
+from ..launch import bind, launch_memo
+from ..op import Case, Impl, Op
+from ._common import as_rows, next_pow2, row_layout, row_plan, to_dtype, triton_available, warps_for
 
 
 def swiglu_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -147,7 +150,7 @@ def run_gated(op: Op, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if up.dtype not in DTYPES.values() and up.dtype.is_floating_point:
         op.dims(gate, up)                                                 # no broadcasting there either
         return op.reference(gate, up)
-    return op(gate, up)
+    return call(op, gate, up)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -83,8 +83,8 @@ def _load(path: str):
 def _op_missing(op: str | None) -> str | None:
     if op is None:
         return None
-    from .. import dispatch
-    name = f"liger_rt.kernels.{dispatch.OP_MODULES[op]}"
+    from ..registry import REGISTRY
+    name = REGISTRY.module(op)
     return None if hasattr(importlib.import_module(name), op) else f"{name} has no function {op}"
 
 

@@ -39,10 +39,10 @@ def _check_arch(ctx, param, name: str | None) -> str | None:
 
 
 def _check_ops(ctx, param, ops):
-    from liger_rt import dispatch
-    bad = [o for o in ([ops] if isinstance(ops, str) else ops or ()) if o not in dispatch.OP_MODULES]
+    from liger_rt.registry import REGISTRY
+    bad = [o for o in ([ops] if isinstance(ops, str) else ops or ()) if o not in REGISTRY.names()]
     if bad:
-        raise click.BadParameter(f"unknown op {bad[0]!r}; valid ops: {', '.join(dispatch.OP_MODULES)}",
+        raise click.BadParameter(f"unknown op {bad[0]!r}; valid ops: {', '.join(REGISTRY.names())}",
                                  param_hint="--op")
     return ops
 
@@ -103,7 +103,6 @@ class _Group(click.Group):
 @click.option("--debug", is_flag=True, help="Show the traceback of a failure (also accepted after the verb).")
 def main(debug):
     """Fill and inspect the liger_rt tuning database."""
-    from liger_rt import dispatch  # noqa: F401  (the registry the verbs judge rows and records against)
 
 
 def _open_user(db_path: str | None, *, readonly: bool, must_exist: bool = True, create: bool = True):
@@ -178,7 +177,8 @@ def doctor_report() -> dict:
     from importlib import metadata, resources
 
     import torch
-    from liger_rt import __version__, backend, dispatch, env, tuning_db
+    from liger_rt import __version__, backend, env, tuning_db
+    from liger_rt.registry import REGISTRY
     from liger_rt.tuning_db import Store, TuningDBError
 
     versions = {"liger_rt": __version__, "python": platform.python_version(), "torch": torch.__version__}
@@ -194,9 +194,9 @@ def doctor_report() -> dict:
         arch = {"name": "error", "error": str(exc)}
     device = f"{torch.cuda.get_device_name()} ({backend.runtime_version()})" if backend.gpu_present() else "cpu"
     ops = []
-    for name in dispatch.OP_MODULES:        # a kernel module that fails to import is reported, not fatal
+    for name in REGISTRY.names():        # a kernel module that fails to import is reported, not fatal
         try:
-            dispatch.get_op(name)
+            REGISTRY.get(name)
             ops.append(name)
         except Exception as exc:
             ops.append(f"{name} (cannot be loaded: {type(exc).__name__}: {_one_line(exc)})")
@@ -245,11 +245,12 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
     import dataclasses
 
     from liger_rt import autotune, dispatch
-    from liger_rt.kernels._common import parse_dtype
+    from liger_rt.dtypes import parse_dtype
+    from liger_rt.registry import REGISTRY
     from liger_rt.tools import distributed
     from liger_rt.tools.parity import checked
     from liger_rt.tools.presets import get_preset
-    ops = list(ops or dispatch.OP_MODULES)
+    ops = list(ops or REGISTRY.names())
     if shapes and len(ops) != 1:
         raise click.UsageError("--shape needs exactly one --op")
     for d in dtypes:
@@ -265,7 +266,7 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
     plan, shapes = [], [_parse_shape(s) for s in shapes]     # [(op, dims, dtype, tag)]; shapes replace the op's plan
     try:
         preset = get_preset(preset) if preset else None
-        for op in map(dispatch.get_op, ops):
+        for op in map(REGISTRY.get, ops):
             for dims in shapes or op.plan(preset, target.arch, quick):
                 plan += [(op, op.check_dims(dims), dt, tag) for dt in dtypes for tag in op.tags]
     except ValueError as exc:
@@ -382,21 +383,23 @@ def show(op, arch_name, db_path, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def explain(op, shape, dtype, arch_name, as_json):
     """Which implementation and config the dispatcher picks for a shape, and why."""
-    from liger_rt import dispatch, opspec
+    from liger_rt import dispatch
+    from liger_rt.config import config_dict
+    from liger_rt.registry import REGISTRY
     dims = _parse_shape(shape)
     try:
         d = dispatch.select(op, dtype=dtype, arch=arch_name, **dims)
     except (ValueError, TypeError) as exc:
         raise click.UsageError(str(exc))
-    note = _crossover_note(dispatch.get_op(op), d)
-    if opspec.compiler_takes(dispatch.get_op(op)):
+    note = _crossover_note(REGISTRY.get(op), d)
+    if dispatch.compiler_takes(REGISTRY.get(op)):
         note = (note + "; " if note else "") + "under torch.compile: torch (LIGER_RT_COMPILE_POLICY=fuse)"
     if as_json:
-        click.echo(json.dumps({**d.to_dict(), "config": dispatch.config_dict(d.config), "note": note},
+        click.echo(json.dumps({**d.to_dict(), "config": config_dict(d.config), "note": note},
                               indent=1, default=str))
         return
     click.echo(f"{d.op} on {d.arch}, {d.dtype}, {', '.join(f'{k}={v}' for k, v in d.dims.items())}")
-    for label, value in (("impl", d.impl), ("config", json.dumps(dispatch.config_dict(d.config))),
+    for label, value in (("impl", d.impl), ("config", json.dumps(config_dict(d.config))),
                          ("origin", d.origin), ("why", d.reason), ("note", note)):
         if label != "note" or note:
             click.echo(f"  {label:7} {value}")

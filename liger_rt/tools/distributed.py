@@ -20,7 +20,7 @@ DIGEST_FIELDS = ("op", "dims", "dtype", "impl", "config")
 def decisions() -> list[dict]:
     """Every registered op's memoised decisions, as sorted dicts of DIGEST_FIELDS."""
     from liger_rt import dispatch
-    memo = [d.to_dict() for op in list(dispatch._REGISTRY.values()) for d in list(op._memo.values())]
+    memo = [d.to_dict() for d in dispatch.decisions()]
     return sorted(({k: d[k] for k in DIGEST_FIELDS} for d in memo), key=lambda d: json.dumps(d, sort_keys=True))
 
 

@@ -184,7 +184,7 @@ def compare(models: Callable[[], torch.nn.Module] | torch.nn.Module | tuple, *, 
     way, False leaves it as given.  Returns ``ok``, ``patched`` and ``rows`` (per quantity: max_abs,
     mean_abs, linf_over_baseline_max, mean_over_baseline_mean, tolerance, gate, ok; worst tensor).
     """
-    from liger_rt.kernels._common import parse_dtype
+    from liger_rt.dtypes import parse_dtype
     from liger_rt.patch import core
     base, new = _factory(models)
     dtype = parse_dtype(dtype) if dtype is not None else None
@@ -286,7 +286,7 @@ def checked(fn: Callable, *args, param: str):
 def parity(model_type, preset, dtype_name, device, flags_text, seed, lr, as_json):
     """Patched vs unpatched model from a config (random weights, no hub): logits, log-probs, entropy, losses,
     grads, AdamW step."""
-    from liger_rt.kernels._common import parse_dtype
+    from liger_rt.dtypes import parse_dtype
     from liger_rt.patch import core
     from liger_rt.tools.bench.model import parse_flags
     from liger_rt.tools.models import build_model

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 
 from .. import env
-from ..opspec import config_dict
+from ..config import config_dict
+from ..dtypes import DTYPES
+from ..freshness import source_hash
+from ..registry import REGISTRY
 
 DB_SCHEMA = 2
 
@@ -17,7 +19,6 @@ DB_SCHEMA = 2
 METHODS = ("cuda-graph", "do_bench", "cpu-wall", "unrecorded")
 # Which tool made a row.
 ORIGINS = ("sweep", "bench", "online", "published")
-DTYPES = ("fp32", "bf16", "fp16")
 GENERIC_ARCHES = ("generic-nvidia", "generic-amd")
 # What a row was measured on; a row whose fingerprint differs from this process's (same arch) is
 # "stale": used only when nothing measured here exists, and shown as such.
@@ -50,12 +51,11 @@ class RowError(ValueError):
 
 
 def resolve_op(name: str):
-    """The op registered as `name`, or None (read from the dispatcher if loaded: it imports the store)."""
-    dispatch = sys.modules.get("liger_rt.dispatch")
-    if dispatch is None or not isinstance(name, str):
+    """The op registered as `name` (its kernel module imported on first use), or None."""
+    if not isinstance(name, str):
         return None
     try:
-        return dispatch.get_op(name)
+        return REGISTRY.get(name)
     except ValueError:
         return None
     except ImportError as exc:      # registered, but its kernel module does not import here
@@ -63,8 +63,7 @@ def resolve_op(name: str):
 
 
 def op_names() -> list[str]:
-    dispatch = sys.modules.get("liger_rt.dispatch")
-    return sorted({*getattr(dispatch, "OP_MODULES", ()), *getattr(dispatch, "_REGISTRY", ())})
+    return sorted(REGISTRY.names())
 
 
 def fill_defaults(table: str, rec: dict) -> dict:
@@ -146,7 +145,7 @@ def parse_config(op, impl: str, data):
 
 def current_code(op, row: dict) -> bool:
     """Measured on this kernel code and config schema (or published, hash-less)."""
-    return row["config_schema"] == op.schema_version and row["source_hash"] in ("", op.source_hash)
+    return row["config_schema"] == op.schema_version and row["source_hash"] in ("", source_hash(op))
 
 
 def check(table: str, rec: dict, *, op=None) -> dict:

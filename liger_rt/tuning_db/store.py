@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .. import env
+from ..freshness import source_hash
 from . import rows as R
 from .rows import (CROSSOVER_COLUMNS, CROSSOVER_PK, DB_SCHEMA, FINGERPRINT, MEASUREMENT_COLUMNS, METHODS,
                    TUNING_COLUMNS, TUNING_PK, RowError)
@@ -347,9 +348,9 @@ def classify(table: str, row: dict) -> tuple[str, str]:
             return "stale", f"other kernel code, and {exc}"
     why = None
     if checked["arch"] in (backend.detect_hardware().name, "cpu"):
-        why = stale_reason(checked, fingerprint(checked["arch"], op.source_hash))
-    elif checked["source_hash"] not in ("", op.source_hash):
-        why = f"kernel {checked['source_hash']} (here {op.source_hash})"
+        why = stale_reason(checked, fingerprint(checked["arch"], source_hash(op)))
+    elif checked["source_hash"] not in ("", source_hash(op)):
+        why = f"kernel {checked['source_hash']} (here {source_hash(op)})"
     return ("stale", why) if why else ("ok", "")
 
 
@@ -476,9 +477,9 @@ class LayeredStore:
     def _found(self, table: str, op, arch: str, dtype: str, dims: dict, keep=None) -> list[tuple]:
         """(store, checked row, config, stale reason or None) of each usable row of the static dims."""
         args = [op.name, op.variant, arch, dtype, op.static_key(dims)]
-        if (arch, op.source_hash) not in self._here:
-            self._here[arch, op.source_hash] = fingerprint(arch, op.source_hash)
-        here = self._here[arch, op.source_hash]
+        if (arch, source_hash(op)) not in self._here:
+            self._here[arch, source_hash(op)] = fingerprint(arch, source_hash(op))
+        here = self._here[arch, source_hash(op)]
         found = []      # a loop, not a comprehension: the warnings' stacklevel counts these frames
         for store in self.layers():
             try:

@@ -283,7 +283,7 @@ def _grads(fn, ins, dy):
 
 def decision_text(d) -> str:
     """A dispatch decision as the CSV's config column: impl, config as JSON (nested configs too), origin."""
-    from liger_rt.opspec import config_dict
+    from liger_rt.config import config_dict
     return f"{d.impl} {json.dumps(config_dict(d.config), sort_keys=True)} ({d.origin})"
 
 
@@ -304,7 +304,7 @@ def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: 
                  echo: Callable = print, reverse_arms: bool = False) -> list[dict]:
     """One row per (arm, pass); an arm that fails gets rows with `error` and never stops the run.
     `reverse_arms` times the arms last to first (runs alternating it are counterbalanced)."""
-    from liger_rt.autotune import _why
+    from liger_rt.autotune import error_line
     label = {**case.dims, **{k: case.spec[k] for k in ("routing",) if k in case.spec},
              "dtype": case.spec.get("dtype", dtype)}
     key = ",".join(f"{k}={v}" for k, v in label.items())
@@ -340,8 +340,8 @@ def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: 
                                  "ms_method": "do_bench" if device == "cuda" else "cpu-wall",
                                  "dev_ms_method": how, "error": ""})
         except Exception as exc:        # a peer or config that cannot take this case: recorded, not fatal
-            echo(f"  {case.op} {key} {name}: {_why(exc)}")
-            rows += [{**base, "pass": p, "error": _why(exc)} for p in case.passes]
+            echo(f"  {case.op} {key} {name}: {error_line(exc)}")
+            rows += [{**base, "pass": p, "error": error_line(exc)} for p in case.passes]
         del ins, dy, fns
         gc.collect()
     _relative(rows, case.spec.get("target") or {})

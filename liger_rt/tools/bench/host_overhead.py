@@ -55,6 +55,7 @@ def _probes(m: int, echo) -> dict[str, Callable]:
     import triton.language as tl
 
     from liger_rt import dispatch, ops
+    from liger_rt.registry import REGISTRY
 
     @triton.jit
     def _copy(src, dst, n, BLOCK: tl.constexpr):
@@ -63,12 +64,12 @@ def _probes(m: int, echo) -> dict[str, Callable]:
     x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy, xd, buf = torch.randn_like(x), x.detach(), torch.empty(4096, device="cuda")
-    op = dispatch.get_op("rms_norm")
+    op = REGISTRY.get("rms_norm")
 
     def norm_grads():
         return torch.autograd.grad(ops.rms_norm(x, w), (x, w), dy)
     out = {"torch.empty (m, n)": lambda: torch.empty((m, 4096), device="cuda", dtype=torch.bfloat16),
-           "dispatch select (memo hit)": lambda: op.select(xd, rows=m, hidden=4096),
+           "dispatch select (memo hit)": lambda: dispatch.decision(op, xd, rows=m, hidden=4096),
            "triton launch (a 4096-element copy kernel)": lambda: _copy[(1,)](buf, buf, 4096, BLOCK=4096),
            "ops.rms_norm fwd": lambda: ops.rms_norm(x, w), "ops.rms_norm fwd+bwd (autograd.grad)": norm_grads,
            "ops.rms_norm fwd+bwd, engine on the caller's thread": on_caller_thread(norm_grads),
@@ -103,10 +104,11 @@ def host(echo: Callable = print) -> list[dict]:
 def dispatch_overhead(calls: int = 200_000, echo: Callable = print) -> list[dict]:
     """Per-call microseconds of a memo-hit decision beside the floor (a tuple key and dict.get)."""
     from liger_rt import dispatch
-    op, x = dispatch.get_op("rms_norm"), torch.empty(8, 4096, dtype=torch.bfloat16)
-    op.select(x, rows=8, hidden=4096)                       # the miss: decided once
+    from liger_rt.registry import REGISTRY
+    op, x = REGISTRY.get("rms_norm"), torch.empty(8, 4096, dtype=torch.bfloat16)
+    dispatch.decision(op, x, rows=8, hidden=4096)           # the miss: decided once
     memo, rows = {("cpu", torch.bfloat16, 8, 4096): 1}, []
-    for label, fn in (("select (memo hit)", lambda: op.select(x, rows=8, hidden=4096)),
+    for label, fn in (("select (memo hit)", lambda: dispatch.decision(op, x, rows=8, hidden=4096)),
                       ("floor: x.device.type + dict.get", lambda: memo.get((x.device.type, x.dtype, 8, 4096)))):
         us = per_call_us(fn, calls, sync=False)
         rows.append({"what": label, "us_per_call": round(us, 3), "calls": calls, "python": platform.python_version(),
@@ -132,14 +134,14 @@ class StubbedLaunches:
         self.launches += 1
 
     def __enter__(self):
-        from liger_rt.kernels._common import clear_launch_memos
+        from liger_rt.launch import clear_launch_memos
         clear_launch_memos()           # launchers memoised with the real run bound
         for k in self.kernels:
             k.run = self._run
         return self
 
     def __exit__(self, *exc):
-        from liger_rt.kernels._common import clear_launch_memos
+        from liger_rt.launch import clear_launch_memos
         for k in self.kernels:
             del k.run
         clear_launch_memos()           # ... and with the stub bound

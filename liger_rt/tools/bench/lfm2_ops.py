@@ -47,7 +47,7 @@ def route_eager(logits, top_k, expert_bias):
 
 def build(spec: dict, dtype, device: str, echo=print) -> Case:
     from liger_rt import ops
-    from liger_rt.kernels._common import parse_dtype
+    from liger_rt.dtypes import parse_dtype
     dt = parse_dtype(dtype)
     g = torch.Generator(device).manual_seed(0)
 

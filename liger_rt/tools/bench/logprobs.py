@@ -147,8 +147,8 @@ def measure(spec: dict, arm_set: dict, *, quick: bool, device: str = "cuda", rnd
     """Every arm of `arm_set` (from :func:`arms`, shared by the rounds: a compiled arm compiles once) on one case, in
     its order on even rounds and reversed on odd ones."""
     from liger_rt import dispatch
-    from liger_rt.autotune import _why
-    from liger_rt.kernels._common import dtype_name
+    from liger_rt.autotune import error_line
+    from liger_rt.dtypes import dtype_name
     dims = {k: spec[k] for k in ("tokens", "hidden", "vocab")}
     x, w, t, g_lp, g_h = make_inputs(**dims, dtype=torch.bfloat16 if device == "cuda" else torch.float32, device=device)
     ref_lp, ref_ent, ref_dx, ref_dw = reference(x, w, t, g_lp, g_h)
@@ -183,7 +183,7 @@ def measure(spec: dict, arm_set: dict, *, quick: bool, device: str = "cuda", rnd
                     del dx, dw
                 row.update(_timed(run, quick, device))
             except Exception as exc:          # an arm that cannot take the case: recorded, never fatal
-                row["error"] = _why(exc)
+                row["error"] = error_line(exc)
                 echo(f"  {name} {p}: {row['error']}")
             rows.append(row)
             gc.collect()

@@ -23,7 +23,7 @@ SPECS = [dict(op="fused_linear_cross_entropy", tokens=8192, hidden=2048, vocab=6
 
 def build(spec: dict, dtype, device: str, echo=print) -> Case:
     from liger_rt import ops
-    from liger_rt.kernels._common import parse_dtype
+    from liger_rt.dtypes import parse_dtype
     dt = parse_dtype(dtype)
     g = torch.Generator(device).manual_seed(0)
     v = spec["vocab"]

@@ -370,7 +370,7 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
     liger_rt.patch over {fused_linear_cross_entropy: True}; `config`: transformers config overrides of every arm.
     `compile` adds baseline+compile and liger_rt+compile (`compile_backend`: a name or a callable); `arms` picks the
     arms outright (baseline among them; the POLICY_ARMS only so)."""
-    from liger_rt.kernels._common import dtype_name, parse_dtype
+    from liger_rt.dtypes import dtype_name, parse_dtype
     echo = echo or (lambda s: None)
     dt, device = parse_dtype(dtype), ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     if device not in ("cpu", "cuda"):

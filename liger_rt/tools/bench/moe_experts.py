@@ -32,7 +32,7 @@ def hf_experts(e, k, h, i, implementation: str):
 
 def build(spec: dict, dtype, device: str, echo=print) -> Case:
     from liger_rt import ops
-    from liger_rt.kernels._common import parse_dtype
+    from liger_rt.dtypes import parse_dtype
     from liger_rt.kernels.moe_experts import _make_case         # the tuning cases' inputs (seed 0, dy ~ N(0, 1/16))
     t, e, k, h, i = (spec[n] for n in ("tokens", "experts", "top_k", "hidden", "intermediate"))
     tuning = _make_case(spec, parse_dtype(dtype), device, spec["routing"])

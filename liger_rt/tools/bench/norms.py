@@ -39,7 +39,7 @@ def hf_rms_norm(x, w, eps=1e-6):
 
 def build(spec: dict, dtype, device: str, echo=print) -> Case:
     from liger_rt import ops
-    from liger_rt.kernels._common import parse_dtype
+    from liger_rt.dtypes import parse_dtype
     op, m = spec["op"], spec["rows"]
     n = spec.get("hidden") or spec["cols"]
     g = torch.Generator(device).manual_seed(0)
