@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterable
 
-from .. import env
+from .. import backend, env
 from ..freshness import source_hash
 from . import rows as R
 from .rows import (CROSSOVER_COLUMNS, CROSSOVER_PK, DB_SCHEMA, FINGERPRINT, MEASUREMENT_COLUMNS, METHODS,
@@ -61,7 +61,6 @@ def _versions() -> dict:
 def fingerprint(arch, source_hash: str) -> dict:
     """What a row measured now for `arch` (an Arch, or an arch name) would record: the device (the
     real one when it is that arch, else the arch profile's), SM/CU count, versions, kernel hash."""
-    from .. import backend
     if isinstance(arch, str):
         hw = backend.detect_hardware()
         arch = hw if hw.name == arch else backend.profile(arch) if arch in backend.ARCH_NAMES else None
@@ -332,7 +331,6 @@ def classify(table: str, row: dict) -> tuple[str, str]:
     """("ok" | "stale" | "bad", why).  Bad: fails validation.  Stale: measured on other kernel code
     or config schema (any arch), or (rows of this machine's arch, and cpu rows) on another device
     or software fingerprint."""
-    from .. import backend
     clean = {k: v for k, v in row.items() if k in R.COLUMNS[table]}
     try:
         checked = R.check(table, clean)
