@@ -83,7 +83,7 @@ class Run:
         self.args, self.torch, self.dist = args, torch, dist
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.device = args.device
-        from liger_rt.kernels._common import parse_dtype
+        from liger_rt.dtypes import parse_dtype
         from liger_rt.tools.bench.model import parse_flags
         from liger_rt.tools.presets import get_preset
         self.dtype = parse_dtype(args.dtype)
@@ -235,7 +235,7 @@ def part_consistency(r: Run) -> None:
     box = [tempfile.mkdtemp(prefix="liger_rt_multigpu_db_") if r.rank == 0 else None]
     r.dist.broadcast_object_list(box, src=0)       # one host: one empty DB file for every rank
     db = os.path.join(box[0], "tuning.db")
-    tuned, real = [], autotune.tune
+    tuned, real = [], autotune.tuning.tune
 
     def counted(op, target, dtype, dims, **kw):
         tuned.append(json.dumps([op.name, dims, str(dtype)], sort_keys=True))
@@ -243,7 +243,7 @@ def part_consistency(r: Run) -> None:
     with dispatch_env(LIGER_RT_TUNING_DB=db, LIGER_RT_AUTOTUNE="1"):
         r.log(f"## consistency: LIGER_RT_AUTOTUNE=1, empty DB {db}, {r.preset.name}, {r.args.dtype}, "
               f"batch {r.args.batch} x seq {r.args.seq}, two FSDP2 training steps")
-        autotune.tune = counted
+        autotune.tuning.tune = counted
         try:
             model = wrap(r.build(True), "fsdp2")
             ids = random_ids(model, r.args.batch, r.args.seq, seed=r.rank, device=r.device)
@@ -264,7 +264,7 @@ def part_consistency(r: Run) -> None:
             except RuntimeError as exc:
                 agree = False
                 r.log(str(exc))
-            memo = [d for op in dispatch._REGISTRY.values() for d in op._memo.values()]
+            memo = dispatch.decisions()
             rows = r.gather({"rank": r.rank, "tuned": len(tuned), "tuned_unique": len(set(tuned)),
                              "tuned_in_step2": per_step[1][0] - per_step[0][0], "decisions": len(decisions()),
                              "new_decisions_in_step2": per_step[1][1] - per_step[0][1],
@@ -291,7 +291,7 @@ def part_consistency(r: Run) -> None:
                 r.failed.append("consistency")
             r.write_csv("consistency", rows)
         finally:
-            autotune.tune = real
+            autotune.tuning.tune = real
             if r.rank == 0:
                 shutil.rmtree(box[0], ignore_errors=True)
 

@@ -8,7 +8,7 @@ Session 7 ran it with a since-reverted `overlap` knob (each chunk's backward GEM
 stream, beside the dW GEMM or double-buffered beside the next chunk): benchmarks/results/
 flce_overlap_h200.csv, arms c<chunk>_o<overlap>; no schedule gained more than the spread.
 
-Configs are run directly (OP.call_impl), outside the chunk budget the dispatcher applies, so that
+Configs are run directly (autograd.call_impl), outside the chunk budget the dispatcher applies, so that
 the budget can be set from these figures. Peak extra memory: everything one step allocates beyond
 its inputs, the gradients it hands out included (as the losses benchmark counts it).
 """
@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from liger_rt import backend
+from liger_rt.autograd import call_impl
 from liger_rt.kernels import fused_linear_cross_entropy as flce
 from liger_rt.tools.bench.harness import counterbalanced, peak_extra_gb, profiled, write_csv
 
@@ -38,7 +39,7 @@ def arms(t, h, v, chunks):
     base = flce._heuristic(backend.detect(), {"tokens": t, "hidden": h, "vocab": v}, torch.bfloat16)
     out = {"compile": torch.compile(lambda x, w, y: F.cross_entropy((x @ w.t()).float(), y))}
     for c in chunks:
-        out[f"c{c}"] = (lambda x, w, y, cfg=base.replace(chunk=c): flce.OP.call_impl(
+        out[f"c{c}"] = (lambda x, w, y, cfg=base.replace(chunk=c): call_impl(flce.OP,
             "triton", cfg, x, w, y, None, -100, "mean", 0.0, 0.0, None, None, 3, True))
     return out
 

@@ -20,6 +20,7 @@ import pstats
 import torch
 
 from liger_rt import dispatch, ops
+from liger_rt.registry import REGISTRY
 from liger_rt.tools.bench.host_overhead import on_caller_thread, per_call_us
 
 
@@ -30,7 +31,7 @@ def layers(op_name: str):
         x = torch.randn(256, 4096, device=dev, dtype=bf, requires_grad=True)
         w = torch.randn(4096, device=dev, dtype=bf, requires_grad=True)
         dy, xd, wd = torch.randn_like(x), x.detach(), w.detach()
-        cfg = dispatch.get_op("rms_norm").select(xd, rows=256, hidden=4096).config
+        cfg = dispatch.decision(REGISTRY.get("rms_norm"), xd, rows=256, hidden=4096).config
         y, rstd = k.rms_norm_fwd(xd, wd, 1e-6, 0.0, cfg)
         run = k._fwd_launch(cfg, 256, 4096)
         return {"torch.empty_like x2 (y, rstd)": lambda: (torch.empty_like(xd), torch.empty(256, device=dev)),

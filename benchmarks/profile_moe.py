@@ -12,6 +12,8 @@ import argparse
 import torch
 
 import liger_rt  # noqa: F401
+from liger_rt import dispatch
+from liger_rt.autograd import call_impl
 from liger_rt.kernels import moe_experts as M
 from liger_rt.tools.bench.harness import profiled
 from liger_rt.tools.bench.model import parse_config
@@ -48,10 +50,10 @@ def main() -> None:
     for tag in ("uniform", "skewed"):
         case = M._make_case(dims, torch.bfloat16, "cuda", tag=tag)
         (x, gu, dn, idx, w, _), (dy,) = case.args, case.grads
-        cfg = M.OP.select(x, **dims).config.replace(**knobs)
+        cfg = dispatch.decision(M.OP, x, **dims).config.replace(**knobs)
 
         def step():
-            y = M.OP.call_impl("triton", cfg, x, gu, dn, idx, w, True)
+            y = call_impl(M.OP, "triton", cfg, x, gu, dn, idx, w, True)
             return torch.autograd.grad(y, (x, gu, dn, w), dy)
         steps = 5
         prof = profiled(step, warmup=3, calls=steps)

@@ -19,6 +19,7 @@ import statistics
 
 import torch
 from liger_rt import backend
+from liger_rt.autograd import call_impl
 from liger_rt.kernels import moe_experts as M
 from liger_rt.tools.bench.harness import counterbalanced, profiled, write_csv
 from liger_rt.tools.bench.model import parse_config
@@ -53,9 +54,9 @@ def main() -> None:
             variants = {f"triton_desc{u}{d}": dict(up_desc=u, down_desc=d) for u in (0, 1) for d in (0, 1)}
         else:
             variants = {f"triton_sorted{s}": dict(wgrad_sorted=s) for s in (0, 1, 2)}
-        arms = {k: (lambda c=base.replace(**v): M.OP.call_impl("triton", c, x, gu, dn, idx, w, True))
+        arms = {k: (lambda c=base.replace(**v): call_impl(M.OP, "triton", c, x, gu, dn, idx, w, True))
                 for k, v in variants.items()}
-        arms["grouped_mm"] = lambda: M.OP.call_impl("grouped_mm", {}, x, gu, dn, idx, w, True)
+        arms["grouped_mm"] = lambda: call_impl(M.OP, "grouped_mm", {}, x, gu, dn, idx, w, True)
         steps = {k: (lambda f=f: torch.autograd.grad(f(), (x, gu, dn, w), dy)) for k, f in arms.items()}
         flop = 18 * dims["tokens"] * dims["top_k"] * dims["hidden"] * dims["intermediate"]
         times = counterbalanced(steps, a.rounds, warmup=50, rep=300)

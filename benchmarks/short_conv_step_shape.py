@@ -13,7 +13,9 @@ import argparse
 import torch
 
 from liger_rt import dispatch, ops
+from liger_rt.autograd import call_impl
 from liger_rt.autotune import graph_ms
+from liger_rt.registry import REGISTRY
 
 
 def main() -> None:
@@ -28,17 +30,17 @@ def main() -> None:
     w = (torch.randn(H, 3, device="cuda", generator=g) * 0.5).bfloat16().requires_grad_()
     dy = torch.randn(B, T, H, device="cuda", generator=g).bfloat16()
     seq = torch.zeros(B, T, device="cuda", dtype=torch.int32)
-    op = dispatch.get_op("short_conv")
+    op = REGISTRY.get("short_conv")
     moved = (3 * H + H + 3 * H + H + 3 * H) * B * T * 2      # fwd: bcx, y; bwd: bcx, dy, dbcx
 
     def step(config=None, seq_idx=None):
         def fn():
             y = (ops.short_conv(bcx, w, None, seq_idx=seq_idx) if config is None
-                 else op.call_impl("triton", config, bcx, w, None, seq_idx))
+                 else call_impl(op, "triton", config, bcx, w, None, seq_idx))
             return torch.autograd.grad(y, (bcx, w), dy)
         return fn
 
-    d = op.select(bcx, **op.dims(bcx, w, None, seq))
+    d = dispatch.decision(op, bcx, **op.dims(bcx, w, None, seq))
     print(f"B{B} T{T} H{H} bf16; dispatched: {d.impl} {d.config} ({d.origin}: {d.reason[:120]})")
     for name, fn in (("dispatched, no seq_idx", step()), ("dispatched, seq_idx", step(seq_idx=seq))):
         ms = graph_ms(fn)

@@ -8,13 +8,14 @@ import json
 
 import torch
 
-from liger_rt.opspec import _schema_args
+from liger_rt.custom_ops import schema_args
+from liger_rt.freshness import source_hash
 
 
 def record_impls(monkeypatch, op) -> list[str]:
     """Wrap every implementation of `op` so that each run appends its name to the returned list
     (eager calls, the reference fallback and the torch.compile custom ops alike)."""
-    op.source_hash   # computed (and cached) from the real launchers, before any wrapper is in place
+    source_hash(op)   # computed (and cached) from the real launchers, before any wrapper is in place
     ran: list[str] = []
     for impl in op.impls:
         attr = "fn" if impl.fn is not None else "forward"
@@ -28,7 +29,7 @@ def assert_fakes_match(op, case, config) -> None:
     equal the real ones (inductor asserts exactly that at run time; opcheck checks it on CPU)."""
     decision = json.dumps({"impl": "triton", "config": config.to_dict()}, sort_keys=True)
     args = [a.detach() if isinstance(a, torch.Tensor) else a for a in case.args]
-    is_tensor = [t.startswith("Tensor") for t, _ in _schema_args(op.schema)]
+    is_tensor = [t.startswith("Tensor") for t, _ in schema_args(op.schema)]
     fwd = getattr(torch.ops.liger_rt, f"{op.name}_fwd").default
     torch.library.opcheck(fwd, (*args, decision), test_utils=("test_faketensor",))
     saved = fwd(*args, decision)[op.outputs:]

@@ -13,6 +13,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from liger_rt.registry import REGISTRY
 from liger_rt.tools.bench import bench, harness as H, model as M, norms
 
 RUN_COLS = {"kind", "model_type", "preset", "arm", "run_index", "order", "batch", "seq", "steps", "warmup", "dtype",
@@ -47,7 +48,7 @@ def _torch_references(monkeypatch):
     """Plumbing tests: liger_rt ops take their torch references (no interpreter kernels, fast).  The
     kernel modules are imported first: triton.jit reads TRITON_INTERPRET when a kernel is defined."""
     from liger_rt import dispatch
-    dispatch.available_ops()
+    REGISTRY.ops()
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     dispatch.reset()
 
@@ -154,7 +155,7 @@ def test_compiled_arms_have_no_graph_break_and_track_baseline(monkeypatch):
     liger_rt ops through the interpreter (their custom ops), under either compile policy: zero graph
     breaks, compile time kept out of the timed steps, loss curves on the baseline's."""
     _needs_patchers()
-    import liger_rt.opspec as S
+    import liger_rt.dispatch as S
     taken, real = [], S.compiler_takes
     monkeypatch.setattr(S, "compiler_takes", lambda op: taken.append(real(op)) or taken[-1])
     monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "fuse")
@@ -683,10 +684,10 @@ def test_flce_chunk_step_forces_the_chunk_and_restores_dispatch(monkeypatch):
     undo = fcs.forced_chunk(5)
     try:
         loss = ops.fused_linear_cross_entropy(x, w, t)
-        d = dispatch.get_op("fused_linear_cross_entropy").select(x, tokens=24, hidden=16, vocab=37)
+        d = dispatch.decision(flce.OP, x, tokens=24, hidden=16, vocab=37)
     finally:
         undo()
     assert calls == [5, 5, 5, 5, 4] and d.config.chunk == 5 and d.origin == "env"
     torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-5)
     assert dispatch.decide is original
-    assert dispatch.get_op("fused_linear_cross_entropy").select(x, tokens=24, hidden=16, vocab=37).origin != "env"
+    assert dispatch.decision(flce.OP, x, tokens=24, hidden=16, vocab=37).origin != "env"

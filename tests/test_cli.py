@@ -7,6 +7,8 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from liger_rt.freshness import source_hash
+from liger_rt.registry import REGISTRY
 from liger_rt.tools.cli import main
 
 
@@ -162,12 +164,11 @@ def test_sweep_then_explain_in_another_process_gets_db(tmp_path, monkeypatch):
 
 
 def _rms_row(**kw):
-    from liger_rt import dispatch
     from liger_rt.tuning_db.store import fingerprint
-    op = dispatch.get_op("rms_norm")
+    op = REGISTRY.get("rms_norm")
     row = dict(op="rms_norm", variant="fwdbwd", arch="cpu", dtype="fp32", static_key='{"hidden":64}', impl="torch",
                config={}, median_ms=1.0, method="cpu-wall", config_schema=op.schema_version, origin="sweep",
-               bucket='{"rows":8}', **fingerprint("cpu", op.source_hash))
+               bucket='{"rows":8}', **fingerprint("cpu", source_hash(op)))
     row.update(kw)
     return row
 

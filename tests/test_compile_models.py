@@ -18,6 +18,7 @@ from torch._dynamo.backends.registry import lookup_backend
 import liger_rt
 from liger_rt import _swaps, dispatch
 from liger_rt.patch import core, specs
+from liger_rt.registry import REGISTRY
 from liger_rt.tools.models import build_model
 from liger_rt.tools.parity import make_inputs
 from liger_rt.tools.presets import get_preset
@@ -140,7 +141,7 @@ def _check_compiled_step(model_type, flags, loss_of, reference, monkeypatch, pol
     reuses the graph, and both losses match `reference` on HF's model."""
     monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", policy)
     dispatch.reset()
-    fusable = {name for name in dispatch.OP_MODULES if dispatch.get_op(name).compiler_fuses}
+    fusable = {name for name in REGISTRY.names() if REGISTRY.get(name).compiler_fuses}
     assert {"rms_norm", "swiglu", "rope"} <= fusable and "fused_linear_cross_entropy" not in fusable
     to_compiler = fusable if policy == "fuse" else set()
     preset = _preset(model_type)
@@ -158,10 +159,10 @@ def _check_compiled_step(model_type, flags, loss_of, reference, monkeypatch, pol
     liger_rt.patch(other, rope=True)
 
     routed = _ops(model_type, patched, keep_logits=flags.get("keep_logits", False))
-    ran = {name: record_impls(monkeypatch, dispatch.get_op(name)) for name in routed - to_compiler}
+    ran = {name: record_impls(monkeypatch, REGISTRY.get(name)) for name in routed - to_compiler}
     kernel_runs = []       # the compiler's ops: their Triton forward must never run (their torch one is
     for name in routed & to_compiler:       # traced, and a recording wrapper there would be traced too)
-        triton_impl = dispatch.get_op(name).impl("triton")
+        triton_impl = REGISTRY.get(name).impl("triton")
         monkeypatch.setattr(triton_impl, "forward", lambda *a, _real=triton_impl.forward, _name=name:
                             kernel_runs.append(_name) or _real(*a))
     graphs = []

@@ -16,6 +16,7 @@ WRITER = textwrap.dedent("""
     import sys, json
     import toy_op
     from liger_rt import autotune, dispatch
+    from liger_rt.freshness import source_hash
     from liger_rt.tuning_db import open_store
     import torch
     worker, path = int(sys.argv[1]), sys.argv[2]
@@ -29,7 +30,7 @@ WRITER = textwrap.dedent("""
     config = toy_op.ToyConfig().to_dict()
     for i in range(40):
         base = dict(op="toy", variant="fwdbwd", arch="cpu", dtype="fp32", impl="triton", config=config,
-                    source_hash=op.source_hash, config_schema=op.schema_version, method="cpu-wall")
+                    source_hash=source_hash(op), config_schema=op.schema_version, method="cpu-wall")
         store.put_tuning({**base, "static_key": json.dumps({"cols": 1000 + worker}), "bucket": json.dumps({"rows": 1 << i}),
                           "median_ms": 1.0})
         store.put_tuning({**base, "static_key": '{"cols":7}', "bucket": '{"rows":1}', "median_ms": 10.0 - worker - i / 100})
@@ -65,12 +66,12 @@ DIST = textwrap.dedent("""
     rank = int(sys.argv[1])
     dist.init_process_group("gloo", rank=rank, world_size=2, init_method="tcp://127.0.0.1:" + sys.argv[2])
     calls = []
-    real = autotune.tune
+    real = autotune.tuning.tune
     def counting(*a, **k):
         calls.append(1)
         return real(*a, **k)
-    autotune.tune = counting
-    d = toy_op.OP.select(torch.randn(4, 40), rows=4, cols=40)
+    autotune.tuning.tune = counting
+    d = dispatch.decision(toy_op.OP, torch.randn(4, 40), rows=4, cols=40)
     print(json.dumps({"rank": rank, "impl": d.impl, "config": dict(d.config), "origin": d.origin, "tuned": len(calls)}))
     dist.destroy_process_group()
 """)

@@ -7,9 +7,10 @@ from routing import record_impls
 
 import liger_rt
 from liger_rt import backend, dispatch
+from liger_rt.autograd import call_impl
+from liger_rt.config import ConfigError
 from liger_rt.kernels import cross_entropy as ce
-from liger_rt.kernels._common import assert_close
-from liger_rt.opspec import ConfigError
+from liger_rt.numerics import assert_close
 
 FEATURES = {
     "plain": {},
@@ -31,7 +32,7 @@ def _case(rows, vocab, dtype, seed=0, ignore_frac=0.25, scale=3.0):
 
 def _triton(config):
     def run(x, target, reduction="mean", label_smoothing=0.0, lse_square_scale=0.0, softcap=None):
-        return ce.OP.call_impl("triton", config, x, target, -100, reduction, label_smoothing, lse_square_scale,
+        return call_impl(ce.OP, "triton", config, x, target, -100, reduction, label_smoothing, lse_square_scale,
                                softcap, None, False)
     return run
 
@@ -156,7 +157,7 @@ def test_out_of_range_targets_give_nan_never_a_finite_loss():
     for red in ("mean", "sum"):
         assert ce.cross_entropy(logits, bad, reduction=red).isnan()
     with pytest.raises(IndexError):             # the torch implementation raises, as PyTorch does
-        ce.OP.call_impl("torch", None, logits, bad, -100, "mean", 0.0, 0.0, None, None, False)
+        call_impl(ce.OP, "torch", None, logits, bad, -100, "mean", 0.0, 0.0, None, None, False)
 
 
 def test_inplace_backward_writes_the_gradient_over_the_logits_only_when_safe():
@@ -235,12 +236,12 @@ def test_every_candidate_config_hopper_mi325x_cpu():
 def test_dispatch_routes_heuristic_then_env(monkeypatch):
     ran = record_impls(monkeypatch, ce.OP)
     logits, target = _case(6, 199, torch.float32)
-    d = ce.OP.select(logits, rows=6, vocab=199)
+    d = dispatch.decision(ce.OP, logits, rows=6, vocab=199)
     assert d.impl == "triton" and d.origin == "heuristic"
     liger_rt.ops.cross_entropy(logits.clone().requires_grad_(), target).backward()
     monkeypatch.setenv("LIGER_RT_IMPL_CROSS_ENTROPY", "torch")
     dispatch.reset()
-    d = ce.OP.select(logits, rows=6, vocab=199)
+    d = dispatch.decision(ce.OP, logits, rows=6, vocab=199)
     assert d.impl == "torch" and d.origin == "env"
     loss = liger_rt.ops.cross_entropy(logits.clone().requires_grad_(), target)
     assert ran == ["triton", "torch"]

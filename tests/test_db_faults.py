@@ -22,6 +22,8 @@ from click.testing import CliRunner
 
 import toy_op
 from liger_rt import autotune, dispatch
+from liger_rt.freshness import source_hash
+from liger_rt.registry import REGISTRY
 from liger_rt.tools.cli import main
 from liger_rt.tuning_db import RowError, TuningDBError, open_store
 from liger_rt.tuning_db.store import fingerprint, load_jsonl
@@ -35,7 +37,7 @@ def _good(**kw) -> dict:
     row = dict(op="toy", variant="fwdbwd", arch="cpu", dtype="fp32", static_key=SK, bucket=BK, impl="triton",
                config=json.dumps(toy_op.ToyConfig(BLOCK=32).to_dict()), median_ms=1.0, baseline_ms=2.0, host_ms=1.0,
                method="cpu-wall", config_schema=OP.schema_version, origin="sweep", created=1.0,
-               **fingerprint("cpu", OP.source_hash))
+               **fingerprint("cpu", source_hash(OP)))
     row.update(kw)
     return row
 
@@ -43,7 +45,7 @@ def _good(**kw) -> dict:
 def _good_cross(**kw) -> dict:
     row = dict(op="toy", variant="fwdbwd", arch="cpu", dtype="fp32", static_key=SK, axis_name="rows",
                segments='[[8.0, "triton"], [null, "torch"]]', margin=0.05, method="cpu-wall", origin="sweep",
-               created=1.0, **fingerprint("cpu", OP.source_hash))
+               created=1.0, **fingerprint("cpu", source_hash(OP)))
     row.update(kw)
     return row
 
@@ -123,11 +125,11 @@ def test_bad_row_falls_through_to_the_next_row_and_the_result_is_right(tmp_path,
 def test_crafted_rms_norm_row_never_reaches_the_kernel(tmp_path, monkeypatch):
     """The issue's worst row (ROWS -4, median -5 gave uninitialised memory) is refused on read."""
     path = _user_db(tmp_path, monkeypatch)
-    rn = dispatch.get_op("rms_norm")
+    rn = REGISTRY.get("rms_norm")
     cfg = {**rn.config().to_dict(), "ROWS": -4}
     _raw_insert(path, "tuning", _good(op="rms_norm", static_key=rn.static_key({"hidden": 64}),
                                       bucket=rn.bucket_key({"rows": 8}), config=json.dumps(cfg), median_ms=-5.0,
-                                      config_schema=rn.schema_version, source_hash=rn.source_hash))
+                                      config_schema=rn.schema_version, source_hash=source_hash(rn)))
     dispatch.reset()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -356,7 +358,7 @@ def _v1_db(path):
     _raw_insert(path, "tuning", row)
     meas = dict(op="toy", variant="fwdbwd", arch="cpu", device_name="cpu", dtype="fp32", static_key=SK,
                 dims=json.dumps({"cols": 40, "rows": 4}), axis=4.0, tag="", impl="torch", config="{}", median_ms=1.0,
-                ok=1, error="", source_hash=OP.source_hash, created=5.0)
+                ok=1, error="", source_hash=source_hash(OP), created=5.0)
     _raw_insert(path, "measurements", meas)
     _raw_insert(path, "measurements", meas)          # schema 1 let a double import duplicate it
 
@@ -473,7 +475,9 @@ KILLED = textwrap.dedent("""
     import torch
     import toy_op
     from liger_rt import autotune, dispatch
+    from liger_rt.freshness import source_hash
     from liger_rt.tuning_db import open_store
+    from liger_rt.tuning_db.store import fingerprint
     op = toy_op.OP
 
     def fake_tune(op, target, dtype, dims, quick=False, tag="", **kw):   # quick synthetic results, many rows
@@ -484,9 +488,9 @@ KILLED = textwrap.dedent("""
         best = {"triton": {**meas[0], "host_ms": 1.0}, "torch": {**meas[0], "impl": "torch", "config": {}, "host_ms": 1.0}}
         return {"op": "toy", "dims": dims, "dtype": "fp32", "arch": "cpu", "tag": "", "winner": best["triton"],
                 "best": best, "configs": {}, "baseline_ms": 1.0, "measurements": meas, "unavailable": {},
-                "fingerprint": autotune.fingerprint(target.arch, op.source_hash)}
+                "fingerprint": fingerprint(target.arch, source_hash(op))}
 
-    autotune.tune = fake_tune
+    autotune.tuning.tune = fake_tune
     store = open_store(sys.argv[1])
     plan = [(op, {"rows": r, "cols": c}, "fp32", "") for c in range(1, 400) for r in (1, 2, 4, 8)]
     print("start", flush=True)

@@ -7,6 +7,8 @@ import torch
 
 import toy_op
 from liger_rt import autotune, dispatch, tuning_db
+from liger_rt.freshness import source_hash
+from liger_rt.registry import REGISTRY
 from liger_rt.tuning_db import open_store
 from liger_rt.tuning_db.crossover import crossover_pick, derive_crossover
 from liger_rt.tuning_db.store import dump_jsonl, fingerprint, load_jsonl
@@ -23,7 +25,7 @@ def _row(**kw):
     base = dict(op="toy", variant="fwdbwd", arch="cpu", dtype="fp32", static_key=OP.static_key({"cols": 40}),
                 bucket=OP.bucket_key({"rows": 4}), impl="triton", config=cfg(BLOCK=32), median_ms=1.0,
                 baseline_ms=2.0, method="cpu-wall", config_schema=OP.schema_version, origin="sweep",
-                **fingerprint("cpu", OP.source_hash))
+                **fingerprint("cpu", source_hash(OP)))
     base.update(kw)
     return base
 
@@ -36,7 +38,7 @@ def _fresh_store():
 
 def test_heuristic_when_db_empty_and_triton_through_interpreter():
     x = torch.randn(4, 40)
-    d = OP.select(x, rows=4, cols=40)
+    d = dispatch.decision(OP, x, rows=4, cols=40)
     assert (d.impl, d.origin, d.config.BLOCK) == ("triton", "heuristic", 64)
     torch.testing.assert_close(toy_op.toy(x), x * 2)
 
@@ -44,16 +46,16 @@ def test_heuristic_when_db_empty_and_triton_through_interpreter():
 def test_cpu_without_interpreter_falls_back_to_torch(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     dispatch.reset()
-    d = OP.select(torch.randn(4, 40), rows=4, cols=40)
+    d = dispatch.decision(OP, torch.randn(4, 40), rows=4, cols=40)
     assert d.impl == "torch"
 
 
 def test_memo_hit_needs_no_db_or_env(monkeypatch):
     x = torch.randn(4, 40)
-    first = OP.select(x, rows=4, cols=40)
+    first = dispatch.decision(OP, x, rows=4, cols=40)
     monkeypatch.setattr(tuning_db, "get_store", lambda: (_ for _ in ()).throw(AssertionError("DB touched")))
     monkeypatch.setattr(dispatch.env, "disabled", lambda: (_ for _ in ()).throw(AssertionError("env parsed")))
-    assert OP.select(x, rows=4, cols=40) is first
+    assert dispatch.decision(OP, x, rows=4, cols=40) is first
 
 
 def test_db_exact_then_nearest_bucket_in_log2_space():
@@ -123,15 +125,15 @@ def test_env_overrides(monkeypatch):
     x = torch.randn(4, 40)
     monkeypatch.setenv("LIGER_RT_IMPL_TOY", "torch")
     dispatch.reset()
-    d = OP.select(x, rows=4, cols=40)
+    d = dispatch.decision(OP, x, rows=4, cols=40)
     assert (d.impl, d.origin) == ("torch", "env")
     monkeypatch.setenv("LIGER_RT_IMPL_TOY", "triton")
     dispatch.reset()
-    d = OP.select(x, rows=4, cols=40)
+    d = dispatch.decision(OP, x, rows=4, cols=40)
     assert (d.impl, d.origin, d.config.BLOCK) == ("triton", "env", 32)   # config still from the DB
     monkeypatch.setenv("LIGER_RT_DISABLE", "1")
     dispatch.reset()
-    assert OP.select(x, rows=4, cols=40).impl == "torch"
+    assert dispatch.decision(OP, x, rows=4, cols=40).impl == "torch"
 
 
 def test_bad_env_raises_on_db_hits_too(monkeypatch):
@@ -140,11 +142,11 @@ def test_bad_env_raises_on_db_hits_too(monkeypatch):
     store.put_tuning(_row())
     monkeypatch.setenv("LIGER_RT_AUTOTUNE", "maybe")
     with pytest.raises(dispatch.env.EnvError, match="LIGER_RT_AUTOTUNE='maybe'"):
-        OP.select(torch.randn(4, 40), rows=4, cols=40)
+        dispatch.decision(OP, torch.randn(4, 40), rows=4, cols=40)
     monkeypatch.setenv("LIGER_RT_AUTOTUNE", "0")
     monkeypatch.setenv("LIGER_RT_DB_TIMEOUT", "nan")
     with pytest.raises(dispatch.env.EnvError, match="LIGER_RT_DB_TIMEOUT"):
-        OP.select(torch.randn(4, 40), rows=4, cols=40)
+        dispatch.decision(OP, torch.randn(4, 40), rows=4, cols=40)
 
 
 def test_forcing_an_impl_that_cannot_run_is_a_clear_error(monkeypatch):
@@ -152,12 +154,12 @@ def test_forcing_an_impl_that_cannot_run_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("LIGER_RT_IMPL_TOY", "triton")
     dispatch.reset()
     with pytest.raises(RuntimeError, match="LIGER_RT_IMPL_TOY=triton.*available: torch"):
-        OP.select(torch.randn(4, 40), rows=4, cols=40)
+        dispatch.decision(OP, torch.randn(4, 40), rows=4, cols=40)
 
 
 def test_unknown_op_and_arch_and_dims_list_valid_ones():
     with pytest.raises(ValueError, match="valid ops: rms_norm, swiglu"):
-        dispatch.get_op("rmsnorm")
+        REGISTRY.get("rmsnorm")
     with pytest.raises(ValueError, match="valid arches: hopper"):
         dispatch.select("toy", arch="h100", rows=1, cols=2)
     with pytest.raises(ValueError, match="takes dims cols,rows"):
@@ -202,19 +204,19 @@ def test_sweep_measures_every_impl_and_derives_its_own_crossover():
 def test_online_autotune_on_miss_persists(monkeypatch):
     monkeypatch.setenv("LIGER_RT_AUTOTUNE", "1")
     dispatch.reset()
-    d = OP.select(torch.randn(4, 40), rows=4, cols=40)
+    d = dispatch.decision(OP, torch.randn(4, 40), rows=4, cols=40)
     assert d.origin == "online"
     rows = open_store().all_rows("tuning")
     assert {r["origin"] for r in rows} == {"online"} and len(rows) == 2
     dispatch.reset()
     monkeypatch.delenv("LIGER_RT_AUTOTUNE")
-    assert OP.select(torch.randn(4, 40), rows=4, cols=40).origin == "db"
+    assert dispatch.decision(OP, torch.randn(4, 40), rows=4, cols=40).origin == "db"
 
 
 def _crossover_row(**kw):
     base = dict(op="toy", variant="fwdbwd", arch="cpu", dtype="fp32", static_key=OP.static_key({"cols": 40}),
                 axis_name="rows", segments=[[8.0, "triton"], [None, "torch"]], margin=0.05, origin="sweep",
-                method="cpu-wall", **fingerprint("cpu", OP.source_hash))
+                method="cpu-wall", **fingerprint("cpu", source_hash(OP)))
     base.update(kw)
     return base
 
@@ -259,7 +261,7 @@ def test_crossover_drives_dispatch_between_db_buckets():
 
 
 def test_validation_tolerates_ulp_outliers_but_not_wrong_elements():
-    from liger_rt.kernels._common import validation_report
+    from liger_rt.numerics import validation_report
     torch.manual_seed(0)
     ref = torch.randn(4096, 64) * 50
     out = ref.to(torch.bfloat16)
@@ -317,12 +319,12 @@ def test_host_syncing_candidates_are_timed_without_a_capture(monkeypatch):
 
 
 def test_every_shipped_hopper_row_is_fresh_for_this_code():
-    """Issue 15 item 4: the shipped rows were swept from the current kernels (a kernel edit that
+    """The shipped rows were swept from the current kernels (a kernel edit that
     changes a launch stales them: re-sweep on the H200, `liger-tune export`, replace the file)."""
     from liger_rt.tuning_db.store import shipped_defaults
     shipped = shipped_defaults()
     rows = shipped.select("tuning", "arch = ?", ["hopper"]) + shipped.select("crossover", "arch = ?", ["hopper"])
-    stale = sorted({r["op"] for r in rows if r["source_hash"] != dispatch.get_op(r["op"]).source_hash})
+    stale = sorted({r["op"] for r in rows if r["source_hash"] != source_hash(REGISTRY.get(r["op"]))})
     assert not stale, f"shipped hopper rows stale for: {stale}"
     for r in shipped.select("tuning", "arch = ?", ["hopper"]):
-        dispatch.get_op(r["op"]).parse_config(r["config"], r["impl"])   # raises on a row the spec refuses
+        REGISTRY.get(r["op"]).parse_config(r["config"], r["impl"])   # raises on a row the spec refuses

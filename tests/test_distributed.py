@@ -7,7 +7,7 @@ One pair of worker processes per wrapper (this file run as a script) does, in or
 2. rank consistency: LIGER_RT_AUTOTUNE=1 over an empty DB in a tmp dir, one training step of a
    wrapped patched Qwen3: rank 0 tunes each case once, rank 1 never, and the digests of every
    memoised decision agree (`check_decisions_agree` all-gathers them).
-In step 2 the wrapped `autotune.tune` makes the fastest Triton config win (on CPU the interpreted
+In step 2 the wrapped `autotune.tuning.tune` makes the fastest Triton config win (on CPU the interpreted
 kernels never beat torch, which would leave every decision "torch" and the configs untested).
 """
 from __future__ import annotations
@@ -59,7 +59,7 @@ def worker(rank: int, port: str, how: str, out_path: str) -> None:
 
     os.environ["LIGER_RT_AUTOTUNE"] = "1"
     dispatch.reset()
-    tuned, real = [], autotune.tune
+    tuned, real = [], autotune.tuning.tune
 
     def triton_wins(op, target, dtype, dims, **kw):
         tuned.append([op.name, dims])
@@ -68,11 +68,11 @@ def worker(rank: int, port: str, how: str, out_path: str) -> None:
         if best:
             result["winner"] = min(best.values(), key=lambda r: r["median_ms"])
         return result
-    autotune.tune = triton_wins
+    autotune.tuning.tune = triton_wins
     model = D.wrap(liger_rt.patch(build_model("qwen3-tiny")), how)
     D.train_step(model, make_inputs(build_model("qwen3-tiny")), 1e-3)
     out.update(tuned=tuned, digest=D.decisions_digest(), all_digests=D.check_decisions_agree(),
-               decisions=[d.to_dict() for op in dispatch._REGISTRY.values() for d in op._memo.values()])
+               decisions=[d.to_dict() for d in dispatch.decisions()])
     Path(out_path).write_text(json.dumps(out, default=str))
     dist.destroy_process_group()
 
@@ -148,23 +148,24 @@ def test_rank0_tunes_once_and_every_rank_decides_alike(run):
 
 def test_digest_covers_op_dims_dtype_impl_config_only():
     from liger_rt import dispatch
+    from liger_rt.registry import REGISTRY
     from liger_rt.tools.distributed import DIGEST_FIELDS, decisions, decisions_digest
     empty = decisions_digest()
-    op = dispatch.get_op("rms_norm")
-    d = op.select(torch.empty(4, 32), rows=4, hidden=32)
+    op = REGISTRY.get("rms_norm")
+    d = dispatch.decision(op, torch.empty(4, 32), rows=4, hidden=32)
     assert decisions() == [{k: d.to_dict()[k] for k in DIGEST_FIELDS}]
     one = decisions_digest()
     assert one != empty
-    key = next(iter(op._memo))
-    op._memo[key] = dataclass_replace(d, origin="online", reason="another reason")
+    key = next(iter(dispatch.memo(op)))
+    dispatch.memo(op)[key] = dataclass_replace(d, origin="online", reason="another reason")
     assert decisions_digest() == one                 # origin and reason are not decisions
     other = next(c for c in op.candidates_for(op.impl("triton"), dispatch.current_target("cpu").arch,
                                               dict(d.dims), torch.float32) if c != d.config)
-    op._memo[key] = dataclass_replace(d, config=other)
+    dispatch.memo(op)[key] = dataclass_replace(d, config=other)
     assert decisions_digest() != one
-    op._memo[key] = dataclass_replace(d, impl="torch")
+    dispatch.memo(op)[key] = dataclass_replace(d, impl="torch")
     assert decisions_digest() != one
-    op._memo.clear()
+    dispatch.memo(op).clear()
     assert decisions_digest() == empty
 
 

@@ -8,8 +8,9 @@ from routing import record_impls
 
 import liger_rt
 from liger_rt import backend, dispatch
+from liger_rt.autograd import call_impl, run_case
 from liger_rt.kernels import fused_linear_cross_entropy as flce
-from liger_rt.kernels._common import assert_close, close_report
+from liger_rt.numerics import assert_close, close_report
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 IDS = ["fp32", "fp16", "bf16"]
@@ -41,7 +42,7 @@ def _rel_rmse(a, b):
 def _triton(config, grads=3):
     def run(x, w, y, b=None, reduction="mean", label_smoothing=0.0, lse_square_scale=0.0, softcap=None,
             num_items_in_batch=None):
-        return flce.OP.call_impl("triton", config, x, w, y, b, -100, reduction, label_smoothing, lse_square_scale,
+        return call_impl(flce.OP, "triton", config, x, w, y, b, -100, reduction, label_smoothing, lse_square_scale,
                                  softcap, num_items_in_batch, grads | (4 if b is not None else 0), True)
     return run
 
@@ -69,7 +70,7 @@ def _check(x, w, b, y, config=None, **kw):
 def test_matches_reference(dtype, reduction):
     # 18 tokens with the cpu heuristic's chunk of 4 (fp32) / 8 (16-bit): a ragged last chunk
     x, w, b, y = _case(18, 24, 199, dtype, bias=True)
-    d = flce.OP.select(x, tokens=18, hidden=24, vocab=199)
+    d = dispatch.decision(flce.OP, x, tokens=18, hidden=24, vocab=199)
     assert 0 < d.config.chunk < 18 and 18 % d.config.chunk != 0
     _check(x, w, b, y, reduction=reduction)
 
@@ -286,7 +287,7 @@ def test_dispatch_routes_to_the_torch_implementation(monkeypatch):
     liger_rt.ops.fused_linear_cross_entropy(x.clone().requires_grad_(), w, y)
     monkeypatch.setenv("LIGER_RT_IMPL_FUSED_LINEAR_CROSS_ENTROPY", "torch")
     dispatch.reset()
-    d = flce.OP.select(x, tokens=10, hidden=16, vocab=199)
+    d = dispatch.decision(flce.OP, x, tokens=10, hidden=16, vocab=199)
     assert d.impl == "torch" and d.origin == "env"
     loss = liger_rt.ops.fused_linear_cross_entropy(x.clone().requires_grad_(), w, y)
     assert ran == ["triton", "torch"]
@@ -326,9 +327,9 @@ def test_tuning_case_validates():
     # what the autotuner runs: triton outputs must match the torch outputs within the table
     dims = {"tokens": 16, "hidden": 32, "vocab": 199}
     case = flce._make_case(dims, torch.bfloat16, "cpu")
-    ref = flce.OP.run_case(flce.OP.impl("torch"), case, None)
+    ref = run_case(flce.OP, flce.OP.impl("torch"), case, None)
     for cfg in flce.OP.candidates_for(flce.OP.impl("triton"), backend.profile("cpu"), dims, torch.bfloat16)[:3]:
-        out = flce.OP.run_case(flce.OP.impl("triton"), case, cfg)
+        out = run_case(flce.OP, flce.OP.impl("triton"), case, cfg)
         assert len(out) == len(ref) == 3
         for o, r in zip(out, ref):
             assert close_report(o, r, torch.bfloat16, flce.OP.reduce_len(dims)) is None

@@ -6,8 +6,9 @@ import torch
 
 import liger_rt
 from liger_rt import _swaps, autotune, backend, dispatch
+from liger_rt.autograd import call_impl
 from liger_rt.kernels import fused_linear_logprobs as flp
-from liger_rt.kernels._common import assert_close
+from liger_rt.numerics import assert_close
 
 CPU = backend.profile("cpu")
 # several chunks (4 rows), ragged vocab blocks (37 = 2 x 16 + 5 forward, 32 + 5 backward)
@@ -49,7 +50,7 @@ def _fwd_bwd(fn, x, w, b, t, g_lp, g_h, **kw):
 
 
 def _triton(config):
-    return lambda x, w, t, b, temperature=1.0, ignore_index=-100: flp.OP.call_impl(
+    return lambda x, w, t, b, temperature=1.0, ignore_index=-100: call_impl(flp.OP,
         "triton", config, x, w, t, b, float(temperature), int(ignore_index))
 
 

@@ -5,10 +5,11 @@ import math
 import pytest
 import torch
 
+from liger_rt.autograd import call_impl
 import liger_rt.ops
 from liger_rt import autotune, backend, dispatch
 from liger_rt.kernels import geglu as gg
-from liger_rt.kernels._common import assert_close
+from liger_rt.numerics import assert_close
 from routing import record_impls
 
 # the interpreter's numpy exp warns where sigmoid(2z) saturates (large negative gates); the result is exact
@@ -33,7 +34,7 @@ def _fwd_bwd(fn, gate, up, dy):
 
 
 def _triton(config):
-    return lambda g, u: gg.OP.call_impl("triton", config, g, u)
+    return lambda g, u: call_impl(gg.OP, "triton", config, g, u)
 
 
 def _exact(gate, up, dy):
@@ -131,7 +132,7 @@ def test_dispatch_routes_to_triton_then_env(monkeypatch):
     ran = record_impls(monkeypatch, gg.OP)
     gate, up, _ = _inputs((2, 3, 48), torch.float32, seed=8)
     y = liger_rt.ops.geglu(gate, up)
-    d = gg.OP.select(gate.reshape(-1, 48), rows=6, cols=48)
+    d = dispatch.decision(gg.OP, gate.reshape(-1, 48), rows=6, cols=48)
     assert (d.impl, d.origin) == ("triton", "heuristic") and ran == ["triton"]
     assert_close(y, _exact(gate, up, up)[0], torch.float32)
     monkeypatch.setenv("LIGER_RT_IMPL_GEGLU", "torch")

@@ -6,12 +6,12 @@ import os
 import pytest
 import torch
 
-from liger_rt import backend, dispatch, env, ops, tuning_db
-from liger_rt.kernels import _common
+from liger_rt import backend, dispatch, env, launch, ops, tuning_db
 from liger_rt.kernels import layer_norm as ln
 from liger_rt.kernels import rms_norm as rn
 from liger_rt.kernels import rope as rp
 from liger_rt.kernels import swiglu as sw
+from liger_rt.registry import REGISTRY
 from liger_rt.tools.bench.host_overhead import StubbedLaunches, cpu_stub
 
 
@@ -95,9 +95,9 @@ def test_memo_hit_reads_no_env_and_no_db(triton_path, monkeypatch, name):
     with StubbedLaunches(*modules) as stub:
         call()                                            # the miss: decision and launch constants
         assert stub.launches == per_call                  # the Triton path
-        op = dispatch.get_op(name)
-        assert [d.impl for d in op._memo.values()] == ["triton"]
-        memos = [*_common._LAUNCH_MEMOS, rp._layout_memo]      # rope's layout check: memoised per shapes
+        op = REGISTRY.get(name)
+        assert [d.impl for d in dispatch.memo(op).values()] == ["triton"]
+        memos = [*launch._LAUNCH_MEMOS, rp._layout_memo]      # rope's layout check: memoised per shapes
         memo_misses = [m.cache_info().misses for m in memos]
         calls = _count_slow_path(monkeypatch)
         for _ in range(3):

@@ -3,10 +3,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from liger_rt.autograd import call_impl
+from liger_rt.freshness import source_hash
 import liger_rt.ops
 from liger_rt import autotune, backend, dispatch
 from liger_rt.kernels import layer_norm as ln
-from liger_rt.kernels._common import assert_close
+from liger_rt.numerics import assert_close
 from liger_rt.tools.presets import get_preset
 from norm_checks import assert_candidate_spaces_modest_and_arch_aware
 from routing import assert_fakes_match, record_impls
@@ -40,7 +42,7 @@ def _ref(x, w, b, dy):
 
 
 def _triton(config):
-    return lambda x, w, b, eps: ln.OP.call_impl("triton", config, x, w, b, eps)
+    return lambda x, w, b, eps: call_impl(ln.OP, "triton", config, x, w, b, eps)
 
 
 def _check(outs, refs, dtype, rows, what=""):
@@ -151,14 +153,14 @@ def test_dispatch_heuristic_env_and_db(monkeypatch, tmp_path):
     ran = record_impls(monkeypatch, ln.OP)
     x, w, b, dy = _inputs((2, 3, 48), torch.bfloat16, seed=8)
     y = liger_rt.ops.layer_norm(x, w, b)
-    d = ln.OP.select(x.reshape(-1, 48), rows=6, hidden=48)
+    d = dispatch.decision(ln.OP, x.reshape(-1, 48), rows=6, hidden=48)
     assert (d.impl, d.origin) == ("triton", "heuristic") and ran == ["triton"]
     assert_close(y, _ref(x, w, b, dy)[0], torch.bfloat16)
 
     monkeypatch.setenv("LIGER_RT_IMPL_LAYER_NORM", "torch")
     dispatch.reset()
     liger_rt.ops.layer_norm(x, w, b)
-    d = ln.OP.select(x.reshape(-1, 48), rows=6, hidden=48)
+    d = dispatch.decision(ln.OP, x.reshape(-1, 48), rows=6, hidden=48)
     assert (d.impl, d.origin) == ("torch", "env") and ran == ["triton", "torch"]
 
     # a DB row in which torch is faster makes dispatch pick torch: a measurement, not a constant
@@ -169,11 +171,11 @@ def test_dispatch_heuristic_env_and_db(monkeypatch, tmp_path):
         store.put_tuning(dict(op="layer_norm", variant="fwdbwd", arch="cpu", dtype="bf16",
                               static_key=ln.OP.static_key({"hidden": 48}), bucket=ln.OP.bucket_key({"rows": 6}),
                               impl=impl, config={} if impl == "torch" else _heuristic(48).to_dict(), median_ms=ms,
-                              baseline_ms=0.01, source_hash=ln.OP.source_hash, config_schema=ln.OP.schema_version,
+                              baseline_ms=0.01, source_hash=source_hash(ln.OP), config_schema=ln.OP.schema_version,
                               origin="sweep"))
     store.close()
     dispatch.reset()
-    d = ln.OP.select(x.reshape(-1, 48), rows=6, hidden=48)
+    d = dispatch.decision(ln.OP, x.reshape(-1, 48), rows=6, hidden=48)
     assert (d.impl, d.origin) == ("torch", "db")
 
 

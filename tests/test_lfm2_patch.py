@@ -14,6 +14,7 @@ import liger_rt
 from liger_rt import dispatch
 from liger_rt.layers import short_conv as sc
 from liger_rt.patch import core
+from liger_rt.registry import REGISTRY
 from liger_rt.tools.models import build_model
 from liger_rt.tools.parity import make_inputs
 from hf_compat import enable_checkpointing
@@ -104,7 +105,7 @@ def test_patched_matches_unpatched_interpreter(preset):
     base, new = _pair(preset)
     _patch(new)
     _check_parity(base, new, atol=5e-5)
-    impls = {d.op: d.impl for op in ("short_conv", "rms_norm") for d in dispatch.get_op(op)._memo.values()}
+    impls = {d.op: d.impl for op in ("short_conv", "rms_norm") for d in dispatch.memo(REGISTRY.get(op)).values()}
     assert impls == {"short_conv": "triton", "rms_norm": "triton"}
 
 

@@ -12,10 +12,14 @@ import torch
 import torch.nn.functional as F
 
 from liger_rt import backend, dispatch, ops
+from liger_rt.autograd import call_impl, run_case
+from liger_rt.config import ConfigError
+from liger_rt.freshness import source_hash
 from liger_rt.kernels import moe_experts as M
-from liger_rt.kernels._common import assert_close
-from liger_rt.opspec import Case, ConfigError
+from liger_rt.numerics import assert_close
+from liger_rt.op import Case
 from liger_rt.tuning_db import open_store
+from liger_rt.tuning_db.crossover import crossover_pick, derive_crossover
 from liger_rt.tuning_db.store import Store, load_jsonl
 from routing import record_impls
 
@@ -36,7 +40,7 @@ def _case(dims, dtype=torch.float32, tag="uniform", idx=None, **swap):
 
 
 def _run(impl, case, config=None):
-    return M.OP.run_case(M.OP.impl(impl), case, config if config is not None else {})
+    return run_case(M.OP, M.OP.impl(impl), case, config if config is not None else {})
 
 
 def _dense_fp64(case):
@@ -112,7 +116,7 @@ def test_split_up_backward(wgrad_sorted, down_desc, I):
     ref = dict(zip(NAMES, _dense_fp64(case)))
     for name, i in (("dweights", 3), ("ddown", 2), ("dgate_up", 1), ("dx", 0)):
         args = [a.detach().requires_grad_(j == i) for j, a in enumerate((x, gu, dn, w))]
-        y = M.OP.call_impl("triton", cfg, *args[:3], idx, args[3], True)
+        y = call_impl(M.OP, "triton", cfg, *args[:3], idx, args[3], True)
         y = y[0] if isinstance(y, tuple) else y
         (grad,) = torch.autograd.grad(y, args[i], case.grads[0])
         assert_close(grad, ref[name], torch.float32, M._reduce_len(dims), name=name)
@@ -157,7 +161,7 @@ def test_backward_frees_its_buffers_early(split, monkeypatch):
     (x, gu, dn, idx, w, _), (dy,) = (c := _case(_dims(T, E, K, H, I))).args, c.grads
     monkeypatch.setattr(InterpretedFunction, "run", lambda self, *a, **k: None)
     cfg = M._CPU[0].replace(wgrad_sorted=2, up_bwd_split=split)
-    y = M.OP.call_impl("triton", cfg, x, gu, dn, idx, w, True)
+    y = call_impl(M.OP, "triton", cfg, x, gu, dn, idx, w, True)
     with Live() as live:
         torch.autograd.grad(y[0] if isinstance(y, tuple) else y, (x, gu, dn, w), dy)
     S = T * K
@@ -254,7 +258,7 @@ def test_functional_dispatch_and_leading_dims(monkeypatch):
     dims = _dims(12, 4, 2, 32, 16)
     case = _case(dims)
     x, gu, dn, idx, w, _ = (a.detach() if isinstance(a, torch.Tensor) else a for a in case.args)
-    d = M.OP.select(x, **dims)
+    d = dispatch.decision(M.OP, x, **dims)
     assert d.impl == "triton" and d.origin == "heuristic"    # interpreter on: the fused path on cpu
     ran = record_impls(monkeypatch, M.OP)
     y = ops.moe_experts(x.view(3, 4, 32), gu, dn, idx.view(3, 4, 2), w.view(3, 4, 2))
@@ -276,7 +280,7 @@ def test_no_grad_forward_skips_saving(monkeypatch):
         y = ops.moe_experts(*case.args[:5])
     assert saved[0][0].numel() == 0                            # no gate|up pre-activations kept
     assert_close(y, _dense_fp64(case)[0], torch.float32, M._reduce_len(dims))
-    y = M.OP.call_impl("triton", M._CPU[0], *case.args[:5], False)    # save=False with a graph: refused
+    y = call_impl(M.OP, "triton", M._CPU[0], *case.args[:5], False)    # save=False with a graph: refused
     with pytest.raises(RuntimeError, match="save=False"):
         y.sum().backward()
 
@@ -296,7 +300,7 @@ def test_input_errors():
     with pytest.raises(TypeError, match="accepted: torch.float32"):
         M.moe_experts(x.long(), gu.long(), dn.long(), idx, w)
     with pytest.raises(RuntimeError, match="outside"):
-        M.OP.call_impl("triton", M._CPU[0], x, gu, dn, torch.full((4, 1), 2), w, False)
+        call_impl(M.OP, "triton", M._CPU[0], x, gu, dn, torch.full((4, 1), 2), w, False)
 
 
 # -- grouped MM ---------------------------------------------------------------------------------
@@ -441,17 +445,17 @@ def test_derive_crossover_with_hysteresis(tmp_path):
            (64.0, {"triton": 1.0, "grouped_mm": 0.97}),   # within the margin: stays triton
            (256.0, {"triton": 2.0, "grouped_mm": 1.5}),
            (1024.0, {"triton": 6.0, "grouped_mm": 5.0})]
-    seg = dispatch.derive_crossover(pts, margin=0.05)
+    seg = derive_crossover(pts, margin=0.05)
     assert seg == [[round(math.sqrt(64 * 256), 6), "triton"], [None, "grouped_mm"]]
-    assert dispatch.derive_crossover(pts, margin=0.0)[0] == [round(math.sqrt(16 * 64), 6), "triton"]
+    assert derive_crossover(pts, margin=0.0)[0] == [round(math.sqrt(16 * 64), 6), "triton"]
     store = open_store(tmp_path / "x.db")
     sk = M.OP.static_key(BIG)
     store.put_crossover(dict(op="moe_experts", variant="fwdbwd", arch="hopper", dtype="bf16", static_key=sk,
                              axis_name="rows_per_expert", segments=seg, margin=0.05, origin="sweep",
-                             source_hash=M.OP.source_hash))
+                             source_hash=source_hash(M.OP)))
     row = store.crossover_row("moe_experts", "fwdbwd", "hopper", "bf16", sk)
     assert json.loads(row["segments"]) == seg
-    assert dispatch.crossover_pick(seg, 100.0) == "triton" and dispatch.crossover_pick(seg, 200.0) == "grouped_mm"
+    assert crossover_pick(seg, 100.0) == "triton" and crossover_pick(seg, 200.0) == "grouped_mm"
     store.close()
 
 
@@ -459,7 +463,7 @@ def _put_user_crossover(arch, dtype, dims, segments, origin="sweep"):
     store = open_store()        # LIGER_RT_TUNING_DB: the per-test DB of conftest
     store.put_crossover(dict(op="moe_experts", variant="fwdbwd", arch=arch, dtype=dtype,
                              static_key=M.OP.static_key(dims), axis_name="rows_per_expert", segments=segments,
-                             margin=0.05, origin=origin, source_hash=M.OP.source_hash))
+                             margin=0.05, origin=origin, source_hash=source_hash(M.OP)))
     store.close()
     dispatch.reset()
 
@@ -469,8 +473,8 @@ def test_dispatch_switches_across_crossover_cpu(monkeypatch):
     base = _dims(16, 4, 2, 32, 16)
     _put_user_crossover("cpu", "fp32", base, [[8.0, "triton"], [None, "torch"]])
     x = torch.randn(1, 32)
-    lo = M.OP.select(x, **dict(base, tokens=12))      # 6 rows per expert
-    hi = M.OP.select(x, **dict(base, tokens=40))      # 20 rows per expert
+    lo = dispatch.decision(M.OP, x, **dict(base, tokens=12))      # 6 rows per expert
+    hi = dispatch.decision(M.OP, x, **dict(base, tokens=40))      # 20 rows per expert
     assert (lo.impl, lo.origin) == ("triton", "crossover") and "rows_per_expert=6" in lo.reason
     assert (hi.impl, hi.origin) == ("torch", "crossover")
     ran = record_impls(monkeypatch, M.OP)
@@ -535,20 +539,20 @@ def test_pinned_configs(monkeypatch):
     monkeypatch.setenv("LIGER_FUSED_MOE_AUTOTUNE", "0")
     monkeypatch.setenv("LIGER_RT_ARCH", "mi325x")
     dispatch.reset()
-    d = M.OP.select(x.bfloat16(), **dims)
+    d = dispatch.decision(M.OP, x.bfloat16(), **dims)
     assert (d.impl, d.origin, d.arch) == ("triton", "pinned", "mi325x") and "HIP-safe" in d.reason
     assert _hip_safe(d.config) and d.config == M._PINNED_HIP
-    d = M.OP.select(x, **dims)   # fp32 tiles are twice the bytes: the first HIP config within 64 KiB
+    d = dispatch.decision(M.OP, x, **dims)   # fp32 tiles are twice the bytes: the first HIP config within 64 KiB
     assert d.origin == "pinned" and M._fits(d.config, backend.profile("mi325x"), dims, torch.float32)
     case = _case(dims)           # the pinned HIP config computes right (through the interpreter)
     _check_all(_run("triton", case, d.config), _dense_fp64(case), torch.float32, dims)
     monkeypatch.setenv("LIGER_RT_ARCH", "hopper")
     dispatch.reset()
-    d = M.OP.select(x.bfloat16(), **dims)
+    d = dispatch.decision(M.OP, x.bfloat16(), **dims)
     assert (d.origin, d.config) == ("pinned", M._PINNED_CUDA)
     monkeypatch.setenv("LIGER_FUSED_MOE_AUTOTUNE", "1")
     dispatch.reset()
-    assert M.OP.select(x, **dims).origin == "heuristic"
+    assert dispatch.decision(M.OP, x, **dims).origin == "heuristic"
 
 
 # -- transformers ExpertsInterface -------------------------------------------------------------------

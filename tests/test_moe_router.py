@@ -3,14 +3,15 @@ import pytest
 import torch
 
 from liger_rt import backend, dispatch
+from liger_rt.autograd import call_impl
 from liger_rt.kernels import moe_router as mr
-from liger_rt.kernels._common import assert_close
+from liger_rt.numerics import assert_close
 
 CFG = mr.MoERouterConfig(BLOCK_T=16, num_warps=1)
 
 
 def _triton(logits, k, bias=None, norm=True, scale=1.0, config=CFG):
-    return mr.OP.call_impl("triton", config, logits, k, bias, norm, scale)
+    return call_impl(mr.OP, "triton", config, logits, k, bias, norm, scale)
 
 
 def _record(monkeypatch):
@@ -172,7 +173,7 @@ def test_nan_logits_propagate_as_in_the_reference(dtype, norm):
 
 def test_many_experts_fall_back_to_torch(monkeypatch):
     logits = _logits(5, 300)
-    assert mr.OP.select(logits, tokens=5, experts=300, top_k=4).impl == "torch"
+    assert dispatch.decision(mr.OP, logits, tokens=5, experts=300, top_k=4).impl == "torch"
     ran = _record(monkeypatch)
     _check(logits, 4, None, True, 1.0, fn=mr.moe_router)
     assert ran == ["torch"]
@@ -226,10 +227,10 @@ def test_amd_heuristic_is_wave64():
 
 def test_dispatch_env_forces_torch(monkeypatch):
     logits = _logits(9, 8)
-    assert mr.OP.select(logits, tokens=9, experts=8, top_k=2).impl == "triton"
+    assert dispatch.decision(mr.OP, logits, tokens=9, experts=8, top_k=2).impl == "triton"
     monkeypatch.setenv("LIGER_RT_IMPL_MOE_ROUTER", "torch")
     dispatch.reset()
-    assert mr.OP.select(logits, tokens=9, experts=8, top_k=2).impl == "torch"
+    assert dispatch.decision(mr.OP, logits, tokens=9, experts=8, top_k=2).impl == "torch"
     ran = _record(monkeypatch)
     _check(logits, 2, None, True, 1.0, fn=mr.moe_router)
     assert ran == ["torch"]
@@ -278,7 +279,7 @@ def test_matches_hf_lfm2_moe_router(E, k, norm, scale, use_bias):
     (dh_hf,) = torch.autograd.grad(w_hf, hh, dw)
     hh = h.clone().requires_grad_()
     logits = torch.nn.functional.linear(hh, router.weight)
-    d = mr.OP.select(logits, tokens=50, experts=E, top_k=k)
+    d = dispatch.decision(mr.OP, logits, tokens=50, experts=E, top_k=k)
     assert d.impl == "triton"
     w, idx = mr.moe_router(logits, k, eb, norm, scale)
     (dh,) = torch.autograd.grad(w, hh, dw)

@@ -1,5 +1,6 @@
-"""The op spec itself: configs validate, the hash sees code not comments, the generated custom ops
-compile without graph breaks and decide per bucket at trace time."""
+"""The op declaration and the services around it: configs validate, the freshness hash sees code (not
+comments, docstrings or the module it lives in), the op carries no runtime state, the generated custom
+ops compile without graph breaks and decide per bucket at trace time."""
 import dataclasses
 import textwrap
 import types
@@ -8,8 +9,10 @@ import pytest
 import torch
 
 import toy_op
-from liger_rt import dispatch, opspec
-from liger_rt.opspec import Config, ConfigError, knob, pow2
+from liger_rt import custom_ops, dispatch, freshness
+from liger_rt.config import Config, ConfigError, knob, pow2
+from liger_rt.op import Op, bucket
+from liger_rt.registry import REGISTRY
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,28 +58,29 @@ def test_parse_round_trips_and_configs_hash_as_values():
     assert back == cfg and hash(back) == hash(cfg) and dict(back)["scale"] == 1.0
 
 
-def _fn_from(src: str):
-    ns = {"__name__": "liger_rt.kernels._hash_probe"}
+def _fn_from(src: str, module: str = "liger_rt.kernels._hash_probe"):
+    ns = {"__name__": module}
     exec(compile(textwrap.dedent(src), "<probe>", "exec"), ns)
     fn = ns["f"]
     return types.FunctionType(fn.__code__, ns, "f")
 
 
 def test_hash_ignores_comments_and_docstrings_but_not_code(monkeypatch):
-    monkeypatch.setattr(opspec.inspect, "getsource", lambda fn: fn.__src__)
+    monkeypatch.setattr(freshness.inspect, "getsource", lambda fn: fn.__src__)
 
-    def norm(src):
-        fn = _fn_from(src)
+    def norm(src, module="liger_rt.kernels._hash_probe"):
+        fn = _fn_from(src, module)
         fn.__src__ = textwrap.dedent(src)
-        return opspec._normalised_source(fn)
+        return freshness._normalised_source(fn)
 
     base = norm('def f(x):\n    return x + 1\n')
     assert norm('def f(x):\n    """Adds one."""\n    # why: a comment\n    return x + 1  # trailing\n') == base
     assert norm('def f(x):\n    return x + 2\n') != base
+    assert norm('def f(x):\n    return x + 1\n', module="liger_rt.kernels.norms") == base     # moved code stays fresh
 
 
 def test_toy_hash_covers_kernel_and_launcher():
-    names = {f.__qualname__ for f in opspec._reachable([toy_op._forward, toy_op._backward])}
+    names = {f.__qualname__ for f in freshness._reachable([toy_op._forward, toy_op._backward])}
     assert {"_forward", "_backward", "toy_triton", "_toy_kernel"} <= names
 
 
@@ -85,22 +89,43 @@ def test_hash_covers_the_methods_of_a_helper_class():
     there changes the grid, so the freshness hash must see it."""
     from liger_rt.kernels import moe_experts as M
     roots = [f for i in M.OP.impls for f in (i.forward, i.backward) if f is not None]
-    names = {f.__qualname__ for f in opspec._reachable(roots)}
+    names = {f.__qualname__ for f in freshness._reachable(roots)}
     assert {"_Routing.tiles", "_Routing.sort", "_moe_tiles_kernel", "_n_tiles"} <= names
+
+
+def test_a_registered_op_is_its_declaration_alone():
+    """Registration records the op, hashes it and defines its custom ops without touching it: the
+    runtime's state (memo, hash, custom ops) lives in the services, keyed by the op."""
+    assert set(vars(toy_op.OP)) == {f.name for f in dataclasses.fields(Op)}
+    assert REGISTRY.get("toy") is toy_op.OP and dispatch.memo(toy_op.OP) is dispatch.memo(toy_op.OP)
+    assert freshness.source_hash(toy_op.OP) == freshness.source_hash(toy_op.OP)
+    assert custom_ops.traced_function(toy_op.OP) is custom_ops.traced_function(toy_op.OP)
+
+
+def test_every_op_of_the_registry_is_a_public_functional():
+    """liger_rt.ops imports each op's functional statically (go-to-definition reaches the kernel file);
+    the registry's table names the same ops and the modules that define them."""
+    import importlib
+
+    from liger_rt import ops
+    from liger_rt.registry import OP_MODULES
+    assert list(ops.__all__) == list(OP_MODULES)
+    for name, module in OP_MODULES.items():
+        assert getattr(ops, name) is getattr(importlib.import_module(module), name)
 
 
 def test_traced_exact_and_bucket():
     for v in (1, 2, 3, 40, 64, 65, 1000):
-        assert opspec._traced_exact(v) == v
-        assert opspec.bucket(v) == (1 << (v - 1).bit_length())
+        assert dispatch._traced_exact(v) == v
+        assert bucket(v) == (1 << (v - 1).bit_length())
 
 
 def test_toy_compiles_fullgraph_and_decides_per_bucket(monkeypatch):
     """Zero graph breaks (fullgraph); one decision per bucket of rows, taken at trace time; the
     Triton pair runs as the generated custom ops, gradients included."""
     decided = []
-    real = toy_op.OP.select
-    monkeypatch.setattr(toy_op.OP, "select", lambda x, **dims: decided.append(dims["rows"]) or real(x, **dims))
+    real = dispatch.decision
+    monkeypatch.setattr(dispatch, "decision", lambda op, x, **dims: decided.append(dims["rows"]) or real(op, x, **dims))
     dispatch.reset()
     torch._dynamo.reset()
     f = torch.compile(lambda x: toy_op.toy(x) + 1.0, backend="aot_eager", fullgraph=True, dynamic=True)
@@ -126,26 +151,23 @@ def test_every_generated_custom_op_has_a_schema_inductor_can_read():
     there on the H200, and only with backend="inductor"."""
     from torch.fx.operator_schemas import get_signature_for_torch_op
 
-    from liger_rt import dispatch
-    ops = [dispatch.get_op(name) for name in dispatch.OP_MODULES]
-    assert len(ops) >= 10, sorted(opspec.REGISTERED)
+    ops = [REGISTRY.get(name) for name in REGISTRY.names()]
+    assert len(ops) >= 10, REGISTRY.names()
     for op in ops:
-        op._custom_ops
+        custom_ops.traced_function(op)
         for half in ("fwd", "bwd"):
             overload = getattr(getattr(torch.ops.liger_rt, f"{op.name}_{half}"), "default")
             assert get_signature_for_torch_op(overload), f"{op.name}_{half}"
 
 
 def test_each_generated_op_has_exactly_one_fake():
-    """torch 2.11 (the H200 image) refuses a second register_fake for an op; newer torch replaces
-    the first one silently.  rope's backward fake was registered twice (the runtime's, then the
-    kernel file's own), which only the H200 saw: every fake comes through the spec, once."""
+    """torch 2.11 (the H200 image) refuses a second register_fake for an op, where newer torch
+    replaces the first one silently: every fake comes through the spec, once."""
     from torch._library.simple_registry import singleton
 
-    from liger_rt import dispatch
-    for name in dispatch.OP_MODULES:
-        op = dispatch.get_op(name)
-        op._custom_ops
+    for name in REGISTRY.names():
+        op = REGISTRY.get(name)
+        custom_ops.traced_function(op)
         for half in ("fwd", "bwd"):
             kernels = singleton.find(f"liger_rt::{op.name}_{half}").fake_impl.kernels
             assert len(kernels) == 1, f"{op.name}_{half}: {len(kernels)} fake implementations registered"

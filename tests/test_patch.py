@@ -20,6 +20,7 @@ import torch
 import liger_rt
 from liger_rt import _swaps, dispatch
 from liger_rt.patch import core, specs
+from liger_rt.registry import REGISTRY
 from liger_rt.tools.models import build_model
 from hf_compat import enable_checkpointing
 
@@ -141,7 +142,7 @@ def test_instance_patch_matches_unpatched_interpreter(preset, vocab):
     liger_rt.patch(new)
     ids, mask, labels = _inputs(vocab=vocab)
     _assert_same(base, new, ids, mask, labels, atol=2e-5)
-    decisions = [d for name in ("rms_norm", "swiglu") for d in dispatch.get_op(name)._memo.values()]
+    decisions = [d for name in ("rms_norm", "swiglu") for d in dispatch.memo(REGISTRY.get(name)).values()]
     assert decisions, "patched layers never reached the dispatcher"
     assert {d.impl for d in decisions} == {"triton"}, [(d.op, d.impl, d.reason) for d in decisions]
 

@@ -2,10 +2,11 @@
 import pytest
 import torch
 
+from liger_rt.autograd import call_impl
 import liger_rt.ops
 from liger_rt import autotune, backend, dispatch
 from liger_rt.kernels import rms_norm as rn
-from liger_rt.kernels._common import assert_close
+from liger_rt.numerics import assert_close
 from liger_rt.tools.presets import get_preset
 from norm_checks import assert_candidate_spaces_modest_and_arch_aware
 
@@ -31,7 +32,7 @@ def _fwd_bwd(fn, x, w, dy, **kw):
 
 
 def _triton(config):
-    return lambda x, w, eps=1e-6, offset=0.0: rn.OP.call_impl("triton", config, x, w, eps, offset)
+    return lambda x, w, eps=1e-6, offset=0.0: call_impl(rn.OP, "triton", config, x, w, eps, offset)
 
 
 def _check(outs, refs, dtype, rows, what=""):
@@ -159,14 +160,14 @@ def test_dispatch_heuristic_then_env(monkeypatch):
     monkeypatch.setattr(rn, "rms_norm_fwd", lambda *a: calls.append(1) or real(*a))
     x, w, _ = _inputs((2, 3, 48), torch.bfloat16, seed=8)
     y = liger_rt.ops.rms_norm(x, w)
-    d = rn.OP.select(x.reshape(-1, 48), rows=6, hidden=48)
+    d = dispatch.decision(rn.OP, x.reshape(-1, 48), rows=6, hidden=48)
     assert (d.impl, d.origin) == ("triton", "heuristic") and calls == [1]
     assert_close(y, rn.rms_norm_ref(x, w), torch.bfloat16)
 
     monkeypatch.setenv("LIGER_RT_IMPL_RMS_NORM", "torch")
     dispatch.reset()
     y2 = liger_rt.ops.rms_norm(x, w)
-    d = rn.OP.select(x.reshape(-1, 48), rows=6, hidden=48)
+    d = dispatch.decision(rn.OP, x.reshape(-1, 48), rows=6, hidden=48)
     assert (d.impl, d.origin) == ("torch", "env") and calls == [1]
     assert torch.equal(y2, rn.rms_norm_ref(x, w))
 

@@ -7,10 +7,11 @@ import torch
 from click.testing import CliRunner
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_rope
 
+from liger_rt.autograd import call_impl
 import liger_rt.ops
 from liger_rt import backend, dispatch
 from liger_rt.kernels import rope as rp
-from liger_rt.kernels._common import assert_close
+from liger_rt.numerics import assert_close
 from liger_rt.tools.cli import main
 from liger_rt.tools.presets import get_preset
 from routing import assert_fakes_match, record_impls
@@ -60,7 +61,7 @@ def _exact(q, k, cos, sin, dq, dk, unsqueeze_dim=1):
 
 
 def _triton(config, unsqueeze_dim=1):
-    return lambda q, k, c, s: rp.OP.call_impl("triton", config, q, k, c, s, unsqueeze_dim)
+    return lambda q, k, c, s: call_impl(rp.OP, "triton", config, q, k, c, s, unsqueeze_dim)
 
 
 NAMES = ("q_embed", "k_embed", "dq", "dk")
@@ -243,25 +244,25 @@ def test_head_dim_limits():
 def test_dispatch_heuristic_then_env(monkeypatch, ran):
     q, k, cos, sin, dq, dk = _inputs(2, 3, 4, 2, 16, torch.bfloat16, seed=12)
     qe, ke = liger_rt.ops.rope(q, k, cos, sin)
-    d = rp.OP.select(q, **_dims(4, 2, 16, 6))
+    d = dispatch.decision(rp.OP, q, **_dims(4, 2, 16, 6))
     assert (d.impl, d.origin) == ("triton", "heuristic") and ran == ["triton"]
     _check([qe, ke], _exact(q, k, cos, sin, dq, dk)[:2], torch.bfloat16, "dispatched")
     monkeypatch.setenv("LIGER_RT_IMPL_ROPE", "torch")
     dispatch.reset()
     liger_rt.ops.rope(q, k, cos, sin)
-    d = rp.OP.select(q, **_dims(4, 2, 16, 6))
+    d = dispatch.decision(rp.OP, q, **_dims(4, 2, 16, 6))
     assert (d.impl, d.origin) == ("torch", "env") and ran == ["triton", "torch"]
 
 
 def test_fallback_and_interpreter_off_use_torch(fallback, monkeypatch, ran):
     q, k, cos, sin, _, _ = _inputs(2, 3, 4, 2, 16, torch.float32, seed=13)
     liger_rt.ops.rope(q, k, cos, sin)
-    assert rp.OP.select(q, **_dims(4, 2, 16, 6)).reason == "LIGER_RT_DISABLE=1" and ran == ["torch"]
+    assert dispatch.decision(rp.OP, q, **_dims(4, 2, 16, 6)).reason == "LIGER_RT_DISABLE=1" and ran == ["torch"]
     monkeypatch.delenv("LIGER_RT_DISABLE")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)   # CPU tensors without the interpreter
     dispatch.reset()
     liger_rt.ops.rope(q, k, cos, sin)
-    d = rp.OP.select(q, **_dims(4, 2, 16, 6))
+    d = dispatch.decision(rp.OP, q, **_dims(4, 2, 16, 6))
     assert (d.impl, d.origin) == ("torch", "heuristic") and ran == ["torch", "torch"]
 
 

@@ -42,11 +42,11 @@ def pinned_time_fn(fn, device_type, *, quick=False, method=None):
 def wrapped_cli(argv: list[str]) -> None:
     from liger_rt import autotune
     from liger_rt.tools import cli
-    autotune.time_fn = pinned_time_fn
+    autotune.timing.time_fn = pinned_time_fn
     if os.environ.get("FAIL_RANK", "none") == os.environ.get("RANK"):
         def fail(*args, **kwargs):
             raise RuntimeError("simulated failure of this rank")
-        autotune._sweep_case = fail
+        autotune.sweeping._sweep_case = fail
     cli.main(argv)
 
 

@@ -3,8 +3,9 @@ import pytest
 import torch
 
 from liger_rt import backend, dispatch
+from liger_rt.autograd import call_impl
 from liger_rt.kernels import short_conv as sc
-from liger_rt.kernels._common import assert_close
+from liger_rt.numerics import assert_close
 
 # A config with several tiles per row, several backward chunks per row and several steps per
 # chunk (on the interpreter's 2 "SMs"), so tiling, halos and the dw partial reduction are exercised.
@@ -54,7 +55,7 @@ def _ref(bcx, w, b, dy, seq_idx=None):
 
 
 def _triton(config):
-    return lambda x, w, b, seq_idx=None: sc.OP.call_impl("triton", config, x, w, b, seq_idx)
+    return lambda x, w, b, seq_idx=None: call_impl(sc.OP, "triton", config, x, w, b, seq_idx)
 
 
 def _record(monkeypatch):
@@ -191,12 +192,12 @@ def test_weight_with_conv_channel_dim_and_errors():
     with pytest.raises(ValueError, match="seq_idx"):
         sc.short_conv(bcx, w, seq_idx=torch.zeros(1, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="kernel widths"):
-        sc.OP.call_impl("triton", BIG, bcx, torch.randn(8, 5), None, None)
+        call_impl(sc.OP, "triton", BIG, bcx, torch.randn(8, 5), None, None)
 
 
 def test_wide_kernel_falls_back_to_torch(monkeypatch):
     bcx, w, _, _ = _inputs(1, 6, 8, 5, False)
-    d = sc.OP.select(bcx, batch=1, seq=6, hidden=8, kernel=5)
+    d = dispatch.decision(sc.OP, bcx, batch=1, seq=6, hidden=8, kernel=5)
     assert d.impl == "torch"
     ran = _record(monkeypatch)
     assert_close(sc.short_conv(bcx, w), _conv64(bcx, w), torch.float32)
@@ -237,10 +238,10 @@ def test_amd_heuristic_is_wave64():
 
 def test_dispatch_env_forces_torch(monkeypatch):
     bcx, w, b, dy = _inputs(1, 6, 8, 3, False)
-    assert sc.OP.select(bcx, batch=1, seq=6, hidden=8, kernel=3).impl == "triton"
+    assert dispatch.decision(sc.OP, bcx, batch=1, seq=6, hidden=8, kernel=3).impl == "triton"
     monkeypatch.setenv("LIGER_RT_IMPL_SHORT_CONV", "torch")
     dispatch.reset()
-    d = sc.OP.select(bcx, batch=1, seq=6, hidden=8, kernel=3)
+    d = dispatch.decision(sc.OP, bcx, batch=1, seq=6, hidden=8, kernel=3)
     assert (d.impl, d.origin) == ("torch", "env")
     ran = _record(monkeypatch)
     assert_close(sc.short_conv(bcx, w), _conv64(bcx, w), torch.float32)
@@ -285,7 +286,7 @@ def test_matches_hf_lfm2_short_conv(bias):
 
     def ours(h):
         bcx = hf.in_proj(h)
-        return hf.out_proj(sc.OP.call_impl("triton", MULTI, bcx, hf.conv.weight.squeeze(1), hf.conv.bias, None))
+        return hf.out_proj(call_impl(sc.OP, "triton", MULTI, bcx, hf.conv.weight.squeeze(1), hf.conv.bias, None))
 
     results = []
     for fn in (hf, ours):

@@ -4,10 +4,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from liger_rt.autograd import call_impl
 import liger_rt.ops
 from liger_rt import autotune, backend, dispatch
 from liger_rt.kernels import swiglu as sw
-from liger_rt.kernels._common import assert_close, next_pow2
+from liger_rt.kernels._common import next_pow2
+from liger_rt.numerics import assert_close
 from liger_rt.tools.presets import get_preset
 from routing import assert_fakes_match, record_impls
 
@@ -31,7 +33,7 @@ def _fwd_bwd(fn, gate, up, dy):
 
 
 def _triton(config):
-    return lambda g, u: sw.OP.call_impl("triton", config, g, u)
+    return lambda g, u: call_impl(sw.OP, "triton", config, g, u)
 
 
 def _exact(gate, up, dy):
@@ -155,14 +157,14 @@ def test_dispatch_heuristic_then_env(monkeypatch):
     ran = record_impls(monkeypatch, sw.OP)
     gate, up, _ = _inputs((2, 3, 48), torch.bfloat16, seed=8)
     y = liger_rt.ops.swiglu(gate, up)
-    d = sw.OP.select(gate.reshape(-1, 48), rows=6, cols=48)
+    d = dispatch.decision(sw.OP, gate.reshape(-1, 48), rows=6, cols=48)
     assert (d.impl, d.origin) == ("triton", "heuristic") and ran == ["triton"]
     assert_close(y, _exact(gate, up, torch.zeros_like(up))[0], torch.bfloat16)
 
     monkeypatch.setenv("LIGER_RT_IMPL_SWIGLU", "torch")
     dispatch.reset()
     liger_rt.ops.swiglu(gate, up)
-    d = sw.OP.select(gate.reshape(-1, 48), rows=6, cols=48)
+    d = dispatch.decision(sw.OP, gate.reshape(-1, 48), rows=6, cols=48)
     assert (d.impl, d.origin) == ("torch", "env") and ran == ["triton", "torch"]
 
 

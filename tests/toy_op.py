@@ -2,8 +2,8 @@
 
 y = x * scale (+1 when the config says WRONG, so validation has something to reject).  Declaring
 the spec at the bottom is all it takes: dispatch, the tuning DB and its row validation, sweeps,
-`explain` and the torch.compile custom ops come from the runtime (registering the module in
-`dispatch.OP_MODULES` is the one registry line a real op adds; tests register it by import).
+`explain` and the torch.compile custom ops come from the runtime (a real op also adds its module to
+`liger_rt.registry.OP_MODULES`, the one registry line; tests register this one by importing it).
 """
 import dataclasses
 
@@ -11,9 +11,10 @@ import torch
 import triton
 import triton.language as tl
 
-from liger_rt.dispatch import register
+from liger_rt.config import WARPS, Config, knob, pow2
+from liger_rt.dispatch import call, register
 from liger_rt.kernels._common import triton_available
-from liger_rt.opspec import WARPS, Case, Config, Impl, Op, knob, pow2
+from liger_rt.op import Case, Impl, Op
 
 CALLS = {"triton": 0, "torch": 0, "fail": 0}
 
@@ -70,7 +71,7 @@ class ToyConfig(Config):
 
 
 def toy(x):
-    return OP(x, 2.0)
+    return call(OP, x, 2.0)
 
 
 def _dims(x, scale):

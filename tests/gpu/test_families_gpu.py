@@ -23,6 +23,7 @@ import torch
 
 from liger_rt import dispatch
 from liger_rt.patch import core, specs
+from liger_rt.registry import REGISTRY
 from liger_rt.tools.models import build_model
 from liger_rt.tools.parity import compare, format_table
 from liger_rt.tools.presets import get_preset
@@ -113,8 +114,8 @@ def _parity(preset):
     print(format_table(report))
     assert report["ok"], format_table(report)
     assert set(report["patched"]["patched"]) == set(specs.parity_flags(preset.model_type))
-    chosen = {d.op: d.impl for op in KERNELS if op in dispatch.OP_MODULES
-              for d in dispatch.get_op(op)._memo.values() if d.dtype == "bf16"}
+    chosen = {d.op: d.impl for op in KERNELS if op in REGISTRY.names()
+              for d in dispatch.memo(REGISTRY.get(op)).values() if d.dtype == "bf16"}
     assert all(chosen[op] == KERNELS[op] for op in chosen), chosen
 
 

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from liger_rt import backend, dispatch
+from liger_rt.autograd import call_impl
 from liger_rt.kernels import moe_router as mr
 from liger_rt.kernels import short_conv as sc
-from liger_rt.kernels._common import assert_close
+from liger_rt.numerics import assert_close
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -64,7 +65,7 @@ def _conv_check(outs, bcx, w, b, dy, seq_idx=None, what=""):
                                           (5, 333, 67, 2, False), (4, 1, 2048, 3, True)])
 def test_short_conv_bf16_real_sizes(B, T, H, K, bias, force_triton):
     bcx, w, b, dy = _conv_inputs(B, T, H, K, bias, torch.bfloat16)
-    d = sc.OP.select(bcx, batch=B, seq=T, hidden=H, kernel=K)
+    d = dispatch.decision(sc.OP, bcx, batch=B, seq=T, hidden=H, kernel=K)
     assert d.impl == "triton", d
     _conv_check(_conv_run(sc.short_conv, bcx, w, b, dy), bcx, w, b, dy, what=f"B{B} T{T} H{H} K{K}")
 
@@ -102,7 +103,7 @@ def test_short_conv_every_hopper_config_compiles_and_matches():
     dims = {"batch": 2, "seq": 3000, "hidden": 2048, "kernel": 3}
     bcx, w, b, dy = _conv_inputs(2, 3000, 2048, 3, False, torch.bfloat16, seed=2)
     for cfg in sc.OP.candidates_for(sc.OP.impl("triton"), prof, dims, torch.bfloat16):
-        outs = _conv_run(lambda x, ww, bb: sc.OP.call_impl("triton", cfg, x, ww, bb, None), bcx, w, b, dy)
+        outs = _conv_run(lambda x, ww, bb: call_impl(sc.OP, "triton", cfg, x, ww, bb, None), bcx, w, b, dy)
         _conv_check(outs, bcx, w, b, dy, what=str(cfg))
 
 
@@ -153,7 +154,7 @@ def _hf_route(logits, k, bias, norm, scale):
 def test_router_real_sizes(T, E, k, dtype, bias, norm, scale, force_triton):
     logits, eb, dw = _router_inputs(T, E, k, dtype)
     eb = eb if bias else None
-    assert mr.OP.select(logits, tokens=T, experts=E, top_k=k).impl == "triton"
+    assert dispatch.decision(mr.OP, logits, tokens=T, experts=E, top_k=k).impl == "triton"
     w, idx, dl = _router_run(mr.moe_router, logits, k, eb, norm, scale, dw)
     wr, ir, dlr = _router_run(mr.moe_router_ref, logits, k, eb, norm, scale, dw)
     # the kernel's sigmoid is torch's (1/(1+expf(-x)), IEEE division): the same experts in the same order
@@ -183,7 +184,7 @@ def test_router_every_config():
     logits, eb, dw = _router_inputs(4096, 32, 4, torch.bfloat16, seed=4)
     wr, ir, dlr = _router_run(mr.moe_router_ref, logits, 4, eb, True, 1.0, dw)
     for cfg in mr.OP.candidates_for(mr.OP.impl("triton"), prof, dims, torch.bfloat16):
-        w, idx, dl = _router_run(lambda *a, cfg=cfg: mr.OP.call_impl("triton", cfg, *a), logits, 4, eb, True, 1.0, dw)
+        w, idx, dl = _router_run(lambda *a, cfg=cfg: call_impl(mr.OP, "triton", cfg, *a), logits, 4, eb, True, 1.0, dw)
         assert torch.equal(idx, ir), cfg
         assert_close(w, wr, torch.bfloat16, reduce_len=4, name=str(cfg))
         assert_close(dl, dlr, torch.bfloat16, reduce_len=4, name=str(cfg))
@@ -194,6 +195,6 @@ def test_env_forces_torch(monkeypatch):
     monkeypatch.setenv("LIGER_RT_IMPL_MOE_ROUTER", "torch")
     monkeypatch.setenv("LIGER_RT_IMPL_SHORT_CONV", "torch")
     dispatch.reset()
-    assert mr.OP.select(logits, tokens=4096, experts=32, top_k=4).impl == "torch"
+    assert dispatch.decision(mr.OP, logits, tokens=4096, experts=32, top_k=4).impl == "torch"
     bcx = torch.randn(1, 64, 3 * 2048, device=DEV, dtype=torch.bfloat16)
-    assert sc.OP.select(bcx, batch=1, seq=64, hidden=2048, kernel=3).impl == "torch"
+    assert dispatch.decision(sc.OP, bcx, batch=1, seq=64, hidden=2048, kernel=3).impl == "torch"

@@ -7,6 +7,7 @@ import torch
 
 import liger_rt
 from liger_rt import backend
+from liger_rt.autograd import call_impl
 from liger_rt.kernels import fused_linear_logprobs as flp
 
 pytestmark = pytest.mark.gpu
@@ -103,7 +104,7 @@ def test_every_candidate_on_this_gpu():
     ref = _grads(flp.fused_linear_logprobs_ref, x, w, t, g_lp, g_h)
     for cfg in flp.OP.candidates_for(flp.OP.impl("triton"), arch, dims, torch.bfloat16):
         def run(x_, w_, t_, cfg=cfg):
-            return flp.OP.call_impl("triton", cfg, x_, w_, t_, None, 1.0, -100)
+            return call_impl(flp.OP, "triton", cfg, x_, w_, t_, None, 1.0, -100)
         lp, ent, dx, dw = _grads(run, x, w, t, g_lp, g_h)
         assert float((lp - ref[0]).abs().max()) < 1e-4 and float((ent - ref[1]).abs().max()) < 1e-4, cfg
         assert _rel(dx, ref[2]) < 1e-2 and _rel(dw, ref[3]) < 1e-2, cfg

@@ -8,9 +8,10 @@ import torch.nn.functional as F
 
 import liger_rt
 from liger_rt import backend
+from liger_rt.autograd import call_impl
 from liger_rt.kernels import cross_entropy as ce
 from liger_rt.kernels import fused_linear_cross_entropy as flce
-from liger_rt.kernels._common import assert_close
+from liger_rt.numerics import assert_close
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -56,7 +57,7 @@ def test_flce_bf16_vs_fp32(reduction, kw):
 
 def _flce_triton(config, reduction="mean"):
     """The Triton implementation with a given config (x and W want gradients; eager: in place)."""
-    return lambda x_, w_, y_, b_: flce.OP.call_impl("triton", config, x_, w_, y_, b_, -100, reduction, 0.0, 0.0,
+    return lambda x_, w_, y_, b_: call_impl(flce.OP, "triton", config, x_, w_, y_, b_, -100, reduction, 0.0, 0.0,
                                                    None, None, 3, True)
 
 
@@ -148,7 +149,7 @@ def test_ce_every_candidate_config_compiles_and_matches():
     (gr,) = torch.autograd.grad(F.cross_entropy(xr, y, reduction="sum"), xr)
     for cfg in ce.OP.candidates_for(ce.OP.impl("triton"), arch, {"rows": 8192, "vocab": 151936}, torch.bfloat16):
         x = logits.clone().requires_grad_()
-        loss = ce.OP.call_impl("triton", cfg, x, y, -100, "sum", 0.0, 0.0, None, None, False)
+        loss = call_impl(ce.OP, "triton", cfg, x, y, -100, "sum", 0.0, 0.0, None, None, False)
         (gx,) = torch.autograd.grad(loss, x)
         assert _rel(loss, F.cross_entropy(logits.float(), y, reduction="sum")) < 1e-5, cfg
         assert _rel(gx, gr) < 1e-2, cfg

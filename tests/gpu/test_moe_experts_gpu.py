@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from liger_rt import backend, dispatch, ops
+from liger_rt.autograd import run_case
 from liger_rt.kernels import moe_experts as M
-from liger_rt.opspec import Case
+from liger_rt.op import Case
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -101,7 +102,7 @@ def _check(out, refs, dtype, what="", rel_factor=1.5, max_factor=3.0):
 
 
 def _run(impl, case, config=None):
-    return M.OP.run_case(M.OP.impl(impl), case, config if config is not None else {})
+    return run_case(M.OP, M.OP.impl(impl), case, config if config is not None else {})
 
 
 RUN = {"triton": lambda case, dims: _run("triton", case, M._heuristic(backend.detect(), dims, case.args[0].dtype)),
@@ -229,14 +230,14 @@ def test_t16384_against_grouped_mm():
 def test_dispatch_and_pinned_on_cuda(monkeypatch):
     dims = dict(E8B, tokens=2048)
     case = _case(dims, torch.bfloat16)
-    d = M.OP.select(case.args[0], **dims)
+    d = dispatch.decision(M.OP, case.args[0], **dims)
     assert d.arch == backend.detect().name and d.impl in ("triton", "grouped_mm")
     y = ops.moe_experts(*case.args[:5])
     refs = _refs(case)
     assert _rel_rmse(y, refs[0][0]) <= 1.5 * _rel_rmse(refs[1][0], refs[0][0]) + EPS[torch.bfloat16]
     monkeypatch.setenv("LIGER_FUSED_MOE_AUTOTUNE", "0")
     dispatch.reset()
-    d = M.OP.select(case.args[0], **dict(dims, tokens=8192))     # 1024 rows per expert
+    d = dispatch.decision(M.OP, case.args[0], **dict(dims, tokens=8192))     # 1024 rows per expert
     assert d.origin == "pinned"
     if d.impl == "triton":
         assert d.config == M._pinned(backend.detect(), dims, torch.bfloat16)

@@ -11,10 +11,12 @@ import torch.nn.functional as F
 
 import liger_rt.ops
 from liger_rt import autotune, backend, dispatch
+from liger_rt.backend import interpreter_on
 from liger_rt.kernels import layer_norm as ln
 from liger_rt.kernels import rms_norm as rn
 from liger_rt.kernels import swiglu as sw
-from liger_rt.kernels._common import assert_close, interpreter_on
+from liger_rt.numerics import assert_close
+from liger_rt.registry import REGISTRY
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -88,7 +90,7 @@ def _no_worse_than_eager(out, eager, exact, name):
 @pytest.mark.parametrize("offset", [0.0, 1.0])
 def test_rms_norm_bf16_real_sizes(M, N, offset, force_triton):
     x, w, dy = _rand(M, N, scale=2.0), _rand(N, scale=0.3, shift=0.0 if offset else 1.0, seed=1), _rand(M, N, seed=2)
-    d = rn.OP.select(x, rows=M, hidden=N)
+    d = dispatch.decision(rn.OP, x, rows=M, hidden=N)
     assert d.impl == "triton", d
     outs = _run(lambda a, b: liger_rt.ops.rms_norm(a, b, 1e-6, offset), (x, w), dy)
     names = ["y", "dx", "dw"]
@@ -116,7 +118,7 @@ def test_rms_norm_fp32_and_3d_noncontiguous(force_triton):
 @pytest.mark.parametrize("M,N", [(4096, 8192), (8192, 12288), (1151, 1000), (1, 6144), (2048, 4304)])
 def test_swiglu_bf16_real_sizes(M, N, force_triton):
     gate, up, dy = _rand(M, N, scale=3.0), _rand(M, N, seed=1), _rand(M, N, seed=2)
-    d = sw.OP.select(gate, rows=M, cols=N)
+    d = dispatch.decision(sw.OP, gate, rows=M, cols=N)
     assert d.impl == "triton", d
     outs = _run(liger_rt.ops.swiglu, (gate, up), dy)
     # the eager module's two roundings: bit for bit except where exp's last fp32 ulp flips one
@@ -159,7 +161,7 @@ def test_layer_norm_bf16_real_sizes(M, N, bias, force_triton):
         (lambda a, ww: liger_rt.ops.layer_norm(a, ww, None, 1e-6))
     ref = (lambda a, ww, bb: ln.layer_norm_ref(a, ww, bb, 1e-6)) if bias else \
         (lambda a, ww: ln.layer_norm_ref(a, ww, None, 1e-6))
-    d = ln.OP.select(x, rows=M, hidden=N)   # forced: a DB may legitimately pick torch at SigLIP sizes
+    d = dispatch.decision(ln.OP, x, rows=M, hidden=N)   # forced: a DB may legitimately pick torch at SigLIP sizes
     assert d.impl == "triton", d
     outs = _run(fn, leaves, dy)
     names = ["y", "dx", "dw", "db"]
@@ -183,7 +185,7 @@ def test_layer_norm_bf16_real_sizes(M, N, bias, force_triton):
     ("layer_norm", {"rows": 4096, "hidden": 4096}, torch.float32),
 ])
 def test_every_candidate_compiles_and_validates(op, dims, dtype):
-    the_op = dispatch.get_op(op)
+    the_op = REGISTRY.get(op)
     target = dispatch.current_target("cuda")
     result = autotune.tune(the_op, target, dtype, dims, quick=True)
     bad = [(m["config"], m["error"]) for m in result["measurements"] if not m["ok"]]

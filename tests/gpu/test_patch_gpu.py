@@ -14,6 +14,7 @@ import torch
 import liger_rt
 from liger_rt import dispatch
 from liger_rt.patch import core
+from liger_rt.registry import REGISTRY
 from liger_rt.tools.models import build_model
 from liger_rt.tools.parity import compare, format_table, make_inputs
 from liger_rt.tools.presets import get_preset
@@ -49,7 +50,7 @@ def test_parity_bf16(name, flags):
         report = compare(lambda: build_model(preset, dtype=torch.bfloat16, device="cuda"), patch=flags)
     print(format_table(report))
     assert report["ok"], format_table(report)
-    impls = {d.op: d.impl for op in ("rms_norm", "swiglu") for d in dispatch.get_op(op)._memo.values()
+    impls = {d.op: d.impl for op in ("rms_norm", "swiglu") for d in dispatch.memo(REGISTRY.get(op)).values()
              if d.dtype == "bf16"}
     assert impls.get("rms_norm") == "triton", impls
 

@@ -11,8 +11,9 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_
 
 import liger_rt.ops
 from liger_rt import autotune, dispatch
+from liger_rt.backend import interpreter_on
 from liger_rt.kernels import rope as rp
-from liger_rt.kernels._common import assert_close, interpreter_on
+from liger_rt.numerics import assert_close
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -79,7 +80,7 @@ def test_qwen3_shape_bf16(full_batch, force_triton):
     c = QWEN3
     q, k, dq, dk = _qk(c["b"], c["s"], c["hq"], c["hk"], c["d"], torch.bfloat16)
     cos, sin = _hf_tables(c["b"], c["s"], c["d"], torch.bfloat16, full_batch=full_batch)
-    d = rp.OP.select(q, heads_q=c["hq"], heads_k=c["hk"], head_dim=c["d"], tokens=c["b"] * c["s"])
+    d = dispatch.decision(rp.OP, q, heads_q=c["hq"], heads_k=c["hk"], head_dim=c["d"], tokens=c["b"] * c["s"])
     assert d.impl == "triton", d
     outs = _run(liger_rt.ops.rope, q, k, cos, sin, dq, dk)
     _check(outs, q, k, cos, sin, dq, dk, torch.bfloat16)
