@@ -110,12 +110,13 @@ def sig(v: float) -> str:
 
 
 def shape_text(shape: str) -> str:
-    """'batch=4;seq=2048;flags=fused_linear_cross_entropy+rope' -> '4x2048, fused loss + rope'; others: spaces."""
-    m = re.fullmatch(r"batch=(\d+);seq=(\d+)(?:;flags=(.*))?", shape)
-    if not m:
-        return shape.replace(";", " ")
-    flags = (m.group(3) or "").replace("fused_linear_cross_entropy", "fused loss").replace("+", " + ")
-    return f"{m.group(1)}x{m.group(2)}" + (f", {flags}" if flags else "")
+    """'batch=4;seq=2048' -> '4x2048'; 'tokens=8192;hidden=2048;vocab=65536' -> 'T8192 H2048 V65536'."""
+    m = re.fullmatch(r"batch=(\d+);seq=(\d+)", shape)
+    if m:
+        return f"{m.group(1)}x{m.group(2)}"
+    short = {"tokens": "T", "experts": "E", "top_k": "top-", "hidden": "H", "intermediate": "I", "vocab": "V",
+             "rows": "R", "routing": ""}
+    return " ".join(f"{short.get(k, k + '=')}{v}" for k, v in (p.split("=", 1) for p in shape.split(";") if p))
 
 
 def slug(gpu: str) -> str:
@@ -302,7 +303,7 @@ def plot_data(steps: dict) -> list:
     """[label, [(arm, median, min, max)], [(arm, peak GB)]] per model step, sorted: what the plot draws."""
     out = []
     for (_, name, shape, dtype), figs in sorted(steps.items(), key=lambda kv: natural(" ".join(kv[0]))):
-        label = f"{name}\n" + shape_text(shape).replace(", ", "\n", 1)
+        label = f"{name.replace('+', chr(10) + '+', 1)}\n{shape_text(shape)}"
         arms = sorted((a for a, m in figs if m == "tok_s"), key=arm_rank)
         out.append([label, [(a, figs[(a, "tok_s")].median, min(figs[(a, "tok_s")].values),
                              max(figs[(a, "tok_s")].values)) for a in arms],
@@ -374,20 +375,20 @@ def readme_table(rows: list[dict]) -> str:
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for gpu in sorted({k[0] for k in cur if k[0] != "cpu"}):
         benches = by_benchmark(cur, gpu, {"model", "model_compiled", "losses", "moe_experts"})
-        for kind, what in (("model", "train step"), ("model_compiled", "compiled train step")):
-            latest = {}
-            for (k, name, shape, dtype), figs in benches.items():
-                if k == kind and ("liger_rt", "tok_s") in figs:
-                    rank = (figs[("liger_rt", "tok_s")].date, len(figs[("liger_rt", "tok_s")].values))
-                    if name not in latest or rank > latest[name][0]:
-                        latest[name] = (rank, shape, figs)
-            for name, (_, shape, figs) in sorted(latest.items(), key=lambda kv: natural(kv[0])):
-                ours = next((a for a in ("liger_rt+torch_compile", "liger_rt+torch_compile+fuse", "liger_rt")
-                             if (a, "tok_s") in figs and (kind == "model" or a != "liger_rt")), None)
-                cols = [ours, "eager", "torch_compile" if kind == "model_compiled" else None, "liger_kernel"]
-                lines.append(_readme_row(gpu, f"{name} {what}, {shape_text(shape)} (tok/s, peak GB)", figs,
-                                         cols, lambda f, g: f"{f.median / 1e3:.1f}k, {g.median:.1f} GB" if g
-                                         else f"{f.median / 1e3:.1f}k", ("tok_s", "peak_gb")))
+        latest = {}                 # per preset, its step (flags, shape) of the latest date, then of the most runs
+        for (k, name, shape, dtype), figs in benches.items():
+            if k == "model" and ("liger_rt", "tok_s") in figs:
+                rank = (figs[("liger_rt", "tok_s")].date, len(figs[("liger_rt", "tok_s")].values))
+                preset = name.split("+")[0]
+                if preset not in latest or rank > latest[preset][0]:
+                    latest[preset] = (rank, name, shape, dtype, figs)
+        for _, (_, name, shape, dtype, figs) in sorted(latest.items(), key=lambda kv: natural(kv[0])):
+            compiled = benches.get(("model_compiled", name, shape, dtype), {})
+            figs = {**figs, **{("torch_compile", m): f for (a, m), f in compiled.items() if a == "torch_compile"}}
+            lines.append(_readme_row(gpu, f"{name} train step, {shape_text(shape)} (tok/s, peak GB)", figs,
+                                     ["liger_rt", "eager", "torch_compile", "liger_kernel"],
+                                     lambda f, g: f"{f.median / 1e3:.1f}k, {g.median:.1f} GB" if g
+                                     else f"{f.median / 1e3:.1f}k", ("tok_s", "peak_gb")))
         for (k, name, shape, dtype), figs in sorted(benches.items(), key=lambda kv: natural(" ".join(kv[0]))):
             if k == "losses" and name == "fused_linear_cross_entropy.fwdbwd" and ("liger_rt", "ms") in figs:
                 lines.append(_readme_row(gpu, f"fused linear cross-entropy fwd+bwd, {shape_text(shape)} "

@@ -252,11 +252,12 @@ class Migration:
     def model_row(self, file: str, r: dict):
         if r.get("kind") != "run" or present(r.get("error")) or not present(r.get("tok_per_s")):
             return
-        flags = "+".join(k if v == "1" else f"{k}:{v}" for k, v in
-                         (f.split("=") for f in r["flags"].split(",") if f)) if present(r.get("flags")) else ""
-        shape = f"batch={r['batch']};seq={r['seq']}" + (f";flags={flags}" if flags else "")
+        # the name is the preset plus the patch flags beyond the fused loss (qwen3-1.7b+rope), as the bench names it
+        extra = [f.removesuffix("=1") for f in r.get("flags", "").split(",")
+                 if f and f != "fused_linear_cross_entropy=1"]
         kind = "model_compiled" if file.startswith("model_compiled") else "model"
-        base = {"kind": kind, "name": r["preset"], "shape": shape, "arm": arm_of(r["arm"]), "dtype": r["dtype"]}
+        base = {"kind": kind, "name": r["preset"] + "".join(f"+{f}" for f in extra),
+                "shape": f"batch={r['batch']};seq={r['seq']}", "arm": arm_of(r["arm"]), "dtype": r["dtype"]}
         notes = [f"{r['layers']} layers, {r['warmup']}+{r['steps']} steps",
                  f"config {r['config']}" if present(r.get("config")) else "",
                  f"compile mode {r['compile_mode']}" if "compile" in r["arm"] and present(r.get("compile_mode"))
@@ -278,13 +279,14 @@ class Migration:
                     what, method = what[len(prefix):], method or how
             method = {"device: cuda-graph": DEVICE, "do_bench median (wall)": WALL}.get(method, method)
             method = method.removeprefix("host: ")
-        arm = ("liger_kernel" if "Liger" in what else "eager" if what.startswith("eager") else
+        # liger_rt for our calls, liger_kernel for the peer's, floor for what any call pays (as the bench names them)
+        arm = ("liger_kernel" if "Liger" in what else
                "liger_rt" if re.search(r"ops\.|select|launcher|RMSNormFunction|autotune|sweep case", what) else
-               "torch")
+               "floor")
         rows, cols = (r.get("shape") or "x").partition("x")[::2]
         shape = f"rows={rows};hidden={cols}" if cols else ""
         self.add("host", file, r, {"kind": "host", "name": what, "shape": shape, "arm": arm, "dtype": ""},
-                 [("dev_us" if method == DEVICE else "us", value, "us", method)], notes)
+                 [({DEVICE: "dev_us", WALL: "wall_us"}.get(method, "host_us"), value, "us", method)], notes)
 
     # -- files --------------------------------------------------------------------------------------------
     def handler(self, file: str):
