@@ -68,7 +68,6 @@ class Figure:
     """The current figure of one benchmark: its latest date's values and what they ran on."""
     values: tuple[float, ...]
     date: str
-    runs: int
     versions: tuple[tuple[str, str], ...]      # (column, value) of torch, triton, transformers, peer_version
 
     @property
@@ -92,8 +91,7 @@ def current(rows: list[dict]) -> dict[tuple, Figure]:
         latest = [r for r in rs if r["date"] == date]
         versions = tuple(sorted({(c, r[c]) for r in latest for c in ("torch", "triton", "transformers",
                                                                         "peer_version") if r[c]}))
-        out[key] = Figure(tuple(float(r["value"]) for r in latest), date, len({r["run_id"] for r in latest}),
-                          versions)
+        out[key] = Figure(tuple(float(r["value"]) for r in latest), date, versions)
     return out
 
 
@@ -167,7 +165,7 @@ def kernel_section(kind: str, benches: dict) -> list[str]:
     probes = {k: {a: f for (a, m), f in figs.items() if "@" in a and m == "ms"} for k, figs in mine.items()}
     head = [arm_head(a, mine) for a in arms]
     memory = any(m == "extra_gb" for figs in mine.values() for _, m in figs)
-    lines = [f"### {KERNEL_KINDS[kind]}", "",
+    lines = [f"### {KERNEL_KINDS.get(kind, kind)}", "",
              "| op.pass | shape | dtype | timer | " + " | ".join(head) + " | best peer / liger_rt | liger_rt rate "
              "(of ceiling) | " + ("extra GB: liger_rt, least peer | " if memory else "") + "date |",
              "| --- " * (len(arms) + 7 + memory) + "|"]
@@ -203,20 +201,25 @@ def kernel_section(kind: str, benches: dict) -> list[str]:
 
 
 def model_section(kind: str, benches: dict) -> list[str]:
+    """Model steps (tok/s) or the longest sequence (tokens) per arm, with peaks and MFU."""
     mine = {k: v for k, v in benches.items() if k[0] == kind}
-    arms = sorted({a for figs in mine.values() for a, m in figs if m == "tok_s"}, key=arm_rank)
+    metric, unit, fmt = ("max_seq", "tokens", lambda v: f"{v:.0f}") if kind == "max_seq" else \
+        ("tok_s", "tok/s", lambda v: f"{v / 1e3:.1f}k")
+    arms = sorted({a for figs in mine.values() for a, m in figs if m == metric}, key=arm_rank)
     head = [arm_head(a, mine) for a in arms]
-    lines = [f"### {MODEL_KINDS[kind]} (tok/s)", "",
+    lines = [f"### {MODEL_KINDS.get(kind, kind)} ({unit})", "",
              "| model | shape | dtype | " + " | ".join(head) + " | liger_rt / eager | peak GB | MFU liger_rt | date |",
              "| --- " * (len(arms) + 7) + "|"]
     for (_, name, shape, dtype), figs in sorted(mine.items(), key=lambda kv: natural(" ".join(kv[0]))):
-        tok = {a: figs[(a, "tok_s")] for a in arms if (a, "tok_s") in figs}
+        tok = {a: figs[(a, metric)] for a in arms if (a, metric) in figs}
+        if not tok:
+            continue
         ratio = (f"{tok['liger_rt'].median / tok['eager'].median:.3f}x" if "liger_rt" in tok and "eager" in tok
                  else "-")
         peaks = ", ".join(f"{a} {figs[(a, 'peak_gb')].median:.2f}" for a in arms if (a, "peak_gb") in figs)
         mfu = figs.get(("liger_rt", "frac_ceiling"))
         lines.append(f"| {name} | {shape_text(shape)} | {dtype} | "
-                     + " | ".join(tok[a].cell(lambda v: f"{v / 1e3:.1f}k") if a in tok else "-" for a in arms)
+                     + " | ".join(tok[a].cell(fmt) if a in tok else "-" for a in arms)
                      + f" | {ratio} | {peaks or '-'} | {f'{mfu.median:.3f}' if mfu else '-'} | "
                      f"{dates(tok.values())} |")
     return lines + [""]
@@ -246,11 +249,12 @@ METHOD = """\
 - **Model steps** (`models.csv`): one SFT step (AdamW, random weights and tokens, bf16) per timed step; a run
   builds a fresh model, warms up, then times its steps; its figure is the median step as tokens/s, its peak the
   most memory allocated. Arms run in one process, in a counterbalanced order (baseline first and last).
-  `liger_rt` patches the family's defaults plus the shape's `flags`; the compiled arms compile the whole model
-  (`liger_rt+torch_compile+fuse`: the default compile policy). MFU: model FLOPs per step over the step time and
-  the measured bf16 matmul ceiling.
-- **Current figure**: per benchmark, the rows of its latest date: median (min-max, n = measurements). Rows of
-  one date may come from several runs and commits; the dataset keeps each row's versions, commit and run id.
+  `liger_rt` patches the family's defaults and the fused loss, plus the flags after `+` in the model's name; the
+  compiled arms compile the whole model (`liger_rt+torch_compile+fuse`: the default compile policy). MFU: model
+  FLOPs per step over the step time and the measured bf16 matmul ceiling.
+- **Current figure**: per benchmark, the rows of its latest date: median (min-max, n = measurements; a model run
+  times each arm twice, a log-probs run may measure several rounds). Rows of one date may come from several
+  runs and commits; the dataset keeps each row's versions, commit and run id.
   `python benchmarks/report.py` regenerates this file from the data.
 """
 
@@ -263,6 +267,11 @@ def not_measured(cur: dict) -> list[str]:
     lines += [f"- `{k}` ({t.lower()}): no row in the dataset." for k, t in {**KERNEL_KINDS, **MODEL_KINDS}.items()
               if k not in kinds]
     return lines + [""]
+
+
+def timed(kind: str, benches: dict) -> bool:
+    """Whether the kind's rows are kernel timings (ms, dev_ms) rather than model-level figures."""
+    return any(m in ("ms", "dev_ms") for k, figs in benches.items() if k[0] == kind for _, m in figs)
 
 
 def perf_md(rows: list[dict]) -> tuple[str, dict[str, list]]:
@@ -285,12 +294,12 @@ def perf_md(rows: list[dict]) -> tuple[str, dict[str, list]]:
         if steps:
             plots[gpu] = plot_data(steps)
             out += [f"![training steps on {gpu}](perf_model_{slug(gpu)}.png)", ""]
-        for kind in MODEL_KINDS:
-            if any(k[0] == kind for k in benches):
-                out += model_section(kind, benches)
-        for kind in KERNEL_KINDS:
-            if any(k[0] == kind for k in benches):
-                out += kernel_section(kind, benches)
+        present = {k[0] for k in benches}
+        others = sorted(present - {*KERNEL_KINDS, *MODEL_KINDS, "host"})   # kinds this report has no title for
+        for kind in [k for k in MODEL_KINDS if k in present] + [k for k in others if not timed(kind, benches)]:
+            out += model_section(kind, benches)
+        for kind in [k for k in KERNEL_KINDS if k in present] + [k for k in others if timed(kind, benches)]:
+            out += kernel_section(kind, benches)
         hosts = {k: v for k, v in benches.items() if k[0] == "host"}
         if hosts:
             out += host_section(hosts)
