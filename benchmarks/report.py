@@ -207,15 +207,19 @@ def model_section(kind: str, benches: dict) -> list[str]:
         ("tok_s", "tok/s", lambda v: f"{v / 1e3:.1f}k")
     arms = sorted({a for figs in mine.values() for a, m in figs if m == metric}, key=arm_rank)
     head = [arm_head(a, mine) for a in arms]
+    compiled = kind == "model_compiled"         # there: the compiled patched model against the compiled baseline
+    ratio_head = "compiled liger_rt / torch_compile" if compiled else "liger_rt / eager"
     lines = [f"### {MODEL_KINDS.get(kind, kind)} ({unit})", "",
-             "| model | shape | dtype | " + " | ".join(head) + " | liger_rt / eager | peak GB | MFU liger_rt | date |",
+             "| model | shape | dtype | " + " | ".join(head) + f" | {ratio_head} | peak GB | MFU liger_rt | date |",
              "| --- " * (len(arms) + 7) + "|"]
     for (_, name, shape, dtype), figs in sorted(mine.items(), key=lambda kv: natural(" ".join(kv[0]))):
         tok = {a: figs[(a, metric)] for a in arms if (a, metric) in figs}
         if not tok:
             continue
-        ratio = (f"{tok['liger_rt'].median / tok['eager'].median:.3f}x" if "liger_rt" in tok and "eager" in tok
-                 else "-")
+        ours = next((a for a in ("liger_rt+torch_compile+fuse", "liger_rt+torch_compile") if a in tok), None) \
+            if compiled else "liger_rt"
+        base = "torch_compile" if compiled else "eager"
+        ratio = f"{tok[ours].median / tok[base].median:.3f}x" if ours in tok and base in tok else "-"
         peaks = ", ".join(f"{a} {figs[(a, 'peak_gb')].median:.2f}" for a in arms if (a, "peak_gb") in figs)
         mfu = figs.get(("liger_rt", "frac_ceiling"))
         lines.append(f"| {name} | {shape_text(shape)} | {dtype} | "
