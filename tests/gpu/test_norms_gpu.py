@@ -260,7 +260,7 @@ def _block_error_bound(x, w, lw, lb, wg, wu):
 
 def _errors(out, ref):
     """(relative RMSE, max abs error) of `out` against the fp64 `ref`."""
-    d = out.detach().double() - ref.detach()
+    d = out.detach().double() - ref
     return float(d.pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-300)), float(d.abs().max())
 
 
@@ -282,11 +282,14 @@ def test_compiled_model_block_bf16(monkeypatch):
         return liger_rt.ops.swiglu(h @ wg, h @ wu)
 
     comp = torch.compile(block, fullgraph=True, dynamic=True)
-    outs = {"compiled": _run(comp, (x, w, lw, lb), dy), "eager": _run(block, (x, w, lw, lb), dy)}
+    args = (x, w, lw, lb)
+    outs = {"compiled": _run(comp, args, dy), "eager": _run(block, args, dy)}
+    outs = {what: [t.detach() for t in got] for what, got in outs.items()}
     wg64, wu64 = wg.double(), wu.double()
-    ref = _run(lambda *a: _block_fp64(*a, wg64, wu64), tuple(t.double() for t in (x, w, lw, lb)), dy.double())
+    args64 = tuple(t.double() for t in args)
+    ref = [t.detach() for t in _run(lambda *a: _block_fp64(*a, wg64, wu64), args64, dy.double())]
     with torch.no_grad():
-        bound = _block_error_bound(*(t.double() for t in (x, w, lw, lb)), wg64, wu64)
+        bound = _block_error_bound(*args64, wg64, wu64)
     for what, got in outs.items():
         over = (got[0].double() - ref[0]).abs() > bound
         assert not over.any(), (f"{what} y: {int(over.sum())} of {over.numel()} elements beyond the rounding "
