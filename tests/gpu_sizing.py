@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import inspect
 import math
-import traceback
 import warnings
 from pathlib import Path
 from typing import Callable, Iterator
@@ -96,18 +96,28 @@ def settle() -> int:
 
 
 def clear_frames(exc: BaseException | None) -> None:
-    """Drop the locals of every frame in `exc`'s traceback and those of its causes and contexts.
+    """Drop the locals of every finished frame in `exc`'s traceback and those of its causes and contexts.
 
     pytest keeps a failed test's exception (``sys.last_value``, for post-mortem debugging) until the
     next failure, and its traceback's frames hold the test's tensors: without this a test that ran
-    out of memory would keep its models resident and fail every test after it."""
+    out of memory would keep its models resident and fail every test after it.  Before Python 3.13 a
+    frame also keeps a snapshot dict of its locals once read (pytest reads them to report the
+    failure), which frame.clear() leaves: it is emptied too."""
     stack, seen = [exc], set()
     while stack:
         e = stack.pop()
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        traceback.clear_frames(e.__traceback__)
+        tb = e.__traceback__
+        while tb is not None:
+            frame, tb = tb.tb_frame, tb.tb_next
+            try:
+                frame.clear()
+            except RuntimeError:                      # still running (a caller up the stack)
+                continue
+            if frame.f_code.co_flags & inspect.CO_OPTIMIZED and isinstance(frame.f_locals, dict):
+                frame.f_locals.clear()                # a function's snapshot, never a module's namespace
         stack += [e.__cause__, e.__context__]
 
 

@@ -125,6 +125,15 @@ def _fail_holding(cuda, nbytes):
     raise torch.OutOfMemoryError("CUDA out of memory")
 
 
+def _read_locals(exc):
+    """What pytest does to report a failure: read every frame's locals (before Python 3.13 this leaves
+    a snapshot dict of them on the frame, which frame.clear() does not empty)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        tb.tb_frame.f_locals
+        tb = tb.tb_next
+
+
 @pytest.mark.parametrize("stashed", [True, False])
 def test_a_failed_tests_frames_are_cleared(monkeypatch, stashed):
     """A test that raised keeps its tensors in its traceback's frames (pytest keeps the exception):
@@ -137,6 +146,7 @@ def test_a_failed_tests_frames_are_cleared(monkeypatch, stashed):
         _fail_holding(cuda, 5 * GIB)
     except torch.OutOfMemoryError as exc:
         held = exc                                   # what pytest's CallInfo / sys.last_value keep
+    _read_locals(held)
     if stashed:
         item.stash[gs.CALL_EXCEPTION] = held
         with pytest.raises(StopIteration):
@@ -240,3 +250,11 @@ def test_parity_need_is_the_larger_phase():
     rows = gs.Stats(params=10 ** 9, largest=5 * 10 ** 8)     # one huge tensor: the diff rows dominate
     assert gs.parity_need(rows) == 17 * 10 ** 9 + 24 * 5 * 10 ** 8 + gs.OVERHEAD
     assert gs.gib(gs.parity_need(step)) == 24.4
+
+
+def test_clear_frames_leaves_a_module_namespace_alone():
+    namespace = {"__name__": "some_module"}
+    with pytest.raises(ZeroDivisionError) as info:
+        exec("kept = 1\n1 / 0", namespace)           # a module-level frame: its f_locals is the namespace
+    gs.clear_frames(info.value)
+    assert namespace["kept"] == 1
