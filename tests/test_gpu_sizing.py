@@ -258,3 +258,18 @@ def test_clear_frames_leaves_a_module_namespace_alone():
         exec("kept = 1\n1 / 0", namespace)           # a module-level frame: its f_locals is the namespace
     gs.clear_frames(info.value)
     assert namespace["kept"] == 1
+
+
+@pytest.mark.slow
+def test_plans_on_an_80_gb_h100():
+    """With an H100's free memory (78.6 of 79.2 GiB), every model case whose two resident models fit
+    80 GB keeps its layers; only those that cannot are cut, to most of their depth."""
+    budget = int(0.95 * 78.6 * GIB)                 # free_bytes() there
+    plans = {name: gs.plan_model(get_preset(name), budget, layers=layers)
+             for name, layers in [("gemma3-4b", None), ("mistral-7b", 16), ("mixtral-8x7b", 2), ("qwen2.5-7b", 14),
+                                  ("qwen3.5-35b-a3b", 4), ("qwen1.5-moe-a2.7b", 4), ("glm4-9b", 4)]}
+    assert {name: plan.id for name, plan in plans.items()} == {
+        "gemma3-4b": "gemma3-4b-cut27L", "mistral-7b": "mistral-7b-16L-cut13L", "mixtral-8x7b": "mixtral-8x7b-2L",
+        "qwen2.5-7b": "qwen2.5-7b-14L-cut9L", "qwen3.5-35b-a3b": "qwen3.5-35b-a3b-4L-cut2L",
+        "qwen1.5-moe-a2.7b": "qwen1.5-moe-a2.7b-4L", "glm4-9b": "glm4-9b-4L"}
+    assert all(plan.need <= budget and plan.fits for plan in plans.values())
