@@ -95,9 +95,9 @@ def test_bench_model_cpu_tiny(model_type, tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output + repr(res.exception)
     data = _read(tmp_path / "data" / "models.csv")
     assert list(data[0]) == list(H.DATASET_COLUMNS) and {r["kind"] for r in data} == {"model"}
-    assert {(r["arm"], r["metric"]) for r in data} == {(a, m) for a in ("eager", "liger_rt") for m in ("tok_s", "ms")}
+    assert [(r["arm"], r["metric"]) for r in data] == [(a, "tok_s") for a in ("eager", "liger_rt", "liger_rt", "eager")]
     assert {r["shape"] for r in data} == {"batch=2;seq=12"} and len({r["run_id"] for r in data}) == 1
-    assert all(r["gpu"] == "cpu" and r["dtype"] == "fp32" and "overlap" in r["notes"] for r in data)
+    assert all(r["gpu"] == "cpu" and r["dtype"] == "fp32" and "loss curve overlaps" in r["notes"] for r in data)
     rows = _read(out)
     assert RUN_COLS <= set(rows[0]) and SUMMARY_COLS <= set(rows[0])
     runs = [r for r in rows if r["kind"] == "run"]
@@ -286,19 +286,27 @@ def test_bench_model_needs_a_model_type():
 
 
 def test_model_records_name_the_extra_flags_and_the_compiled_kind():
-    run = {"kind": "summary", "runs": 2, "steps": 3, "warmup": 1, "flags": "fused_linear_cross_entropy=1,rope=1",
-           "preset": "qwen3-1.7b", "batch": 4, "seq": 2048, "dtype": "bf16", "order": "baseline>liger_rt", "config": "",
-           "liger_kernel_note": "not requested", "loss_curves_overlap": True, "loss_rel_diff": 1e-5,
-           "tok_per_s": 1000.0, "median_step_ms": 8.0, "peak_alloc_GB": 20.0, "compile_s": 12.0, "graph_breaks": 0,
-           "compile_mode": "default", "compile_policy": "fuse"}
-    recs = M.model_records([{**run, "arm": "baseline"}, {**run, "arm": "liger_rt+compile"},
-                            {**run, "arm": "liger_kernel", "runs": 0}])
+    """One record per measured run and metric; a failed run has none; kind model_compiled once a compiled arm ran."""
+    run = {"kind": "run", "run_index": 0, "steps": 3, "warmup": 1, "layers": 28, "flags": "fused_linear_cross_entropy=1,"
+           "rope=1", "preset": "qwen3-1.7b", "batch": 4, "seq": 2048, "dtype": "bf16", "order": "baseline>liger_rt",
+           "config": "", "loss_first": 10.0, "max_loss_diff": 0.0, "tok_per_s": 1000.0, "peak_alloc_GB": 20.0,
+           "mfu": 0.4, "compile_s": 12.0, "graph_breaks": 0, "compile_mode": "default", "compile_policy": "fuse",
+           "error": ""}
+    rows = [{**run, "arm": "baseline"}, {**run, "arm": "liger_rt+compile", "run_index": 1, "max_loss_diff": 1.0},
+            {**run, "arm": "liger_kernel", "error": "RuntimeError: no"}]
+    recs = M.model_records(rows)
     assert {r["kind"] for r in recs} == {"model_compiled"} and {r["name"] for r in recs} == {"qwen3-1.7b+rope"}
-    assert [(r["arm"], r["metric"]) for r in recs] == [
-        ("eager", "tok_s"), ("eager", "ms"), ("eager", "peak_gb"),
-        *[("liger_rt+torch_compile", m) for m in ("tok_s", "ms", "peak_gb", "compile_s", "graph_breaks")]]
+    assert [(r["arm"], r["metric"], r["method"]) for r in recs] == [
+        ("eager", "tok_s", "median step"), ("eager", "peak_gb", "max allocated"),
+        ("eager", "frac_ceiling", "model FLOPs / bf16 matmul ceiling"),
+        *[("liger_rt+torch_compile", m, h) for m, h in (("tok_s", "median step"), ("peak_gb", "max allocated"),
+                                                        ("frac_ceiling", "model FLOPs / bf16 matmul ceiling"),
+                                                        ("compile_s", "warm-up time beyond steady steps"),
+                                                        ("graph_breaks", "dynamo graph_break counter"))]]
     assert all(r["shape"] == {"batch": 4, "seq": 2048} for r in recs)
-    assert M.model_records([{**run, "arm": "baseline"}])[0]["kind"] == "model"
+    assert "loss curve overlaps" in recs[0]["notes"] and "DIFFERS FROM" in recs[-1]["notes"]
+    assert "28 layers, 1+3 steps, run 2 of order baseline>liger_rt" in recs[-1]["notes"]
+    assert M.model_records(rows[:1])[0]["kind"] == "model"
 
 
 def test_parse_helpers():
@@ -344,7 +352,8 @@ def test_dataset_rows_carry_versions_and_append_keeps_one_header(tmp_path, monke
     assert rows[0]["shape"] == "rows=8;hidden=64" and rows[0]["peer_version"] == "0.8.5"
     assert rows[1]["peer_version"] == "" and rows[2]["peer_version"] == ""
     assert rows[0]["torch"] == metadata.version("torch") and rows[0]["gpu"] and rows[0]["run_id"] == run_id
-    assert rows[0]["commit"] == H.git_commit()[0] and "?" not in rows[0].values()
+    commit, dirty = H.git_commit()
+    assert rows[0]["commit"] == commit + ("-dirty" if dirty else "") and "?" not in rows[0].values()
     path = tmp_path / "data" / "kernels.csv"
     H.append_dataset(path, rows[:1])
     H.append_dataset(path, rows[1:])
@@ -544,13 +553,14 @@ def test_logprobs_and_host_records():
     """Log-probs rows: one record per arm, pass and metric, the median round's; host rows: one per probe."""
     from liger_rt.tools.bench import host_overhead, logprobs
     rows = [{"tokens": 8, "hidden": 16, "vocab": 67, "impl": impl, "pass": "fwdbwd", "ms": ms, "dev_ms": None,
-             "dev_ms_method": "n/a on cpu", "dtype": "fp32", "temperature": 1.0, "config": "triton {} (heuristic)"}
+             "dev_ms_method": "none: cpu", "dtype": "fp32", "temperature": 1.0, "config": "triton {} (heuristic)"}
             for impl, times in (("liger_rt", (5.0, 9.0, 1.0)), ("compile", (4.0, 6.0, 20.0))) for ms in times]
     recs = logprobs.logprobs_records([*rows, {**rows[0], "impl": "trl", "ms": None, "error": "skipped"}])
     assert [(r["arm"], r["metric"], r["value"]) for r in recs] == [("liger_rt", "ms", 5.0), ("torch_compile", "ms", 6.0)]
     assert recs[0]["name"] == "fused_linear_logprobs.fwdbwd" and recs[0]["shape"] == {"tokens": 8, "hidden": 16,
                                                                                         "vocab": 67}
-    assert "median of 3 rounds (ms 1..9)" in recs[0]["method"] and "config triton" in recs[0]["notes"]
+    assert recs[0]["method"] == "cpu-wall" and "median of 3 rounds (ms 1..9" in recs[0]["notes"]
+    assert "config triton" in recs[0]["notes"]
     stub = host_overhead.host_records(host_overhead.cpu_stub(repeats=1, calls=2, echo=lambda s: None))
     assert {r["arm"] for r in stub} == {"liger_rt", "floor"} and {r["metric"] for r in stub} == {"stub_us"}
     assert all(r["kind"] == "host" and r["unit"] == "us" and r["value"] > 0 for r in stub)
@@ -606,18 +616,26 @@ def test_benchmarks_use_no_private_liger_rt_name(tmp_path):
     assert len(_private_uses(planted)) == 4
 
 
-@pytest.mark.slow
-def test_every_benchmark_script_answers_help():
-    """`--help` of every script in benchmarks/ (and benchmarks/profile/): exit 0 and a usage line, no GPU needed."""
+def test_every_benchmark_script_answers_help(capsys, monkeypatch):
+    """`--help` of every script in benchmarks/ and benchmarks/profile/, run as __main__ in this process: exit 0 and
+    a usage line, no GPU needed (what a script sets in the environment or sys.path at import is put back)."""
+    import runpy
     files = sorted(f for f in [*BENCHMARKS.glob("*.py"), *BENCHMARKS.glob("profile/*.py")]
                    if f.name != "plot_model.py")         # plot_model.py takes positional paths only
-    procs = {f: subprocess.Popen([sys.executable, str(f), "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True, env=_script_env()) for f in files}
     bad = {}
-    for f, p in procs.items():
-        out, err = p.communicate(timeout=300)
-        if p.returncode != 0 or "usage" not in out.lower():
-            bad[f.name] = (p.returncode, err[-500:])
+    for f in files:
+        with monkeypatch.context() as m:
+            m.setattr(sys, "argv", [str(f), "--help"])
+            m.setattr(sys, "path", list(sys.path))
+            m.setattr(os, "environ", os.environ.copy())
+            try:
+                runpy.run_path(str(f), run_name="__main__")
+                code = "no exit"
+            except SystemExit as exc:
+                code = exc.code
+        out = capsys.readouterr().out
+        if code not in (0, None) or "usage" not in out.lower():
+            bad[f.name] = (code, out[-300:])
     assert not bad, bad
 
 

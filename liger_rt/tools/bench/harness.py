@@ -140,20 +140,21 @@ def shape_text(shape: dict | str) -> str:
 
 def dataset_rows(records: list[dict], run_id: str) -> list[dict]:
     """Records (RECORD_KEYS; `shape` a dict or text) as DATASET_COLUMNS rows: this device, the installed versions
-    (a peer arm's from its package metadata), the checkout's commit, today's date and `run_id`."""
+    (a peer arm's from its package metadata), the checkout's commit (`-dirty` where liger_rt/ differs from it),
+    today's UTC date and `run_id`."""
     import liger_rt
     info, (commit, dirty) = versions(), git_commit()
+    fixed = {"gpu": info["gpu"], "torch": info["torch"], "triton": info["triton"], "transformers": info["transformers"],
+             "liger_rt": liger_rt.__version__, "commit": commit + ("-dirty" if dirty else ""), "run_id": run_id,
+             "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat()}
     out = []
     for r in records:
         unknown = set(r) - set(RECORD_KEYS)
         if unknown:
             raise ValueError(f"dataset record keys {sorted(unknown)}: valid keys are {', '.join(RECORD_KEYS)}")
         peer = PEERS.get(r["arm"])
-        notes = "; ".join(filter(None, [r.get("notes", ""), "liger_rt/ differs from the commit" if dirty else ""]))
-        out.append({**dict.fromkeys(DATASET_COLUMNS, ""), **r, "shape": shape_text(r["shape"]), "gpu": info["gpu"],
-                    "torch": info["torch"], "triton": info["triton"], "transformers": info["transformers"],
-                    "liger_rt": liger_rt.__version__, "peer_version": (peer and dist_version(peer)) or "",
-                    "commit": commit, "date": info["date"], "run_id": run_id, "notes": notes})
+        out.append({**dict.fromkeys(DATASET_COLUMNS, ""), **r, **fixed, "shape": shape_text(r["shape"]),
+                    "peer_version": (peer and dist_version(peer)) or ""})
     return out
 
 
@@ -436,8 +437,9 @@ def dataset_arm(arm: str) -> str:
 
 
 def kernel_records(rows: list[dict]) -> list[dict]:
-    """measure_case rows as dataset records: per measured arm and pass, `ms` (wall), `dev_ms` (device), `gbps` or
-    `tflops` (by wall time) and its fraction of the ceiling, `extra_gb` (fwd+bwd); the name is `op.pass`."""
+    """measure_case rows as dataset records: per measured arm and pass, `ms` (do_bench: wall), `dev_ms` (cuda-graph:
+    device), `gbps` or `tflops` (counted bytes or FLOPs over the do_bench time) and its fraction of the run's
+    ceiling, `extra_gb` (peak allocated in fwd+bwd beyond the live inputs); the name is `op.pass`."""
     out = []
     for r in (r for r in rows if r.get("ms")):
         unit = "GBps" if "GBps" in r else "TFLOPs"
@@ -446,20 +448,19 @@ def kernel_records(rows: list[dict]) -> list[dict]:
                 "arm": dataset_arm(r["impl"]), "dtype": r["dtype"],
                 "notes": "; ".join(filter(None, [f"config {r['config']}" if r["impl"] in ("liger_rt", *FORCED) else "",
                                                  "arms timed last to first" if r["arm_order"] == "reversed" else ""]))}
-        how = "do_bench median (wall)" if r["ms_method"] == "do_bench" else r["ms_method"]
+        how = r["ms_method"]
         out.append({**base, "metric": "ms", "value": r["ms"], "unit": "ms", "method": how})
         if r.get("dev_ms"):
             out.append({**base, "metric": "dev_ms", "value": r["dev_ms"], "unit": "ms", "method": r["dev_ms_method"]})
         metric = "gbps" if unit == "GBps" else "tflops"
         out.append({**base, "metric": metric, "value": r[unit], "unit": "TFLOP/s" if unit == "TFLOPs" else "GB/s",
-                    "method": f"counted {'FLOPs' if unit == 'TFLOPs' else 'bytes'} / {how}"})
+                    "method": how})
         if ceiling:
             out.append({**base, "metric": "frac_ceiling", "value": r["frac_ceiling"], "unit": "",
                         "method": f"{metric} / this run's measured {'bf16 matmul' if unit == 'TFLOPs' else 'copy'} "
                                   f"ceiling ({ceiling:.0f} {'TFLOP/s' if unit == 'TFLOPs' else 'GB/s'})"})
         if r.get("peak_GB") is not None:
-            out.append({**base, "metric": "extra_gb", "value": r["peak_GB"], "unit": "GB",
-                        "method": "peak allocated during fwd+bwd beyond the live inputs"})
+            out.append({**base, "metric": "extra_gb", "value": r["peak_GB"], "unit": "GB", "method": "peak fwd+bwd"})
     return out
 
 

@@ -94,7 +94,7 @@ def host(echo: Callable = print) -> list[dict]:
     for name in ("ops.rms_norm fwd", "ops.rms_norm fwd+bwd (autograd.grad)"):
         wall, dev, how = time_fn(full[name], "cuda")
         rows += [{"what": name, "metric": "wall_us", "us": wall * 1e3, "shape": "rows=16384;hidden=4096",
-                  "method": "do_bench median (wall)"},
+                  "method": "do_bench"},
                  {"what": name, "metric": "dev_us", "us": dev and dev * 1e3, "shape": "rows=16384;hidden=4096",
                   "method": how}]
     for r in rows:

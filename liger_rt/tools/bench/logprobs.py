@@ -260,21 +260,22 @@ def run(*, quick: bool = False, compile_: bool = True, tokens: tuple[int, ...] =
 
 def logprobs_records(rows: list[dict]) -> list[dict]:
     """run rows as dataset records (kind `logprobs`, name `fused_linear_logprobs.<pass>`): per case, arm and pass
-    the median round's `ms`, `dev_ms` and `extra_gb`."""
+    the median round's `ms` (do_bench), `dev_ms` (cuda-graph) and `extra_gb` (peak beyond the live inputs)."""
     out = []
     for key in dict.fromkeys((r["tokens"], r["hidden"], r["vocab"], r["impl"], r["pass"]) for r in rows):
         timed = [r for r in rows if (r["tokens"], r["hidden"], r["vocab"], r["impl"], r["pass"]) == key and r.get("ms")]
         if not timed:
             continue
         med = _median_rows(timed)[key[3]]
+        rounds = f"median of {med['runs']} rounds (ms {med['spread']}, arm order reversed every other round)"
         base = {"kind": "logprobs", "name": f"{OP}.{key[4]}", "shape": dict(zip(("tokens", "hidden", "vocab"), key)),
                 "arm": dataset_arm(key[3]), "dtype": med["dtype"],
-                "notes": "; ".join(filter(None, [f"temperature {med['temperature']}, 10% ignored targets",
+                "notes": "; ".join(filter(None, [rounds, f"temperature {med['temperature']}, 10% ignored targets",
                                                  f"config {med['config']}" if key[3] == "liger_rt" else ""]))}
-        rounds = f"median of {med['runs']} rounds (ms {med['spread']}), arm order reversed every other round"
-        for metric, col, unit, how in (("ms", "ms", "ms", f"do_bench median (wall); {rounds}"),
-                                       ("dev_ms", "dev_ms", "ms", f"{med.get('dev_ms_method')}; {rounds}"),
-                                       ("extra_gb", "peak_GB", "GB", "peak allocated beyond the live inputs")):
+        wall = "cpu-wall" if med.get("dev_ms_method") == "none: cpu" else "do_bench"
+        peak = "peak fwd+bwd" if key[4] == "fwdbwd" else "peak fwd"
+        for metric, col, unit, how in (("ms", "ms", "ms", wall), ("dev_ms", "dev_ms", "ms", med.get("dev_ms_method")),
+                                       ("extra_gb", "peak_GB", "GB", peak)):
             if med.get(col) is not None:
                 out.append({**base, "metric": metric, "value": med[col], "unit": unit, "method": how})
     return out

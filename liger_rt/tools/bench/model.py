@@ -519,32 +519,32 @@ def parse_shapes(texts) -> list[tuple[int, int]]:
 
 
 def model_records(rows: list[dict]) -> list[dict]:
-    """run_model_bench rows as dataset records, one per measured arm (its summary): `tok_s`, `ms`, `peak_gb`, and
-    for a compiled arm `compile_s` and `graph_breaks`.  kind `model_compiled` where a compiled arm ran, else
-    `model`; the name is the preset plus the patch flags beyond the fused loss (qwen3-1.7b+rope)."""
-    summ = [r for r in rows if r.get("kind") == "summary" and r["runs"]]
-    kind = "model_compiled" if any(r["arm"] in COMPILED for r in summ) else "model"
+    """run_model_bench rows as dataset records, one per measured run (an arm runs more than once): `tok_s` (its
+    median step), `peak_gb` (max allocated), `frac_ceiling` (model FLOPs over the bf16 matmul ceiling), and for a
+    compiled arm `compile_s` and `graph_breaks`.  kind `model_compiled` where a compiled arm ran, else `model`; the
+    name is the preset plus the patch flags beyond the fused loss (qwen3-1.7b+rope)."""
+    runs = [r for r in rows if r.get("kind") == "run" and not r.get("error")]
+    kind = "model_compiled" if any(r["arm"] in COMPILED for r in rows) else "model"
+    tol = {r["dtype"]: LOSS_RTOL[r["dtype"]] for r in runs}
     out = []
-    for r in summ:
+    for r in runs:
         extra = [f for f in r["flags"].split(",") if f and f != "fused_linear_cross_entropy=1"]
-        runs = f"{r['runs']} run{'s' if r['runs'] > 1 else ''} of {r['steps']} steps after {r['warmup']} warm-up"
-        notes = [f"loss curves {'overlap' if r['loss_curves_overlap'] else 'DIFFER FROM'} the baseline's "
-                 f"(max relative difference {r['loss_rel_diff']:.2g})", f"order {r['order']}",
-                 f"config {r['config']}" if r["config"] else "",
-                 r["liger_kernel_note"] if r["arm"] == "liger_kernel" and r["liger_kernel_note"] != "not requested"
-                 else "",
+        rel = r["max_loss_diff"] / (abs(runs[0]["loss_first"]) or 1.0)
+        notes = [f"{r['layers']} layers, {r['warmup']}+{r['steps']} steps, run {r['run_index'] + 1} of order "
+                 f"{r['order']}", f"config {r['config']}" if r["config"] else "",
+                 f"loss curve {'overlaps' if rel <= tol[r['dtype']] else 'DIFFERS FROM'} the first baseline run's "
+                 f"(max relative difference {rel:.2g})",
                  f"compile mode {r.get('compile_mode')}, policy {r.get('compile_policy')}" if r["arm"] in COMPILED
                  else ""]
         base = {"kind": kind, "name": r["preset"] + "".join(f"+{f.removesuffix('=1')}" for f in extra),
                 "shape": {"batch": r["batch"], "seq": r["seq"]}, "arm": dataset_arm(r["arm"]), "dtype": r["dtype"],
                 "notes": "; ".join(filter(None, notes))}
-        metrics = [("tok_s", r["tok_per_s"], "tok/s", f"mean over {runs} (median step each)"),
-                   ("ms", r["median_step_ms"], "ms", f"batch*seq / tok_s ({runs})"),
-                   ("peak_gb", r["peak_alloc_GB"], "GB", f"max_memory_allocated in the measured steps, max of {runs}")]
+        metrics = [("tok_s", r["tok_per_s"], "tok/s", "median step"),
+                   ("peak_gb", r["peak_alloc_GB"], "GB", "max allocated"),
+                   ("frac_ceiling", r["mfu"], "", "model FLOPs / bf16 matmul ceiling")]
         if r["arm"] in COMPILED:
-            metrics += [("compile_s", r["compile_s"], "s", "warm-up time beyond steady steps, mean over runs"),
-                        ("graph_breaks", r["graph_breaks"], "", "dynamo's graph_break counter, max over runs")]
+            metrics += [("compile_s", r["compile_s"], "s", "warm-up time beyond steady steps"),
+                        ("graph_breaks", r["graph_breaks"], "", "dynamo graph_break counter")]
         out += [{**base, "metric": m, "value": v, "unit": u, "method": how}
                 for m, v, u, how in metrics if v is not None]
     return out
-
