@@ -112,13 +112,14 @@ def main() -> int:
                 print(f"{label}: FAILED: {H.error_line(exc, 300)}", flush=True)
                 failed.append(label)
                 continue
-            rows += [{"run": name, **r} for r in got]
+            rows += [{"run": label, **r} for r in got]
             if not a.no_data:
                 path = H.append_dataset(Path(a.data) / "models.csv", H.dataset_rows(M.model_records(got), run_id))
                 print(f"appended to {path}", flush=True)
             if a.csv:
                 H.write_csv(rows, a.csv)
-    print("\n" + M.format_summary(rows))
+    for label in dict.fromkeys(r["run"] for r in rows):     # qwen3 and qwen3rope share a preset: one table each
+        print(f"\n== {label}\n" + M.format_summary([r for r in rows if r["run"] == label]))
     if failed:
         print(f"failed: {', '.join(failed)} (errors above)")
     return 1 if failed else 0

@@ -605,6 +605,21 @@ def _private_uses(path: Path) -> list[str]:
     return bad
 
 
+def test_bench_models_runs_resolve_and_fit_the_card():
+    """Every model run of benchmarks/bench_models.py builds its preset; groups expand; the batch is halved until the
+    run's measured peak fits 90% of the card."""
+    bm = _load("bench_models.py")
+    assert bm.run_names([]) == bm.GROUPS["default"] and bm.run_names(["qwen3,families"])[:2] == ["qwen3", "gemma3"]
+    with pytest.raises(SystemExit, match="unknown run 'nope'"):
+        bm.run_names(["nope"])
+    for name in bm.RUNS:
+        preset, flags, overrides = bm.run_setup(name)
+        assert preset.layers >= 1 and flags["fused_linear_cross_entropy"] is True
+    assert bm.run_setup("lfm2moe")[0].name == "lfm2-8b-a1b-8L" and bm.run_setup("qwen3rope")[1]["rope"] is True
+    assert bm.fitted_batch("lfm2-a1b", 4, 85.5) == 2 and bm.fitted_batch("lfm2-a1b", 4, 150.0) == 4
+    assert bm.fitted_batch("qwen3", 4, 85.5) == 4 and bm.fitted_batch("gemma3", 2, 85.5) == 2
+
+
 def test_benchmarks_use_no_private_liger_rt_name(tmp_path):
     files = sorted(BENCHMARKS.rglob("*.py"))
     assert files
