@@ -305,7 +305,7 @@ def test_model_records_name_the_extra_flags_and_the_compiled_kind():
                                                         ("graph_breaks", "dynamo graph_break counter"))]]
     assert all(r["shape"] == {"batch": 4, "seq": 2048} for r in recs)
     assert "loss curve overlaps" in recs[0]["notes"] and "DIFFERS FROM" in recs[-1]["notes"]
-    assert "28 layers, 1+3 steps, run 2 of order baseline>liger_rt" in recs[-1]["notes"]
+    assert "28 layers, 1+3 steps, #2 of order baseline>liger_rt" in recs[-1]["notes"]
     assert M.model_records(rows[:1])[0]["kind"] == "model"
 
 
