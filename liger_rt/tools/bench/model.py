@@ -530,7 +530,8 @@ def model_records(rows: list[dict]) -> list[dict]:
     for r in runs:
         extra = [f for f in r["flags"].split(",") if f and f != "fused_linear_cross_entropy=1"]
         rel = r["max_loss_diff"] / (abs(runs[0]["loss_first"]) or 1.0)
-        notes = [f"{r['layers']} layers, {r['warmup']}+{r['steps']} steps, #{r['run_index'] + 1} of order {r['order']}", f"config {r['config']}" if r["config"] else "",
+        notes = [f"{r['layers']} layers, {r['warmup']}+{r['steps']} steps, #{r['run_index'] + 1} of order {r['order']}",
+                 f"config {r['config']}" if r["config"] else "",
                  f"loss curve {'overlaps' if rel <= tol[r['dtype']] else 'DIFFERS FROM'} the first baseline run's "
                  f"(max relative difference {rel:.2g})",
                  f"compile mode {r.get('compile_mode')}, policy {r.get('compile_policy')}" if r["arm"] in COMPILED
