@@ -24,8 +24,8 @@ decoder layer, then the root) over all ranks (NCCL on GPUs, gloo on CPU); the pa
   training steps of the patched model at batch x seq: rank 0 tunes every case once (counted per
   rank), nobody tunes in step 2, and the digests of every memoised decision (op, dims, dtype, impl,
   config) agree across ranks.  -> multigpu_consistency_TAG.csv
-Rank 0 writes the CSVs and appends to multigpu_TAG.log under --out (TAG: the GPU's name, e.g. h100, or cpu).  Exit status 1 when the
-parity gates or the consistency checks fail.
+Rank 0 writes the CSVs and appends to multigpu_TAG.log under --out (TAG: the GPU's name, e.g. h100, or cpu).
+Exit status 1 when the parity gates or the consistency checks fail.
 """
 from __future__ import annotations
 

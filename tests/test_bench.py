@@ -287,8 +287,8 @@ def test_bench_model_needs_a_model_type():
 
 def test_model_records_name_the_extra_flags_and_the_compiled_kind():
     """One record per measured run and metric; a failed run has none; kind model_compiled once a compiled arm ran."""
-    run = {"kind": "run", "run_index": 0, "steps": 3, "warmup": 1, "layers": 28, "flags": "fused_linear_cross_entropy=1,"
-           "rope=1", "preset": "qwen3-1.7b", "batch": 4, "seq": 2048, "dtype": "bf16", "order": "baseline>liger_rt",
+    run = {"kind": "run", "run_index": 0, "steps": 3, "warmup": 1, "layers": 28,
+           "flags": "fused_linear_cross_entropy=1,rope=1", "preset": "qwen3-1.7b", "batch": 4, "seq": 2048, "dtype": "bf16", "order": "baseline>liger_rt",
            "config": "", "loss_first": 10.0, "max_loss_diff": 0.0, "tok_per_s": 1000.0, "peak_alloc_GB": 20.0,
            "mfu": 0.4, "compile_s": 12.0, "graph_breaks": 0, "compile_mode": "default", "compile_policy": "fuse",
            "error": ""}
@@ -460,7 +460,8 @@ def test_measure_case_times_every_arm_against_an_fp32_reference():
         assert r["ms_method"] == "cpu-wall" and r["dev_ms_method"] == "none: cpu" and r["case"] == "rows=4,hidden=32,dtype=fp32"
     assert by["eager", "fwd"]["vs_eager"] == 1.0 and by["eager", "fwd"]["err_out"] == 0.0
     lines = H.verdicts(rows)
-    assert lines[0].startswith("rms_norm rows=4,hidden=32,dtype=fp32 fwd: liger_rt ") and "the best peer (eager)" in lines[0]
+    assert lines[0].startswith("rms_norm rows=4,hidden=32,dtype=fp32 fwd: liger_rt ")
+    assert "the best peer (eager)" in lines[0]
     from liger_rt import env
     assert env.impl_override("rms_norm") is None                      # the override is gone after the arm
     recs = H.kernel_records(rows)                                      # the failed peer has none
@@ -556,7 +557,8 @@ def test_logprobs_and_host_records():
              "dev_ms_method": "none: cpu", "dtype": "fp32", "temperature": 1.0, "config": "triton {} (heuristic)"}
             for impl, times in (("liger_rt", (5.0, 9.0, 1.0)), ("compile", (4.0, 6.0, 20.0))) for ms in times]
     recs = logprobs.logprobs_records([*rows, {**rows[0], "impl": "trl", "ms": None, "error": "skipped"}])
-    assert [(r["arm"], r["metric"], r["value"]) for r in recs] == [("liger_rt", "ms", 5.0), ("torch_compile", "ms", 6.0)]
+    assert [(r["arm"], r["metric"], r["value"]) for r in recs] == [("liger_rt", "ms", 5.0),
+                                                                    ("torch_compile", "ms", 6.0)]
     assert recs[0]["name"] == "fused_linear_logprobs.fwdbwd" and recs[0]["shape"] == {"tokens": 8, "hidden": 16,
                                                                                         "vocab": 67}
     assert recs[0]["method"] == "cpu-wall" and "median of 3 rounds (ms 1..9" in recs[0]["notes"]

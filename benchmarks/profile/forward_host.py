@@ -11,10 +11,10 @@ than the eager ops it replaces; costs only a GPU pays (launches, CUDA allocation
 
     python benchmarks/profile/forward_host.py --device cuda --run lfm2rope [--cprofile tottime]
 
-On a GPU: a bench_models.py run's model (bf16, B4 x T2048), launches real, no stubs; the host time of a forward is the wall
-time until `model(...)` returns (the device is synchronised before each forward), the backward's until `backward()`
-returns, medians of 15; cProfile splits each per function (the backward's with the autograd engine on the calling
-thread, where cProfile sees it).
+On a GPU: a bench_models.py run's model (bf16, B4 x T2048), launches real, no stubs; the host time of a forward is
+the wall time until `model(...)` returns (the device is synchronised before each forward), the backward's until
+`backward()` returns, medians of 15; cProfile splits each per function (the backward's with the autograd engine on
+the calling thread, where cProfile sees it).
 """
 import argparse
 import importlib
