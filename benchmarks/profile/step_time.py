@@ -1,7 +1,8 @@
 """Where one training step's time goes, per arm (torch.profiler tables).
 
-    python benchmarks/profile_model.py [--model qwen3 --preset qwen3-1.7b] [--arms baseline,liger_rt,liger_kernel]
-                                       [--flags rope=1] [--batch 1 --seq 512] [--host] [--gaps] [--steps 10] [--gc-freeze]
+    python benchmarks/profile/step_time.py [--model qwen3 --preset qwen3-1.7b | --run lfm2moerope]
+        [--arms baseline,liger_rt,liger_kernel] [--flags rope=1] [--batch 1 --seq 512] [--host] [--gaps] [--steps 10]
+        [--gc-freeze]
 
 Builds the preset with random weights (same seed per arm), patches it like `liger-tune bench model`
 does, runs three warm-up steps, times `--steps` steps by wall clock (median and min per step, with the
@@ -17,20 +18,25 @@ each gap: where a step's wall time exceeds its kernel time, this says which host
 import argparse
 import gc
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from liger_rt.tools.bench import model as B
 from liger_rt.tools.bench.harness import profiled
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_models import RUNS, run_setup  # noqa: E402
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3")
     ap.add_argument("--preset", default="qwen3-1.7b")
-    ap.add_argument("--target", default=None, help="a `bench model` target (lfm2moerope: model, preset, layers "
-                                                   "and flags from it); --model/--preset/--flags are then ignored")
+    ap.add_argument("--run", default=None, choices=list(RUNS),
+                    help="a bench_models.py run (model, preset, layers, flags) in place of --model/--preset/--flags")
     ap.add_argument("--arms", default="liger_rt,liger_kernel")
     ap.add_argument("--flags", default=None, help="extra liger_rt.patch flags, e.g. rope=1")
     ap.add_argument("--batch", type=int, default=4)
@@ -44,10 +50,10 @@ def main() -> None:
                                                            "leave the collector's generations")
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("profile_model needs a GPU")
-    if args.target:
-        preset, flags, overrides = B.target_setup(args.target)
-        args.model, args.preset = B.TARGETS[args.target]["model_type"], B.TARGETS[args.target]["preset"]
+        raise SystemExit("step_time.py needs a GPU")
+    if args.run:
+        preset, flags, overrides = run_setup(args.run)
+        args.model, args.preset = RUNS[args.run]["model_type"], preset.name
     else:
         preset = B.bench_preset(args.model, args.preset, None, None)
         flags = {"fused_linear_cross_entropy": True, **B.parse_flags(args.flags)}
@@ -76,7 +82,8 @@ def main() -> None:
         prof = profiled(step, warmup=0, calls=2, cpu=args.host or args.gaps)
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         total = sum(e.self_device_time_total for e in prof.key_averages()) / 2e3
-        print(f"== {arm} ({args.preset} B{args.batch}xT{args.seq}, flags {flags}{', gc frozen' if args.gc_freeze else ''}): "
+        frozen = ", gc frozen" if args.gc_freeze else ""
+        print(f"== {arm} ({args.preset} B{args.batch}xT{args.seq}, flags {flags}{frozen}): "
               f"{wall:.1f} ms wall per step (median of {args.steps}, min {min(times):.1f}; unprofiled), "
               f"{total:.1f} ms of kernels per step, {len(kernels) / 2:.0f} kernels per step; "
               f"garbage collector in those steps: {gc_log.summary()}; {len(gc.get_objects())} tracked objects")
@@ -132,8 +139,8 @@ def print_gaps(prof, steps: int, rows: int, min_us: float = 3.0) -> None:
         row[1] += gap
         total += gap
         late_total += gap if late else 0.0
-    print(f"device idle between kernels: {total / steps / 1e3:.2f} ms per step ({late_total / steps / 1e3:.2f} ms with "
-          f"the host late), in gaps of >= {min_us:g} us; the largest by total:")
+    print(f"device idle between kernels: {total / steps / 1e3:.2f} ms per step ({late_total / steps / 1e3:.2f} ms "
+          f"with the host late), in gaps of >= {min_us:g} us; the largest by total:")
     print(f"{'ms/step':>8} {'gaps':>5}  host late  host ops around the launch  ->  the kernel after the gap")
     for (where, name, late), (n, us, _) in sorted(by.items(), key=lambda kv: -kv[1][1])[:rows]:
         print(f"{us / steps / 1e3:8.3f} {n / steps:5.0f}  {'yes' if late else 'no ':9}  {where}  ->  {name}")

@@ -1,18 +1,16 @@
-"""Kernel times of one MoE experts forward and backward, uniform vs skewed routing (torch.profiler).
+"""Kernel times of one MoE experts forward and backward, uniform vs skewed routing (torch.profiler; GPU).
 
-    python benchmarks/profile_moe.py [--tokens 512] [--experts 32] [--set up_bwd_split=1,down_desc=1]
+    python benchmarks/profile/moe_gemms.py [--tokens 512] [--experts 32] [--set up_bwd_split=1,down_desc=1]
 
-Shows which kernel of the fused path grows when routing is skewed (E32 T512: the fused forward
-took 0.65 ms skewed against 0.32 ms uniform on the H200), and each GEMM family's share of the
-18 * S * H * I FLOPs of a forward + backward (S = tokens * top_k) at its device time: which one keeps
-the whole below 450 TFLOP/s (issue 18: E64 T16384 at 419-426).
+Shows which kernel of the fused path grows when routing is skewed (E32 T512 on an H200: the fused forward took
+0.65 ms skewed against 0.32 ms uniform), and each GEMM family's share of the 18 * S * H * I FLOPs of a forward +
+backward (S = tokens * top_k) at its device time: which one holds the whole back.
 """
 import argparse
 
 import torch
 
-import liger_rt  # noqa: F401
-from liger_rt.kernels import moe_experts as M
+from liger_rt import dispatch
 from liger_rt.tools.bench.harness import profiled
 from liger_rt.tools.bench.model import parse_config
 
@@ -35,23 +33,24 @@ def family_rates(events, steps: int, shi: int, families=FAMILIES) -> list[tuple[
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--experts", type=int, default=32)
     ap.add_argument("--set", default="", help="knobs over the dispatched config, e.g. up_bwd_split=1,down_desc=1")
     args = ap.parse_args()
     knobs = parse_config(args.set)
     if not torch.cuda.is_available():
-        raise SystemExit("profile_moe needs a GPU")
+        raise SystemExit("moe_gemms.py needs a GPU")
     E, I = args.experts, (1792 if args.experts == 32 else 1536)
     dims = dict(tokens=args.tokens, experts=E, top_k=4, hidden=2048, intermediate=I)
+    op = dispatch.get_op("moe_experts")
     for tag in ("uniform", "skewed"):
-        case = M._make_case(dims, torch.bfloat16, "cuda", tag=tag)
+        case = op.new_case(dims, torch.bfloat16, "cuda", tag=tag)
         (x, gu, dn, idx, w, _), (dy,) = case.args, case.grads
-        cfg = M.OP.select(x, **dims).config.replace(**knobs)
+        cfg = op.select(x, **dims).config.replace(**knobs)
 
         def step():
-            y = M.OP.call_impl("triton", cfg, x, gu, dn, idx, w, True)
+            y = op.call_impl("triton", cfg, x, gu, dn, idx, w, True)
             return torch.autograd.grad(y, (x, gu, dn, w), dy)
         steps = 5
         prof = profiled(step, warmup=3, calls=steps)
@@ -61,7 +60,8 @@ def main() -> None:
         shi = dims["tokens"] * dims["top_k"] * dims["hidden"] * dims["intermediate"]
         rates = family_rates(prof.key_averages(), steps, shi, SPLIT if cfg.up_bwd_split else FAMILIES)
         total = sum(t for _, t, _ in rates)
-        print(f"-- {cfg}\n-- per family (device ms per step, TFLOP/s), all: {total:.3f} ms, {18 * shi / total / 1e9:.1f} TFLOP/s")
+        print(f"-- {cfg}\n-- per family (device ms per step, TFLOP/s), all: {total:.3f} ms, "
+              f"{18 * shi / total / 1e9:.1f} TFLOP/s")
         for name, t, rate in rates:
             print(f"   {name:22s} {t:8.3f} ms  {rate:7.1f} TFLOP/s")
 

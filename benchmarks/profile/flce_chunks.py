@@ -1,16 +1,12 @@
-"""Fused linear cross-entropy on the GPU (issue 18): each chunk size's forward+backward
-wall time (triton do_bench) and peak extra memory beside torch.compile's, in counterbalanced rounds
-(forward order, then reversed), then where the time goes (a kernel table per config).
+"""Fused linear cross-entropy per chunk size (GPU): forward+backward wall time (do_bench) and peak extra memory beside
+torch.compile's, in counterbalanced rounds (forward order, then reversed), then where the time goes (a kernel table
+per config).
 
-    python benchmarks/profile_flce.py [--rounds 3] [--chunks 512,768,1024,2048] [--csv PATH]
+    python benchmarks/profile/flce_chunks.py [--rounds 3] [--chunks 512,768,1024,2048] [--csv PATH]
 
-Session 7 ran it with a since-reverted `overlap` knob (each chunk's backward GEMMs on a side CUDA
-stream, beside the dW GEMM or double-buffered beside the next chunk): benchmarks/results/
-flce_overlap_h200.csv, arms c<chunk>_o<overlap>; no schedule gained more than the spread.
-
-Configs are run directly (OP.call_impl), outside the chunk budget the dispatcher applies, so that
-the budget can be set from these figures. Peak extra memory: everything one step allocates beyond
-its inputs, the gradients it hands out included (as the losses benchmark counts it).
+Each config is the heuristic's with only `chunk` replaced, run directly (`Op.call_impl`), outside the chunk budget
+the dispatcher applies, so that the budget can be set from these figures. Peak extra memory: everything one step
+allocates beyond its inputs, the gradients it hands out included (as bench_losses.py counts it).
 """
 from __future__ import annotations
 
@@ -20,8 +16,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from liger_rt import backend
-from liger_rt.kernels import fused_linear_cross_entropy as flce
+from liger_rt import backend, dispatch
 from liger_rt.tools.bench.harness import counterbalanced, peak_extra_gb, profiled, write_csv
 
 SHAPES = {"BT8192_H2048_V65536": (8192, 2048, 65536), "BT8192_H2560_V151936": (8192, 2560, 151936)}
@@ -35,10 +30,11 @@ def make_inputs(t, h, v):
 
 
 def arms(t, h, v, chunks):
-    base = flce._heuristic(backend.detect(), {"tokens": t, "hidden": h, "vocab": v}, torch.bfloat16)
+    op = dispatch.get_op("fused_linear_cross_entropy")
+    base = op.default_config("triton", backend.detect(), {"tokens": t, "hidden": h, "vocab": v}, torch.bfloat16)
     out = {"compile": torch.compile(lambda x, w, y: F.cross_entropy((x @ w.t()).float(), y))}
     for c in chunks:
-        out[f"c{c}"] = (lambda x, w, y, cfg=base.replace(chunk=c): flce.OP.call_impl(
+        out[f"c{c}"] = (lambda x, w, y, cfg=base.replace(chunk=c): op.call_impl(
             "triton", cfg, x, w, y, None, -100, "mean", 0.0, 0.0, None, None, 3, True))
     return out
 
@@ -60,12 +56,14 @@ def kernel_table(fn, x, w, y, rows=8):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--chunks", default="512,768,1024,2048")
     ap.add_argument("--profile", default="compile,c512,c1024", help="arms whose kernels to list")
-    ap.add_argument("--csv", default="benchmarks/results/flce_chunks_h200.csv")
+    ap.add_argument("--csv", default=None, help="write every round's row to this CSV")
     a = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("flce_chunks.py needs a GPU")
     chunks = [int(c) for c in a.chunks.split(",")]
     meta = {"method": "do_bench wall (warmup 100 ms, rep 400 ms)"}   # versions, device, date: write_csv
     rows = []
@@ -81,14 +79,15 @@ def main():
         ref = statistics.median(times["compile"])
         for name in table:
             m = statistics.median(times[name])
-            print(f"  {name:10s} {m:8.3f} ms ({min(times[name]):.3f}-{max(times[name]):.3f})  "
-                  f"{peaks[name]:6.3f} GB  {m / ref:5.3f}x compile's time  {peaks[name] / peaks['compile']:5.3f}x its memory")
+            print(f"  {name:10s} {m:8.3f} ms ({min(times[name]):.3f}-{max(times[name]):.3f})  {peaks[name]:6.3f} GB  "
+                  f"{m / ref:5.3f}x compile's time  {peaks[name] / peaks['compile']:5.3f}x its memory")
         for name in a.profile.split(","):
             if name in table:
                 print(f"-- kernels of {name} at {shape}:\n{kernel_table(table[name], x, w, y)}")
         del x, w, y, table
         torch.cuda.empty_cache()
-    print(f"wrote {len(rows)} rows to {write_csv(rows, a.csv)}")
+    if a.csv:
+        print(f"wrote {len(rows)} rows to {write_csv(rows, a.csv)}")
 
 
 if __name__ == "__main__":

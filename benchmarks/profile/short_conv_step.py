@@ -1,7 +1,7 @@
 """The LFM2 short conv at a model step's shape (GPU): does the packed-sequence path (seq_idx) cost device time, and
 which candidate config is fastest there?
 
-    python benchmarks/short_conv_step_shape.py [--batch 4 --seq 2048 --hidden 2048]
+    python benchmarks/profile/short_conv_step.py [--batch 4 --seq 2048 --hidden 2048]
 
 Device time (CUDA-graph replay, `autotune.graph_ms`) of forward+backward through `torch.autograd.grad`, bf16:
 the dispatched config without seq_idx, with an all-zero seq_idx (one sequence per row, the step's case: LFM2's
@@ -17,7 +17,7 @@ from liger_rt.autotune import graph_ms
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--hidden", type=int, default=2048)

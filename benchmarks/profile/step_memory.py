@@ -1,7 +1,7 @@
 """What is live at a training step's memory peak, per arm (CUDA allocator history).
 
-    python benchmarks/profile_memory.py [--model qwen3 --preset qwen3-1.7b] [--arms liger_rt,liger_rt+compile]
-                                        [--flags rope=1] [--batch 4 --seq 2048] [--top 15]
+    python benchmarks/profile/step_memory.py [--model qwen3 --preset qwen3-1.7b] [--arms liger_rt,liger_rt+compile]
+        [--flags rope=1] [--batch 4 --seq 2048] [--top 15]
 
 Builds each arm like `liger-tune bench model` (same seed, fused AdamW), runs three warm-up steps, then records
 the allocator's history over one step. Replaying its alloc/free events finds the moment of the step's peak; the
@@ -110,9 +110,9 @@ def main() -> None:
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in arms if a not in ARMS]
     if bad:
-        raise SystemExit(f"profile_memory.py: unknown arm {bad[0]!r}; valid: {', '.join(ARMS)}")
+        raise SystemExit(f"step_memory.py: unknown arm {bad[0]!r}; valid: {', '.join(ARMS)}")
     if not torch.cuda.is_available():
-        raise SystemExit("profile_memory.py needs a CUDA GPU (the allocator history is CUDA's)")
+        raise SystemExit("step_memory.py needs a CUDA GPU (the allocator history is CUDA's)")
     preset = B.bench_preset(args.model, args.preset, None, None)
     flags = {"fused_linear_cross_entropy": True, **B.parse_flags(args.flags)}     # as `bench model`
     for arm in arms:

@@ -1,6 +1,6 @@
 """What a compiled training step's forward saves for its backward, per LIGER_RT_COMPILE_POLICY (any machine).
 
-    TRITON_INTERPRET=1 python benchmarks/compile_saved.py [--seq 512] [--layers 2]
+    TRITON_INTERPRET=1 python benchmarks/profile/compile_saved.py [--seq 512] [--layers 2]
 
 Qwen3-1.7B's layer widths (vocab cut to 8192), bf16, batch 1: the unpatched model, then liger_rt-patched
 (rope and the fused loss) under each policy. AOTAutograd's min-cut partition, with inductor's decomposition
