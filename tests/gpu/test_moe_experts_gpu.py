@@ -291,7 +291,7 @@ def test_bench_forced_grouped_mm_arm_runs():
     fails with "Offset increment outside graph capture encountered unexpectedly" (seen on an H200), and a
     cached failure would make every later case say grouped_mm "cannot run here"."""
     from liger_rt.tools.bench import harness
-    from liger_rt.tools.bench import moe_experts as B
+    from liger_rt.tools.bench import moe as B
     import dataclasses
     M._PROBED.clear()                                          # the probe is first asked after the peers' arms
     M.PROBE_FAILURES.clear()
