@@ -20,8 +20,9 @@ import triton.language as tl
 from ..dispatch import register
 from ..opspec import Case, Impl, Op
 from ._common import bind, interpreter_on, launch_memo, next_pow2, row_layout, row_plan, to_dtype, triton_available
-from .row_norm import (MAX_HIDDEN, bind_partial_sum, bind_persistent_bwd, check_hidden, load_row_block,
-                       norm_bwd, norm_candidates, norm_fwd, supports)
+from .row_norm import MAX_HIDDEN  # noqa: F401  (the op's width limit, as layer_norm.MAX_HIDDEN)
+from .row_norm import (bind_partial_sum, bind_persistent_bwd, check_hidden, load_row_block, norm_bwd, norm_candidates,
+                       norm_fwd, supports)
 from .row_norm import RowNormConfig as LayerNormConfig
 
 

@@ -26,8 +26,9 @@ import triton.language as tl
 from ..dispatch import register
 from ..opspec import Case, Impl, Op, knob, pow2
 from ._common import bind, interpreter_on, launch_memo, next_pow2, row_layout, row_plan, to_dtype, triton_available
-from .row_norm import (MAX_HIDDEN, RowNormConfig, bind_partial_sum, bind_persistent_bwd, check_hidden, load_row_block,
-                       norm_bwd, norm_candidates, norm_fwd, persistent_grid, supports)
+from .row_norm import MAX_HIDDEN  # noqa: F401  (the op's width limit, as rms_norm.MAX_HIDDEN)
+from .row_norm import (RowNormConfig, bind_partial_sum, bind_persistent_bwd, check_hidden, load_row_block, norm_bwd,
+                       norm_candidates, norm_fwd, persistent_grid, supports)
 
 TILE_BWD_MAX_HIDDEN = 256   # the heuristic's backward walks (rows, hidden) tiles up to this hidden
 

@@ -33,8 +33,8 @@ def supports(dims: dict, dtype: torch.dtype) -> str | None:
 def check_hidden(op_name: str, n: int) -> None:
     """A launcher's guard: the one-line error for a row wider than MAX_HIDDEN."""
     if n > MAX_HIDDEN:
-        raise ValueError(f"{op_name} triton kernel supports hidden <= {MAX_HIDDEN}, got {n}; use "
-                         f"liger_rt.ops.{op_name} (dispatch picks torch there) or LIGER_RT_IMPL_{op_name.upper()}=torch")
+        raise ValueError(f"{op_name} triton kernel supports hidden <= {MAX_HIDDEN}, got {n}; use liger_rt.ops."
+                         f"{op_name} (dispatch picks torch there) or LIGER_RT_IMPL_{op_name.upper()}=torch")
 
 
 @dataclasses.dataclass(frozen=True)
