@@ -66,7 +66,7 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-# Tolerances, one table (STYLE 8): (atol, rtol) for an elementwise result in each dtype; a result reducing over `n`
+# Tolerances, one table: (atol, rtol) for an elementwise result in each dtype; a result reducing over `n`
 # terms scales both by sqrt(n / 256) (never below 1). Values: the spread of fp32-accumulated kernels against fp32
 # references seen on these tests; tight enough that a wrong mask, a missing term or a swapped gate fails.
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}

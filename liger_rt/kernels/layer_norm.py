@@ -199,4 +199,4 @@ OP = register(Op(
     config=LayerNormConfig, candidates=_configs, heuristic=_heuristic,
     schema="Tensor x, Tensor weight, Tensor? bias, float eps", fake=_fake, make_case=_make_case, plan=_plan,
     reduce_len=lambda d: d["rows"],
-    schema_version=2, compiler_fuses=True))   # 2: grid-strided backward; bwd_ROWS and bwd_stages are gone
+    schema_version=2, compiler_fuses=True))   # the config layout's version: DB rows of another are stale

@@ -241,4 +241,4 @@ OP = register(Op(
            Impl("torch", fn=rms_norm_ref)],
     config=RMSNormConfig, candidates=_configs, heuristic=_heuristic, fake=_fake, make_case=_make_case, plan=_plan,
     schema="Tensor x, Tensor weight, float eps, float offset", reduce_len=lambda d: d["rows"],
-    schema_version=3, compiler_fuses=True))   # 2: grid-strided backward; 3: bwd_rows (tiled backward)
+    schema_version=3, compiler_fuses=True))   # the config layout's version: DB rows of another are stale

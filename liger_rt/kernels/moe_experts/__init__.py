@@ -322,4 +322,4 @@ OP = register(Op(
     schema="Tensor x, Tensor gate_up_proj, Tensor down_proj, Tensor top_k_index, Tensor top_k_weights, bool save",
     fake=fake, make_case=_make_case, plan=_plan, reduce_len=_reduce_len, heuristic_impl=_heuristic_impl,
     crossover_axis=_rows_per_expert, crossover_axis_name="rows_per_expert", pinned_by_fused_moe_env=True,
-    tags=("uniform", "skewed"), schema_version=4))   # 4: configs carry up_desc, down_desc and up_bwd_split
+    tags=("uniform", "skewed"), schema_version=4))   # the config layout's version: DB rows of another are stale

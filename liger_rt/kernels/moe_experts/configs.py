@@ -164,7 +164,9 @@ def candidates(arch, dims: dict, dtype: torch.dtype) -> list[MoEExpertsConfig]:
         return NVIDIA_FP32
     # on the first tiles (the variants are independent of the tiles): the weight-gradient operand variants, the up
     # and down/dX GEMMs through tensor descriptors (both or one, with TMA weight gradients)
-    desc = [c.replace(wgrad_sorted=2, up_desc=u, down_desc=d) for u, d, tiles in ((1, 1, 4), (0, 1, 2), (1, 0, 2))
+    desc = [c.replace(wgrad_sorted=2, **variant) for variant, tiles in ((dict(up_desc=1, down_desc=1), 4),
+                                                                       (dict(up_desc=0, down_desc=1), 2),
+                                                                       (dict(up_desc=1, down_desc=0), 2))
             for c in HOPPER[:tiles]]
     # and the split up backward (its GEMM on the down tiles), with pointer or descriptor loads there
     split = [c.replace(wgrad_sorted=2, up_bwd_split=1, down_desc=d) for d in (0, 1) for c in HOPPER[:4]]
