@@ -158,7 +158,7 @@ def warps_for(elems: int, per_thread: int, arch) -> int:
 sm_count = backend.sm_count   # SMs/CUs of a launch's device (2 under the interpreter): one source
 
 
-def row_plan(preset, arch, quick: bool, width: str, preset_width: int | None, cpu_widths: tuple,
+def row_plan(preset, arch, quick: bool, *, width: str, preset_width: int | None, cpu_widths: tuple,
              gpu_widths: tuple, gpu_tokens: tuple) -> list[dict]:
     """Sweep plan of a row-wise op, dims {"rows", width}: the preset's width and token counts, or the defaults;
     tiny shapes on cpu (the interpreter); one token count (4096) when quick."""

@@ -120,8 +120,8 @@ def candidates(arch, dims, dtype):
 
 
 def plan(preset, arch, quick):
-    return row_plan(preset, arch, quick, "cols", preset and preset.intermediate, (96, 128), (8192, 12288),
-                    (1024, 4096, 16384))
+    return row_plan(preset, arch, quick, width="cols", preset_width=preset and preset.intermediate,
+                    cpu_widths=(96, 128), gpu_widths=(8192, 12288), gpu_tokens=(1024, 4096, 16384))
 
 
 def gated_op(name: str, torch_fn, forward, backward) -> Op:

@@ -115,11 +115,11 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
         return dx, torch.zeros_like(weight), (torch.zeros_like(bias) if has_bias else None)
     grid, bwd_kernel, sum_kernel = _bwd_launch(config, m, n, has_bias, x.device)
     part = torch.empty((2 if has_bias else 1, grid, n), dtype=torch.float32, device=x.device)
-    part_b = part[1] if has_bias else part[0]
-    bwd_kernel(dy2, x2, weight, mean, rstd, dx, part[0], part_b, stride_dy, stride_x, n, m, n, 0.0)   # no offset
+    part_b = part[1] if has_bias else None
+    bwd_kernel(dy2, x2, weight, mean, rstd, dx, part[0], part_b, stride_dy, stride_x, n, m, n, None)   # no offset
     dw = torch.empty_like(weight, memory_format=torch.contiguous_format)
     db = torch.empty_like(bias, memory_format=torch.contiguous_format) if has_bias else None
-    sum_kernel(part[0], part_b, dw, db if has_bias else dw, grid, n)
+    sum_kernel(part[0], part_b, dw, db, grid, n)
     return dx, dw, db
 
 
@@ -189,7 +189,8 @@ def _plan(preset, arch, quick):
     vision = preset is not None and preset.model_type == "lfm2_vl" and preset.vision_hidden
     width = preset and (preset.vision_hidden if vision else preset.hidden)
     # GPU defaults: SigLIP2 (1152) and two LLM widths
-    return row_plan(preset, arch, quick, "hidden", width, (64, 128), (1152, 2048, 4096), (1024, 4096, 16384, 65536))
+    return row_plan(preset, arch, quick, width="hidden", preset_width=width, cpu_widths=(64, 128),
+                    gpu_widths=(1152, 2048, 4096), gpu_tokens=(1024, 4096, 16384, 65536))
 
 
 OP = register(Op(

@@ -147,9 +147,9 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: 
     if config.bwd_rows > 1:
         bwd_kernel(dy2, x2, weight, rstd, dx, part, stride_dy, stride_x, n, m, n, float(offset))
     else:   # (DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, ...): no mean, no bias
-        bwd_kernel(dy2, x2, weight, rstd, rstd, dx, part, part, stride_dy, stride_x, n, m, n, float(offset))
+        bwd_kernel(dy2, x2, weight, None, rstd, dx, part, None, stride_dy, stride_x, n, m, n, float(offset))
     dw = torch.empty_like(weight, memory_format=torch.contiguous_format)
-    dw_kernel(part, part, dw, dw, grid, n)
+    dw_kernel(part, None, dw, None, grid, n)
     return dx, dw
 
 
@@ -231,8 +231,8 @@ def _configs(arch, dims, dtype):
 
 
 def _plan(preset, arch, quick):
-    return row_plan(preset, arch, quick, "hidden", preset and preset.hidden, (64, 128), (2048, 4096),
-                    (1024, 4096, 16384, 65536))
+    return row_plan(preset, arch, quick, width="hidden", preset_width=preset and preset.hidden, cpu_widths=(64, 128),
+                    gpu_widths=(2048, 4096), gpu_tokens=(1024, 4096, 16384, 65536))
 
 
 OP = register(Op(

@@ -130,7 +130,7 @@ def row_norm_bwd_kernel(DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, stride_dy, s
     RMSNorm (CENTERED off): xhat = x * rstd, y = round(xhat) * (offset + w); dW sees xhat rounded to x's dtype, as
     the forward multiplied it; dx = (g - xhat * mean(g * xhat)) * rstd with g = dy * (offset + w).
     LayerNorm (CENTERED): xhat = (x - mean) * rstd, y = xhat * w (+ b); dx = (g - xhat * mean(g * xhat) - mean(g))
-    * rstd with g = dy * w; dB = sum dy (HAS_BIAS).  MEAN, DB_PART and offset are unused where they do not apply.
+    * rstd with g = dy * w; dB = sum dy (HAS_BIAS).  MEAN, DB_PART and offset may be None where they do not apply.
     """
     pid = tl.program_id(0)
     G = tl.num_programs(0)
@@ -182,7 +182,7 @@ def row_norm_bwd_kernel(DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, stride_dy, s
 def row_norm_partial_sum_kernel(PW, PB, DW, DB, G, N, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr,
                                 HAS_BIAS: tl.constexpr, RNE_BF16: tl.constexpr):
     """Column-parallel sums of the (G, N) fp32 partials of dW (and dB), BLOCK_R columns per program (coalesced
-    rows), stored in DW's (DB's) dtype."""
+    rows), stored in DW's (DB's) dtype.  PB and DB may be None without HAS_BIAS."""
     o_n = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     m_n = o_n < N
     acc_w = tl.zeros([BLOCK_G, BLOCK_R], dtype=tl.float32)

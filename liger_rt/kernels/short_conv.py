@@ -325,9 +325,10 @@ def _make_case(dims, dtype, device):
 
 
 # Tiles of BLOCK_T positions by BLOCK_H channels. The forward has 3 live tiles, the backward ~12 (dy, B, C, x, dz, z,
-# du, the shifted taps and 4 dw accumulators), hence its smaller tiles and fewer elements per thread. Registers from ptxas (sm_90a) on
-# Triton 3.9's PTX compiled offline, no spills: fwd 32x128 / 8 warps 64 regs (64x128: 104); bwd 16x128 / 8 warps
-# 128 regs (162 with seq_idx), 32x128 / 8 warps 241. Sweeps (`liger-tune sweep --op short_conv`) override these.
+# du, the shifted taps and 4 dw accumulators), hence its smaller tiles and fewer elements per thread. Registers from
+# ptxas (sm_90a) on Triton 3.9's PTX compiled offline, no spills: fwd 32x128 / 8 warps 64 regs (64x128: 104); bwd
+# 16x128 / 8 warps 128 regs (162 with seq_idx), 32x128 / 8 warps 241. Sweeps (`liger-tune sweep --op short_conv`)
+# override these.
 _FWD_TILES = [dict(block_t=32, block_h=128), dict(block_t=64, block_h=128), dict(block_t=16, block_h=256),
               dict(block_t=64, block_h=64)]
 _BWD_TILES = [dict(block_t=16, block_h=128), dict(block_t=32, block_h=128), dict(block_t=16, block_h=64),
