@@ -34,10 +34,9 @@ import torch.nn.functional as F
 from ... import backend
 from ...dispatch import register
 from ...opspec import Case, Impl, Op
-from .._common import triton_available
 from .configs import (CPU, HIP, HOPPER, MINIMAL, NVIDIA_FP32, PINNED_CUDA, PINNED_HIP, Gemm, MoEExpertsConfig,
                       candidates, smem)
-from .kernels import _backward, _forward, fake
+from .kernels import TRITON, fake
 
 __all__ = ["OP", "PROBE_FAILURES", "HIP_GROUPED_MM_FROM", "Gemm", "MoEExpertsConfig", "moe_experts", "moe_experts_ref",
            "moe_experts_grouped_mm"]
@@ -221,12 +220,6 @@ def _pinned(arch: backend.Arch, dims: dict, dtype: torch.dtype) -> MoEExpertsCon
     return _first_fit([PINNED_CUDA, *NVIDIA_FP32], arch, dims, dtype)
 
 
-def _supports_triton(dims: dict, dtype: torch.dtype) -> str | None:
-    if dims["hidden"] < 1 or dims["intermediate"] < 1 or dims["experts"] < 1 or dims["top_k"] < 1:
-        return "moe_experts needs hidden, intermediate, experts and top_k >= 1"
-    return None
-
-
 # Hopper heuristic between implementations, measured on an H200 (torch 2.11, Triton 3.6, bf16
 # fwd+bwd ms, uniform routing; benchmarks/bench_moe_experts.py, heuristic configs):
 #                 hf_grouped_mm  liger_kernel  ours grouped_mm  ours triton
@@ -314,7 +307,7 @@ def _native(fn):
 
 OP = register(Op(
     name="moe_experts", static=("experts", "top_k", "hidden", "intermediate"), dynamic=("tokens",), dims=_dims,
-    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports_triton),
+    impls=[TRITON,
            Impl("grouped_mm", fn=_native(moe_experts_grouped_mm), available=_grouped_mm_available,
                 supports=_supports_grouped_mm),
            Impl("torch", fn=_native(moe_experts_ref))],

@@ -1,8 +1,9 @@
 """moe_experts' Triton kernels and their launchers: routing (a stable sort of the slots by expert, tile schedules),
-the routed GEMMs (up with the SwiGLU epilogue, down/dX, the up backward, the weight gradients) and the Op's forward
-and backward.  The op, its shapes and its data flow: the package docstring (liger_rt/kernels/moe_experts/__init__.py).
+the routed GEMMs (up with the SwiGLU epilogue, down/dX, the up backward, the weight gradients), the Op's forward
+and backward, and the Triton implementation they make (``TRITON``, which the package registers).  The op, its
+shapes and its data flow: the package docstring (liger_rt/kernels/moe_experts/__init__.py).
 
-    (y,), saved = _forward(config, x, gate_up_proj, down_proj, top_k_index, top_k_weights, True)
+    (y,), saved = TRITON.forward(config, x, gate_up_proj, down_proj, top_k_index, top_k_weights, True)
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .._common import interpreter_on
+from ...opspec import Impl
+from .._common import interpreter_on, triton_available
 
 if TYPE_CHECKING:
     from .configs import Gemm
@@ -538,3 +540,12 @@ def fake(config, x, gate_up_proj, down_proj, top_k_index, top_k_weights, save):
     return ((x.new_empty(x.shape),),
             (x.new_empty(S, I2) if save else x.new_empty(0), x.new_empty(S, I2 // 2), x.new_empty(S, dtype=i32),
              x.new_empty(E + 1, dtype=i32), x.new_empty(2, _n_tiles(S, E, config.down.BLOCK_M), dtype=i32)))
+
+
+def supports(dims: dict, dtype: torch.dtype) -> str | None:
+    if dims["hidden"] < 1 or dims["intermediate"] < 1 or dims["experts"] < 1 or dims["top_k"] < 1:
+        return "moe_experts needs hidden, intermediate, experts and top_k >= 1"
+    return None
+
+
+TRITON = Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=supports)
