@@ -1,7 +1,7 @@
 """The row-norm family (rms_norm.py, layer_norm.py): one launch layout, one config, one tuning space and
 the persistent backward both norms run.
 
-Forward (each op's own kernel): ROWS rows of one hidden-wide row per program, statistics in fp32.
+Forward (each op's own kernel): ROWS whole rows per program, statistics in fp32.
 Backward (here): G = min(rows, sm_count * bwd_progs_per_sm) persistent programs; program p takes rows
 p, p + G, ... (neighbours in flight), writes dx and keeps one fp32 partial row of dW (and dB), which a
 column-parallel kernel sums into the weight dtype.  No atomics.
@@ -20,7 +20,8 @@ from ..opspec import WARPS, Config, knob, pow2
 from ._common import bind, interpreter_on, next_pow2, sm_count, to_dtype, warps_for
 
 # One row lives in registers: BLOCK_N 32768 over 1024 threads is 32 fp32 values per thread and
-# tensor, the most the backward (dy, x, dW accumulator) holds without spilling.
+# tensor, the most the backward (dy, x, the dW accumulator and LayerNorm's dB one) holds without
+# spilling.
 MAX_HIDDEN = 32768
 
 
