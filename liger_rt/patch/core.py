@@ -1,8 +1,8 @@
 """The patch mechanism behind ``liger_rt.patch`` / ``unpatch`` / ``patched``; specs.py holds the tables,
 docs/patching.md the semantics.
 
-Instance patching binds ``BoundForward(layer_forward, module)`` on every module whose class is a spec row;
-class-level patching replaces ``Cls.forward``.  Both record what they replaced in the swap ledger
+Instance patching binds the layer forward as a plain method (``_swaps.bound_forward``) on every module
+whose class is a spec row; class-level patching replaces ``Cls.forward``.  Both record what they replaced in the swap ledger
 (liger_rt/_swaps.py), which the layer forwards read, so liger_rt.layers never imports liger_rt.patch.
 """
 from __future__ import annotations
@@ -190,6 +190,7 @@ class InstanceRecord:
     modules: dict[str, int] = dataclasses.field(default_factory=collections.Counter)  # per class: modules rebound
     skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     saved: list[tuple[Any, str, bool, Any]] = dataclasses.field(default_factory=list)    # (obj, attr, had own, old)
+    bound: list[tuple[Any, str, Any]] = dataclasses.field(default_factory=list)         # (module, attr, layer fn)
     config_saved: list[tuple[Any, str, Any]] = dataclasses.field(default_factory=list)
     function_keys: list = dataclasses.field(default_factory=list)       # module-wide swaps this patch holds
     finalizer: Any = None                                               # releases them if the model dies patched
@@ -204,7 +205,10 @@ class InstanceRecord:
             self.finalizer = weakref.finalize(root, _swaps.release, list(self.function_keys), holder)
 
     # pickle and deepcopy: a copy of a patched model is patched to itself, holding the module-wide
-    # swaps on its own account (they travel as (module name, attribute, function))
+    # swaps on its own account (they travel as (module name, attribute, function)).  A bound method
+    # pickles as getattr(module, "forward"), which on load finds the class forward: __setstate__ binds
+    # the layer forwards again.  The submodules are loaded by then; the root is not, so the record comes
+    # before the root's bound forwards in its __dict__ (_patch_instance), and their getattr finds them.
     def __getstate__(self) -> dict:
         state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                  if f.name not in ("function_keys", "finalizer", "root")}
@@ -216,11 +220,13 @@ class InstanceRecord:
     def __setstate__(self, state: dict) -> None:
         state = dict(state)
         functions, root = state.pop("functions"), state.pop("root")
-        self.__dict__.update(state)
+        self.__dict__.update({"bound": [], **state})
         self.function_keys, self.finalizer, self.root = [], None, None
         if self.config_saved:               # configs name the "liger_rt" experts: register it here too
             from ..layers.moe import register_experts
             register_experts()
+        for module, attr, fn in self.bound:
+            module.__dict__[attr] = _swaps.bound_forward(module, fn)
         if root is not None:
             self.hold_functions(root, [(importlib.import_module(m), a, fn) for m, a, fn in functions])
 
@@ -254,6 +260,7 @@ def _bind(record: InstanceRecord, module: torch.nn.Module, fn) -> None:
     attr = "_old_forward" if getattr(module, "_hf_hook", None) is not None and "_old_forward" in module.__dict__ \
         else "forward"
     record.saved.append((module, attr, attr in module.__dict__, module.__dict__.get(attr)))
+    record.bound.append((module, attr, fn))
     _swaps.bind(module, fn, attr)
 
 
@@ -264,7 +271,7 @@ def _patch_instance(model, given: dict[str, Any]):
                          f"{type(root).__name__}. Supported model types: {', '.join(supported_models())}")
     plan = _plan(model_type, given, for_class=False)
     _unpatch_instance(root)
-    record = InstanceRecord(plan.model_type, plan.flags, plan.given)
+    record = root.__dict__[_RECORD_KEY] = InstanceRecord(plan.model_type, plan.flags, plan.given)  # first: pickling
     by_class = {_key(cls): (row, fn) for cls, row, fn in plan.layers}
     lm_classes = {_key(c) for c in plan.causal_lm}
     configs: dict[int, Any] = {}
@@ -296,7 +303,6 @@ def _patch_instance(model, given: dict[str, Any]):
         old = getattr(config, "_experts_implementation", None)
         record.config_saved.append((config, "_experts_implementation", old))
         config._experts_implementation = EXPERTS_IMPLEMENTATION
-    root.__dict__[_RECORD_KEY] = record
     return model
 
 
@@ -347,9 +353,10 @@ _CLASS_RECORDS: dict[str, _Plan] = {}
 
 
 def _class_forward(cls: type, fn):
-    """``fn`` as ``cls.forward``: a copy with the host forward's signature (plus fn's keyword-only extras)."""
-    host = inspect.signature(_swaps.class_original(cls))
-    fn = _swaps.with_signature(fn, _swaps.merged_signature(host, inspect.signature(fn)))
+    """``fn`` as ``cls.forward``: a copy dressed as the host forward (name, doc, ``__wrapped__``, its signature
+    plus fn's keyword-only extras)."""
+    host = _swaps.class_original(cls)
+    fn = _swaps.dressed(fn, host, _swaps.merged_signature(inspect.signature(host), inspect.signature(fn)))
     # GradientCheckpointingLayer.__init_subclass__ wraps each subclass's forward in a function that
     # checkpoints only while it *is* type(self).forward: run it on a throwaway subclass whose forward is fn
     base = next((k for k in cls.__mro__ if k.__name__ == "GradientCheckpointingLayer"
