@@ -12,6 +12,8 @@ import importlib.util
 import io
 import inspect
 import pickle
+import subprocess
+import sys
 import types
 import warnings
 
@@ -113,6 +115,15 @@ def test_supported_models_is_the_allowlist():
     has_experts = importlib.util.find_spec("liger_rt.layers.moe_experts_interface") is not None
     assert ("qwen3_moe" in got) == has_experts
     assert liger_rt.patch is not None and callable(liger_rt.patch)
+
+
+def test_the_patchers_are_plain_functions():
+    from liger_rt.patch import describe, patch                # the package's modules load: the name stays
+    import liger_rt.patch as imported
+    assert liger_rt.patch is patch is imported and type(patch) is types.FunctionType
+    assert liger_rt.patch.describe is describe and liger_rt.patch.PatchWarning is core.PatchWarning
+    light = "import sys, liger_rt; liger_rt.patch, liger_rt.unpatch; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", light], check=True)  # import liger_rt stays free of torch
 
 
 # -- instance patching: numerics ----------------------------------------------------------------------------
