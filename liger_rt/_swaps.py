@@ -166,8 +166,8 @@ def class_original(cls: type):
             continue
         value = klass.__dict__["forward"]
         if isinstance(value, types.FunctionType) and not getattr(value, SWAPPED, False):
-            # never a swap: no ledger read, which torch.compile would guard on (every patch or
-            # unpatch of any model recompiled the graph, and one mid-trace failed its guards)
+            # never a swap: no ledger read, which torch.compile would guard on (so that every patch or
+            # unpatch of any model would recompile the graph, and one made mid-trace fail its guards)
             return value
         swap = LEDGER.get((klass, "forward"))
         if swap is None:

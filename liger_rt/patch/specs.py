@@ -123,8 +123,8 @@ SPECS: dict[str, ModelSpec] = {s.model_type: s for s in [
 ]}
 
 # validated families (each has a tiny preset and a CPU parity test), in the order supported_models()
-# lists them; those needing liger_rt experts join only once the experts interface is in the checkout,
-# and a family joins only where this transformers has its modeling module (unavailable() says why not)
+# lists them; a family joins only where this transformers has its modeling module, and those needing
+# liger_rt experts only where it has the experts interface (unavailable() says why not)
 ALLOWLIST = ("qwen3", "llama", "lfm2", "lfm2_moe", "lfm2_vl", "qwen3_moe", "qwen2", "qwen2_moe", "mistral",
              "mixtral", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "granite", "glm4", "smollm3",
              "qwen3_5_moe_text")
