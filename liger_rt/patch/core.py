@@ -144,7 +144,8 @@ def _plan(model_type: str, given: dict[str, Any], *, for_class: bool) -> _Plan:
         elif row.experts:
             reason = specs.experts_interface_missing() or _op_missing(row.op)
             if reason is None:
-                from ..layers.moe_experts_interface import register_experts_interface   # import time: liger_rt.layers imports transformers and triton
+                # import time: liger_rt.layers imports triton (through liger_rt.ops)
+                from ..layers.moe_experts_interface import register_experts_interface
                 register_experts_interface()
         else:
             reason = _op_missing(row.op)
@@ -223,7 +224,8 @@ class InstanceRecord:
         self.__dict__.update({"bound": [], **state})
         self.function_keys, self.finalizer, self.root = [], None, None
         if self.config_saved:               # configs name the "liger_rt" experts: register it here too
-            from ..layers.moe_experts_interface import register_experts_interface   # import time: liger_rt.layers imports transformers and triton
+            # import time: liger_rt.layers imports triton (through liger_rt.ops)
+            from ..layers.moe_experts_interface import register_experts_interface
             register_experts_interface()
         for module, attr, fn in self.bound:
             module.__dict__[attr] = _swaps.bound_forward(module, fn)
@@ -298,12 +300,11 @@ def _patch_instance(model, given: dict[str, Any]):
             _patch_loss_instance(record, module, plan.flags)
     record.hold_functions(root, [entry[:3] for entry in plan.functions])   # module-wide, held by this patch
     record.counts.update(_function_counts(plan))
-    if configs:
-        from ..layers import moe_experts_interface     # import time: liger_rt.layers imports transformers and triton
     for config in configs.values():
+        from ..layers.moe_experts_interface import NAME     # import time: it imports triton (liger_rt.ops)
         old = getattr(config, "_experts_implementation", None)
         record.config_saved.append((config, "_experts_implementation", old))
-        config._experts_implementation = moe_experts_interface.NAME
+        config._experts_implementation = NAME
     return model
 
 
