@@ -47,9 +47,6 @@ def _one_thread():
 
 def _needs_patchers():
     pytest.importorskip("liger_rt.tools.models")
-    import liger_rt.patch as P
-    if not hasattr(P, "patch"):
-        pytest.skip("liger_rt.patch has no patch() yet")
 
 
 def _read(path):
@@ -114,9 +111,9 @@ def test_bench_model_cpu_tiny(model_type, tmp_path, monkeypatch):
     summ = {r["arm"]: r for r in rows if r["kind"] == "summary"}
     assert set(summ) == {"baseline", "liger_rt"} and summ["liger_rt"]["loss_curves_overlap"] == "True"
     assert "tok/s" in res.output and "n/a" in res.output
-    import liger_rt.patch as P                                       # nothing left patched behind it
+    from liger_rt.patch import describe                              # nothing left patched behind it
     from liger_rt.tools.models import build_model
-    assert P.describe(model_type) is None and P.describe(build_model(f"{model_type}-tiny")) is None
+    assert describe(model_type) is None and describe(build_model(f"{model_type}-tiny")) is None
 
 
 def test_run_model_bench_api_and_liger_kernel_arm_is_isolated(monkeypatch):

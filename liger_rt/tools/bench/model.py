@@ -215,13 +215,13 @@ def _reset_dynamo() -> None:
 
 def apply_arm(model, base: str, flags: dict) -> Callable[[], None] | None:
     """Patch `model` for an arm's base (liger_rt with `flags`, liger_kernel, baseline as is); returns the undo."""
-    import liger_rt.patch as P
+    from liger_rt.patch import patch, unpatch
     if base == "liger_rt":
         try:
-            P.patch(model, **flags)
+            patch(model, **flags)
         except (TypeError, ValueError) as exc:      # unknown flag or model type: the patcher says which
             raise ValueError(f"liger_rt.patch(model, {flags}): {exc}") from exc
-        return lambda: P.unpatch(model)
+        return lambda: unpatch(model)
     if base == "liger_kernel":
         lk = LigerKernelPatch()
         try:
@@ -420,18 +420,18 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
 
 def _dry_patch(preset, overrides: dict, flags: dict) -> None:
     """liger_rt.patch of the model built on the meta device: a rejected flag or model fails before any timing."""
-    import liger_rt.patch as P
+    from liger_rt.patch import patch, unpatch
     try:
         model = build(preset, torch.float32, "meta", 0, overrides)
     except Exception:
         return
     try:
-        P.patch(model, **flags)
+        patch(model, **flags)
     except (TypeError, ValueError, NotImplementedError, ImportError) as exc:
         raise ValueError(f"liger_rt.patch(model, {', '.join(f'{k}={v}' for k, v in flags.items())}): {exc}") from None
     except Exception:
         return
-    P.unpatch(model)
+    unpatch(model)
 
 
 def summarize_runs(run_rows: list[dict]) -> list[dict]:
