@@ -23,7 +23,7 @@ from click.testing import CliRunner
 import toy_op
 from liger_rt import autotune, dispatch
 from liger_rt.tools.cli import main
-from liger_rt.tuning_db import RowError, TuningDBError, open_store
+from liger_rt.tuning_db import DB_SCHEMA, RowError, TuningDBError, open_store
 from liger_rt.tuning_db.store import fingerprint, load_jsonl
 
 OP = toy_op.OP
@@ -371,7 +371,7 @@ def test_schema1_db_is_read_as_is_and_migrated_when_written(tmp_path, monkeypatc
     assert d.origin == "stale" and "unrecorded" in d.reason and "STALE" in d.reason
     assert _digest(path) == digest
     store = open_store(path)                         # a writer migrates
-    assert store.db.execute("SELECT value FROM meta").fetchone()[0] == "2"
+    assert store.db.execute("SELECT value FROM meta").fetchone()[0] == str(DB_SCHEMA)
     (row,) = store.all_rows("tuning")
     assert (row["method"], row["sm_count"], row["host_ms"]) == ("unrecorded", 0, None)
     assert len(store.all_rows("measurements")) == 1
