@@ -108,6 +108,11 @@ _KINDS = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISSOCK, "a socket"))
 
 
+def _shown(path) -> str:
+    text = printable(path)
+    return text if len(text) <= 160 else f"{text[:80]}...{text[-60:]} ({len(text)} characters)"
+
+
 def path_problem(path: Path) -> str | None:
     """Why `path` cannot hold a tuning DB (None: a regular file, or nothing yet where a file may go).
     Checked before SQLite opens anything: opening a named pipe would block forever."""
@@ -116,13 +121,13 @@ def path_problem(path: Path) -> str | None:
     except FileNotFoundError:
         return None
     except NotADirectoryError:
-        return f"{printable(path)} cannot be a tuning DB: a directory in its path is a file"
+        return f"{_shown(path)} cannot be a tuning DB: a directory in its path is a file"
     except (OSError, ValueError) as exc:     # too long, permission denied, a symlink loop, a NUL byte
-        return f"{printable(path)} cannot be used as the tuning DB: {getattr(exc, 'strerror', None) or exc}"
+        return f"{_shown(path)} cannot be used as the tuning DB: {getattr(exc, 'strerror', None) or exc}"
     if stat.S_ISDIR(mode):
-        return f"{printable(path)} is a directory, not a tuning DB file"
+        return f"{_shown(path)} is a directory, not a tuning DB file"
     kind = next((name for test, name in _KINDS if test(mode)), None)
-    return f"{printable(path)} is {kind}, not a tuning DB file" if kind else None
+    return f"{_shown(path)} is {kind}, not a tuning DB file" if kind else None
 
 
 def _readonly_uri(path: Path) -> str:
