@@ -22,13 +22,14 @@ import warnings
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Iterable
-
-import sqlite_utils
+from typing import TYPE_CHECKING, Iterable
 
 from .. import backend, env
 from . import rows as R
 from .rows import CROSSOVER_PK, DB_SCHEMA, FINGERPRINT, METHODS, STALE_FIELDS, TUNING_PK, RowError, printable
+
+if TYPE_CHECKING:
+    import sqlite_utils
 
 _STATIC = "op = ? AND variant = ? AND arch = ? AND dtype = ? AND static_key = ?"
 _PKS = {"tuning": TUNING_PK, "crossover": CROSSOVER_PK, "meta": ("key",)}
@@ -214,6 +215,9 @@ class Store(contextlib.AbstractContextManager):
     @property
     def db(self) -> sqlite_utils.Database:
         if self._db is None or self._db.conn is not self.conn:
+            # imported here, at the first decision, not with the dispatcher: sqlite_utils imports pandas where
+            # it is installed (0.22 s of `import liger_rt.dispatch`'s 2.5 s on this repository's CPU machine)
+            import sqlite_utils
             self._db = sqlite_utils.Database(self.conn, execute_plugins=False, recursive_triggers=False)
         return self._db
 
