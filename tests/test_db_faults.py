@@ -651,8 +651,8 @@ _OPTIONAL = {"tuning": ("created", "baseline_ms", "host_ms", "method", "origin",
 
 
 def _meas(**kw) -> dict:
-    row = dict(op="toy", variant="fwdbwd", arch="cpu", dtype="fp32", static_key=SK, dims=json.dumps({"cols": 40, "rows": 4}),
-               axis=4.0, tag="", impl="triton", config=json.dumps(toy_op.ToyConfig(BLOCK=32).to_dict()), median_ms=1.0,
+    row = dict(op="toy", variant="fwdbwd", arch="cpu", dtype="fp32", static_key=SK,
+               dims=json.dumps({"cols": 40, "rows": 4}), axis=4.0, tag="", impl="triton", config=json.dumps(toy_op.ToyConfig(BLOCK=32).to_dict()), median_ms=1.0,
                ok=1, error="", method="cpu-wall", origin="sweep", created=1.0, **fingerprint("cpu", OP.source_hash))
     row.update(kw)
     return row
@@ -695,8 +695,8 @@ def test_control_characters_from_a_db_are_printed_escaped(tmp_path, monkeypatch)
     _raw_insert(path, "tuning", row)                                   # stale: another torch, another kernel
     _raw_insert(path, "tuning", dict(row, bucket=rn.bucket_key({"rows": 16}), impl="cuda" + _EVIL))   # bad
     _raw_insert(path, "measurements", {k: v for k, v in _meas(error=_EVIL, tag=_EVIL).items()})       # bad tag
-    for args in (["show"], ["show", "--op", "rms_norm", "--device", "cpu"], ["doctor"], ["prune", "--stale", "--dry-run"],
-                 ["explain", "rms_norm", "--arch", "cpu", "--dtype", "fp32", "--shape", "rows=8,hidden=64"]):
+    for args in (["show"], ["show", "--op", "rms_norm", "--device", "cpu"], ["doctor"],
+                 ["prune", "--stale", "--dry-run"], ["explain", "rms_norm", "--arch", "cpu", "--dtype", "fp32", "--shape", "rows=8,hidden=64"]):
         res = CliRunner().invoke(main, args)
         assert res.exit_code == 0, (args, res.output)
         out = res.stdout + res.stderr

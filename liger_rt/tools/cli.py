@@ -183,7 +183,8 @@ def doctor(preset, as_json):
 def _coverage_line(c: dict) -> str:
     if "error" in c:
         return f"{c['model']}: {c['error']}"
-    have = f"{c['covered']} of {c['shapes']} {c['model']} shapes ({c['dtype']}) have rows for {c['device'] or 'this device'}"
+    have = (f"{c['covered']} of {c['shapes']} {c['model']} shapes ({c['dtype']}) have rows for "
+            f"{c['device'] or 'this device'}")
     return have + ("" if c["covered"] == c["shapes"] else f"; the rest: {c['command']}")
 
 
@@ -462,9 +463,9 @@ def show(op, arch_name, device_name, db_path, as_json):
         _echo(f"warning: user DB unusable ({user_error}); showing shipped defaults", err=True)
     tuning.sort(key=lambda r: (str(r["op"]), str(r["arch"]), str(r["device"]), str(r["dtype"]), str(r["static_key"]),
                                str(r["bucket"]), r["median_ms"] if isinstance(r["median_ms"], (int, float)) else 0))
-    click.echo(_table(_printable_rows(tuning), ["layer", "op", "arch", "device", "dtype", "static_key", "bucket", "impl",
-                                                "config", "median_ms", "host_ms", "baseline_ms", "method", "origin",
-                                                "fresh"]))
+    click.echo(_table(_printable_rows(tuning), ["layer", "op", "arch", "device", "dtype", "static_key", "bucket",
+                                                "impl", "config", "median_ms", "host_ms", "baseline_ms", "method",
+                                                "origin", "fresh"]))
     if cross:
         click.echo("\ncrossovers:")
         click.echo(_table(_printable_rows(cross), ["layer", "op", "arch", "device", "dtype", "static_key", "axis_name",

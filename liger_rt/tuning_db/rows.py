@@ -29,7 +29,8 @@ STALE_FIELDS = ("torch_version", "triton_version", "runtime_version", "source_ha
 
 CROSSOVER_PK = ("op", "variant", "arch", "device", "dtype", "static_key")
 TUNING_PK = (*CROSSOVER_PK, "bucket", "impl")
-MEASUREMENT_KEY = (*CROSSOVER_PK, "dims", "tag", "impl", "config", "created")    # a unique index: imports are idempotent
+# a measurement's key is a unique index (not a primary key: the table has none), so imports are idempotent
+MEASUREMENT_KEY = (*CROSSOVER_PK, "dims", "tag", "impl", "config", "created")
 _HEAD = dict.fromkeys(CROSSOVER_PK, str)
 _TAIL = {**{col: int if col == "sm_count" else str for col in FINGERPRINT}, "origin": str, "created": float}
 TUNING_COLUMNS = {**_HEAD, "bucket": str, "impl": str, "config": str, "median_ms": float, "baseline_ms": float,
@@ -118,11 +119,10 @@ def launch_problem(op, impl: str, config, dims: dict, arch, dtype: str) -> str |
         return f"num_warps {warps} > {arch.max_num_warps} (the most {arch.name} runs)"
     if stages > arch.max_num_stages:
         return f"num_stages {stages} > {arch.max_num_stages} (the most {arch.name} runs)"
-    torch_dtype = _DTYPES[dtype]
-    if op.smem is not None and (need := op.smem(config, dims, torch_dtype)) > arch.smem_bytes:
-        return f"needs {need} B of shared memory, {arch.name} has {arch.smem_bytes} B per block"
-    hook = getattr(op, "launchable", None)
+    torch_dtype, hook = _DTYPES[dtype], getattr(op, "launchable", None)
     try:
+        if op.smem is not None and (need := op.smem(config, dims, torch_dtype)) > arch.smem_bytes:
+            return f"needs {need} B of shared memory, {arch.name} has {arch.smem_bytes} B per block"
         reason = hook(config, dims, arch, torch_dtype) if callable(hook) else None
     except Exception as exc:          # the check itself failing says the config is not known to launch
         reason = f"its launch check failed ({type(exc).__name__}: {exc})"

@@ -458,13 +458,13 @@ def _coerce(table: str, rec: dict) -> dict:
     return out
 
 
-def dump_jsonl(store, arch: str | None = None, keep=None, tables: Iterable[str] = tuple(R.COLUMNS)) -> Iterable[str]:
-    """An export: a meta line, then every row of `tables` (of `arch`; for which keep(table, row) holds).
+def dump_jsonl(store, arch: str | None = None, keep=None) -> Iterable[str]:
+    """An export: a meta line, then every row (of `arch`; for which keep(table, row) holds).
     `store` is a Store or a list of them (the first holding a key wins: user over shipped)."""
     stores = store if isinstance(store, (list, tuple)) else [store]
     where, args = op_arch_where(None, arch)
     yield json.dumps({"table": "meta", "db_schema": DB_SCHEMA})
-    for table in tables:
+    for table in R.COLUMNS:
         seen = set()
         for s in stores:
             for row in s.select(table, where, args):
