@@ -42,7 +42,7 @@ class Decision:
     op: str
     impl: str
     config: Any               # the op's Config (a frozen dataclass)
-    origin: str               # one of ORIGINS
+    origin: str               # one of ORIGINS, or "arch:<device>" (a row of another device of the arch)
     reason: str
     arch: str
     dtype: str

@@ -224,3 +224,15 @@ def test_the_defaults_ship_winners_and_the_measurements_ship_beside_the_benchmar
     assert raw.stat().st_size < 1024 * 1024
     counts = load_jsonl(open_store(tmp_path / "raw.db"), raw.read_text().splitlines())
     assert counts["measurements"] > 1000 and counts["tuning"] == counts["crossover"] == 0
+
+
+def test_export_winners_of_one_device(per_device):
+    with open_store() as store:
+        store.put_measurements(dict(op="rms_norm", arch="hopper", dtype="bf16", static_key=RN.static_key(SHAPE),
+                                    dims=json.dumps(SHAPE), impl="torch", config={}, median_ms=2.0, ok=1,
+                                    method="cuda-graph", **fingerprint("hopper", RN.source_hash)))
+    res = CliRunner().invoke(main, ["export", "-", "--device", "h200", "--winners"])
+    recs = [json.loads(line) for line in res.stdout.splitlines()]
+    assert res.exit_code == 0 and [(r["table"], r.get("device")) for r in recs] == [("meta", None), ("tuning", "h200")]
+    res = CliRunner().invoke(main, ["export", "-", "--device", "h100"])
+    assert sorted(json.loads(line)["table"] for line in res.stdout.splitlines()) == ["measurements", "meta", "tuning"]

@@ -565,17 +565,23 @@ def _crossover_note(op, d, target) -> str | None:
 @main.command(name="export")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--arch", "arch_name", default=None, callback=_check_arch, help="Only this arch.")
+@_device_option("export rows")
+@click.option("--winners", is_flag=True, help="Only tuning and crossover rows, no raw measurements (what the "
+                                              "shipped defaults hold).")
 @click.option("--shipped", is_flag=True, help="Include the shipped defaults (user rows win on the same key).")
 @click.option("--db", "db_path", default=None, help="DB to read (default: LIGER_RT_TUNING_DB or the user cache).")
-def export_cmd(file, arch_name, shipped, db_path):
+def export_cmd(file, arch_name, device_name, winners, shipped, db_path):
     """Write the user DB (and with --shipped the shipped defaults) as JSON lines; '-' for stdout."""
-    from liger_rt import tuning_db
+    from liger_rt import backend, tuning_db
     from liger_rt.tuning_db.store import classify, dump_jsonl
     user = _open_user(db_path, readonly=True, must_exist=not shipped)
     layers = ([user] if user is not None else []) + ([tuning_db.store.shipped_defaults()] if shipped else [])
+    device = backend.device_class(device_name) if device_name is not None else None
     bad = []
 
     def keep(table, row):
+        if (winners and table == "measurements") or (device is not None and row["device"] != device):
+            return False
         status, why = classify(table, row)
         if status == "bad":
             bad.append(why)
