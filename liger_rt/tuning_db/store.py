@@ -5,9 +5,10 @@ device class, dtype, static key, bucket and implementation), ``measurements`` (r
 
 Reading never writes: a reader opens the file read-only, and immutable where SQLite would otherwise have to
 create its side files in a place it may not write.  Writers use WAL, a busy timeout and one explicit
-``BEGIN IMMEDIATE`` transaction per logical write (sqlite-utils' own writes nest in it as savepoints; its
-deferred ``BEGIN`` would let two writers deadlock on the upgrade to a write lock), so concurrent writers lose
-nothing and a killed writer leaves no half-written case."""
+``BEGIN IMMEDIATE`` transaction per logical write (sqlite-utils' own writes nest in it as savepoints; the deferred
+``BEGIN`` of its ``atomic()`` takes the write lock only at the first write, and a transaction that has read by
+then fails with SQLITE_BUSY, without waiting, when another writer committed meanwhile), so concurrent writers
+lose nothing and a killed writer leaves no half-written case."""
 from __future__ import annotations
 
 import contextlib
