@@ -634,8 +634,7 @@ def test_every_benchmark_script_answers_help(capsys, monkeypatch):
     """`--help` of every script in benchmarks/ and benchmarks/profile/, run as __main__ in this process: exit 0 and
     a usage line, no GPU needed (what a script sets in the environment or sys.path at import is put back)."""
     import runpy
-    files = sorted(f for f in [*BENCHMARKS.glob("*.py"), *BENCHMARKS.glob("profile/*.py")]
-                   if f.name != "plot_model.py")         # plot_model.py takes positional paths only
+    files = sorted([*BENCHMARKS.glob("*.py"), *BENCHMARKS.glob("profile/*.py")])
     bad = {}
     for f in files:
         with monkeypatch.context() as m:

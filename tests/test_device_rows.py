@@ -1,6 +1,7 @@
 """Tuning rows per device class, falling back per arch: the class of a device name, lookups (this device, then
 another device of the arch, then the heuristic), what "stale" means, `liger-tune explain/show --device` asked on
 a CPU machine, the schema-2 -> 3 migration, `doctor`'s coverage line, and the size of the shipped defaults."""
+import gzip
 import json
 import sqlite3
 from importlib import resources
@@ -220,9 +221,12 @@ def test_the_defaults_ship_winners_and_the_measurements_ship_beside_the_benchmar
     tables = {json.loads(line)["table"] for p in files for line in p.read_text().splitlines()
               if line.strip() and not line.startswith("#")}
     assert tables == {"meta", "tuning", "crossover"}
-    raw = ROOT / "benchmarks" / "data" / "sweeps" / "hopper_measurements.jsonl"
-    assert raw.stat().st_size < 1024 * 1024
-    counts = load_jsonl(open_store(tmp_path / "raw.db"), raw.read_text().splitlines())
+    raw = ROOT / "benchmarks" / "data" / "sweeps" / "hopper_measurements.jsonl.gz"
+    assert raw.stat().st_size < 256 * 1024
+    res = CliRunner().invoke(main, ["import", str(raw), "--db", str(tmp_path / "raw.db")])
+    assert res.exit_code == 0, res.output
+    with gzip.open(raw, "rt") as f:
+        counts = load_jsonl(open_store(tmp_path / "raw.db"), f.read().splitlines())
     assert counts["measurements"] > 1000 and counts["tuning"] == counts["crossover"] == 0
 
 

@@ -200,7 +200,7 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
 #  - hopper/blackwell/ampere: 160 MiB, from the H200 memory targets (not timed): at BT8192 H2560
 #    V151936 bf16, dW + dX are 0.778 + 0.042 GB, so a 1.0 GB target leaves 0.18 GB of logits (chunk
 #    <= 592 rows); at BT8192 H2048 V65536, 0.5 GB leaves 0.198 GB (chunk <= 1510); 160 MiB admits
-#    512 and 1280 rows there.  Time per chunk size: benchmarks/results/flce_chunks_h200_quick.csv.
+#    512 and 1280 rows there.  Time per chunk size: the `triton@chunk=N` arms of benchmarks/data/kernels.csv.
 #  - cpu (interpreter): tiny, so that CI shapes run several chunks.
 _LOGITS_BUDGET = {"hopper": 160 * MiB, "blackwell": 160 * MiB, "ampere": 160 * MiB, "cpu": 4 * 1024}
 _HIP_BUDGET = 128 * MiB

@@ -7,6 +7,7 @@ non-zero exit (`--debug`: the traceback); `--json` output is JSON alone on stdou
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import sys
@@ -610,8 +611,14 @@ def import_cmd(file, db_path):
     from liger_rt.tuning_db import TuningDBError
     from liger_rt.tuning_db.store import load_jsonl
     try:
-        text = sys.stdin.read() if file == "-" else open(file, encoding="utf-8").read()
-    except (OSError, UnicodeDecodeError) as exc:
+        if file == "-":
+            text = sys.stdin.read()
+        elif file.endswith(".gz"):      # the repository keeps sweep measurements gzipped
+            with gzip.open(file, "rt", encoding="utf-8") as f:
+                text = f.read()
+        else:
+            text = open(file, encoding="utf-8").read()
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
         raise click.ClickException(f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}") from None
     with _open_user(db_path, readonly=False) as store:
         try:
