@@ -1,6 +1,12 @@
-"""LFM2 short conv and MoE router against the HF code paths: `liger-tune bench kernels --op lfm2_ops [ARGS]` (liger_rt/tools/bench/lfm2_ops.py)."""
-import sys
+"""LFM2 short conv against the Hugging Face path and torch.compile (cases: liger_rt/tools/bench/lfm2_ops.py).
 
-from liger_rt.tools.bench import bench
+    python benchmarks/bench_lfm2_ops.py [--quick] [--where seq=65536] [--no-compile] [--reverse-arms]
 
-bench.main(["kernels", "--op", "lfm2_ops", *sys.argv[1:]], prog_name="liger-tune bench")
+`liger-tune bench kernels --op lfm2_ops`, appending one row per measurement to benchmarks/data/kernels.csv
+(`--data DIR`: that folder instead; `--no-data`: nowhere).
+"""
+from pathlib import Path
+
+from liger_rt.tools.bench import script
+
+script(["kernels", "--op", "lfm2_ops"], Path(__file__).resolve().parent / "data")

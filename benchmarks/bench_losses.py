@@ -1,6 +1,13 @@
-"""Fused linear cross-entropy and cross-entropy: `liger-tune bench kernels --op losses [ARGS]` (liger_rt/tools/bench/losses.py)."""
-import sys
+"""Fused linear cross-entropy and cross-entropy against eager, torch.compile and Liger-Kernel (cases:
+liger_rt/tools/bench/losses.py).
 
-from liger_rt.tools.bench import bench
+    python benchmarks/bench_losses.py [--quick] [--where op=fused_linear_cross_entropy] [--reverse-arms]
 
-bench.main(["kernels", "--op", "losses", *sys.argv[1:]], prog_name="liger-tune bench")
+`liger-tune bench kernels --op losses`, appending one row per measurement to benchmarks/data/kernels.csv
+(`--data DIR`: that folder instead; `--no-data`: nowhere).
+"""
+from pathlib import Path
+
+from liger_rt.tools.bench import script
+
+script(["kernels", "--op", "losses"], Path(__file__).resolve().parent / "data")

@@ -1,6 +1,12 @@
-"""RMSNorm, SwiGLU and LayerNorm against eager, torch.compile and Liger-Kernel: `liger-tune bench kernels --op norms [ARGS]` (liger_rt/tools/bench/norms.py)."""
-import sys
+"""RMSNorm and LayerNorm against eager, torch.compile and Liger-Kernel (cases: liger_rt/tools/bench/norms.py).
 
-from liger_rt.tools.bench import bench
+    python benchmarks/bench_norms.py [--quick] [--where op=rms_norm] [--where hidden=64,128] [--reverse-arms]
 
-bench.main(["kernels", "--op", "norms", *sys.argv[1:]], prog_name="liger-tune bench")
+`liger-tune bench kernels --op norms`, appending one row per measurement to benchmarks/data/kernels.csv
+(`--data DIR`: that folder instead; `--no-data`: nowhere).
+"""
+from pathlib import Path
+
+from liger_rt.tools.bench import script
+
+script(["kernels", "--op", "norms"], Path(__file__).resolve().parent / "data")

@@ -1,10 +1,12 @@
-"""Issue 21 items 1-3 under torchrun: FSDP2 parity, throughput per rank, rank-consistent tuning.
+"""liger_rt on several GPUs under torchrun: FSDP2 parity, throughput per rank, rank-consistent tuning.
 
     NCCL_NVLS_ENABLE=0 python3 -m torch.distributed.run --standalone --nproc-per-node 2 \\
         benchmarks/multi_gpu.py [--part parity,throughput,consistency] [--flags fused_linear_cross_entropy=1]
     # the same logic on CPU (gloo, kernels through the Triton interpreter, fp32, tiny sizes):
     torchrun --nproc-per-node 2 --master-addr 127.0.0.1 --master-port PORT benchmarks/multi_gpu.py \\
         --device cpu --preset tiny --out /tmp/mgpu
+
+The sharded sweep (`liger-tune sweep` under torchrun, docs/cli.md) is the runner's `mgsweep` stage.
 
 Every part wraps the model with FSDP2 (`liger_rt.tools.distributed.wrap`: ``fully_shard`` per
 decoder layer, then the root) over all ranks (NCCL on GPUs, gloo on CPU); the patched model is
@@ -22,8 +24,8 @@ decoder layer, then the root) over all ranks (NCCL on GPUs, gloo on CPU); the pa
   training steps of the patched model at batch x seq: rank 0 tunes every case once (counted per
   rank), nobody tunes in step 2, and the digests of every memoised decision (op, dims, dtype, impl,
   config) agree across ranks.  -> multigpu_consistency_TAG.csv
-Rank 0 writes the CSVs and appends to logs/multigpu_TAG.log under --out.  Exit status 1 when the
-parity gates or the consistency checks fail.
+Rank 0 writes the CSVs and appends to multigpu_TAG.log under --out (TAG: the GPU's name, e.g. h100, or cpu).
+Exit status 1 when the parity gates or the consistency checks fail.
 """
 from __future__ import annotations
 
@@ -57,8 +59,9 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=None, help="default 5 (tiny preset: 1)")
     ap.add_argument("--steps", type=int, default=None, help="default 20 (tiny preset: 2)")
     ap.add_argument("--lr", type=float, default=1e-3, help="AdamW lr of the parity step")
-    ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--tag", default=None, help="file name tag (default h200 on GPUs, cpu on CPU)")
+    ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "liger_rt_multigpu"),
+                    help="folder for the CSVs and the log [%(default)s]")
+    ap.add_argument("--tag", default=None, help="file name tag (default: the GPU's name, e.g. h100; cpu on CPU)")
     args = ap.parse_args(argv)
     parts = PARTS if args.part == "all" else tuple(p.strip() for p in args.part.split(",") if p.strip())
     bad = [p for p in parts if p not in PARTS]
@@ -74,6 +77,13 @@ def parse_args(argv=None):
     return args
 
 
+def _gpu_tag(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100'."""
+    import re
+    m = re.search(r"\b([A-Z]+\d+[A-Z]?)\b", name)
+    return m.group(1).lower() if m else "gpu"
+
+
 class Run:
     """What every part needs: args, rank, device, dtype, preset, flags; rank 0 logs."""
 
@@ -83,18 +93,17 @@ class Run:
         self.args, self.torch, self.dist = args, torch, dist
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.device = args.device
-        from liger_rt.dtypes import parse_dtype
         from liger_rt.tools.bench.model import parse_flags
         from liger_rt.tools.presets import get_preset
-        self.dtype = parse_dtype(args.dtype)
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
         self.preset = get_preset(args.preset, "qwen3")
         self.flags = parse_flags(args.flags)
         self.out = Path(args.out)
-        self.tag = args.tag or ("h200" if self.device == "cuda" else "cpu")
+        self.tag = args.tag or (_gpu_tag(torch.cuda.get_device_name()) if self.device == "cuda" else "cpu")
         self.failed: list[str] = []
         if self.rank == 0:
-            (self.out / "logs").mkdir(parents=True, exist_ok=True)
-            self._log = open(self.out / "logs" / f"multigpu_{self.tag}.log", "a")
+            self.out.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.out / f"multigpu_{self.tag}.log", "a")
 
     def log(self, text: str = "") -> None:
         if self.rank == 0:
@@ -136,7 +145,7 @@ class Run:
             self.torch.cuda.empty_cache()
 
 
-# -- item 1: FSDP2 parity ------------------------------------------------------------------------------
+# -- FSDP2 parity ------------------------------------------------------------------------------
 
 def part_parity(r: Run) -> None:
     from liger_rt.tools.distributed import compare_wrapped, wrap
@@ -163,7 +172,7 @@ def part_parity(r: Run) -> None:
         for name, x in report["rows"].items()])
 
 
-# -- item 2: throughput per rank ---------------------------------------------------------------------------
+# -- throughput per rank ---------------------------------------------------------------------------
 
 def _arm(r: Run, arm: str) -> dict:
     from liger_rt.tools.bench.model import random_ids, train_steps
@@ -225,10 +234,10 @@ def part_throughput(r: Run) -> None:
     r.write_csv("throughput", [{k: v for k, v in x.items() if k != "losses"} for x in runs] + summary)
 
 
-# -- item 3: rank consistency -----------------------------------------------------------------------------
+# -- rank consistency -----------------------------------------------------------------------------
 
 def part_consistency(r: Run) -> None:
-    from liger_rt import autotune, dispatch
+    from liger_rt import autotune
     from liger_rt.tools.bench.harness import dispatch_env
     from liger_rt.tools.bench.model import random_ids
     from liger_rt.tools.distributed import check_decisions_agree, decisions, decisions_digest, wrap
@@ -264,23 +273,20 @@ def part_consistency(r: Run) -> None:
             except RuntimeError as exc:
                 agree = False
                 r.log(str(exc))
-            memo = dispatch.decisions()
             rows = r.gather({"rank": r.rank, "tuned": len(tuned), "tuned_unique": len(set(tuned)),
                              "tuned_in_step2": per_step[1][0] - per_step[0][0], "decisions": len(decisions()),
-                             "new_decisions_in_step2": per_step[1][1] - per_step[0][1],
-                             "online": sum(d.origin == "online" for d in memo), "step1_s": per_step[0][2],
+                             "new_decisions_in_step2": per_step[1][1] - per_step[0][1], "step1_s": per_step[0][2],
                              "step2_s": per_step[1][2], "agree": int(agree), "digest": decisions_digest()})
             if r.rank == 0:
-                for d in memo:
-                    r.log(f"  {d.op} {dict(d.dims)} {d.dtype} -> {d.impl} {json.dumps(d.to_dict()['config'])} "
-                          f"({d.origin})")
+                for d in decisions():
+                    r.log(f"  {d['op']} {d['dims']} {d['dtype']} -> {d['impl']} {json.dumps(d['config'])}")
                 from liger_rt.tuning_db import open_store
                 store = open_store(db)
                 r.log(f"DB rows written (rank 0, origin online): {len(store.all_rows('tuning'))}")
                 store.close()
             for row in rows:
                 r.log(f"rank {row['rank']}: tuned {row['tuned']} ({row['tuned_unique']} distinct, "
-                      f"{row['tuned_in_step2']} in step 2), {row['decisions']} decisions ({row['online']} online), "
+                      f"{row['tuned_in_step2']} in step 2), {row['decisions']} decisions, "
                       f"digest {row['digest'][:16]}, step 1 {row['step1_s']:.1f} s, step 2 {row['step2_s']:.2f} s")
             ok = (agree and len({x["digest"] for x in rows}) == 1 and rows[0]["tuned"] >= 1
                   and rows[0]["tuned"] == rows[0]["tuned_unique"] and all(x["tuned"] == 0 for x in rows[1:])

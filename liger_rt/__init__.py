@@ -9,14 +9,15 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-_LAZY = {"patch", "unpatch", "patched", "supported_models"}
-__all__ = ["__version__", "ops", "dispatch", "backend", "env", *sorted(_LAZY)]
+# the patchers, as plain functions: liger_rt.patch is the function (liger_rt/patch/__init__.py says why it
+# is imported here, and why that costs no import time)
+from .patch import patch, patched, supported_models, unpatch
+
+__all__ = ["__version__", "ops", "dispatch", "backend", "env", "patch", "patched", "supported_models", "unpatch"]
 
 
 def __getattr__(name: str):
     import importlib
     if name in ("ops", "dispatch", "backend", "env", "autotune", "tuning_db", "layers", "kernels"):
         return importlib.import_module(f"liger_rt.{name}")
-    if name in _LAZY:
-        return getattr(importlib.import_module("liger_rt.patch"), name)
     raise AttributeError(f"module 'liger_rt' has no attribute {name!r}")

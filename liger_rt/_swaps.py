@@ -104,29 +104,19 @@ def release(keys: list, holder: str) -> None:
         del LEDGER[key]
 
 
-# -- instance forwards -------------------------------------------------------------------------------
+# -- patched forwards ----------------------------------------------------------------------------------
 
-class BoundForward:
-    """``types.MethodType(fn, module)`` that pickles and copies (a bound method pickles as
-    ``getattr(module, fn.__name__)``), with the replaced forward's signature plus fn's keyword-only extras."""
-
-    def __init__(self, fn, module):
-        self.__func__ = fn
-        self.__self__ = module
-
-    def __call__(self, *args, **kwargs):
-        return self.__func__(self.__self__, *args, **kwargs)
-
-    def __reduce__(self):
-        return BoundForward, (self.__func__, self.__self__)
-
-    @property
-    def __signature__(self) -> inspect.Signature:
-        host = inspect.signature(original(self.__self__))
-        return merged_signature(host, inspect.signature(self.__func__), bound=True)
-
-    def __repr__(self):
-        return f"<liger_rt forward {self.__func__.__qualname__} of {type(self.__self__).__name__}>"
+def dressed(fn, host, sig: inspect.Signature):
+    """A copy of function ``fn`` that wears ``host``'s metadata as ``functools.wraps(host)`` gives it
+    (``__name__``, ``__qualname__``, ``__doc__``, ``__module__``, ``__dict__``, ``__wrapped__``) and whose
+    ``inspect.signature`` is ``sig``; its ``_liger_rt_function`` is ``fn``."""
+    new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__dict__.update(fn.__dict__)
+    functools.update_wrapper(new, host)
+    new.__signature__ = sig
+    new._liger_rt_function = fn
+    return new
 
 
 def merged_signature(host: inspect.Signature, ours: inspect.Signature, bound: bool = False) -> inspect.Signature:
@@ -143,23 +133,28 @@ def merged_signature(host: inspect.Signature, ours: inspect.Signature, bound: bo
     return host.replace(parameters=params[:at] + extras + params[at:])
 
 
-def with_signature(fn, sig: inspect.Signature):
-    """A copy of function ``fn`` whose ``inspect.signature`` is ``sig`` (``_liger_rt_function``: fn)."""
-    new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    new.__kwdefaults__ = fn.__kwdefaults__
-    new.__dict__.update(fn.__dict__)
-    new.__qualname__, new.__module__, new.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
-    new.__signature__ = sig
-    new._liger_rt_function = fn
-    return new
+def bound_forward(module, fn) -> types.MethodType:
+    """``fn`` bound to ``module`` as a plain method, dressed as the forward it replaces (``original(module)``):
+    that forward's name, doc and ``__wrapped__``, and its signature plus fn's keyword-only extras."""
+    host = original(module)
+    sig = merged_signature(inspect.signature(host), inspect.signature(fn), bound=True)
+    sig = sig.replace(parameters=[inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY),
+                                  *sig.parameters.values()])
+    return types.MethodType(dressed(fn, host, sig), module)
 
 
 def bind(module, fn, attr: str = "forward") -> None:
-    """Set ``module.<attr>`` to ``BoundForward(fn, module)``, keeping the instance's own under ORIG_KEY."""
+    """Set ``module.<attr>`` to ``bound_forward(module, fn)``, keeping the instance's own under ORIG_KEY.
+    The entry is re-inserted, so it follows every attribute the module had (pickling: core.InstanceRecord)."""
     module.__dict__.pop(ORIG_KEY, None)
-    if attr in module.__dict__:
-        module.__dict__[ORIG_KEY] = module.__dict__[attr]
-    setattr(module, attr, BoundForward(fn, module))
+    if (own := module.__dict__.pop(attr, None)) is not None:
+        module.__dict__[ORIG_KEY] = own
+    module.__dict__[attr] = bound_forward(module, fn)
+
+
+def BoundForward(fn, module) -> types.MethodType:  # noqa: N802  (the name such pickles hold)
+    """What a pickle that holds an instance forward as ``BoundForward(fn, module)`` calls when it loads."""
+    return bound_forward(module, fn)
 
 
 # -- what a layer forward falls back to -------------------------------------------------------------
@@ -171,8 +166,8 @@ def class_original(cls: type):
             continue
         value = klass.__dict__["forward"]
         if isinstance(value, types.FunctionType) and not getattr(value, SWAPPED, False):
-            # never a swap: no ledger read, which torch.compile would guard on (every patch or
-            # unpatch of any model recompiled the graph, and one mid-trace failed its guards)
+            # never a swap: no ledger read, which torch.compile would guard on (so that every patch or
+            # unpatch of any model would recompile the graph, and one made mid-trace fail its guards)
             return value
         swap = LEDGER.get((klass, "forward"))
         if swap is None:

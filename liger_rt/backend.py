@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import warnings
 
 import torch
@@ -41,10 +42,11 @@ class Arch:
         return dataclasses.asdict(self)
 
 
-# What we know of each arch without touching a device, in Arch's field order.  sm_count is the reference
-# part's (H100/H200 SXM, B200, A100, MI300X/MI325X, MI355X), replaced by the device's own when one is present.
+# What we know of each arch without touching a device, in Arch's field order.  The device name and sm_count
+# are the reference part's (H100 SXM, B200, A100, MI300X/MI325X, MI355X), replaced by the device's own when one
+# is present: planning for an arch without naming a device plans for its reference part.
 _PROFILES = {a.name: a for a in (
-    Arch("hopper",    "nvidia", "sm90",    "NVIDIA H100/H200",         132, 32, 32, 5, 232448),
+    Arch("hopper",    "nvidia", "sm90",    "NVIDIA H100",              132, 32, 32, 5, 232448),
     Arch("blackwell", "nvidia", "sm100",   "NVIDIA B200",              148, 32, 32, 5, 232448),
     Arch("ampere",    "nvidia", "sm80",    "NVIDIA A100",              108, 32, 32, 4, 166912),
     Arch("mi300x",    "amd",    "gfx942",  "AMD Instinct MI300X",      304, 64, 16, 2, 65536),
@@ -68,6 +70,40 @@ def profile(name: str, *, forced: bool = False, **overrides) -> Arch:
     if name not in _PROFILES:
         raise ValueError(f"unknown arch {name!r}; valid arches: {', '.join(ARCH_NAMES)}")
     return dataclasses.replace(_PROFILES[name], forced=forced, **overrides)
+
+
+# Device classes: tuning rows are keyed on one beside the arch, since devices of one arch differ in speed
+# (H100 SXM and H200 share sm90 and 132 SMs but not memory bandwidth: 3.35 vs 4.8 TB/s, NVIDIA data sheets).
+# (class, pattern in the lower-cased device name), first match wins; each class maps to itself.
+_DEVICE_CLASSES = tuple((cls, re.compile(pattern)) for cls, pattern in (
+    ("gh200", r"\bgh200\b"), ("gb200", r"\bgb200\b"), ("h200", r"\bh200\b"),
+    ("h100-pcie", r"\bh100\b.*\bpcie\b"), ("h100-nvl", r"\bh100\b.*\bnvl\b"), ("h100", r"\bh100\b"),
+    ("h800", r"\bh800\b"), ("h20", r"\bh20\b"), ("b200", r"\bb200\b"), ("b100", r"\bb100\b"),
+    ("a100", r"\ba100\b"), ("a800", r"\ba800\b"), ("l40s", r"\bl40s\b"), ("l40", r"\bl40\b"), ("l4", r"\bl4\b"),
+    ("a10g", r"\ba10g\b"), ("a10", r"\ba10\b"), ("mi300x", r"\bmi300x?\b"), ("mi300a", r"\bmi300a\b"),
+    ("mi325x", r"\bmi325x?\b"), ("mi355x", r"\bmi355x?\b"), ("mi250x", r"\bmi250x?\b"), ("cpu", r"^cpu\b"),
+))
+# the arch of each known class that one arch profile serves (planning for a device on a machine without it)
+DEVICE_ARCH = {**dict.fromkeys(("h100", "h100-pcie", "h100-nvl", "h200", "gh200", "h800", "h20"), "hopper"),
+               **dict.fromkeys(("b200", "b100", "gb200"), "blackwell"), **dict.fromkeys(("a100", "a800"), "ampere"),
+               "mi300x": "mi300x", "mi325x": "mi325x", "mi355x": "mi355x", "cpu": "cpu"}
+_VENDOR_WORDS = {"nvidia", "amd", "geforce", "tesla", "instinct", "quadro"}
+
+
+@functools.lru_cache(maxsize=256)
+def device_class(name: str | None) -> str:
+    """The normalised device class of a device name, "" for none.
+
+    "NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA H200" -> "h200", "NVIDIA GH200 480GB" -> "gh200",
+    "AMD Instinct MI325X" -> "mi325x", "cpu (Triton interpreter)" -> "cpu"; an unknown device -> a slug of
+    its name ("NVIDIA GeForce RTX 4090" -> "rtx-4090"); a class maps to itself ("h100" -> "h100").
+    """
+    low = (name or "").strip().lower()
+    for cls, pattern in _DEVICE_CLASSES:
+        if pattern.search(low):
+            return cls
+    words = re.findall(r"[a-z0-9]+", low)
+    return "-".join([w for w in words if w not in _VENDOR_WORDS] or words)[:64].strip("-")
 
 
 _warned_unknown: set[str] = set()
@@ -112,6 +148,15 @@ def _generic(vendor: str, device_name: str, capability: str, sm_count: int) -> A
             RuntimeWarning, stacklevel=3)
     return Arch(name=f"generic-{vendor}", capability=capability, device_name=device_name,
                 sm_count=sm_count, **_GENERIC[vendor])
+
+
+def generic_profile(name: str) -> Arch:
+    """The conservative profile of "generic-nvidia" or "generic-amd" (what an unknown GPU of that vendor gets)."""
+    vendor = name.removeprefix("generic-")
+    if not name.startswith("generic-") or vendor not in _GENERIC:
+        raise ValueError(f"unknown arch {name!r}; valid arches: {', '.join(ARCH_NAMES)}, "
+                         f"{', '.join('generic-' + v for v in _GENERIC)}")
+    return Arch(name=name, capability="", device_name="", sm_count=0, **_GENERIC[vendor])
 
 
 @functools.lru_cache(maxsize=16)

@@ -53,7 +53,7 @@ class Decision:
     op: str
     impl: str
     config: Any               # the op's Config (a frozen dataclass)
-    origin: str               # one of DECISION_ORIGINS
+    origin: str               # one of DECISION_ORIGINS, or "arch:<device>" (a row of another device of the arch)
     reason: str
     arch: str
     dtype: str
@@ -231,11 +231,11 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
                         types.MappingProxyType(dict(dims)))
 
     def db_row(impls: list[str], nearest: bool) -> dict | None:
-        return tuning_db.get_store().lookup(op, arch.name, dname, dims, impls=impls, nearest=nearest)
+        return tuning_db.get_store().lookup(op, arch, dname, dims, impls=impls, nearest=nearest)
 
     def from_row(row: dict, origin: str, where: str) -> Decision:
         speed = f", torch {row['baseline_ms']:.4g} ms" if row.get("baseline_ms") else ""
-        return made(row["impl"], row["config"], "stale" if row.get("stale") else origin,
+        return made(row["impl"], row["config"], "stale" if row.get("stale") else row.get("fallback") or origin,
                     f"{where}: {row['median_ms']:.4g} ms{speed} ({row.get('db_origin', 'sweep')}, {row['layer']} DB)")
 
     def nearest_config(impl: str) -> tuple[Any, str]:
@@ -260,7 +260,8 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
         return made(impl, op.default_config(impl, arch, dims, dtype, pinned=True), "pinned",
                     f"LIGER_FUSED_MOE_AUTOTUNE=0: {kind} config")
 
-    # 3. tuning DB, exact bucket (a row of another device or software fingerprint says "stale")
+    # 3. tuning DB, exact bucket (a row of another device of the arch says "arch:<device>", of other code or
+    # software "stale")
     if (row := db_row(avail, nearest=False)) is not None:
         return from_row(row, "db", "exact bucket")
 
@@ -270,9 +271,9 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
     if cross is not None and cross[0] not in avail:
         unusable = f"; the crossover picks {cross[0]}, which cannot run here"
     elif cross is not None:
-        impl, reason, stale = cross
+        impl, reason, origin = cross
         config, source = nearest_config(impl)
-        return made(impl, config, "stale" if stale else "crossover", reason + source)
+        return made(impl, config, origin, reason + source)
     if (row := db_row(avail, nearest=True)) is not None:
         return from_row(row, "db-nearest", f"nearest bucket {row['bucket']}")
 
@@ -296,13 +297,14 @@ def _heuristic_impl(op: Op, target: Target, dtype, dims, avail: list[str]) -> st
 def _crossover(op: Op, target: Target, dname: str, dims: dict):
     if op.crossover_axis is None:
         return None
-    row = tuning_db.get_store().crossover(op, target.arch.name, dname, dims)
+    row = tuning_db.get_store().crossover(op, target.arch, dname, dims)
     if row is None:
         return None
     value = float(op.crossover_axis(dims))
     impl = crossover_pick(row["segments"], value)
     return impl, (f"{op.crossover_axis_name or 'axis'}={value:.4g} -> {impl} "
-                  f"(segments {row['segments']}, margin {row['margin']:.0%}, {row['origin']})"), bool(row.get("stale"))
+                  f"(segments {row['segments']}, margin {row['margin']:.0%}, {row['origin']})"), \
+        "stale" if row.get("stale") else row.get("fallback") or "crossover"
 
 
 def _describe(d: Decision) -> str:

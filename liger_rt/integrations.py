@@ -18,9 +18,6 @@ from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback
 
 from .patch import core, specs
 
-#: the flags that replace the causal LM's loss / log-probs path (TRL's fused head takes that path over)
-LOSS_FLAGS = tuple(specs.LOSS_OPS)
-
 
 class ShadowWarning(UserWarning):
     """Another part of the training stack replaces what a liger_rt patch would run."""
@@ -69,8 +66,8 @@ def _is_trl(args) -> bool:
 def shadows(model, args=None, wanted=()) -> list[str]:
     """Why parts of a liger_rt patch of `model` (the flags in force, plus `wanted`) would not run under
     TrainingArguments `args` (or None): one message per cause."""
-    info = core.describe(model) or {}
-    loss = sorted({f for f in LOSS_FLAGS if (info.get("flags") or {}).get(f)} | {f for f in wanted if f in LOSS_FLAGS})
+    flags = (core.describe(model) or {}).get("flags") or {}
+    loss = sorted({f for f in specs.LOSS_FLAGS if flags.get(f) or f in wanted})
     out = []
     if loss and (trl_fused_head(model) or _is_trl(args)):
         out.append(f"TRL's fused LM head computes the training loss and log-probs itself, so liger_rt's "
@@ -103,7 +100,7 @@ class LigerRTCallback(TrainerCallback):
     def _apply(self, args, model) -> None:
         if model is None:
             return
-        wanted = [f for f in LOSS_FLAGS if self.layers.get(f)]
+        wanted = [f for f in specs.LOSS_FLAGS if self.layers.get(f)]
         if over := _loss_over_trl_head(model):
             raise ValueError(f"liger_rt's {', '.join(over)} was patched over TRL's fused LM head (liger_rt.patch "
                              f"after the TRL trainer was built), so TRL's training step would not get its "
@@ -135,7 +132,7 @@ class AutoLigerRTModelForCausalLM:
     @staticmethod
     def _layers(config, kwargs: dict) -> dict:
         layers = {k: kwargs.pop(k) for k in list(kwargs) if k in _ALL_FLAGS}
-        core._flags(core._spec(config.model_type), layers)
+        core.check_flags(config.model_type, layers)
         return layers
 
     @classmethod

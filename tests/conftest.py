@@ -1,7 +1,9 @@
 """Test setup: kernels run through the Triton interpreter on CPU unless a GPU is present.
 
 TRITON_INTERPRET must be set before any kernel module is imported (triton.jit reads it when a
-kernel is decorated), hence at the top of conftest.  Every test gets a private tuning DB.
+kernel is decorated), hence at the top of conftest.  Every test gets a private tuning DB.  GPU tests
+(``-m gpu``) state the memory they need (``gpu_mem``, tests/gpu_sizing.py), skip on a smaller card,
+and fail if they leave memory allocated.
 """
 import os
 
@@ -9,8 +11,36 @@ import pytest
 
 import torch  # noqa: E402
 
+import gpu_sizing
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu_mem(gib): GiB of GPU memory the test needs; skipped on a smaller card")
+
+
+def _guarded(item) -> bool:
+    return "gpu" in item.keywords and torch.cuda.is_available()
+
+
+@pytest.fixture(autouse=True)
+def _gpu_memory(request):
+    """GPU tests only: skip on a card smaller than the test's gpu_mem; fail the test if the memory it
+    allocated is not free again after it (gpu_sizing.guard)."""
+    if _guarded(request.node):
+        yield from gpu_sizing.guard(request.node)
+    else:
+        yield
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Keep a GPU test's exception (its body's or a fixture's) for _gpu_memory, which clears its frames:
+    they hold the test's tensors."""
+    if call.when != "teardown" and call.excinfo is not None and _guarded(item):
+        item.stash[gpu_sizing.CALL_EXCEPTION] = call.excinfo.value
 
 
 @pytest.fixture(autouse=True)
@@ -33,9 +63,11 @@ def seeded():
 
 
 def pytest_collection_modifyitems(config, items):
+    if missing := gpu_sizing.unstated(items):
+        raise pytest.UsageError(f"tests/gpu tests without @pytest.mark.gpu_mem(gib=...): {', '.join(missing)}")
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a GPU (run on the H200: pytest -m gpu)")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (pytest -m gpu on a machine with one)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

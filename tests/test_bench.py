@@ -1,13 +1,16 @@
-"""`liger-tune bench`: the harness (CSV, versions, merge, case loop), the model step on tiny presets
-on CPU, the CLI's wiring and its one-line errors without a GPU."""
+"""`liger-tune bench`: the harness (CSV, dataset rows, versions, case loop), the model step on tiny presets on CPU,
+the CLI's wiring and its one-line errors without a GPU; the repository's benchmark scripts (benchmarks/)."""
 from __future__ import annotations
 
+import ast
 import csv
 import json
 import os
+import subprocess
 import sys
 import types
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +24,17 @@ RUN_COLS = {"kind", "model_type", "preset", "arm", "run_index", "order", "batch"
             "max_loss_diff", "model_TFLOPs", "params_M", "flags", "torch", "gpu", "liger_kernel", "triton"}
 SUMMARY_COLS = {"speedup", "mem_ratio", "loss_curves_overlap", "runs", "tok_per_s_spread"}
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+
+
+def _load(relpath: str):
+    """A benchmarks/ script as a module (its main not run)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(Path(relpath).stem, BENCHMARKS / relpath)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.fixture(autouse=True)
@@ -34,9 +48,6 @@ def _one_thread():
 
 def _needs_patchers():
     pytest.importorskip("liger_rt.tools.models")
-    import liger_rt.patch as P
-    if not hasattr(P, "patch"):
-        pytest.skip("liger_rt.patch has no patch() yet")
 
 
 def _read(path):
@@ -78,8 +89,13 @@ def test_bench_model_cpu_tiny(model_type, tmp_path, monkeypatch):
     out = tmp_path / "model.csv"
     res = CliRunner().invoke(bench, ["model", "--model", model_type, "--preset", "tiny", "--steps", "1",
                                      "--warmup", "1", "--batch", "2", "--seq", "12", "--device", "cpu",
-                                     "--dtype", "fp32", "--csv", str(out)])
+                                     "--dtype", "fp32", "--csv", str(out), "--data", str(tmp_path / "data")])
     assert res.exit_code == 0, res.output + repr(res.exception)
+    data = _read(tmp_path / "data" / "models.csv")
+    assert list(data[0]) == list(H.DATASET_COLUMNS) and {r["kind"] for r in data} == {"model"}
+    assert [(r["arm"], r["metric"]) for r in data] == [(a, "tok_s") for a in ("eager", "liger_rt", "liger_rt", "eager")]
+    assert {r["shape"] for r in data} == {"batch=2;seq=12"} and len({r["run_id"] for r in data}) == 1
+    assert all(r["gpu"] == "cpu" and r["dtype"] == "fp32" and "loss curve overlaps" in r["notes"] for r in data)
     rows = _read(out)
     assert RUN_COLS <= set(rows[0]) and SUMMARY_COLS <= set(rows[0])
     runs = [r for r in rows if r["kind"] == "run"]
@@ -96,9 +112,9 @@ def test_bench_model_cpu_tiny(model_type, tmp_path, monkeypatch):
     summ = {r["arm"]: r for r in rows if r["kind"] == "summary"}
     assert set(summ) == {"baseline", "liger_rt"} and summ["liger_rt"]["loss_curves_overlap"] == "True"
     assert "tok/s" in res.output and "n/a" in res.output
-    import liger_rt.patch as P                                       # nothing left patched behind it
+    from liger_rt.patch import describe                              # nothing left patched behind it
     from liger_rt.tools.models import build_model
-    assert P.describe(model_type) is None and P.describe(build_model(f"{model_type}-tiny")) is None
+    assert describe(model_type) is None and describe(build_model(f"{model_type}-tiny")) is None
 
 
 def test_run_model_bench_api_and_liger_kernel_arm_is_isolated(monkeypatch):
@@ -262,17 +278,33 @@ def test_bench_model_cuda_requested_without_gpu():
     assert res.exit_code != 0 and "no CUDA/ROCm GPU is available" in res.output
 
 
-def test_bench_model_target_arguments():
-    res = CliRunner().invoke(bench, ["model", "--model", "qwen3", "--target", "qwen3"])
-    assert res.exit_code != 0 and "give --model TYPE or --target NAME" in res.output
-    res = CliRunner().invoke(bench, ["model", "--target", "gpt"])
-    assert res.exit_code != 0 and "unknown target 'gpt'; valid: qwen3, lfm2, qwen3rope, lfm2rope, lfm2moe, lfm2moerope, all" in res.output
+def test_bench_model_needs_a_model_type():
+    res = CliRunner().invoke(bench, ["model", "--preset", "qwen3-1.7b"])
+    assert res.exit_code == 2 and "Missing option '--model'" in res.output, res.output
 
 
-@NO_GPU
-def test_bench_model_target_without_gpu_is_one_line():
-    res = CliRunner().invoke(bench, ["model", "--target", "all"])
-    assert res.exit_code == 1 and "needs a CUDA/ROCm GPU" in res.output and "Traceback" not in res.output
+def test_model_records_name_the_extra_flags_and_the_compiled_kind():
+    """One record per measured run and metric; a failed run has none; kind model_compiled once a compiled arm ran."""
+    run = {"kind": "run", "run_index": 0, "steps": 3, "warmup": 1, "layers": 28,
+           "flags": "fused_linear_cross_entropy=1,rope=1", "preset": "qwen3-1.7b", "batch": 4, "seq": 2048, "dtype": "bf16", "order": "baseline>liger_rt",
+           "config": "", "loss_first": 10.0, "max_loss_diff": 0.0, "tok_per_s": 1000.0, "peak_alloc_GB": 20.0,
+           "mfu": 0.4, "compile_s": 12.0, "graph_breaks": 0, "compile_mode": "default", "compile_policy": "fuse",
+           "error": ""}
+    rows = [{**run, "arm": "baseline"}, {**run, "arm": "liger_rt+compile", "run_index": 1, "max_loss_diff": 1.0},
+            {**run, "arm": "liger_kernel", "error": "RuntimeError: no"}]
+    recs = M.model_records(rows)
+    assert {r["kind"] for r in recs} == {"model_compiled"} and {r["name"] for r in recs} == {"qwen3-1.7b+rope"}
+    assert [(r["arm"], r["metric"], r["method"]) for r in recs] == [
+        ("eager", "tok_s", "median step"), ("eager", "peak_gb", "max allocated"),
+        ("eager", "frac_ceiling", "model FLOPs / bf16 matmul ceiling"),
+        *[("liger_rt+torch_compile", m, h) for m, h in (("tok_s", "median step"), ("peak_gb", "max allocated"),
+                                                        ("frac_ceiling", "model FLOPs / bf16 matmul ceiling"),
+                                                        ("compile_s", "warm-up time beyond steady steps"),
+                                                        ("graph_breaks", "dynamo graph_break counter"))]]
+    assert all(r["shape"] == {"batch": 4, "seq": 2048} for r in recs)
+    assert "loss curve overlaps" in recs[0]["notes"] and "DIFFERS FROM" in recs[-1]["notes"]
+    assert "28 layers, 1+3 steps, #2 of order baseline>liger_rt" in recs[-1]["notes"]
+    assert M.model_records(rows[:1])[0]["kind"] == "model"
 
 
 def test_parse_helpers():
@@ -293,7 +325,7 @@ def test_versions_read_peers_from_package_metadata(monkeypatch):
     assert "?" not in v.values()
 
 
-def test_write_csv_records_versions_and_merges_partial_runs(tmp_path, monkeypatch):
+def test_write_csv_records_versions(tmp_path, monkeypatch):
     _fake_metadata(monkeypatch, **{"liger-kernel": "0.8.5"})
     path = tmp_path / "norms_cpu.csv"
     first = [{"op": "rms_norm", "case": "rows=8", "impl": "eager", "ms": 1.0, "config": {"a": 1}, "err": None},
@@ -302,12 +334,36 @@ def test_write_csv_records_versions_and_merges_partial_runs(tmp_path, monkeypatc
     rows = _read(path)
     assert [r["liger_kernel"] for r in rows] == ["0.8.5", "0.8.5"] and rows[0]["config"] == '{"a":1}'
     assert rows[0]["err"] == "n/a" and rows[1]["err"] == ""
-    H.write_csv([{"op": "rms_norm", "case": "rows=16", "impl": "eager", "ms": 3.0, "new_col": 7}], path,
-                merge_on=("op", "case"))
-    rows = _read(path)
-    assert [(r["case"], r["ms"], r["new_col"]) for r in rows] == [("rows=8", "1.0", ""), ("rows=16", "3.0", "7")]
-    H.write_csv([{"op": "rms_norm", "case": "rows=32", "ms": 4.0}], path)        # not narrowed: the run replaces it
+    H.write_csv([{"op": "rms_norm", "case": "rows=32", "ms": 4.0}], path)        # a new run replaces the file
     assert [r["case"] for r in _read(path)] == ["rows=32"]
+
+
+def test_dataset_rows_carry_versions_and_append_keeps_one_header(tmp_path, monkeypatch):
+    """One row per measurement in DATASET_COLUMNS order: a peer arm's version from package metadata (never "?"),
+    the checkout's commit, one run id; appending twice keeps one header; a foreign header is refused."""
+    _fake_metadata(monkeypatch, **{"liger-kernel": "0.8.5", "trl": None})
+    rec = {"kind": "norms", "name": "rms_norm.fwd", "shape": {"rows": 8, "hidden": 64}, "arm": "liger_kernel",
+           "metric": "ms", "value": 0.5, "unit": "ms", "dtype": "bf16", "method": "do_bench", "notes": ""}
+    run_id = H.new_run_id()
+    rows = H.dataset_rows([rec, {**rec, "arm": "trl"}, {**rec, "arm": "liger_rt"}], run_id)
+    assert [list(r) for r in rows] == [list(H.DATASET_COLUMNS)] * 3
+    assert rows[0]["shape"] == "rows=8;hidden=64" and rows[0]["peer_version"] == "0.8.5"
+    assert rows[1]["peer_version"] == "" and rows[2]["peer_version"] == ""
+    assert rows[0]["torch"] == metadata.version("torch") and rows[0]["gpu"] and rows[0]["run_id"] == run_id
+    commit, dirty = H.git_commit()
+    assert rows[0]["commit"] == commit + ("-dirty" if dirty else "") and "?" not in rows[0].values()
+    path = tmp_path / "data" / "kernels.csv"
+    H.append_dataset(path, rows[:1])
+    H.append_dataset(path, rows[1:])
+    text = path.read_text().splitlines()
+    assert text[0] == ",".join(H.DATASET_COLUMNS) and len(text) == 4
+    assert [r["arm"] for r in _read(path)] == ["liger_kernel", "trl", "liger_rt"]
+    other = tmp_path / "other.csv"
+    other.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="header is not the dataset's columns"):
+        H.append_dataset(other, rows)
+    with pytest.raises(ValueError, match=r"dataset record keys \['gpu'\]"):
+        H.dataset_rows([{**rec, "gpu": "x"}], run_id)
 
 
 # -- kernel cases ----------------------------------------------------------------------------------
@@ -368,12 +424,15 @@ def test_decision_text_writes_nested_configs_as_json():
 
 def test_select_specs():
     plan = H.select_specs([], [], quick=True)
-    assert list(plan) == ["norms", "lfm2_ops", "losses", "moe_experts"] and all(s["quick"] for v in plan.values() for s in v)
+    assert list(plan) == list(H.FAMILIES) and all(s["quick"] for v in plan.values() for s in v)
     assert [s["op"] for s in H.select_specs(["rms_norm"], [], False)["norms"]] == ["rms_norm"] * 4
-    moe = H.select_specs(["moe_experts"], ["experts=32", "tokens=512,4096"], False)["moe_experts"]
+    assert [s["op"] for s in H.select_specs(["norms"], ["op=layer_norm"], False)["norms"]] == ["layer_norm"] * 4
+    moe = H.select_specs(["moe_experts"], ["experts=32", "tokens=512,4096"], False)["moe"]
     assert sorted((s["tokens"], s["routing"]) for s in moe) == [(512, "skewed"), (512, "uniform"), (4096, "skewed"),
                                                                 (4096, "uniform")]
-    with pytest.raises(ValueError, match=r"unknown benchmark 'rmsnorm'; valid: norms, lfm2_ops, losses, moe_experts, rms_norm"):
+    assert {s["op"] for s in H.select_specs(["moe"], [], False)["moe"]} == {"moe_experts", "moe_router"}
+    with pytest.raises(ValueError, match=r"unknown benchmark 'rmsnorm'; valid: norms, gated_mlp, losses, lfm2_ops, "
+                                         r"moe, rms_norm"):
         H.select_specs(["rmsnorm"], [], False)
     with pytest.raises(ValueError, match=r"--where colour: no such field .*fields: .*hidden"):
         H.select_specs(["norms"], ["colour=red"], False)
@@ -384,7 +443,7 @@ def test_select_specs():
 def test_measure_case_times_every_arm_against_an_fp32_reference():
     """rms_norm through the interpreter (fp32): the forced arm runs under LIGER_RT_IMPL_RMS_NORM=triton,
     every arm's error is taken against LlamaRMSNorm.forward in fp32, a missing peer is no arm."""
-    spec = dict(op="rms_norm", rows=4, hidden=32, target={"fwd": {"ms": 1e9}, "fwdbwd": {"GBps": 1e9}})
+    spec = dict(op="rms_norm", rows=4, hidden=32)
     case = norms.build(spec, "fp32", "cpu", echo=lambda s: None)
     case.peers["broken"] = H.Arm(lambda x, w: x.view(3, -1), "a peer that cannot take the shape")
     rows = H.measure_case(case, dtype="fp32", device="cpu", quick=True, compile_=False, ceilings=None,
@@ -398,11 +457,18 @@ def test_measure_case_times_every_arm_against_an_fp32_reference():
         assert r["ms"] > 0 and r["err_out"] < 1e-5 and r["err_grad"] < 1e-5 and r["GBps"] > 0
         assert r["ms_method"] == "cpu-wall" and r["dev_ms_method"] == "none: cpu" and r["case"] == "rows=4,hidden=32,dtype=fp32"
     assert by["eager", "fwd"]["vs_eager"] == 1.0 and by["eager", "fwd"]["err_out"] == 0.0
-    assert by["liger_rt", "fwd"]["meets_target"] is True and by["liger_rt", "fwdbwd"]["meets_target"] is False
     lines = H.verdicts(rows)
-    assert any(line.startswith("TARGET MISSED: rms_norm rows=4,hidden=32,dtype=fp32 fwdbwd") for line in lines)
+    assert lines[0].startswith("rms_norm rows=4,hidden=32,dtype=fp32 fwd: liger_rt ")
+    assert "the best peer (eager)" in lines[0]
     from liger_rt import env
     assert env.impl_override("rms_norm") is None                      # the override is gone after the arm
+    recs = H.kernel_records(rows)                                      # the failed peer has none
+    assert {r["arm"] for r in recs} == {"eager", "triton", "liger_rt"} and {r["kind"] for r in recs} == {"norms"}
+    mine = {(r["name"], r["metric"]): r for r in recs if r["arm"] == "liger_rt"}
+    assert set(mine) == {(f"rms_norm.{p}", m) for p in ("fwd", "fwdbwd") for m in ("ms", "gbps")}
+    assert mine["rms_norm.fwd", "ms"]["value"] == by["liger_rt", "fwd"]["ms"]
+    assert mine["rms_norm.fwd", "gbps"]["unit"] == "GB/s" and mine["rms_norm.fwd", "ms"]["shape"] == "rows=4;hidden=32"
+    assert mine["rms_norm.fwd", "ms"]["notes"].startswith("config triton ")
 
 
 def test_measure_case_reverse_arms_times_the_arms_last_to_first():
@@ -419,24 +485,22 @@ def test_measure_case_reverse_arms_times_the_arms_last_to_first():
         assert by["liger_rt", "fwdbwd"]["err_grad"] < 1e-5 and by["eager", "fwd"]["vs_eager"] == 1.0
 
 
-def test_run_kernels_writes_one_csv_per_family_and_merges_narrowed_runs(tmp_path, monkeypatch):
+def test_run_kernels_writes_the_csv_and_hands_each_case_on(tmp_path, monkeypatch):
     _torch_references(monkeypatch)
     _fake_metadata(monkeypatch, **{"liger-kernel": None})
     monkeypatch.setattr(norms, "SPECS", [dict(op="rms_norm", rows=4, hidden=16, quick=True),
-                                         dict(op="swiglu", rows=4, cols=16, quick=True)])
-    rows = H.run_kernels(["norms"], quick=True, dtype="fp32", device="cpu", out_dir=tmp_path, echo=lambda s: None)
-    path = tmp_path / "norms_cpu_quick.csv"
+                                         dict(op="layer_norm", rows=4, hidden=16, quick=True)])
+    cases = []
+    path = tmp_path / "rows.csv"
+    rows = H.run_kernels(["norms"], quick=True, dtype="fp32", device="cpu", csv_path=path, echo=lambda s: None,
+                         on_case=cases.append)
     csv_rows = _read(path)
-    assert len(csv_rows) == len(rows) and {r["op"] for r in csv_rows} == {"rms_norm", "swiglu"}
+    assert len(csv_rows) == len(rows) and {r["op"] for r in csv_rows} == {"rms_norm", "layer_norm"}
+    assert [{r["op"] for r in c} for c in cases] == [{"rms_norm"}, {"layer_norm"}] and sum(map(len, cases)) == len(rows)
     assert all(r["liger_kernel"] == "not installed" and r["quick"] == "True" for r in csv_rows)
     ok = [r for r in csv_rows if r["impl"] == "liger_rt"]
     assert ok and all(r["ms_method"] == "cpu-wall" and float(r["ms"]) > 0 for r in ok)
     assert all(r["error"].startswith("RuntimeError: LIGER_RT_IMPL_") for r in csv_rows if r["impl"] == "triton")
-    first_swiglu = [r["ms"] for r in csv_rows if r["op"] == "swiglu"]
-    H.run_kernels(["rms_norm"], quick=True, dtype="fp32", device="cpu", out_dir=tmp_path, echo=lambda s: None)
-    again = _read(path)
-    assert [r["ms"] for r in again if r["op"] == "swiglu"] == first_swiglu    # kept from the first run
-    assert [r["op"] for r in again][-1] == "rms_norm" and len(again) == len(csv_rows)
 
 
 # -- the CLI ---------------------------------------------------------------------------------------
@@ -451,7 +515,7 @@ def test_gpu_verbs_without_gpu_are_one_clear_line(args):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--op", "rmsnorm"], "unknown benchmark 'rmsnorm'; valid: norms,"),
+    (["--op", "rmsnorm"], "unknown benchmark 'rmsnorm'; valid: norms, gated_mlp,"),
     (["--where", "tokens"], "expected field=value"),
     (["--op", "norms", "--where", "tokens=512"], "--where tokens: no such field"),
 ])
@@ -460,23 +524,133 @@ def test_bench_kernels_bad_arguments_before_the_gpu_check(args, needle):
     assert res.exit_code == 2 and needle in res.output and "Traceback" not in res.output
 
 
+def _script_env() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
 def test_benchmark_script_is_the_cli():
     """benchmarks/bench_norms.py is `liger-tune bench kernels --op norms ...`: bad arguments are one line."""
-    import subprocess
-    import sys
-    from pathlib import Path
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_norms.py"
-    res = subprocess.run([sys.executable, str(script), "--where", "colour=red"], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, str(BENCHMARKS / "bench_norms.py"), "--where", "colour=red"],
+                         capture_output=True, text=True, env=_script_env())
     assert res.returncode == 2 and "--where colour: no such field" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
 
 
 def test_bench_dispatch_on_cpu(tmp_path):
-    res = CliRunner().invoke(bench, ["dispatch", "--calls", "200", "--out", str(tmp_path)])
+    res = CliRunner().invoke(bench, ["dispatch", "--calls", "200", "--csv", str(tmp_path / "d.csv"),
+                                     "--data", str(tmp_path)])
     assert res.exit_code == 0, res.output
-    rows = _read(tmp_path / "dispatch_overhead.csv")
+    rows = _read(tmp_path / "d.csv")
     assert [r["what"] for r in rows] == ["select (memo hit)", "floor: x.device.type + dict.get"]
-    assert all(float(r["us_per_call"]) > 0 and r["liger_rt"] for r in rows)
+    assert all(float(r["us"]) > 0 and r["liger_rt"] for r in rows)
+    data = _read(tmp_path / "host.csv")
+    assert [(r["kind"], r["arm"], r["metric"], r["unit"]) for r in data] == [("host", "liger_rt", "host_us", "us"),
+                                                                              ("host", "floor", "host_us", "us")]
+
+
+def test_logprobs_and_host_records():
+    """Log-probs rows: one record per arm, pass and metric, the median round's; host rows: one per probe."""
+    from liger_rt.tools.bench import host_overhead, logprobs
+    rows = [{"tokens": 8, "hidden": 16, "vocab": 67, "impl": impl, "pass": "fwdbwd", "ms": ms, "dev_ms": None,
+             "dev_ms_method": "none: cpu", "dtype": "fp32", "temperature": 1.0, "config": "triton {} (heuristic)"}
+            for impl, times in (("liger_rt", (5.0, 9.0, 1.0)), ("compile", (4.0, 6.0, 20.0))) for ms in times]
+    recs = logprobs.logprobs_records([*rows, {**rows[0], "impl": "trl", "ms": None, "error": "skipped"}])
+    assert [(r["arm"], r["metric"], r["value"]) for r in recs] == [("liger_rt", "ms", 5.0),
+                                                                    ("torch_compile", "ms", 6.0)]
+    assert recs[0]["name"] == "fused_linear_logprobs.fwdbwd" and recs[0]["shape"] == {"tokens": 8, "hidden": 16,
+                                                                                        "vocab": 67}
+    assert recs[0]["method"] == "cpu-wall" and "median of 3 rounds (ms 1..9" in recs[0]["notes"]
+    assert "config triton" in recs[0]["notes"]
+    stub = host_overhead.host_records(host_overhead.cpu_stub(repeats=1, calls=2, echo=lambda s: None))
+    assert {r["arm"] for r in stub} == {"liger_rt", "floor"} and {r["metric"] for r in stub} == {"stub_us"}
+    assert all(r["kind"] == "host" and r["unit"] == "us" and r["value"] > 0 for r in stub)
+
+
+def test_script_data_folder_defaults_and_opt_out(monkeypatch):
+    """A repository script appends under its data folder unless told --data DIR or --no-data."""
+    import liger_rt.tools.bench as B
+    seen = []
+    monkeypatch.setattr(B.bench.commands["dispatch"], "main", lambda args, prog_name: seen.append(args))
+    for argv in (["--calls", "5"], ["--no-data"], ["--data", "/x"], ["--data=/y"]):
+        monkeypatch.setattr(sys, "argv", ["bench_host.py", *argv])
+        B.script(["dispatch"], "/repo/benchmarks/data")
+    assert seen == [["--calls", "5", "--data", "/repo/benchmarks/data"], [], ["--data", "/x"], ["--data=/y"]]
+
+
+def _private_uses(path: Path) -> list[str]:
+    """`liger_rt` names a file uses that are private: a module path or an imported name or an attribute of an
+    imported liger_rt object with a leading underscore (dunders aside)."""
+    tree, bad = ast.parse(path.read_text()), []
+    bound = set()
+
+    def private(part: str) -> bool:
+        return part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "liger_rt":
+                    bad += [a.name] if any(map(private, a.name.split("."))) else []
+                    bound.add((a.asname or a.name).split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "liger_rt":
+            bad += [node.module] if any(map(private, node.module.split("."))) else []
+            bad += [f"{node.module}.{a.name}" for a in node.names if private(a.name)]
+            bound |= {a.asname or a.name for a in node.names}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in bound:
+                bad.append(f"{ast.unparse(node)} (line {node.lineno})")
+    return bad
+
+
+def test_bench_models_runs_resolve_and_fit_the_card():
+    """Every model run of benchmarks/bench_models.py builds its preset; groups expand; the batch is halved until the
+    run's measured peak fits 90% of the card."""
+    bm = _load("bench_models.py")
+    assert bm.run_names([]) == bm.GROUPS["default"] and bm.run_names(["qwen3,families"])[:2] == ["qwen3", "gemma3"]
+    with pytest.raises(SystemExit, match="unknown run 'nope'"):
+        bm.run_names(["nope"])
+    for name in bm.RUNS:
+        preset, flags, overrides = bm.run_setup(name)
+        assert preset.layers >= 1 and flags["fused_linear_cross_entropy"] is True
+    assert bm.run_setup("lfm2moe")[0].name == "lfm2-8b-a1b-8L" and bm.run_setup("qwen3rope")[1]["rope"] is True
+    assert bm.fitted_batch("lfm2-a1b", 4, 85.5) == 2 and bm.fitted_batch("lfm2-a1b", 4, 150.0) == 4
+    assert bm.fitted_batch("qwen3", 4, 85.5) == 4 and bm.fitted_batch("gemma3", 2, 85.5) == 2
+
+
+def test_benchmarks_use_no_private_liger_rt_name(tmp_path):
+    files = sorted(BENCHMARKS.rglob("*.py"))
+    assert files
+    assert {str(f.relative_to(ROOT)): _private_uses(f) for f in files if _private_uses(f)} == {}
+    planted = tmp_path / "planted.py"                          # the check itself finds each kind of use
+    planted.write_text("from liger_rt.kernels import _common\nfrom liger_rt.kernels._common import x\n"
+                       "import liger_rt\nfrom liger_rt import dispatch as d\nliger_rt._swaps\nd._REGISTRY\n"
+                       "liger_rt.__version__\n")
+    assert len(_private_uses(planted)) == 4
+
+
+def test_every_benchmark_script_answers_help(capsys, monkeypatch):
+    """`--help` of every script in benchmarks/ and benchmarks/profile/, run as __main__ in this process: exit 0 and
+    a usage line, no GPU needed (what a script sets in the environment or sys.path at import is put back)."""
+    import runpy
+    files = sorted([*BENCHMARKS.glob("*.py"), *BENCHMARKS.glob("profile/*.py")])
+    bad = {}
+    for f in files:
+        with monkeypatch.context() as m:
+            m.setattr(sys, "argv", [str(f), "--help"])
+            m.setattr(sys, "path", list(sys.path))
+            m.setattr(os, "environ", os.environ.copy())
+            try:
+                runpy.run_path(str(f), run_name="__main__")
+                code = "no exit"
+            except SystemExit as exc:
+                code = exc.code
+        out = capsys.readouterr().out
+        if code not in (0, None) or "usage" not in out.lower():
+            bad[f.name] = (code, out[-300:])
+    assert not bad, bad
 
 
 # -- on the GPU (pytest -m gpu) -------------------------------------------------------------------
@@ -488,8 +662,8 @@ def test_measure_ceilings_gpu():
 
 
 @pytest.mark.gpu
-def test_run_kernels_gpu_device_time(tmp_path):
-    rows = H.run_kernels(["rms_norm"], where=["rows=16384"], quick=True, out_dir=tmp_path, echo=lambda s: None)
+def test_run_kernels_gpu_device_time():
+    rows = H.run_kernels(["rms_norm"], where=["rows=16384"], quick=True, echo=lambda s: None)
     ours = [r for r in rows if r["impl"] == "liger_rt"]
     assert ours and all(r["dev_ms_method"] == "cuda-graph" and r["dev_ms"] > 0 and r["frac_ceiling"] for r in ours)
 
@@ -535,7 +709,7 @@ def test_bench_model_arms_option(tmp_path, monkeypatch):
     _no_liger_kernel(monkeypatch)
     for args, needle in ((["--model", "qwen3", "--arms", "bogus"], "unknown arm 'bogus'; valid: baseline, liger_rt"),
                          (["--model", "qwen3", "--arms", "liger_rt"], "the arms must include baseline"),
-                         (["--target", "qwen3", "--arms", "baseline,bogus"], "unknown arm 'bogus'")):
+                         (["--model", "qwen3", "--arms", "baseline,bogus"], "unknown arm 'bogus'")):
         res = CliRunner().invoke(bench, ["model", "--device", "cpu", *args])
         assert res.exit_code != 0 and needle in res.output, res.output
     out = tmp_path / "model.csv"
@@ -547,15 +721,10 @@ def test_bench_model_arms_option(tmp_path, monkeypatch):
 
 
 def test_profile_memory_finds_what_is_live_at_the_peak(tmp_path):
-    """benchmarks/profile_memory.py's replay of allocator events: the peak is where the live bytes are
+    """benchmarks/profile/step_memory.py's replay of allocator events: the peak is where the live bytes are
     largest (a block counts until its free completes), charged to the innermost liger_rt/transformers
     frame, else the innermost outside torch."""
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_memory.py"
-    spec = importlib.util.spec_from_file_location("profile_memory", path)
-    pm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pm)
+    pm = _load("profile/step_memory.py")
 
     def frames(*files):
         return [{"filename": f, "line": i + 1, "name": f"f{i}"} for i, f in enumerate(files)]
@@ -585,15 +754,10 @@ def test_profile_memory_finds_what_is_live_at_the_peak(tmp_path):
 
 
 def test_profile_moe_splits_device_time_by_gemm_family():
-    """benchmarks/profile_moe.py: each MoE GEMM family's device time per step and its TFLOP/s (its share of
+    """benchmarks/profile/moe_gemms.py: each MoE GEMM family's device time per step and its TFLOP/s (its share of
     the 18 * S * H * I FLOPs); both weight-gradient kernels count as one family, the rest as other."""
-    import importlib.util
-    from pathlib import Path
     from types import SimpleNamespace as E
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_moe.py"
-    spec = importlib.util.spec_from_file_location("profile_moe", path)
-    pm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pm)
+    pm = _load("profile/moe_gemms.py")
     assert sum(pm.FAMILIES.values()) == 18
     events = [E(key="_moe_up_fwd_kernel", device_time_total=8000.0), E(key="_moe_down_kernel", device_time_total=12000.0),
               E(key="_moe_up_bwd_kernel", device_time_total=4000.0), E(key="_moe_wgrad_kernel", device_time_total=2000.0),
@@ -612,15 +776,9 @@ def test_profile_moe_splits_device_time_by_gemm_family():
 
 
 def test_profile_host_cpu_floor_runs_and_restores_the_interpreter(capsys):
-    """benchmarks/profile_host.py without a GPU: both probes print, and the interpreter's run is put back."""
-    import importlib.util
-    from pathlib import Path
-
+    """benchmarks/profile/host_layers.py without a GPU: both probes print, and the interpreter's run is put back."""
     from triton.runtime.interpreter import InterpretedFunction
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_host.py"
-    spec = importlib.util.spec_from_file_location("profile_host", path)
-    ph = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ph)
+    ph = _load("profile/host_layers.py")
     run = InterpretedFunction.run
     ph.cpu_floor(calls=20)
     assert InterpretedFunction.run is run
@@ -629,16 +787,11 @@ def test_profile_host_cpu_floor_runs_and_restores_the_interpreter(capsys):
 
 
 def test_profile_model_gaps_charge_idle_to_the_launching_host_ops(capsys):
-    """benchmarks/profile_model.py --gaps: an idle gap on the device is charged to the innermost CPU ops
+    """benchmarks/profile/step_time.py --gaps: an idle gap on the device is charged to the innermost CPU ops
     around the launch of the kernel after it, "host late" when that launch came after the device went idle;
     overlapping kernels leave no gap, and a gap ended by an early launch (a dependency) is not host late."""
-    import importlib.util
     import json
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_model.py"
-    spec = importlib.util.spec_from_file_location("profile_model", path)
-    pm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pm)
+    pm = _load("profile/step_time.py")
 
     def x(cat, name, ts, dur, corr=None):
         return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur,
@@ -659,35 +812,3 @@ def test_profile_model_gaps_charge_idle_to_the_launching_host_ops(capsys):
     assert out[2].split() == ["0.110", "1", "yes", "step", ">", "liger_rt::rms_norm", "->", "k_norm"]
     assert out[3].split() == ["0.050", "1", "no", "step", "->", "k_dep"]
     assert len(out) == 4
-
-
-def test_flce_chunk_step_forces_the_chunk_and_restores_dispatch(monkeypatch):
-    """benchmarks/flce_chunk_step.py: within forced_chunk(c) the fused loss runs ceil(tokens / c) chunks (counted at
-    the per-chunk cross-entropy launch) with the loss unchanged against the fp64 formula; after undo the dispatcher's
-    own decision is back (dispatch.decide restored, memo cleared)."""
-    import importlib.util
-    from pathlib import Path
-
-    from liger_rt import dispatch, ops
-    from liger_rt.kernels import fused_linear_cross_entropy as flce
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "flce_chunk_step.py"
-    spec = importlib.util.spec_from_file_location("flce_chunk_step", path)
-    fcs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fcs)
-    g = torch.Generator().manual_seed(7)
-    x, w = torch.randn(24, 16, generator=g), torch.randn(37, 16, generator=g)
-    t = torch.randint(0, 37, (24,), generator=g)
-    ref = torch.nn.functional.cross_entropy(x.double() @ w.double().t(), t)
-    calls, real = [], flce.cross_entropy_rows
-    monkeypatch.setattr(flce, "cross_entropy_rows", lambda *a, **k: calls.append(a[1].shape[0]) or real(*a, **k))
-    original = dispatch.decide
-    undo = fcs.forced_chunk(5)
-    try:
-        loss = ops.fused_linear_cross_entropy(x, w, t)
-        d = dispatch.decision(flce.OP, x, tokens=24, hidden=16, vocab=37)
-    finally:
-        undo()
-    assert calls == [5, 5, 5, 5, 4] and d.config.chunk == 5 and d.origin == "env"
-    torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-5)
-    assert dispatch.decide is original
-    assert dispatch.decision(flce.OP, x, tokens=24, hidden=16, vocab=37).origin != "env"

@@ -227,3 +227,34 @@ def test_compile_policy_kernels_keeps_every_op_on_its_kernel(model_type, monkeyp
     """LIGER_RT_COMPILE_POLICY=kernels with every flag: the norms, SwiGLU and RoPE stay on their Triton
     kernels as custom ops too (the default, fuse, traces them as torch code); same checks otherwise."""
     _check_compiled_step(model_type, _every_flag(model_type), _hf_loss, _hf_loss, monkeypatch, policy="kernels")
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, raises=torch._dynamo.exc.RecompileError,
+                   reason="liger_rt.opspec's traced call guards on the power-of-two bucket of each dynamic dim "
+                          "(Op._traced_call: bucket), so a token count in another bucket recompiles")
+def test_token_count_changes_do_not_recompile():
+    """A patched model compiled once, the token dim marked dynamic as a user marks it for variable-length
+    batches (torch._dynamo.mark_dynamic), runs training steps at token counts in three power-of-two buckets
+    without a recompile: neither the patched layers nor liger_rt's traced op calls guard on the token count.
+    (Unmarked, dynamo's default recompiles once, to a dynamic graph, on the first new count.)"""
+    model = build_model(_preset("qwen3"))
+    liger_rt.patch(model, **specs.parity_flags("qwen3"))                 # norms, SwiGLU, rope, the fused loss
+    compiled = torch.compile(model, backend=BACKEND, fullgraph=True)
+
+    def step(tokens):
+        ids = torch.randint(1, model.config.vocab_size, (2, tokens), generator=torch.Generator().manual_seed(tokens))
+        mask = torch.ones_like(ids)
+        mask[1, tokens - 3:] = 0                                            # the second sample padded
+        labels = ids.masked_fill(mask == 0, -100)
+        for t in (ids, mask, labels):
+            torch._dynamo.mark_dynamic(t, 1)
+        compiled(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+
+    try:
+        step(6)                                                             # the one compile
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            step(11)
+            step(20)
+    finally:
+        liger_rt.unpatch(model)             # a recompile's traceback keeps the model, and its rope swap, alive

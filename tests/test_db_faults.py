@@ -4,14 +4,17 @@ old and newer schemas, read-only files and directories, held locks, a writer kil
 Each fault must end in a clear one-line message or a warning and a fallback: never a crash, never a
 wrong result, never a write into a file that is not ours.
 """
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -25,8 +28,8 @@ from liger_rt import autotune, dispatch
 from liger_rt.freshness import source_hash
 from liger_rt.registry import REGISTRY
 from liger_rt.tools.cli import main
-from liger_rt.tuning_db import RowError, TuningDBError, open_store
-from liger_rt.tuning_db.store import fingerprint, load_jsonl
+from liger_rt.tuning_db import DB_SCHEMA, RowError, TuningDBError, open_store
+from liger_rt.tuning_db.store import dump_jsonl, fingerprint, load_jsonl
 
 OP = toy_op.OP
 HERE = Path(__file__).resolve().parent
@@ -373,7 +376,7 @@ def test_schema1_db_is_read_as_is_and_migrated_when_written(tmp_path, monkeypatc
     assert d.origin == "stale" and "unrecorded" in d.reason and "STALE" in d.reason
     assert _digest(path) == digest
     store = open_store(path)                         # a writer migrates
-    assert store.db.execute("SELECT value FROM meta").fetchone()[0] == "2"
+    assert store.db.execute("SELECT value FROM meta").fetchone()[0] == str(DB_SCHEMA)
     (row,) = store.all_rows("tuning")
     assert (row["method"], row["sm_count"], row["host_ms"]) == ("unrecorded", 0, None)
     assert len(store.all_rows("measurements")) == 1
@@ -528,3 +531,225 @@ def test_kill_9_mid_sweep_leaves_whole_cases(tmp_path):
     assert set(per) == cases and set(per.values()) == {per_case}
     for key in cases:
         assert len(store.all_rows("tuning", "static_key = ? AND bucket = ?", list(key))) == 2
+
+
+# -- places a user can point the DB at: read without writing, or one clear line ------------------------------
+
+@contextlib.contextmanager
+def _unwritable(path: Path):
+    """`path` (a file or directory) really unwritable for this process: chmod for a user, chattr +i for root
+    (which file modes do not stop)."""
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(mode & ~0o222)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+        return
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode:
+        pytest.skip("running as root, and chattr +i does not work here")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def _wal_db(path: Path) -> None:
+    store = open_store(path)          # a writer: WAL; closing it removes -wal and -shm
+    store.put_tuning(_good())
+    store.close()
+    assert path.read_bytes()[18:20] == b"\x02\x02"           # the header says WAL
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+
+
+@pytest.mark.parametrize("what", ["directory", "file"])
+def test_read_only_db_is_read_and_nothing_is_written(tmp_path, monkeypatch, what):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    path = folder / "team.db"
+    _wal_db(path)
+    digest = _digest(path)
+    monkeypatch.setenv("LIGER_RT_TUNING_DB", str(path))
+    with _unwritable(folder if what == "directory" else path):
+        try:
+            dispatch.reset()
+            d, caught = _select()
+            assert (d.origin, d.config.BLOCK) == ("db", 32) and not [m for m in caught if "tuning DB" in m], caught
+            for args in (["show", "--json"], ["export", "-"], ["doctor", "--json"]):
+                res = CliRunner().invoke(main, args)
+                assert res.exit_code == 0 and res.stderr == "", (args, res.output)
+            assert json.loads(CliRunner().invoke(main, ["doctor", "--json"]).stdout)["db"]["user_schema"] == DB_SCHEMA
+            good = tmp_path / "good.jsonl"
+            good.write_text(_line(bucket=OP.bucket_key({"rows": 8})) + "\n")
+            _one_line_error(CliRunner().invoke(main, ["import", str(good)]),
+                            "is not writable" if what == "directory" else "is read-only")
+        finally:
+            dispatch.reset()                  # closes the reader before the directory is writable again
+        assert sorted(p.name for p in folder.iterdir()) == ["team.db"]     # no -wal, no -shm, no journal
+        assert _digest(path) == digest
+
+
+def _fifo(tmp_path):
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no named pipes here")
+    os.mkfifo(tmp_path / "pipe.db")
+    return tmp_path / "pipe.db"
+
+
+BAD_PATHS = [
+    (lambda tmp: tmp, "is a directory"),
+    (_fifo, "is a named pipe"),
+    (lambda tmp: Path(os.devnull), "is a character device"),
+    (lambda tmp: tmp / ("x" * 300 + ".db"), "name too long"),
+    (lambda tmp: tmp / ("d" * 200) / ("d" * 200) / ("d" * 200) / ("x" * 200) / ("y" * 200) / "t.db", None),
+    (lambda tmp: (tmp / "file").write_text("") or tmp / "file" / "t.db", "a directory in its path is a file"),
+]
+
+
+@pytest.mark.parametrize("make,why", BAD_PATHS, ids=["directory", "named pipe", "device", "long name",
+                                                      "long path", "under a file"])
+def test_a_path_that_cannot_hold_a_db_is_one_line_and_ops_fall_back(tmp_path, monkeypatch, make, why):
+    path = make(tmp_path)
+    monkeypatch.setenv("LIGER_RT_TUNING_DB", str(path))
+    done, unblocked = threading.Event(), threading.Event()
+
+    def watchdog():          # a reader blocked opening the pipe would wait forever: give it a writer, say so
+        if not done.wait(60) and path.is_fifo():
+            unblocked.set()
+            with open(path, "wb") as pipe:
+                pipe.write(b"not a database")
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    try:
+        dispatch.reset()
+        d, caught = _select()
+        warned = [m for m in caught if "ignoring the tuning DB" in m]
+        if why is not None or warned:       # a long path that still fits is a DB that does not exist yet
+            assert d.origin == "heuristic" and len(warned) == 1 and "\n" not in warned[0], caught
+            assert why is None or why in warned[0].lower(), warned
+            assert len(warned[0]) < 400, warned[0]
+        x = torch.randn(4, 40)
+        torch.testing.assert_close(toy_op.toy(x), x * 2)
+        res = CliRunner().invoke(main, ["doctor", "--json"])
+        assert res.exit_code == 0 and (why is None or why in json.loads(res.stdout)["db"]["user_error"].lower())
+        for verb in (["show"], ["export", "-"], ["import", os.devnull], ["prune", "--stale"]):
+            res = CliRunner().invoke(main, [*verb, "--db", str(path)])
+            if why is not None or verb[0] in ("export", "prune", "import"):
+                _one_line_error(res, *([why] if why and verb[0] != "import" else []))
+    finally:
+        done.set()
+        dispatch.reset()
+    assert not unblocked.is_set(), "opening the DB path blocked"
+
+
+# -- imports: idempotent whatever optional field a record lacks ----------------------------------------------
+
+_OPTIONAL = {"tuning": ("created", "baseline_ms", "host_ms", "method", "origin", "variant", "device", "device_name",
+                        "sm_count", "torch_version", "triton_version", "runtime_version", "source_hash"),
+             "crossover": ("created", "method", "origin", "variant", "device", "device_name", "sm_count",
+                           "torch_version", "triton_version", "runtime_version", "source_hash"),
+             "measurements": ("created", "axis", "tag", "error", "method", "origin", "variant", "device",
+                              "device_name", "sm_count", "torch_version", "triton_version", "runtime_version",
+                              "source_hash")}
+
+
+def _meas(**kw) -> dict:
+    row = dict(op="toy", variant="fwdbwd", arch="cpu", dtype="fp32", static_key=SK,
+               dims=json.dumps({"cols": 40, "rows": 4}), axis=4.0, tag="", impl="triton", config=json.dumps(toy_op.ToyConfig(BLOCK=32).to_dict()), median_ms=1.0,
+               ok=1, error="", method="cpu-wall", origin="sweep", created=1.0, **fingerprint("cpu", source_hash(OP)))
+    row.update(kw)
+    return row
+
+
+def test_import_three_times_leaves_the_same_rows_whatever_field_is_absent(tmp_path):
+    makers = {"tuning": _good, "crossover": _good_cross, "measurements": _meas}
+    lines = []
+    for table, make in makers.items():
+        for i, col in enumerate(("", *_OPTIONAL[table])):      # one record per absent field, each its own key
+            rec = {k: v for k, v in make(static_key=OP.static_key({"cols": 100 + i})).items() if k != col}
+            if table == "measurements":
+                rec["dims"] = json.dumps({"cols": 100 + i, "rows": 4})
+            lines.append(json.dumps({"table": table, **rec}))
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    db = tmp_path / "x.db"
+    dumps = []
+    for _ in range(3):
+        res = CliRunner().invoke(main, ["import", str(path), "--db", str(db)])
+        assert res.exit_code == 0, res.output
+        with open_store(db) as store:
+            counts = store.counts()
+            dumps.append(sorted(dump_jsonl(store)))
+    assert counts == {t: 1 + len(_OPTIONAL[t]) for t in makers}
+    assert dumps[0] == dumps[1] == dumps[2]
+
+
+# -- text from a DB reaches the terminal escaped ---------------------------------------------------------------
+
+_EVIL = "\x1b[2J\x1b]0;owned\x07\nFORGED: all rows ok\r\u202e"
+
+
+def test_control_characters_from_a_db_are_printed_escaped(tmp_path, monkeypatch):
+    path = _user_db(tmp_path, monkeypatch)
+    rn = REGISTRY.get("rms_norm")
+    row = dict(_good(), op="rms_norm", static_key=rn.static_key({"hidden": 64}), bucket=rn.bucket_key({"rows": 8}),
+               impl="torch", config="{}", config_schema=rn.schema_version, torch_version="2.0" + _EVIL,
+               device_name="cpu" + _EVIL, runtime_version=_EVIL, source_hash="f" * 16 + _EVIL)
+    _raw_insert(path, "tuning", row)                                   # stale: another torch, another kernel
+    _raw_insert(path, "tuning", dict(row, bucket=rn.bucket_key({"rows": 16}), impl="cuda" + _EVIL))   # bad
+    _raw_insert(path, "measurements", {k: v for k, v in _meas(error=_EVIL, tag=_EVIL).items()})       # bad tag
+    for args in (["show"], ["show", "--op", "rms_norm", "--device", "cpu"], ["doctor"],
+                 ["prune", "--stale", "--dry-run"], ["explain", "rms_norm", "--arch", "cpu", "--dtype", "fp32", "--shape", "rows=8,hidden=64"]):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 0, (args, res.output)
+        out = res.stdout + res.stderr
+        assert "\x1b" not in out and "\x07" not in out and "\r" not in out and "\u202e" not in out, (args, out)
+        assert not any(line.startswith("FORGED") for line in out.splitlines()), (args, out)
+    assert "\\x1b[2J" in CliRunner().invoke(main, ["show", "--op", "rms_norm"]).stdout
+    res = CliRunner().invoke(main, ["show", "--json"])                  # JSON escapes on its own
+    assert "\x1b" not in res.stdout and json.loads(res.stdout)["tuning"]
+
+
+# -- launchability: a config that validates but cannot launch is a bad row ---------------------------------------
+
+def test_a_row_that_cannot_launch_is_refused_at_import_and_skipped_at_lookup(tmp_path, monkeypatch):
+    path = _user_db(tmp_path, monkeypatch)
+    too_wide = json.dumps(toy_op.ToyConfig(BLOCK=32, num_warps=32).to_dict())   # declared, but cpu runs 4 warps
+    with pytest.raises(TuningDBError, match=r"line 1: .*cannot launch for cols=40, rows=4 on cpu: num_warps 32 > 4"):
+        load_jsonl(open_store(tmp_path / "other.db"), [_line(config=too_wide)])
+    _raw_insert(path, "tuning", _good(config=too_wide, median_ms=0.01))
+    d, caught = _select()
+    assert d.origin == "heuristic" and d.config.num_warps <= 4
+    assert any("skipping a bad tuning row" in m and "cannot launch" in m for m in caught), caught
+    x = torch.randn(4, 40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(toy_op.toy(x), x * 2)
+    db = json.loads(CliRunner().invoke(main, ["doctor", "--json"]).stdout)["db"]
+    assert db["user_health"]["tuning"]["bad"] == 1 and "cannot launch" in db["user_bad"][0]
+    assert "BAD" in CliRunner().invoke(main, ["show"]).stdout
+
+
+def test_the_ops_launchable_hook_judges_every_row_it_sees(tmp_path, monkeypatch):
+    """op.launchable(config, dims, arch, dtype) -> None or a reason: import, lookup (at the call's dims, so a
+    nearer bucket's config too), doctor and show apply it."""
+    seen = []
+
+    def launchable(config, dims, arch, dtype):
+        seen.append((dims["rows"], arch.name, dtype))
+        return f"BLOCK {config.BLOCK} over {dims['rows']} rows needs a bigger grid" if dims["rows"] > 8 else None
+
+    monkeypatch.setattr(OP, "launchable", launchable, raising=False)
+    path = _user_db(tmp_path, monkeypatch)
+    with pytest.raises(TuningDBError, match="BLOCK 32 over 16 rows needs a bigger grid"):
+        load_jsonl(open_store(tmp_path / "other.db"), [_line(bucket=OP.bucket_key({"rows": 16}))])
+    _raw_insert(path, "tuning", _good())                       # the rows=4 bucket: launches up to 8 rows
+    assert _select(rows=4, cols=40)[0].origin == "db"
+    d, caught = _select(rows=32, cols=40)                      # nearest bucket rows=4, but 32 rows cannot launch
+    assert d.origin == "heuristic" and any("cannot launch for cols=40, rows=32" in m for m in caught), caught
+    assert (4, "cpu", torch.float32) in seen
+    monkeypatch.setattr(OP, "launchable", lambda *a: "never", raising=False)
+    dispatch.reset()
+    assert json.loads(CliRunner().invoke(main, ["doctor", "--json"]).stdout)["db"]["user_health"]["tuning"]["bad"] == 1
+    assert "BAD" in CliRunner().invoke(main, ["show"]).stdout

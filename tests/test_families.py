@@ -1,4 +1,4 @@
-"""The model families of issue 17 (Qwen2/2.5, Qwen2-MoE, Mistral, Mixtral, Gemma 1/2/3, Phi-3,
+"""The model families beyond the first six (Qwen2/2.5, Qwen2-MoE, Mistral, Mixtral, Gemma 1/2/3, Phi-3,
 OLMo-2, Granite, GLM-4, SmolLM3, Qwen3.5-MoE): specs, presets, layer forwards, parity.
 
 The parity tests run each family's tiny preset (2 layers, hidden 64) patched with every flag it

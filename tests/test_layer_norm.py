@@ -172,7 +172,7 @@ def test_dispatch_heuristic_env_and_db(monkeypatch, tmp_path):
                               static_key=ln.OP.static_key({"hidden": 48}), bucket=ln.OP.bucket_key({"rows": 6}),
                               impl=impl, config={} if impl == "torch" else _heuristic(48).to_dict(), median_ms=ms,
                               baseline_ms=0.01, source_hash=source_hash(ln.OP), config_schema=ln.OP.schema_version,
-                              origin="sweep"))
+                              origin="sweep", method="cpu-wall"))
     store.close()
     dispatch.reset()
     d = dispatch.decision(ln.OP, x.reshape(-1, 48), rows=6, hidden=48)

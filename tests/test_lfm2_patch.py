@@ -346,14 +346,14 @@ def test_training_with_an_unknown_cache_api_still_fuses(monkeypatch, fallback):
 
 @pytest.mark.slow
 def test_torch_compile_of_a_patched_lfm2_does_not_recurse(fallback):
-    """The decoder-layer forward once called its host through a bound method, which dynamo
-    rebuilt after a graph break as ``layer.forward`` (the patched forward: RecursionError).
-    Graph breaks themselves (dispatch) are issue 19's; this needs only a correct compiled run.
+    """The decoder-layer forward calls its host as a function of the module: through a bound method,
+    dynamo would rebuild it after a graph break as ``layer.forward`` (the patched forward: RecursionError).
+    A correct compiled run is what this checks, graph breaks allowed (backend eager, cold decisions).
     (Instance level only: the class level runs the same layer code, and each costs ~15 s.)"""
     model = _patch(build_model("lfm2-tiny"))
     inputs = make_inputs(model)
     torch._dynamo.reset()
-    dispatch.reset()                    # cold decisions: the graph breaks that once recursed
+    dispatch.reset()                    # cold decisions: the first call decides while tracing
     got = torch.compile(model, backend="eager")(**inputs)
     want = model(**inputs)
     torch.testing.assert_close(got.loss, want.loss)

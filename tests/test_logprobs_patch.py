@@ -1,4 +1,4 @@
-"""The ``logprobs`` patch flag (issue 16): a patched causal LM given labels returns per-token
+"""The ``logprobs`` patch flag: a patched causal LM given labels returns per-token
 log-probs and entropy (no logits) through liger_rt.ops.fused_linear_logprobs.
 
 Independent reference: the unpatched Hugging Face model's logits (softcapping and logits scaling

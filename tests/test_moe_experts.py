@@ -16,6 +16,8 @@ from liger_rt.autograd import call_impl, run_case
 from liger_rt.config import ConfigError
 from liger_rt.freshness import source_hash
 from liger_rt.kernels import moe_experts as M
+from liger_rt.kernels.moe_experts import configs as C
+from liger_rt.kernels.moe_experts import kernels as K
 from liger_rt.numerics import assert_close
 from liger_rt.op import Case
 from liger_rt.tuning_db import open_store
@@ -67,9 +69,9 @@ def test_tma_weight_gradients_fall_back_where_rows_are_not_16_byte_aligned():
     """wgrad_sorted=2 on rows of 37 fp32 (148 bytes: no tensor descriptor can stride them) runs the
     sorted copies through the pointer kernel, and is still right against the fp64 reference."""
     dims = _dims(29, 4, 2, 37, 20)
-    assert not M._descriptors_ok(torch.empty(8, 37)) and M._descriptors_ok(torch.empty(8, 40))
+    assert not K._descriptors_ok(torch.empty(8, 37)) and K._descriptors_ok(torch.empty(8, 40))
     case = _case(dims, tag="skewed")
-    _check_all(_run("triton", case, M._CPU[0].replace(wgrad_sorted=2)), _dense_fp64(case), torch.float32, dims)
+    _check_all(_run("triton", case, C.CPU[0].replace(wgrad_sorted=2)), _dense_fp64(case), torch.float32, dims)
 
 
 @pytest.mark.parametrize("up_desc,down_desc", [(1, 1), (1, 0), (0, 1)])
@@ -79,22 +81,22 @@ def test_gemms_through_tensor_descriptors(up_desc, down_desc, monkeypatch):
     into the up rows), H = 48 not of BLOCK_K: against the fp64 reference; each asked-for launch takes them."""
     dims = _dims(37, 5, 2, 48, 40)
     taken = []
-    real = M._tma
-    monkeypatch.setattr(M, "_tma", lambda on, *ts: taken.append(bool(on)) or real(on, *ts))
+    real = K._tma
+    monkeypatch.setattr(K, "_tma", lambda on, *ts: taken.append(bool(on)) or real(on, *ts))
     for tag in ("uniform", "skewed"):
         case = _case(dims, tag=tag)
-        cfg = M._CPU[0].replace(wgrad_sorted=2, up_desc=up_desc, down_desc=down_desc)
+        cfg = C.CPU[0].replace(wgrad_sorted=2, up_desc=up_desc, down_desc=down_desc)
         _check_all(_run("triton", case, cfg), _dense_fp64(case), torch.float32, dims)
     # per forward + backward: up, down, up_bwd, dW_down, dX, dW_gate_up (the weight gradients asked by wgrad_sorted=2)
     assert taken == [bool(up_desc), bool(down_desc), bool(up_desc), True, bool(down_desc), True] * 2
     x, gu, dn = _case(dims).args[:3]
-    assert M._descriptors_ok(gu.view(-1, 48), dn.view(-1, 40), torch.empty(74, 80))
+    assert K._descriptors_ok(gu.view(-1, 48), dn.view(-1, 40), torch.empty(74, 80))
 
 
 def test_gemm_descriptors_fall_back_where_rows_are_not_16_byte_aligned():
     dims = _dims(29, 4, 2, 37, 20)       # rows of 37 fp32: no descriptor can stride them
     case = _case(dims, tag="skewed")
-    cfg = M._CPU[0].replace(up_desc=1, down_desc=1)
+    cfg = C.CPU[0].replace(up_desc=1, down_desc=1)
     _check_all(_run("triton", case, cfg), _dense_fp64(case), torch.float32, dims)
 
 
@@ -106,7 +108,7 @@ def test_split_up_backward(wgrad_sorted, down_desc, I):
     multiple of BLOCK_K; every gradient against fp64, then (I = 40: which buffers exist does not depend on I)
     each one alone (the other buffers' paths)."""
     dims = _dims(37, 5, 2, 48, I)
-    cfg = M._CPU[0].replace(wgrad_sorted=wgrad_sorted, down_desc=down_desc, up_bwd_split=1)
+    cfg = C.CPU[0].replace(wgrad_sorted=wgrad_sorted, down_desc=down_desc, up_bwd_split=1)
     for tag in ("uniform", "skewed"):
         case = _case(dims, tag=tag)
         _check_all(_run("triton", case, cfg), _dense_fp64(case), torch.float32, dims)
@@ -160,7 +162,7 @@ def test_backward_frees_its_buffers_early(split, monkeypatch):
     T, E, K, H, I = 512, 8, 4, 64, 48
     (x, gu, dn, idx, w, _), (dy,) = (c := _case(_dims(T, E, K, H, I))).args, c.grads
     monkeypatch.setattr(InterpretedFunction, "run", lambda self, *a, **k: None)
-    cfg = M._CPU[0].replace(wgrad_sorted=2, up_bwd_split=split)
+    cfg = C.CPU[0].replace(wgrad_sorted=2, up_bwd_split=split)
     y = call_impl(M.OP, "triton", cfg, x, gu, dn, idx, w, True)
     with Live() as live:
         torch.autograd.grad(y[0] if isinstance(y, tuple) else y, (x, gu, dn, w), dy)
@@ -179,7 +181,7 @@ def test_fwd_bwd_fp32_odd_shapes(tag, wgrad_sorted):
     dims = _dims(37, 5, 2, 48, 40)    # nothing a power of two, H and I not multiples of BLOCK_K
     case = _case(dims, tag=tag)
     ref = _dense_fp64(case)
-    _check_all(_run("triton", case, M._CPU[0].replace(wgrad_sorted=wgrad_sorted)), ref, torch.float32, dims)
+    _check_all(_run("triton", case, C.CPU[0].replace(wgrad_sorted=wgrad_sorted)), ref, torch.float32, dims)
     _check_all(_run("torch", case), ref, torch.float32, dims)     # the op's own reference, checked too
 
 
@@ -193,7 +195,7 @@ def test_fwd_bwd_half_precision(dtype):
     case = _case(dims, dtype)
     if dtype == torch.float16:   # fp32 routing weights with fp16 experts (the kernels load w as fp32)
         case = _case(dims, dtype, w=case.args[4].detach().float().requires_grad_())
-    out, ref = _run("triton", case, M._CPU[1]), _dense_fp64(case)
+    out, ref = _run("triton", case, C.CPU[1]), _dense_fp64(case)
     assert out[4].dtype == case.args[4].dtype
     _check_all(out, ref, dtype, dims)
     for name, o, r in zip(NAMES, out, ref):
@@ -215,7 +217,7 @@ def test_edge_routings(name, T, K):
     E = 6
     dims = _dims(T, E, K, 32, 16)
     case = _case(dims, idx=_edge_idx(name, T, E, K, torch.Generator().manual_seed(1)))
-    out = _run("triton", case, M._CPU[0])
+    out = _run("triton", case, C.CPU[0])
     _check_all(out, _dense_fp64(case), torch.float32, dims)
     if name == "empty_experts":      # experts without rows get exactly zero weight gradients
         empty = [0, 2, 4, 5]
@@ -227,7 +229,7 @@ def test_tile_schedule(block_m):
     # counts 0, 37, 0, 1, 64, 0, 15 (empty experts first, last and between; a full multiple of 16/64)
     counts = torch.tensor([0, 37, 0, 1, 64, 0, 15])
     idx = torch.repeat_interleave(torch.arange(7), counts)[torch.randperm(int(counts.sum()))].view(-1, 1)
-    route = M._Routing.sort(idx, 7)
+    route = K._Routing.sort(idx, 7)
     meta, n = route.tiles(block_m)
     want_e, want_r = [], []
     start = 0
@@ -251,7 +253,7 @@ def test_non_contiguous_inputs():
     case = _case(dims, w=wide[:, 1:5:2].detach().requires_grad_(),     # (T, 2) leaf with strides (6, 2)
                  x=xw[:, 3:35].detach().requires_grad_())               # rows of stride 40
     assert not case.args[4].is_contiguous() and not case.args[0].is_contiguous()
-    _check_all(_run("triton", case, M._CPU[0]), _dense_fp64(case), torch.float32, dims)
+    _check_all(_run("triton", case, C.CPU[0]), _dense_fp64(case), torch.float32, dims)
 
 
 def test_functional_dispatch_and_leading_dims(monkeypatch):
@@ -280,7 +282,7 @@ def test_no_grad_forward_skips_saving(monkeypatch):
         y = ops.moe_experts(*case.args[:5])
     assert saved[0][0].numel() == 0                            # no gate|up pre-activations kept
     assert_close(y, _dense_fp64(case)[0], torch.float32, M._reduce_len(dims))
-    y = call_impl(M.OP, "triton", M._CPU[0], *case.args[:5], False)    # save=False with a graph: refused
+    y = call_impl(M.OP, "triton", C.CPU[0], *case.args[:5], False)    # save=False with a graph: refused
     with pytest.raises(RuntimeError, match="save=False"):
         y.sum().backward()
 
@@ -300,7 +302,7 @@ def test_input_errors():
     with pytest.raises(TypeError, match="accepted: torch.float32"):
         M.moe_experts(x.long(), gu.long(), dn.long(), idx, w)
     with pytest.raises(RuntimeError, match="outside"):
-        call_impl(M.OP, "triton", M._CPU[0], x, gu, dn, torch.full((4, 1), 2), w, False)
+        call_impl(M.OP, "triton", C.CPU[0], x, gu, dn, torch.full((4, 1), 2), w, False)
 
 
 # -- grouped MM ---------------------------------------------------------------------------------
@@ -361,18 +363,24 @@ def test_every_candidate_config(arch):
         _check_all(_run("triton", case, cfg), ref, torch.float32, dims)
 
 
+def _fits(cfg, arch, dims, dtype):
+    """Within the arch's warps, stages and shared memory (what the op's candidates_for keeps)."""
+    warps, stages = cfg.limits()
+    return warps <= arch.max_num_warps and stages <= arch.max_num_stages and C.smem(cfg, dims, dtype) <= arch.smem_bytes
+
+
 def _hip_safe(cfg):
     fams = [cfg.up, cfg.up_bwd, cfg.down, cfg.wgrad]
     return (all(f.num_stages <= 2 and f.num_warps <= 8 for f in fams)
-            and M._smem(cfg, BIG, torch.bfloat16) <= 64 * 1024)
+            and C.smem(cfg, BIG, torch.bfloat16) <= 64 * 1024)
 
 
 def test_configs_are_declared_and_round_trip():
-    every = [*M._HOPPER, *M._NVIDIA_FP32, *M._HIP, *M._CPU, M._PINNED_HIP, M._PINNED_CUDA, M._MINIMAL]
+    every = [*C.HOPPER, *C.NVIDIA_FP32, *C.HIP, *C.CPU, C.PINNED_HIP, C.PINNED_CUDA, C.MINIMAL]
     for c in every:
         assert M.OP.parse_config(json.loads(json.dumps(c.to_dict()))) == c
-    assert M._HOPPER[0].limits() == (8, 4)          # what arch pruning sees: the hungriest family
-    row = M._HOPPER[0].to_dict()
+    assert C.HOPPER[0].limits() == (8, 4)          # what arch pruning sees: the hungriest family
+    row = C.HOPPER[0].to_dict()
     with pytest.raises(ConfigError, match="missing"):
         M.OP.parse_config({})
     with pytest.raises(ConfigError, match="unknown"):                # the old derived top-level keys
@@ -384,21 +392,21 @@ def test_configs_are_declared_and_round_trip():
 def test_smem_pruning_and_heuristics():
     hopper = backend.profile("hopper")
     # a hopper candidate does not fit 64 KiB: the smem estimate prunes it on a 64 KiB profile
-    big = M._HOPPER[0]
+    big = C.HOPPER[0]
     small = dataclasses.replace(hopper, smem_bytes=64 * 1024)
-    assert M._smem(big, BIG, torch.bfloat16) > small.smem_bytes and not M._fits(big, small, BIG, torch.bfloat16)
+    assert C.smem(big, BIG, torch.bfloat16) > small.smem_bytes and not _fits(big, small, BIG, torch.bfloat16)
     kept = _candidates(small)
-    assert kept and big not in kept and all(M._smem(c, BIG, torch.bfloat16) <= small.smem_bytes for c in kept)
+    assert kept and big not in kept and all(C.smem(c, BIG, torch.bfloat16) <= small.smem_bytes for c in kept)
     # fp32 doubles the tiles: only the small NVIDIA configs survive on hopper
     fp32 = _candidates(hopper, dtype=torch.float32)
-    assert fp32 and all(M._smem(c, BIG, torch.float32) <= hopper.smem_bytes for c in fp32)
+    assert fp32 and all(C.smem(c, BIG, torch.float32) <= hopper.smem_bytes for c in fp32)
     for arch in ("hopper", "ampere", "blackwell", "mi300x", "mi325x", "mi355x", "cpu"):
         prof = backend.profile(arch)
         for dtype in (torch.bfloat16, torch.float32):
             for T in (256, 16384):
                 dims = dict(BIG, tokens=T)
                 for fn in (M._heuristic, M._pinned):
-                    assert M._fits(fn(prof, dims, dtype), prof, dims, dtype), (arch, dtype, fn.__name__)
+                    assert _fits(fn(prof, dims, dtype), prof, dims, dtype), (arch, dtype, fn.__name__)
     assert M._heuristic(hopper, dict(BIG, tokens=256), torch.bfloat16).up.BLOCK_M == 64
     assert M._heuristic(hopper, BIG, torch.bfloat16).up.BLOCK_M == 128
     assert M._heuristic(hopper, BIG, torch.bfloat16).wgrad_sorted == 2          # TMA where it runs (H200)
@@ -410,7 +418,7 @@ def test_smem_pruning_and_heuristics():
     assert M._heuristic(hopper, BIG, torch.float16).wgrad_sorted == 1           # not measured on a GPU in fp16
     generic = backend.Arch(name="generic-nvidia", vendor="nvidia", capability="sm75", device_name="x", sm_count=40,
                            warp_size=32, max_num_warps=8, max_num_stages=2, smem_bytes=49152)
-    assert M._fits(M._pinned(generic, BIG, torch.bfloat16), generic, BIG, torch.bfloat16)
+    assert _fits(M._pinned(generic, BIG, torch.bfloat16), generic, BIG, torch.bfloat16)
 
 
 def test_plan_and_cases():
@@ -490,12 +498,12 @@ def test_dispatch_switches_to_grouped_mm_on_hopper_plan(monkeypatch, no_shipped_
         pytest.skip("this torch has no grouped MM")
     monkeypatch.setattr(backend, "gpu_present", lambda: False)
     _put_user_crossover("hopper", "bf16", BIG, [[100.0, "triton"], [None, "grouped_mm"]])
-    lo = dispatch.select("moe_experts", arch="hopper", dtype="bf16", **dict(BIG, tokens=512))
-    hi = dispatch.select("moe_experts", arch="hopper", dtype="bf16", **dict(BIG, tokens=4096))
+    lo = dispatch.decision(dispatch, "moe_experts", arch="hopper", dtype="bf16", **dict(BIG, tokens=512))
+    hi = dispatch.decision(dispatch, "moe_experts", arch="hopper", dtype="bf16", **dict(BIG, tokens=4096))
     assert (lo.impl, lo.origin) == ("triton", "crossover") and lo.config.up.BLOCK_M == 64   # 64 rows per expert
     assert (hi.impl, hi.origin, dict(hi.config)) == ("grouped_mm", "crossover", {})
     # fp32 has no crossover row and grouped_mm cannot take it: the heuristic picks triton
-    f32 = dispatch.select("moe_experts", arch="hopper", dtype="fp32", **dict(BIG, tokens=4096))
+    f32 = dispatch.decision(dispatch, "moe_experts", arch="hopper", dtype="fp32", **dict(BIG, tokens=4096))
     assert (f32.impl, f32.origin) == ("triton", "heuristic")
 
 
@@ -504,8 +512,8 @@ def test_hopper_heuristic_impl(monkeypatch, no_shipped_defaults):
         pytest.skip("this torch has no grouped MM")
     monkeypatch.setattr(backend, "gpu_present", lambda: False)
     e64 = dict(BIG, experts=64, intermediate=1536)
-    low = dispatch.select("moe_experts", arch="hopper", dtype="bf16", **dict(e64, tokens=512))   # 32 rows
-    high = dispatch.select("moe_experts", arch="hopper", dtype="bf16", **dict(BIG, tokens=4096))  # 512 rows
+    low = dispatch.decision(dispatch, "moe_experts", arch="hopper", dtype="bf16", **dict(e64, tokens=512))   # 32 rows
+    high = dispatch.decision(dispatch, "moe_experts", arch="hopper", dtype="bf16", **dict(BIG, tokens=4096))  # 512 rows
     # the fused path was fastest or tied at every measured H200 point (32..512 rows per expert)
     assert (low.impl, low.origin) == ("triton", "heuristic") and low.config.up.BLOCK_M == 64
     assert (high.impl, high.origin) == ("triton", "heuristic") and high.config.up.BLOCK_M == 128
@@ -526,7 +534,7 @@ def test_published_mi325x_crossover(monkeypatch):
     assert counts["crossover"] >= 2 and {M.OP.static_key(BIG), M.OP.static_key(e64)} <= keys
     for dims, T, want in [(BIG, 512, "triton"), (BIG, 1024, "triton"), (BIG, 4096, "grouped_mm"),
                           (e64, 2048, "triton"), (e64, 4096, "triton"), (e64, 8192, "grouped_mm")]:
-        d = dispatch.select("moe_experts", arch="mi325x", dtype="bf16", **dict(dims, tokens=T))
+        d = dispatch.decision(dispatch, "moe_experts", arch="mi325x", dtype="bf16", **dict(dims, tokens=T))
         assert (d.impl, d.origin) == (want, "crossover"), (dims["experts"], T, d.reason)
         assert "published" in d.reason
         if want == "triton":
@@ -541,15 +549,15 @@ def test_pinned_configs(monkeypatch):
     dispatch.reset()
     d = dispatch.decision(M.OP, x.bfloat16(), **dims)
     assert (d.impl, d.origin, d.arch) == ("triton", "pinned", "mi325x") and "HIP-safe" in d.reason
-    assert _hip_safe(d.config) and d.config == M._PINNED_HIP
+    assert _hip_safe(d.config) and d.config == C.PINNED_HIP
     d = dispatch.decision(M.OP, x, **dims)   # fp32 tiles are twice the bytes: the first HIP config within 64 KiB
-    assert d.origin == "pinned" and M._fits(d.config, backend.profile("mi325x"), dims, torch.float32)
+    assert d.origin == "pinned" and _fits(d.config, backend.profile("mi325x"), dims, torch.float32)
     case = _case(dims)           # the pinned HIP config computes right (through the interpreter)
     _check_all(_run("triton", case, d.config), _dense_fp64(case), torch.float32, dims)
     monkeypatch.setenv("LIGER_RT_ARCH", "hopper")
     dispatch.reset()
     d = dispatch.decision(M.OP, x.bfloat16(), **dims)
-    assert (d.origin, d.config) == ("pinned", M._PINNED_CUDA)
+    assert (d.origin, d.config) == ("pinned", C.PINNED_CUDA)
     monkeypatch.setenv("LIGER_FUSED_MOE_AUTOTUNE", "1")
     dispatch.reset()
     assert dispatch.decision(M.OP, x, **dims).origin == "heuristic"

@@ -12,6 +12,9 @@ import importlib.util
 import io
 import inspect
 import pickle
+import subprocess
+import sys
+import types
 import warnings
 
 import pytest
@@ -115,6 +118,15 @@ def test_supported_models_is_the_allowlist():
     assert liger_rt.patch is not None and callable(liger_rt.patch)
 
 
+def test_the_patchers_are_plain_functions():
+    from liger_rt.patch import describe, patch                # the package's modules load: the name stays
+    import liger_rt.patch as imported
+    assert liger_rt.patch is patch is imported and type(patch) is types.FunctionType
+    assert liger_rt.patch.describe is describe and liger_rt.patch.PatchWarning is core.PatchWarning
+    light = "import sys, liger_rt; liger_rt.patch, liger_rt.unpatch; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", light], check=True)  # import liger_rt stays free of torch
+
+
 # -- instance patching: numerics ----------------------------------------------------------------------------
 
 @NORM_MLP
@@ -159,7 +171,7 @@ def test_every_targeted_module_goes_through_liger(monkeypatch, fallback):
     assert len(norms.calls) == len(norm_weights)                        # once each: no double wrapping
     assert len(swiglu.calls) == len(_modules(model, "Qwen3MLP"))
     for m in _modules(model, "Qwen3RMSNorm") + _modules(model, "Qwen3MLP"):
-        assert isinstance(m.__dict__["forward"], _swaps.BoundForward) and m.__dict__["forward"].__self__ is m
+        assert isinstance(m.__dict__["forward"], types.MethodType) and m.__dict__["forward"].__self__ is m
 
     liger_rt.unpatch(model)
     norms.calls.clear(), swiglu.calls.clear()
@@ -505,6 +517,28 @@ def test_patched_forwards_keep_the_host_signature(preset, level, fallback):
 
 
 @needs("fused_linear_cross_entropy")
+def test_instance_forwards_are_plain_bound_methods(fallback):
+    """What introspecting callers read (Liger-Kernel's instance-patch tests among them): a bound method of
+    the module whose function wears the replaced forward's name, doc, ``__wrapped__`` and signature."""
+    model = build_model("qwen3-tiny")
+    norm, mlp = model.model.norm, model.model.layers[0].mlp
+    before = {m: (m.forward.__func__, inspect.getsource(m.forward)) for m in (model, norm, mlp)}
+    liger_rt.patch(model, fused_linear_cross_entropy=True)
+    for module, ours in ((model, liger_rt.layers.loss.causal_lm_forward),
+                         (norm, liger_rt.layers.norms.rms_norm_forward), (mlp, liger_rt.layers.mlp.swiglu_forward)):
+        host, source = before[module]
+        forward = module.forward
+        assert type(forward) is types.MethodType and forward.__self__ is module
+        assert forward.__func__.__wrapped__.__func__ is host and forward.__func__._liger_rt_function is ours
+        assert (forward.__name__, forward.__doc__, forward.__module__) == (host.__name__, host.__doc__, host.__module__)
+        assert inspect.getsource(forward) == source           # unwrapped to the host's, as functools.wraps gives
+        assert inspect.getsource(forward.__func__.__code__) == inspect.getsource(ours)
+    assert list(inspect.signature(norm.forward).parameters) == ["hidden_states"]
+    liger_rt.unpatch(model)
+    assert all(m.forward.__func__ is before[m][0] for m in before)
+
+
+@needs("fused_linear_cross_entropy")
 @pytest.mark.parametrize("level", ["instance", "class"])
 def test_fused_loss_binds_positional_arguments_like_the_host(level, fallback):
     base, new = _pair("qwen3-tiny")
@@ -743,7 +777,7 @@ def test_a_rope_patched_model_saves_whole_and_loads_back_patched(how, fallback):
     else:
         loaded = pickle.loads(pickle.dumps(model))
     assert liger_rt.patch.describe(loaded) == liger_rt.patch.describe(model)
-    assert isinstance(loaded.model.norm.__dict__["forward"], _swaps.BoundForward)
+    assert isinstance(loaded.model.norm.__dict__["forward"], types.MethodType)
     assert loaded.model.norm.forward.__self__ is loaded.model.norm
     ids, mask, labels = _inputs()
     want = model(input_ids=ids, attention_mask=mask, labels=labels)

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from liger_rt.autograd import call_impl
 import liger_rt.ops
 from liger_rt import autotune, backend, dispatch
+from liger_rt.kernels import gated_mlp as gm
 from liger_rt.kernels import swiglu as sw
 from liger_rt.kernels._common import next_pow2
 from liger_rt.numerics import assert_close
@@ -52,7 +53,7 @@ def _check(outs, refs, dtype, what=""):
 
 
 def _heuristic(cols):
-    return sw._heuristic(CPU, {"rows": 1, "cols": cols}, torch.float32)
+    return gm.heuristic(CPU, {"rows": 1, "cols": cols}, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -140,7 +141,7 @@ def test_candidate_spaces_are_modest_and_arch_aware():
             dims = {"rows": 16384, "cols": cols}
             cands = sw.OP.candidates_for(sw.OP.impl("triton"), arch, dims, torch.bfloat16)
             assert 1 <= len(cands) <= 12
-            for c in cands + [sw._heuristic(arch, dims, torch.bfloat16)]:
+            for c in cands + [gm.heuristic(arch, dims, torch.bfloat16)]:
                 assert c.num_warps <= arch.max_num_warps and c.bwd_num_warps <= arch.max_num_warps
                 assert c.ROWS * min(c.BLOCK_N, next_pow2(cols)) <= 16384   # elements per tile
 
@@ -188,12 +189,12 @@ def test_errors_and_fallbacks(monkeypatch):
 
 
 def test_plan():
-    cpu = sw._plan(None, CPU, quick=False)
+    cpu = gm.plan(None, CPU, quick=False)
     assert cpu and all(d["rows"] <= 32 and d["cols"] <= 128 for d in cpu)
-    assert sw._plan(get_preset("llama-tiny"), CPU, quick=True) == [{"rows": 8, "cols": 96}]
+    assert gm.plan(get_preset("llama-tiny"), CPU, quick=True) == [{"rows": 8, "cols": 96}]
     hopper = backend.profile("hopper")
-    assert sw._plan(get_preset("qwen3-4b"), hopper, quick=True) == [{"rows": 4096, "cols": 9728}]
-    assert {"rows": 16384, "cols": 12288} in sw._plan(None, hopper, quick=False)
+    assert gm.plan(get_preset("qwen3-4b"), hopper, quick=True) == [{"rows": 4096, "cols": 9728}]
+    assert {"rows": 16384, "cols": 12288} in gm.plan(None, hopper, quick=False)
 
 
 @pytest.mark.parametrize("impl", ["triton", "torch"])
@@ -217,4 +218,4 @@ def test_torch_compile_fullgraph_dynamic(monkeypatch, impl):
 
 
 def test_custom_op_fakes_match_the_kernels():
-    assert_fakes_match(sw.OP, sw._make_case({"rows": 6, "cols": 40}, torch.float32, "cpu"), _heuristic(40))
+    assert_fakes_match(sw.OP, gm.make_case({"rows": 6, "cols": 40}, torch.float32, "cpu"), _heuristic(40))

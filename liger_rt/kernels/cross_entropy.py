@@ -15,8 +15,11 @@ Semantics (PyTorch's ``F.cross_entropy`` on fp32 logits, plus three extensions):
 - ``softcap`` c: Gemma-2's final-logit softcapping, the loss is taken on ``c * tanh(logits / c)``.
 - A target outside [0, vocab) that is not ``ignore_index`` gives that row a NaN loss and NaN
   gradient (PyTorch raises).  Raising needs the targets on the host, a device sync per call that
-  stops the host running ahead of the GPU (issue 19); ``tl.device_assert`` is compiled out unless
-  Triton runs with debug on, and when it fires it leaves the CUDA context unusable.
+  stops the host running ahead of the GPU; ``tl.device_assert`` is compiled out unless Triton runs
+  with debug on, and when it fires it leaves the CUDA context unusable.
+
+The argument checks, the reduction, the launch space and the online softmax of the forward pass are
+the linear-softmax family's (linear_softmax.py), shared with the fused linear losses.
 """
 from __future__ import annotations
 
@@ -32,8 +35,8 @@ from ..config import WARPS, Config, knob, pow2
 from ..dispatch import call, register
 from ..op import Case, Impl, Op
 from ._common import as_rows, next_pow2, to_dtype, triton_available
-
-REDUCTIONS = ("mean", "sum", "none")
+from .linear_softmax import (ce_launch, ce_launches, check_args, check_target, denominator, grad_scale,
+                             increment_version, online_softmax, reduce_rows, tanh, zero_row)
 
 
 def cross_entropy_ref(logits, target, ignore_index: int = -100, reduction: str = "mean",
@@ -41,7 +44,7 @@ def cross_entropy_ref(logits, target, ignore_index: int = -100, reduction: str =
                       num_items_in_batch=None, inplace_backward: bool = False):
     """The loss in fp32 with PyTorch ops (the `torch` implementation; `inplace_backward` is ignored):
     logits (..., vocab), target (...) int -> 0-d fp32, or target's shape for "none"."""
-    _check_args(reduction, label_smoothing, softcap, num_items_in_batch)
+    check_args(reduction, label_smoothing, softcap, num_items_in_batch)
     vocab = logits.shape[-1]
     x = logits.reshape(-1, vocab).float()
     t = target.reshape(-1)
@@ -57,60 +60,7 @@ def cross_entropy_ref(logits, target, ignore_index: int = -100, reduction: str =
     total = loss.sum()
     if reduction == "sum" and num_items_in_batch is None:
         return total
-    return total / _denominator(valid, num_items_in_batch, total.device)
-
-
-def _check_args(reduction, label_smoothing, softcap, num_items_in_batch) -> None:
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction={reduction!r} is not supported; valid: {', '.join(REDUCTIONS)}")
-    if not 0.0 <= float(label_smoothing) <= 1.0:
-        raise ValueError(f"label_smoothing={label_smoothing} must be in [0, 1]")
-    if softcap is not None and not float(softcap) > 0.0:
-        raise ValueError(f"softcap={softcap} must be a positive number (or None to disable)")
-    if num_items_in_batch is not None and reduction == "none":
-        raise ValueError("num_items_in_batch divides a summed loss; use reduction='sum' or 'mean' with it")
-
-
-def check_target(target: torch.Tensor, rows: int, what: str, device: torch.device) -> None:
-    """Integer class ids on `device`, one per row of `what` (logits or x): a one-line error otherwise."""
-    if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
-        raise TypeError(f"target must hold integer class ids (int64 or int32), got {target.dtype}; "
-                        f"class probabilities are not supported")
-    if target.device != device:
-        raise ValueError(f"target is on {target.device}, {what} on {device}: move the target there")
-    if target.numel() != rows:
-        raise ValueError(f"target {tuple(target.shape)} does not match {what} (expected {rows} ids, "
-                         f"e.g. {what}'s leading dims); shift labels before the call")
-
-
-def _denominator(valid: torch.Tensor, num_items_in_batch, device) -> torch.Tensor:
-    """fp32 0-d divisor on `device`, without a host sync: the non-ignored count or
-    num_items_in_batch; 0 becomes 1 so that an all-ignored batch gives 0, not NaN."""
-    if num_items_in_batch is None:
-        n = valid.sum().to(torch.float32)
-    elif isinstance(num_items_in_batch, torch.Tensor):
-        n = num_items_in_batch.to(device=device, dtype=torch.float32, non_blocking=True)
-    else:
-        n = torch.full((), float(num_items_in_batch), device=device)
-    return torch.where(n == 0, torch.ones_like(n), n)
-
-
-def grad_scale(target: torch.Tensor, ignore_index: int, reduction: str, num_items) -> torch.Tensor:
-    """fp32 (1,) gradient scale of the summed per-row losses: 1/n for mean or with num_items."""
-    if reduction == "none" or (reduction == "sum" and num_items is None):
-        return torch.ones(1, device=target.device, dtype=torch.float32)
-    return (1.0 / _denominator(target != ignore_index, num_items, target.device)).reshape(1)
-
-
-def reduce_rows(loss_rows: torch.Tensor, scale: torch.Tensor, reduction: str, shape) -> torch.Tensor:
-    return loss_rows.view(shape) if reduction == "none" else loss_rows.sum() * scale[0]
-
-
-@triton.jit
-def _tanh(x):
-    # tl.tanh is not in every Triton release (3.6 and 3.9 must both work); exp-based tanh is exact
-    # to fp32 rounding in absolute terms and saturates to +-1 where exp overflows.
-    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+    return total / denominator(valid, num_items_in_batch, total.device)
 
 
 @triton.jit
@@ -128,43 +78,27 @@ def _cross_entropy_kernel(
     p_x = X + row * stride_x
     p_g = G + row * stride_g
     y = tl.load(Y + row).to(tl.int64)
-    o_v = tl.arange(0, BLOCK_V)
 
     if y == ignore_index:
         if FWD:
             tl.store(LOSS + row, 0.0)
             tl.store(LSE + row, 0.0)
         if HAS_GRAD:
-            for start in range(0, n_cols, BLOCK_V):
-                o = start + o_v
-                tl.store(p_g + o, tl.zeros([BLOCK_V], dtype=tl.float32).to(G.dtype.element_ty), mask=o < n_cols)
+            zero_row(p_g, n_cols, BLOCK_V)
         return
 
     in_range = (y >= 0) & (y < n_cols)   # outside: NaN loss and gradient (see the module docstring)
     if FWD:
-        # running max m, running sum d of exp(x - m), and the row sum for label smoothing
-        m = float("-inf")
-        d = 0.0
-        b_sum = 0.0
-        for start in range(0, n_cols, BLOCK_V):
-            o = start + o_v
-            m_v = o < n_cols
-            x = tl.load(p_x + o, mask=m_v, other=0.0).to(tl.float32)
-            if HAS_SOFTCAP:
-                x = softcap * _tanh(x / softcap)
-            if HAS_SMOOTHING:
-                b_sum += tl.sum(tl.where(m_v, x, 0.0), axis=0)
-            x = tl.where(m_v, x, float("-inf"))
-            m_new = tl.maximum(m, tl.max(x, axis=0))
-            d = d * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
-            m = m_new
+        # one online pass: running max m, running sum d of exp(x - m), and the row sum for label smoothing
+        m, d, _, x_sum = online_softmax(p_x, p_x, n_cols, 1.0, softcap, BLOCK_V, HAS_SOFTCAP=HAS_SOFTCAP,
+                                        ROW_SUM=HAS_SMOOTHING)
         lse = m + tl.log(d)
         x_y = tl.load(p_x + y, mask=in_range, other=0.0).to(tl.float32)
         if HAS_SOFTCAP:
-            x_y = softcap * _tanh(x_y / softcap)
+            x_y = softcap * tanh(x_y / softcap)
         loss = lse - (1.0 - label_smoothing) * x_y
         if HAS_SMOOTHING:
-            loss -= label_smoothing / n_cols * b_sum
+            loss -= label_smoothing / n_cols * x_sum
         if HAS_Z_LOSS:
             loss += lse_square_scale * lse * lse
         tl.store(LOSS + row, tl.where(in_range, loss, float("nan")))
@@ -178,12 +112,13 @@ def _cross_entropy_kernel(
         p_scale = scale
         if HAS_Z_LOSS:
             p_scale = scale * (1.0 + 2.0 * lse_square_scale * lse)
+        o_v = tl.arange(0, BLOCK_V)
         for start in range(0, n_cols, BLOCK_V):
             o = start + o_v
             m_v = o < n_cols
             x = tl.load(p_x + o, mask=m_v, other=0.0).to(tl.float32)
             if HAS_SOFTCAP:
-                t = _tanh(x / softcap)
+                t = tanh(x / softcap)
                 x = softcap * t
             g = tl.exp(x - lse) * p_scale
             if HAS_SMOOTHING:
@@ -211,13 +146,6 @@ def cross_entropy_rows(config, logits, target, loss, lse, ignore_index, label_sm
         BLOCK_V=min(config.BLOCK_V, next_pow2(n_cols)), FWD=fwd, HAS_GRAD=grad is not None,
         HAS_SMOOTHING=label_smoothing > 0.0, HAS_Z_LOSS=lse_square_scale != 0.0, HAS_SOFTCAP=softcap is not None,
         RNE_BF16=interpreter_on(), num_warps=config.num_warps)
-
-
-def increment_version(t: torch.Tensor) -> None:
-    """Tell autograd that a kernel wrote `t` in place: a node that saved it then raises."""
-    fn = getattr(torch.autograd.graph, "increment_version", None)
-    if fn is not None:
-        fn(t)
 
 
 def _forward(config, logits, target, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
@@ -260,7 +188,7 @@ class CrossEntropyConfig(Config):
 
 def _dims(logits, target, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, num_items,
           inplace) -> dict:
-    _check_args(reduction, label_smoothing, softcap, num_items)
+    check_args(reduction, label_smoothing, softcap, num_items)
     if logits.dim() < 1 or logits.shape[-1] < 1:
         raise ValueError(f"cross_entropy: logits must be (..., vocab) with vocab >= 1, got {tuple(logits.shape)}")
     vocab = logits.shape[-1]
@@ -299,25 +227,11 @@ def _make_case(dims, dtype, device):
 
 
 def _configs(arch, dims, dtype):
-    """BLOCK_V x num_warps, 4..64 fp32 elements per thread, BLOCK_V at most the padded vocab."""
-    vmax = next_pow2(dims["vocab"])
-    if arch.name == "cpu":   # the interpreter ignores warps; larger blocks mean fewer Python loop trips
-        return [CrossEntropyConfig(BLOCK_V=min(b, vmax), num_warps=4) for b in (64, 256, 1024)]
-    return [CrossEntropyConfig(BLOCK_V=block, num_warps=warps) for block in (1024, 2048, 4096, 8192, 16384, 32768)
-            for warps in (4, 8, 16, 32) if 4 <= block // (warps * arch.warp_size) <= 64 and block <= max(vmax, 1024)]
+    return [CrossEntropyConfig(**launch) for launch in ce_launches(arch, dims["vocab"])]
 
 
 def _heuristic(arch, dims, dtype):
-    # Liger-Kernel's launch (BLOCK = min(32768, next_pow2(V)), 32 warps on CUDA, 16 wave64 on HIP):
-    # the one used at these vocab sizes upstream; to be measured per arch by the sweep.
-    vmax = next_pow2(dims["vocab"])
-    if arch.name == "cpu":
-        return CrossEntropyConfig(BLOCK_V=min(1024, vmax), num_warps=4)
-    block = min(32768, vmax)
-    warps = 16 if arch.warp_size == 64 else 32
-    while warps > 4 and block // (warps * arch.warp_size) < 4:
-        warps //= 2
-    return CrossEntropyConfig(BLOCK_V=block, num_warps=min(warps, arch.max_num_warps))
+    return CrossEntropyConfig(**ce_launch(arch, dims["vocab"]))
 
 
 def _plan(preset, arch, quick):

@@ -30,8 +30,9 @@ from ..config import WARPS, Config, knob, pow2
 from ..dispatch import call, register
 from ..op import Case, Impl, Op
 from ._common import as_rows, to_dtype, triton_available
-from .cross_entropy import (_check_args, _configs as _ce_configs, _heuristic as _ce_heuristic, check_target,
-                            cross_entropy_ref, cross_entropy_rows, grad_scale, increment_version, reduce_rows)
+from .cross_entropy import cross_entropy_ref, cross_entropy_rows
+from .linear_softmax import (FLOOR, MiB, ce_launch, ce_launches, check_args, check_target, chunk_grads, chunk_spans,
+                             device_kind, grad_scale, increment_version, linear_plan, reduce_rows)
 
 
 def fused_linear_cross_entropy_ref(x, weight, target, bias=None, ignore_index: int = -100, reduction: str = "mean",
@@ -76,11 +77,10 @@ def _run(config, args, need, scale):
     gx, gw = (torch.empty_like(t) if n else None for t, n in ((x, need[0]), (weight, need[1])))
     gb = torch.zeros(vocab, device=x.device, dtype=torch.float32) if need[2] else None
     loss, lse = (torch.empty(tokens, device=x.device, dtype=torch.float32) for _ in range(2))
-    chunk = config.chunk if 0 < config.chunk < tokens else max(tokens, 1)
-    buf = torch.empty(min(chunk, tokens), vocab, device=x.device, dtype=x.dtype)
+    spans = chunk_spans(config.chunk, tokens)
+    buf = torch.empty(max((e - s for s, e in spans), default=0), vocab, device=x.device, dtype=x.dtype)
     with torch.autocast(x.device.type, enabled=False):     # the launchers chose the dtypes; out= GEMMs
-        for i, s in enumerate(range(0, tokens, chunk)):
-            e = min(s + chunk, tokens)
+        for i, (s, e) in enumerate(spans):
             xc, logits = x[s:e], buf[: e - s]
             if bias is None:
                 torch.matmul(xc, weight.t(), out=logits)
@@ -89,15 +89,7 @@ def _run(config, args, need, scale):
             cross_entropy_rows(config, logits, target[s:e], loss[s:e], lse[s:e], ignore_index, label_smoothing,
                                lse_square_scale, softcap, grad=logits if any(need) else None,
                                scale=scale if scale.numel() == 1 else scale[s:e])
-            if gx is not None:
-                torch.matmul(logits, weight, out=gx[s:e])
-            if gw is not None:
-                if i == 0:
-                    torch.matmul(logits.t(), xc, out=gw)   # beta = 0: no zero-fill, no read of gw
-                else:
-                    gw.addmm_(logits.t(), xc)
-            if gb is not None:
-                gb += logits.sum(0, dtype=torch.float32)
+            chunk_grads(logits, xc, weight, (s, e), gx, gw, gb, first=i == 0)
     return loss, [gx, gw, None if gb is None else gb.to(bias.dtype)]
 
 
@@ -163,7 +155,7 @@ class FusedLinearCrossEntropyConfig(Config):
 
 def _dims(x, weight, target, bias, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, num_items,
           grads, inplace) -> dict:
-    _check_args(reduction, label_smoothing, softcap, num_items)
+    check_args(reduction, label_smoothing, softcap, num_items)
     hidden = x.shape[-1] if x.dim() else 0
     if x.dim() < 1 or weight.dim() != 2 or weight.shape[1] != hidden or weight.shape[0] < 1:
         raise ValueError(f"weight must be (vocab, hidden={hidden}) with vocab >= 1; got {tuple(weight.shape)}")
@@ -203,8 +195,6 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
                 not torch.compiler.is_compiling())
 
 
-MiB = 1 << 20
-
 # Peak bytes of one chunk of logits (chunk * vocab * element bytes) that a config may use: the sweep
 # measures only chunks under it and the heuristic takes the largest, so a tuned DB row never trades
 # the memory saving for speed.
@@ -212,20 +202,13 @@ MiB = 1 << 20
 #  - hopper/blackwell/ampere: 160 MiB, from the H200 memory targets (not timed): at BT8192 H2560
 #    V151936 bf16, dW + dX are 0.778 + 0.042 GB, so a 1.0 GB target leaves 0.18 GB of logits (chunk
 #    <= 592 rows); at BT8192 H2048 V65536, 0.5 GB leaves 0.198 GB (chunk <= 1510); 160 MiB admits
-#    512 and 1280 rows there.  Time per chunk size: benchmarks/results/flce_chunks_h200_quick.csv.
+#    512 and 1280 rows there.  Time per chunk size: the `triton@chunk=N` arms of benchmarks/data/kernels.csv.
 #  - cpu (interpreter): tiny, so that CI shapes run several chunks.
 _LOGITS_BUDGET = {"hopper": 160 * MiB, "blackwell": 160 * MiB, "ampere": 160 * MiB, "cpu": 4 * 1024}
 _HIP_BUDGET = 128 * MiB
-# Below 256 token rows the dX GEMM (M=chunk, N=hidden, K=vocab) has too few output tiles to fill
-# 132 SMs / 304 CUs (2 x 20 tiles of 128x128 at H2560) and dW is re-read per chunk: the floor holds
-# even when a huge vocab exceeds the budget (Liger-Kernel's default goes down to 256 at V151936).
-_FLOOR = {"gpu": 256, "cpu": 4}
+# chunks never go below linear_softmax.FLOOR (256 token rows on a GPU), whatever the budget
 _GRAIN = {"gpu": 128, "cpu": 4}       # chunk sizes are multiples of this (GEMM tile friendly)
 _CHUNKS = {"gpu": (256, 512, 768, 1024, 1280, 1536, 2048, 3072, 4096, 8192, 16384), "cpu": (4, 8, 16)}
-
-
-def _kind(arch) -> str:
-    return "cpu" if arch.name == "cpu" else "gpu"
 
 
 def logits_budget(arch) -> int:
@@ -234,31 +217,28 @@ def logits_budget(arch) -> int:
 
 def budget_chunk(arch, vocab: int, dtype: torch.dtype) -> int:
     """The largest chunk (a multiple of the grain) whose logits fit the budget, never below the floor."""
-    kind = _kind(arch)
+    kind = device_kind(arch)
     rows = logits_budget(arch) // (vocab * torch.empty((), dtype=dtype).element_size())
-    return max(c for c in (_FLOOR[kind], *CHUNKS) if c % _GRAIN[kind] == 0 and (c <= rows or c == _FLOOR[kind]))
+    return max(c for c in (FLOOR[kind], *CHUNKS) if c % _GRAIN[kind] == 0 and (c <= rows or c == FLOOR[kind]))
 
 
 def _configs(arch, dims, dtype):
     """Chunks under the budget (0: all tokens at once, where they fit) x the cross-entropy heuristic
     launch and its neighbours (half the block, half the warps)."""
     tokens, cap = dims["tokens"], budget_chunk(arch, dims["vocab"], dtype)
-    chunks = sorted({c for c in (*_CHUNKS[_kind(arch)], cap) if c <= cap and c < tokens})
-    ce_dims = {"rows": tokens, "vocab": dims["vocab"]}
-    base = _ce_heuristic(arch, ce_dims, dtype)
-    launches = [base] + [c for c in _ce_configs(arch, ce_dims, dtype) if c != base
-                         and c.BLOCK_V in (base.BLOCK_V, base.BLOCK_V // 2)
-                         and c.num_warps in (base.num_warps, base.num_warps // 2)]
-    return [FusedLinearCrossEntropyConfig(chunk=c, BLOCK_V=ce.BLOCK_V, num_warps=ce.num_warps)
-            for c in chunks + [0] * (tokens <= cap) for ce in launches]
+    chunks = sorted({c for c in (*_CHUNKS[device_kind(arch)], cap) if c <= cap and c < tokens})
+    base = ce_launch(arch, dims["vocab"])
+    launches = [base] + [ln for ln in ce_launches(arch, dims["vocab"]) if ln != base
+                         and ln["BLOCK_V"] in (base["BLOCK_V"], base["BLOCK_V"] // 2)
+                         and ln["num_warps"] in (base["num_warps"], base["num_warps"] // 2)]
+    return [FusedLinearCrossEntropyConfig(chunk=c, **launch) for c in chunks + [0] * (tokens <= cap)
+            for launch in launches]
 
 
 def _heuristic(arch, dims, dtype):
     # the largest chunk under the budget (fewest, largest GEMMs; dW read once per chunk), Liger's CE launch
     cap = budget_chunk(arch, dims["vocab"], dtype)
-    ce = _ce_heuristic(arch, {"rows": dims["tokens"], "vocab": dims["vocab"]}, dtype)
-    return FusedLinearCrossEntropyConfig(chunk=0 if dims["tokens"] <= cap else cap, BLOCK_V=ce.BLOCK_V,
-                                         num_warps=ce.num_warps)
+    return FusedLinearCrossEntropyConfig(chunk=0 if dims["tokens"] <= cap else cap, **ce_launch(arch, dims["vocab"]))
 
 
 def _make_case(dims, dtype, device):
@@ -271,19 +251,6 @@ def _make_case(dims, dtype, device):
     # reduction "sum": dW and dX keep magnitudes the validation tolerance can see
     return Case(args=(x, w, target.to(device), None, -100, "sum", 0.0, 0.0, None, None, 3, True),
                 grads=(torch.tensor(1.0, device=device),))
-
-
-def linear_plan(preset, arch, quick: bool, gpu_shapes: list) -> list[dict]:
-    """Sweep dims of a fused lm_head op: tiny shapes on cpu (the interpreter), a preset's hidden
-    and vocab at its token counts, else `gpu_shapes` ((tokens, hidden, vocab) each)."""
-    if arch.name == "cpu":
-        hidden, vocab = (preset.hidden, preset.vocab) if preset is not None and preset.tiny else (32, 199)
-        shapes = [(t, hidden, vocab) for t in ((16,) if quick else (16, 64))]
-    elif preset is not None:
-        shapes = [(t, preset.hidden, preset.vocab) for t in (preset.quick_tokens if quick else preset.tokens)]
-    else:
-        shapes = gpu_shapes
-    return [{"tokens": t, "hidden": h, "vocab": v} for t, h, v in shapes]
 
 
 def _plan(preset, arch, quick):

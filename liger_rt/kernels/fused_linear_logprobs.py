@@ -32,7 +32,8 @@ from ..config import WARPS, Config, knob, pow2
 from ..dispatch import call, register
 from ..op import Case, Impl, Op
 from ._common import next_pow2, to_dtype, triton_available, warps_for
-from .fused_linear_cross_entropy import _FLOOR, MiB, _kind, linear_plan
+from .linear_softmax import (FLOOR, MiB, chunk_grads, chunk_spans, device_kind, linear_plan, load_logits,
+                             online_softmax, zero_row)
 
 
 def fused_linear_logprobs_ref(x, weight, target, bias=None, temperature: float = 1.0, ignore_index: int = -100):
@@ -50,8 +51,8 @@ def fused_linear_logprobs_ref(x, weight, target, bias=None, temperature: float =
 @triton.jit
 def _logprobs_fwd_kernel(L, stride_l, B, T, LP, ENT, LSE, SBAR, V, inv_t, ignore_index,
                          BLOCK_V: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """One row per program, one online pass over the vocab: running max m, d = sum exp(z - m) and
-    s = sum exp(z - m) * (z - m) (shifted, so the entropy keeps fp32 precision at large logits)."""
+    """One row per program, one online pass over the vocab (the family's online_softmax): running max m,
+    d = sum exp(z - m) and s = sum exp(z - m) * (z - m), shifted so the entropy keeps fp32 precision."""
     row = tl.program_id(0).to(tl.int64)
     t = tl.load(T + row).to(tl.int64)
     if t == ignore_index:
@@ -61,31 +62,12 @@ def _logprobs_fwd_kernel(L, stride_l, B, T, LP, ENT, LSE, SBAR, V, inv_t, ignore
         tl.store(SBAR + row, 0.0)
         return
     p_l = L + row * stride_l
-    o_v = tl.arange(0, BLOCK_V)
-    m = float("-inf")
-    d = 0.0
-    s = 0.0
-    for start in range(0, V, BLOCK_V):
-        o = start + o_v
-        m_v = o < V
-        z = tl.load(p_l + o, mask=m_v, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            z += tl.load(B + o, mask=m_v, other=0.0).to(tl.float32)
-        z = tl.where(m_v, z * inv_t, float("-inf"))
-        m_new = tl.maximum(m, tl.max(z, axis=0))
-        a = tl.exp(m - m_new)
-        e = tl.exp(z - m_new)
-        # rebase s from m to m_new: sum e'(z - m_new) = a * (s + d * (m - m_new)); d == 0 at first
-        s = a * (s + d * tl.where(d > 0.0, m - m_new, 0.0)) + tl.sum(e * tl.where(m_v, z - m_new, 0.0), axis=0)
-        d = d * a + tl.sum(e, axis=0)
-        m = m_new
+    m, d, s, _ = online_softmax(p_l, B, V, inv_t, 1.0, BLOCK_V, HAS_BIAS=HAS_BIAS, TEMPERED=True, ENTROPY=True)
     log_d = tl.log(d)
     lse = m + log_d
     in_range = (t >= 0) & (t < V)
-    z_t = tl.load(p_l + t, mask=in_range, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        z_t += tl.load(B + t, mask=in_range, other=0.0).to(tl.float32)
-    tl.store(LP + row, tl.where(in_range, z_t * inv_t - lse, float("nan")))
+    z_t = load_logits(p_l, B, t, in_range, inv_t, HAS_BIAS=HAS_BIAS, TEMPERED=True)
+    tl.store(LP + row, tl.where(in_range, z_t - lse, float("nan")))
     tl.store(ENT + row, log_d - s / d)
     tl.store(LSE + row, lse)
     tl.store(SBAR + row, m + s / d)            # sum_j p_j z_j
@@ -102,11 +84,8 @@ def _logprobs_bwd_kernel(L, stride_l, DZ, stride_dz, B, T, LSE, SBAR, GLP, GH, V
     t = tl.load(T + row).to(tl.int64)
     p_l = L + row * stride_l
     p_dz = DZ + row * stride_dz
-    o_v = tl.arange(0, BLOCK_V)
     if t == ignore_index:
-        for start in range(0, V, BLOCK_V):
-            o = start + o_v
-            tl.store(p_dz + o, tl.zeros([BLOCK_V], dtype=tl.float32).to(DZ.dtype.element_ty), mask=o < V)
+        zero_row(p_dz, V, BLOCK_V)
         return
     lse = tl.load(LSE + row)
     sbar = tl.load(SBAR + row)
@@ -116,13 +95,11 @@ def _logprobs_bwd_kernel(L, stride_l, DZ, stride_dz, B, T, LSE, SBAR, GLP, GH, V
         g_lp = tl.load(GLP + row).to(tl.float32)
     if HAS_GH:
         g_h = tl.load(GH + row).to(tl.float32)
+    o_v = tl.arange(0, BLOCK_V)
     for start in range(0, V, BLOCK_V):
         o = start + o_v
         m_v = o < V
-        z = tl.load(p_l + o, mask=m_v, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            z += tl.load(B + o, mask=m_v, other=0.0).to(tl.float32)
-        z = z * inv_t
+        z = load_logits(p_l, B, o, m_v, inv_t, HAS_BIAS=HAS_BIAS, TEMPERED=True)
         p = tl.exp(z - lse)
         g = -p * (g_lp + g_h * (z - sbar))
         g = tl.where(o == t, g + g_lp, g) * inv_t
@@ -162,13 +139,8 @@ def _chunk_logits(xc: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> 
     return torch.mm(xc, weight.t(), out_dtype=out.dtype, out=out)
 
 
-def _chunks(config, tokens: int) -> list[tuple[int, int]]:
-    chunk = config.chunk if 0 < config.chunk < tokens else max(tokens, 1)
-    return [(s, min(s + chunk, tokens)) for s in range(0, tokens, chunk)]
-
-
 def _buffer(x: torch.Tensor, config, vocab: int) -> torch.Tensor:
-    rows = max(e - s for s, e in _chunks(config, x.shape[0]))
+    rows = max(e - s for s, e in chunk_spans(config.chunk, x.shape[0]))
     return torch.empty(rows, vocab, device=x.device, dtype=_logits_dtype(x))
 
 
@@ -181,7 +153,7 @@ def _forward(config, x, weight, target, bias, temperature, ignore_index):
     buf = _buffer(x, config, vocab)
     block = min(config.BLOCK_V, next_pow2(vocab))
     with torch.autocast(x.device.type, enabled=False):
-        for s, e in _chunks(config, tokens):
+        for s, e in chunk_spans(config.chunk, tokens):
             logits = _chunk_logits(x[s:e], weight, buf[: e - s])
             _logprobs_fwd_kernel[(e - s,)](
                 logits, logits.stride(0), logits if bias is None else bias, target[s:e], lp[s:e], ent[s:e],
@@ -207,7 +179,7 @@ def _backward(config, args, saved, needs, g_lp, g_h):
     dz_all = buf.view(x.dtype)[:, :vocab] if narrow else buf
     block = min(config.bwd_BLOCK_V, next_pow2(vocab))
     with torch.autocast(x.device.type, enabled=False):
-        for i, (s, e) in enumerate(_chunks(config, tokens)):
+        for i, (s, e) in enumerate(chunk_spans(config.chunk, tokens)):
             xc = x[s:e]
             logits, dz = buf[: e - s], dz_all[: e - s]
             _chunk_logits(xc, weight, logits)
@@ -217,15 +189,7 @@ def _backward(config, args, saved, needs, g_lp, g_h):
                 vocab, 1.0 / temperature, ignore_index, BLOCK_V=block, HAS_BIAS=bias is not None,
                 HAS_GLP=g_lp is not None, HAS_GH=g_h is not None, NARROW=narrow, RNE_BF16=interpreter_on(),
                 num_warps=config.bwd_num_warps)
-            if gx is not None:
-                torch.matmul(dz, weight, out=gx[s:e])
-            if gw is not None:
-                if i == 0:
-                    torch.matmul(dz.t(), xc, out=gw)       # beta = 0: no read of gw
-                else:
-                    gw.addmm_(dz.t(), xc)
-            if gb is not None:
-                gb += dz.sum(0, dtype=torch.float32)
+            chunk_grads(dz, xc, weight, (s, e), gx, gw, gb, first=i == 0)
     return gx, gw, None, None if gb is None else gb.to(bias.dtype), None, None
 
 
@@ -287,29 +251,28 @@ def fused_linear_logprobs(x: torch.Tensor, weight: torch.Tensor, target: torch.T
     return (lp, ent.view(target.shape)) if return_entropy else lp
 
 
-# Bytes the chunk's logits buffer (fp32, rows x vocab) may take.  The issue's target is a peak at
+# Bytes the chunk's logits buffer (fp32, rows x vocab) may take.  The memory target is a peak at
 # most 1/4 of torch.compile's materialised path, which holds the bf16 logits and their gradient
 # (at T16384 V151936: 10 GB, plus dW): so a chunk takes at most tokens/16 rows (its fp32 buffer
 # is 1/8 of the bf16 logits), within the arch budget (1 GiB on hopper and blackwell: 1536 rows at
-# V151936; 512 MiB elsewhere; not measured yet) and never below the floor, rounded down to LADDER.
-# The floor (fused_linear_cross_entropy's _FLOOR): dW (+)= dz.T @ x is a K=chunk GEMM that reads and
-# writes all of dW once per chunk; below ~256 rows it is bound by that traffic (2 x 0.78 GB per
-# chunk at V151936 H2560 bf16).
+# V151936; 512 MiB elsewhere; not measured yet) and never below the family's floor
+# (linear_softmax.FLOOR: 256 rows on a GPU), rounded down to LADDER.
 _BUDGET = {"hopper": 1024 * MiB, "blackwell": 1024 * MiB, "cpu": 16 * 1024}
 _OTHER_BUDGET = 512 * MiB
 
 
 def chunk_cap(arch, dims: dict, share: int = 16) -> int:
     """The most token rows one chunk may take (see above): 1/16 of the tokens, 1/8 for candidates (`share`)."""
-    kind = _kind(arch)
+    kind = device_kind(arch)
     rows = _BUDGET.get(arch.name, _OTHER_BUDGET) // (4 * dims["vocab"])
     if kind == "gpu":
         rows = min(rows, dims["tokens"] // share)
-    return max([_FLOOR[kind]] + [c for c in LADDER if c <= rows])
+    return max([FLOOR[kind]] + [c for c in LADDER if c <= rows])
 
 
-def _launch(arch, block: int, per_thread: int, vocab: int) -> dict:
-    """One launch shape for both kernels: BLOCK_V columns, `per_thread` fp32 values per thread."""
+def _launch(arch, *, vocab: int, block: int, per_thread: int) -> dict:
+    """One launch shape for both kernels: BLOCK_V columns (at most the padded vocab), `per_thread` fp32 values per
+    thread."""
     block = min(block, next_pow2(vocab))
     warps = min(8, warps_for(block, per_thread, arch)) if arch.is_hip else warps_for(block, per_thread, arch)
     return {"BLOCK_V": block, "num_warps": warps, "bwd_BLOCK_V": block, "bwd_num_warps": warps}
@@ -322,21 +285,24 @@ def _heuristic(arch, dims, dtype):
     chunk = 0 if dims["tokens"] <= cap else cap
     if arch.name == "cpu":
         return LogProbsConfig(chunk=chunk, BLOCK_V=256, num_warps=4, bwd_BLOCK_V=256, bwd_num_warps=4)
-    return LogProbsConfig(chunk=chunk, **_launch(arch, 4096, 16, dims["vocab"]))
+    return LogProbsConfig(chunk=chunk, **_launch(arch, vocab=dims["vocab"], block=4096, per_thread=16))
+
+
+# The GPU launches a sweep measures: columns a loop trip, fp32 values per thread.
+LAUNCH_LADDER = (dict(block=4096, per_thread=16), dict(block=8192, per_thread=16), dict(block=8192, per_thread=32))
 
 
 def _configs(arch, dims, dtype):
-    tokens, kind = dims["tokens"], _kind(arch)
+    tokens, kind = dims["tokens"], device_kind(arch)
     if kind == "cpu":   # the interpreter ignores warps: a multi-chunk run with a ragged tail block, one chunk
         return [LogProbsConfig(chunk=8, BLOCK_V=64, num_warps=4, bwd_BLOCK_V=128, bwd_num_warps=4),
                 _heuristic(arch, dims, dtype)]
-    # up to 1/8 of the tokens: on the H200 (session 5) the 1/16 chunk peaked at 6-8% of torch.compile's
+    # up to 1/8 of the tokens: on the H200 the 1/16 chunk peaked at 6-8% of torch.compile's
     # memory (the target allows 25%) and each halving of the chunk count saved time (256 -> 512
     # rows at T8192: 20.6 -> 16.8 ms), so the sweep measures the next larger chunk as well
     cap = chunk_cap(arch, dims, share=8)
-    chunks = [c for c in LADDER if _FLOOR[kind] <= c <= cap and c < tokens] + [0] * (tokens <= cap)
-    launches = [_launch(arch, block, per_thread, dims["vocab"])
-                for block, per_thread in ((4096, 16), (8192, 16), (8192, 32))]
+    chunks = [c for c in LADDER if FLOOR[kind] <= c <= cap and c < tokens] + [0] * (tokens <= cap)
+    launches = [_launch(arch, vocab=dims["vocab"], **step) for step in LAUNCH_LADDER]
     return list(dict.fromkeys(LogProbsConfig(chunk=c, **ln) for c in chunks[-3:] for ln in launches))
 
 
@@ -352,7 +318,7 @@ def _make_case(dims, dtype, device):
 
 
 def _plan(preset, arch, quick):
-    shapes = [(8192, 2048, 65536), (16384, 2560, 151936)]   # the issue's two benchmark shapes
+    shapes = [(8192, 2048, 65536), (16384, 2560, 151936)]   # the two benchmark shapes of docs/logprobs.md
     more = [(4096, 2048, 65536), (4096, 2560, 151936), (8192, 2560, 151936)]
     return linear_plan(preset, arch, quick, shapes if quick else shapes + more)
 

@@ -8,8 +8,9 @@ gelu_tanh(g) = 0.5 g (1 + tanh(z)), z = sqrt(2/pi) (g + 0.044715 g^3), computed 
 (0.5 (1 + tanh(z)) = sigmoid(2z): no tanh, which not every Triton release has).  Its derivative
 is s + 2 g s (1 - s) sqrt(2/pi) (1 + 3 * 0.044715 g^2) with s = sigmoid(2z).
 
-Casting, kernel layout, config and tuning space are swiglu's: both ops stream the same bytes, the
-extra arithmetic here is a few FMAs per element.
+Casting and kernel layout are swiglu's; the checks, tile walk, config and tuning space are the
+gated-MLP family's (gated_mlp.py): both ops stream the same bytes, the extra arithmetic here is a
+few FMAs per element.
 """
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ import triton.language as tl
 
 from ..backend import interpreter_on
 from ._common import as_rows, next_pow2, to_dtype
-from .swiglu import SwiGLUConfig as GeGLUConfig
-from .swiglu import _tile, gated_op, run_gated
+from .gated_mlp import GatedMLPConfig as GeGLUConfig  # noqa: F401  (the op's config, by its name)
+from .gated_mlp import gated_op, run_gated
+from .gated_mlp import tile as _tile
 
 _K = math.sqrt(2.0 / math.pi)
 _C = 0.044715
@@ -95,6 +97,10 @@ def geglu_fwd(gate: torch.Tensor, up: torch.Tensor, config) -> torch.Tensor:
     return y
 
 
+def _forward(config, gate, up):
+    return (geglu_fwd(gate, up, config),), ()
+
+
 def geglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, config) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (dgate in gate.dtype, dup in up.dtype), fresh contiguous tensors."""
     dg = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
@@ -103,16 +109,15 @@ def geglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, config) ->
     return dg, du
 
 
-def _forward(config, gate, up):
-    return (geglu_fwd(gate, up, config),), ()
-
-
 def _backward(config, args, saved, needs, dy):
     return geglu_bwd(dy, *args, config)
 
 
 def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """gelu(gate, approximate="tanh") * up; gate, up (..., cols).  Dispatched per call."""
+    """gelu(gate, approximate="tanh") * up, dispatched per call: gate, up (..., cols) -> (..., cols).
+
+    >>> y = liger_rt.ops.geglu(mlp.gate_proj(x), mlp.up_proj(x))     # Gemma's MLP, then mlp.down_proj(y)
+    """
     return run_gated(OP, gate, up)
 
 

@@ -5,10 +5,10 @@ like nn.LayerNorm: statistics and the affine in fp32, one rounding at the end.
 
     y = liger_rt.ops.layer_norm(x, weight, bias, eps=1e-6)   # x (4, 729, 1152) bf16
 
-Kernels, launch config and tuning space mirror rms_norm.py (the forward also stores the mean; the
-backward writes fp32 partials of dW and dB).  PyTorch's LayerNorm is fast at small hidden sizes:
-the dispatcher picks `torch` wherever the tuning DB measured it faster.  Minimum traffic: fwd
-2MN, bwd 3MN.
+Kernels, launch config and tuning space are the row-norm family's (row_norm.py, shared with
+rms_norm.py): the forward also stores the mean, the persistent backward writes fp32 partials of dW
+and dB.  PyTorch's LayerNorm is fast at small hidden sizes: the dispatcher picks `torch` wherever
+the tuning DB measured it faster.  Minimum traffic: fwd 2MN, bwd 3MN.
 """
 from __future__ import annotations
 
@@ -21,13 +21,11 @@ from ..backend import interpreter_on
 from ..dispatch import call, register
 from ..launch import bind, launch_memo
 from ..op import Case, Impl, Op
-from ._common import RowNormConfig as LayerNormConfig
-from ._common import (next_pow2, norm_bwd, norm_candidates, norm_fwd, partial_sum_tile, persistent_grid, row_layout,
-                      row_plan, to_dtype, triton_available)
-from .rms_norm import _supports
-
-# One row lives in registers (see rms_norm.py); the backward holds two accumulators here.
-MAX_HIDDEN = 32768   # as rms_norm's, whose _supports this op shares
+from ._common import next_pow2, row_layout, row_plan, to_dtype, triton_available
+from .row_norm import MAX_HIDDEN  # noqa: F401  (the op's width limit, as layer_norm.MAX_HIDDEN)
+from .row_norm import (bind_partial_sum, bind_persistent_bwd, check_hidden, load_row_block, norm_bwd, norm_candidates,
+                       norm_fwd, supports)
+from .row_norm import RowNormConfig as LayerNormConfig
 
 
 def layer_norm_ref(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
@@ -66,11 +64,7 @@ def _layer_norm_fwd_kernel(X, W, B, Y, MEAN, RSTD, stride_x, stride_y, M, N, eps
             y += tl.load(B + o_n, mask=m_n, other=0.0).to(tl.float32)
         tl.store(Y + row * stride_y + o_n, to_dtype(y, Y.dtype.element_ty, RNE_BF16), mask=m_n)
     else:
-        o_m = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        m_m = o_m < M
-        mask = m_m[:, None] & m_n[None, :]
-        o_m64 = o_m.to(tl.int64)
-        x = tl.load(X + o_m64[:, None] * stride_x + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        x, o_m, o_m64, m_m, mask = load_row_block(X, stride_x, M, o_n, m_n, ROWS)
         mean = tl.sum(x, axis=1) / N
         xc = tl.where(mask, x - mean[:, None], 0.0)
         rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
@@ -83,75 +77,6 @@ def _layer_norm_fwd_kernel(X, W, B, Y, MEAN, RSTD, stride_x, stride_y, M, N, eps
         tl.store(RSTD + o_m, rstd, mask=m_m)
 
 
-@triton.jit(do_not_specialize=["M"])
-def _layer_norm_bwd_kernel(DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, stride_dy, stride_x, stride_dx,
-                           M, N, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, HAS_BIAS: tl.constexpr,
-                           RNE_BF16: tl.constexpr):
-    """Persistent, as rms_norm.py's: program pid takes rows pid, pid + G, ... (G = grid <= M)."""
-    pid = tl.program_id(0)
-    G = tl.num_programs(0)
-    o_n = tl.arange(0, BLOCK_N)
-    m_n = o_n < N
-    acc_w = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if PREFETCH:  # register double buffering: the next row's loads fly while this row computes
-        p64 = pid.to(tl.int64)
-        dy_nx = tl.load(DY + p64 * stride_dy + o_n, mask=m_n, other=0.0)
-        x_nx = tl.load(X + p64 * stride_x + o_n, mask=m_n, other=0.0)
-    for i in tl.range(0, tl.cdiv(M - pid, G)):
-        row = pid + i * G
-        r64 = row.to(tl.int64)
-        if PREFETCH:
-            dy = dy_nx.to(tl.float32)
-            x = x_nx.to(tl.float32)
-            m_nx = o_n < tl.where(row + G < M, N, 0)   # the next row, if any
-            dy_nx = tl.load(DY + (r64 + G) * stride_dy + o_n, mask=m_nx, other=0.0)
-            x_nx = tl.load(X + (r64 + G) * stride_x + o_n, mask=m_nx, other=0.0)
-        else:
-            dy = tl.load(DY + r64 * stride_dy + o_n, mask=m_n, other=0.0).to(tl.float32)
-            x = tl.load(X + r64 * stride_x + o_n, mask=m_n, other=0.0).to(tl.float32)
-        mean = tl.load(MEAN + r64)
-        rstd = tl.load(RSTD + r64)
-        xhat = tl.where(m_n, (x - mean) * rstd, 0.0)
-        w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)   # L1-resident
-        g = dy * w
-        c1 = tl.sum(g * xhat, axis=0) / N
-        c2 = tl.sum(g, axis=0) / N
-        dx = (g - xhat * c1 - c2) * rstd
-        tl.store(DX + r64 * stride_dx + o_n, to_dtype(dx, DX.dtype.element_ty, RNE_BF16), mask=m_n)
-        acc_w += dy * xhat
-        if HAS_BIAS:
-            acc_b += dy
-    p_off = pid.to(tl.int64) * N
-    tl.store(DW_PART + p_off + o_n, acc_w, mask=m_n)
-    if HAS_BIAS:
-        tl.store(DB_PART + p_off + o_n, acc_b, mask=m_n)
-
-
-@triton.jit
-def _layer_norm_dwdb_kernel(PW, PB, DW, DB, G, N, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr,
-                            HAS_BIAS: tl.constexpr, RNE_BF16: tl.constexpr):
-    o_n = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    m_n = o_n < N
-    acc_w = tl.zeros([BLOCK_G, BLOCK_R], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK_G, BLOCK_R], dtype=tl.float32)
-    for g0 in range(0, G, BLOCK_G):
-        o_g = g0 + tl.arange(0, BLOCK_G)
-        mask = (o_g < G)[:, None] & m_n[None, :]
-        acc_w += tl.load(PW + o_g[:, None] * N + o_n[None, :], mask=mask, other=0.0)
-        if HAS_BIAS:
-            acc_b += tl.load(PB + o_g[:, None] * N + o_n[None, :], mask=mask, other=0.0)
-    tl.store(DW + o_n, to_dtype(tl.sum(acc_w, axis=0), DW.dtype.element_ty, RNE_BF16), mask=m_n)
-    if HAS_BIAS:
-        tl.store(DB + o_n, to_dtype(tl.sum(acc_b, axis=0), DB.dtype.element_ty, RNE_BF16), mask=m_n)
-
-
-def _check_hidden(n: int) -> None:
-    if n > MAX_HIDDEN:
-        raise ValueError(f"layer_norm triton kernel supports hidden <= {MAX_HIDDEN}, got {n}; "
-                         f"use liger_rt.ops.layer_norm (dispatch picks torch there) or LIGER_RT_IMPL_LAYER_NORM=torch")
-
-
 @launch_memo
 def _fwd_launch(config, m: int, n: int, has_bias: bool):
     return bind(_layer_norm_fwd_kernel, (triton.cdiv(m, config.ROWS),), BLOCK_N=next_pow2(n), ROWS=config.ROWS,
@@ -161,19 +86,15 @@ def _fwd_launch(config, m: int, n: int, has_bias: bool):
 @launch_memo
 def _bwd_launch(config, m: int, n: int, has_bias: bool, device: torch.device):
     """(programs, the backward kernel, the dW/dB-sum kernel), bound, at m rows of n on `device`."""
-    grid = persistent_grid(m, device, config.bwd_progs_per_sm)
-    block_r, block_g = partial_sum_tile(device)
-    return (grid, bind(_layer_norm_bwd_kernel, (grid,), BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch),
-                       HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=config.bwd_num_warps),
-            bind(_layer_norm_dwdb_kernel, (triton.cdiv(n, block_r),), BLOCK_G=block_g, BLOCK_R=block_r,
-                 HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=4))
+    grid, bwd = bind_persistent_bwd(config, m, n, device, centered=True, has_bias=has_bias)
+    return grid, bwd, bind_partial_sum(n, device, has_bias=has_bias)
 
 
 def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
                    config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (..., N), weight/bias (N,) -> (y (..., N) in x.dtype, mean (rows,), rstd (rows,) fp32)."""
     n = x.shape[-1]
-    _check_hidden(n)
+    check_hidden("layer_norm", n)
     x2, m, stride_x = row_layout(x, n)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)    # rows of n
     mean = torch.empty(m, dtype=torch.float32, device=x.device)
@@ -188,7 +109,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
                    mean: torch.Tensor, rstd: torch.Tensor, config):
     """-> (dx (..., N) in x.dtype, dW (N,) in weight.dtype, dB (N,) in bias.dtype or None)."""
     n = x.shape[-1]
-    _check_hidden(n)
+    check_hidden("layer_norm", n)
     (x2, m, stride_x), (dy2, _, stride_dy) = row_layout(x, n), row_layout(dy, n)
     has_bias = bias is not None
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)   # rows of n
@@ -196,11 +117,11 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
         return dx, torch.zeros_like(weight), (torch.zeros_like(bias) if has_bias else None)
     grid, bwd_kernel, sum_kernel = _bwd_launch(config, m, n, has_bias, x.device)
     part = torch.empty((2 if has_bias else 1, grid, n), dtype=torch.float32, device=x.device)
-    part_b = part[1] if has_bias else part[0]
-    bwd_kernel(dy2, x2, weight, mean, rstd, dx, part[0], part_b, stride_dy, stride_x, n, m, n)
+    part_b = part[1] if has_bias else None
+    bwd_kernel(dy2, x2, weight, mean, rstd, dx, part[0], part_b, stride_dy, stride_x, n, m, n, None)   # no offset
     dw = torch.empty_like(weight, memory_format=torch.contiguous_format)
     db = torch.empty_like(bias, memory_format=torch.contiguous_format) if has_bias else None
-    sum_kernel(part[0], part_b, dw, db if has_bias else dw, grid, n)
+    sum_kernel(part[0], part_b, dw, db, grid, n)
     return dx, dw, db
 
 
@@ -258,8 +179,8 @@ def _heuristic(arch, dims, dtype):
     registers on Triton 3.9 sm_90 (one resident per SM), without it 64 (two resident).
     Not measured on a GPU yet: `liger-tune sweep` decides (torch where it is faster)."""
     e = next_pow2(dims["hidden"])
-    return LayerNormConfig(**norm_fwd(arch, e, 2048, 8 if e <= 2048 else 16),
-                           **norm_bwd(arch, e, 8, 2, 1 if e <= 2048 else 0))
+    return LayerNormConfig(**norm_fwd(arch, block_n=e, tile=2048, per_thread=8 if e <= 2048 else 16),
+                           **norm_bwd(arch, block_n=e, per_thread=8, progs=2, prefetch=1 if e <= 2048 else 0))
 
 
 def _configs(arch, dims, dtype):
@@ -270,14 +191,15 @@ def _plan(preset, arch, quick):
     vision = preset is not None and preset.model_type == "lfm2_vl" and preset.vision_hidden
     width = preset and (preset.vision_hidden if vision else preset.hidden)
     # GPU defaults: SigLIP2 (1152) and two LLM widths
-    return row_plan(preset, arch, quick, "hidden", width, (64, 128), (1152, 2048, 4096), (1024, 4096, 16384, 65536))
+    return row_plan(preset, arch, quick, width="hidden", preset_width=width, cpu_widths=(64, 128),
+                    gpu_widths=(1152, 2048, 4096), gpu_tokens=(1024, 4096, 16384, 65536))
 
 
 OP = register(Op(
     name="layer_norm", static=("hidden",), dynamic=("rows",), dims=_dims,
-    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports),
+    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=supports),
            Impl("torch", fn=_layer_norm_torch)],
     config=LayerNormConfig, candidates=_configs, heuristic=_heuristic,
     schema="Tensor x, Tensor weight, Tensor? bias, float eps", fake=_fake, make_case=_make_case, plan=_plan,
     reduce_len=lambda d: d["rows"],
-    schema_version=2, compiler_fuses=True))   # 2: grid-strided backward; bwd_ROWS and bwd_stages are gone
+    schema_version=2, compiler_fuses=True))   # the config layout's version: DB rows of another are stale

@@ -11,8 +11,9 @@ Casting follows LlamaRMSNorm: statistics in fp32, the normalised x is rounded to
 
 Kernels: the forward takes ROWS rows per program and stores rstd (fp32, one per row).  The
 backward is persistent: G = min(rows, sm_count * bwd_progs_per_sm) programs walk rows p, p + G,
-... (or (bwd_rows, N) tiles), each keeping one fp32 dW partial row, which a column-parallel kernel
-sums into the weight dtype.  No atomics.  Minimum traffic: fwd 2MN, bwd 3MN.
+... (the row-norm family's kernel, row_norm.py) or, for small hidden, (bwd_rows, N) tiles (this
+file's), each keeping one fp32 dW partial row, which a column-parallel kernel sums into the weight
+dtype.  No atomics.  Minimum traffic: fwd 2MN, bwd 3MN.
 """
 from __future__ import annotations
 
@@ -27,13 +28,11 @@ from ..config import knob, pow2
 from ..dispatch import call, register
 from ..launch import bind, launch_memo
 from ..op import Case, Impl, Op
-from ._common import RowNormConfig
-from ._common import (next_pow2, norm_bwd, norm_candidates, norm_fwd, partial_sum_tile, persistent_grid, row_layout,
-                      row_plan, to_dtype, triton_available)
+from ._common import next_pow2, row_layout, row_plan, to_dtype, triton_available
+from .row_norm import MAX_HIDDEN  # noqa: F401  (the op's width limit, as rms_norm.MAX_HIDDEN)
+from .row_norm import (RowNormConfig, bind_partial_sum, bind_persistent_bwd, check_hidden, load_row_block, norm_bwd,
+                       norm_candidates, norm_fwd, persistent_grid, supports)
 
-# One row lives in registers: BLOCK_N 32768 over 1024 threads is 32 fp32 values per thread and
-# tensor, the most the backward (dy, x, dW accumulator) holds without spilling.
-MAX_HIDDEN = 32768
 TILE_BWD_MAX_HIDDEN = 256   # the heuristic's backward walks (rows, hidden) tiles up to this hidden
 
 
@@ -65,54 +64,13 @@ def _rms_norm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps, offset,
         w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32) + offset
         tl.store(Y + row * stride_y + o_n, to_dtype(xn * w, Y.dtype.element_ty, RNE_BF16), mask=m_n)
     else:
-        o_m = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        m_m = o_m < M
-        mask = m_m[:, None] & m_n[None, :]
-        o_m64 = o_m.to(tl.int64)
-        x = tl.load(X + o_m64[:, None] * stride_x + o_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        x, o_m, o_m64, m_m, mask = load_row_block(X, stride_x, M, o_n, m_n, ROWS)
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
         xn = to_dtype(x * rstd[:, None], X.dtype.element_ty, RNE_BF16).to(tl.float32)
         w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32) + offset
         y = xn * w[None, :]
         tl.store(Y + o_m64[:, None] * stride_y + o_n[None, :], to_dtype(y, Y.dtype.element_ty, RNE_BF16), mask=mask)
         tl.store(RSTD + o_m, rstd, mask=m_m)
-
-
-@triton.jit(do_not_specialize=["M"])
-def _rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW_PART, stride_dy, stride_x, stride_dx, M, N, offset,
-                         BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, RNE_BF16: tl.constexpr):
-    """Program pid takes rows pid, pid + G, ... (G = grid <= M): the rows in flight are neighbours."""
-    pid = tl.program_id(0)
-    G = tl.num_programs(0)
-    o_n = tl.arange(0, BLOCK_N)
-    m_n = o_n < N
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if PREFETCH:  # register double buffering: the next row's loads fly while this row computes
-        p64 = pid.to(tl.int64)
-        dy_nx = tl.load(DY + p64 * stride_dy + o_n, mask=m_n, other=0.0)
-        x_nx = tl.load(X + p64 * stride_x + o_n, mask=m_n, other=0.0)
-    for i in tl.range(0, tl.cdiv(M - pid, G)):
-        row = pid + i * G
-        r64 = row.to(tl.int64)
-        if PREFETCH:
-            dy = dy_nx.to(tl.float32)
-            x = x_nx.to(tl.float32)
-            m_nx = o_n < tl.where(row + G < M, N, 0)   # the next row, if any
-            dy_nx = tl.load(DY + (r64 + G) * stride_dy + o_n, mask=m_nx, other=0.0)
-            x_nx = tl.load(X + (r64 + G) * stride_x + o_n, mask=m_nx, other=0.0)
-        else:
-            dy = tl.load(DY + r64 * stride_dy + o_n, mask=m_n, other=0.0).to(tl.float32)
-            x = tl.load(X + r64 * stride_x + o_n, mask=m_n, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + r64)
-        xhat = x * rstd
-        # dW sees the normalised x as the forward multiplied it: rounded to the input dtype
-        acc += dy * to_dtype(xhat, X.dtype.element_ty, RNE_BF16).to(tl.float32)
-        w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32) + offset   # L1-resident
-        g = dy * w
-        c = tl.sum(g * xhat, axis=0) / N
-        dx = (g - xhat * c) * rstd
-        tl.store(DX + r64 * stride_dx + o_n, to_dtype(dx, DX.dtype.element_ty, RNE_BF16), mask=m_n)
-    tl.store(DW_PART + pid.to(tl.int64) * N + o_n, acc, mask=m_n)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -143,25 +101,6 @@ def _rms_norm_bwd_tile_kernel(DY, X, W, RSTD, DX, DW_PART, stride_dy, stride_x, 
     tl.store(DW_PART + pid.to(tl.int64) * N + o_n, tl.sum(acc, axis=0), mask=m_n)
 
 
-@triton.jit
-def _rms_norm_dw_kernel(PART, DW, G, N, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, RNE_BF16: tl.constexpr):
-    """Column-parallel sum of the (G, N) fp32 partials, BLOCK_R columns per program (coalesced rows)."""
-    o_n = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    m_n = o_n < N
-    acc = tl.zeros([BLOCK_G, BLOCK_R], dtype=tl.float32)
-    for g0 in range(0, G, BLOCK_G):
-        o_g = g0 + tl.arange(0, BLOCK_G)
-        mask = (o_g < G)[:, None] & m_n[None, :]
-        acc += tl.load(PART + o_g[:, None] * N + o_n[None, :], mask=mask, other=0.0)
-    tl.store(DW + o_n, to_dtype(tl.sum(acc, axis=0), DW.dtype.element_ty, RNE_BF16), mask=m_n)
-
-
-def _check_hidden(n: int) -> None:
-    if n > MAX_HIDDEN:
-        raise ValueError(f"rms_norm triton kernel supports hidden <= {MAX_HIDDEN}, got {n}; "
-                         f"use liger_rt.ops.rms_norm (dispatch picks torch there) or LIGER_RT_IMPL_RMS_NORM=torch")
-
-
 @launch_memo
 def _fwd_launch(config, m: int, n: int):
     return bind(_rms_norm_fwd_kernel, (triton.cdiv(m, config.ROWS),), BLOCK_N=next_pow2(n), ROWS=config.ROWS,
@@ -170,25 +109,22 @@ def _fwd_launch(config, m: int, n: int):
 
 @launch_memo
 def _bwd_launch(config, m: int, n: int, device: torch.device):
-    """(programs, the backward kernel, the dW-sum kernel), bound, at m rows of n on `device`."""
-    block_r, block_g = partial_sum_tile(device)
+    """(programs, the backward kernel, the dW-sum kernel), bound, at m rows of n on `device`: the family's
+    persistent row walk, or (bwd_rows > 1) this file's tile walk."""
     if config.bwd_rows > 1:
         grid = persistent_grid(triton.cdiv(m, config.bwd_rows), device, config.bwd_progs_per_sm)
         bwd = bind(_rms_norm_bwd_tile_kernel, (grid,), BLOCK_M=config.bwd_rows, BLOCK_N=next_pow2(n),
                    RNE_BF16=interpreter_on(), num_warps=config.bwd_num_warps)
     else:
-        grid = persistent_grid(m, device, config.bwd_progs_per_sm)
-        bwd = bind(_rms_norm_bwd_kernel, (grid,), BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch),
-                   RNE_BF16=interpreter_on(), num_warps=config.bwd_num_warps)
-    return (grid, bwd, bind(_rms_norm_dw_kernel, (triton.cdiv(n, block_r),), BLOCK_G=block_g, BLOCK_R=block_r,
-                            RNE_BF16=interpreter_on(), num_warps=4))
+        grid, bwd = bind_persistent_bwd(config, m, n, device, centered=False)
+    return grid, bwd, bind_partial_sum(n, device)
 
 
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
                  config) -> tuple[torch.Tensor, torch.Tensor]:
     """x (..., N) -> (y (..., N), rstd (rows,) fp32)."""
     n = x.shape[-1]
-    _check_hidden(n)
+    check_hidden("rms_norm", n)
     if weight.shape != (n,):
         raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} != ({n},)")
     x2, m, stride_x = row_layout(x, n)
@@ -204,16 +140,19 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: 
                  config) -> tuple[torch.Tensor, torch.Tensor]:
     """dy, x (..., N), rstd (rows,) -> (dx (..., N) in x.dtype, dW (N,) in weight.dtype)."""
     n = x.shape[-1]
-    _check_hidden(n)
+    check_hidden("rms_norm", n)
     (x2, m, stride_x), (dy2, _, stride_dy) = row_layout(x, n), row_layout(dy, n)
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)    # rows of n
     if m == 0:
         return dx, torch.zeros_like(weight)
     grid, bwd_kernel, dw_kernel = _bwd_launch(config, m, n, x.device)
     part = torch.empty((grid, n), dtype=torch.float32, device=x.device)
-    bwd_kernel(dy2, x2, weight, rstd, dx, part, stride_dy, stride_x, n, m, n, float(offset))
+    if config.bwd_rows > 1:
+        bwd_kernel(dy2, x2, weight, rstd, dx, part, stride_dy, stride_x, n, m, n, float(offset))
+    else:   # (DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, ...): no mean, no bias
+        bwd_kernel(dy2, x2, weight, None, rstd, dx, part, None, stride_dy, stride_x, n, m, n, float(offset))
     dw = torch.empty_like(weight, memory_format=torch.contiguous_format)
-    dw_kernel(part, dw, grid, n)
+    dw_kernel(part, None, dw, None, grid, n)
     return dx, dw
 
 
@@ -268,10 +207,11 @@ def _heuristic(arch, dims, dtype):
     norms) the backward walks 2048-element tiles, 4 programs per SM: one row per step left each
     program ~1000 dependent steps at 262144 x 64.  `liger-tune sweep` decides among _configs."""
     e = next_pow2(dims["hidden"])
-    fwd = norm_fwd(arch, e, 2048, 8 if e <= 2048 else 16)
+    fwd = norm_fwd(arch, block_n=e, tile=2048, per_thread=8 if e <= 2048 else 16)
     if e <= TILE_BWD_MAX_HIDDEN:
-        return RMSNormConfig(**fwd, **norm_bwd(arch, 2048, 16, 4, 0), bwd_rows=min(256, 2048 // e))
-    return RMSNormConfig(**fwd, **norm_bwd(arch, e, 8, 2, 1))
+        return RMSNormConfig(**fwd, **norm_bwd(arch, block_n=2048, per_thread=16, progs=4, prefetch=0),
+                             bwd_rows=min(256, 2048 // e))
+    return RMSNormConfig(**fwd, **norm_bwd(arch, block_n=e, per_thread=8, progs=2, prefetch=1))
 
 
 def _configs(arch, dims, dtype):
@@ -280,30 +220,28 @@ def _configs(arch, dims, dtype):
     base, e = _heuristic(arch, dims, dtype), next_pow2(dims["hidden"])
     if arch.name == "cpu":   # the interpreter: both backward kernels' code paths
         return norm_candidates(arch, dims["hidden"], base) + [
-            base.replace(bwd_rows=4 if base.bwd_rows == 1 else 1, **norm_bwd(arch, e, 16, 2, 0))]
+            base.replace(bwd_rows=4 if base.bwd_rows == 1 else 1,
+                         **norm_bwd(arch, block_n=e, per_thread=16, progs=2, prefetch=0))]
     if e > 2 * TILE_BWD_MAX_HIDDEN:
         return norm_candidates(arch, dims["hidden"], base)
-    walk = base.replace(bwd_rows=1, **norm_bwd(arch, e, 8, 2, 1))
-    tiles = [base.replace(bwd_rows=min(256, t // e), **norm_bwd(arch, t, 16, p, 0))
-             for t in (2048, 4096, 8192) for p in (4, 8)]
-    fwds = [base.replace(**norm_fwd(arch, e, t, 16)) for t in (1024, 4096, 8192)]
-    return list(dict.fromkeys([base, *tiles, walk, walk.replace(**norm_bwd(arch, e, 8, 8, 0)), *fwds]))[:12]
-
-
-def _supports(dims, dtype):
-    too_wide = dims["hidden"] > MAX_HIDDEN
-    return f"hidden {dims['hidden']} > {MAX_HIDDEN} (one row per program in registers)" if too_wide else None
+    walk = base.replace(bwd_rows=1, **norm_bwd(arch, block_n=e, per_thread=8, progs=2, prefetch=1))
+    tiles = [base.replace(bwd_rows=min(256, tile // e),
+                          **norm_bwd(arch, block_n=tile, per_thread=16, progs=progs, prefetch=0))
+             for tile in (2048, 4096, 8192) for progs in (4, 8)]
+    fwds = [base.replace(**norm_fwd(arch, block_n=e, tile=tile, per_thread=16)) for tile in (1024, 4096, 8192)]
+    wide = walk.replace(**norm_bwd(arch, block_n=e, per_thread=8, progs=8, prefetch=0))
+    return list(dict.fromkeys([base, *tiles, walk, wide, *fwds]))[:12]
 
 
 def _plan(preset, arch, quick):
-    return row_plan(preset, arch, quick, "hidden", preset and preset.hidden, (64, 128), (2048, 4096),
-                    (1024, 4096, 16384, 65536))
+    return row_plan(preset, arch, quick, width="hidden", preset_width=preset and preset.hidden, cpu_widths=(64, 128),
+                    gpu_widths=(2048, 4096), gpu_tokens=(1024, 4096, 16384, 65536))
 
 
 OP = register(Op(
     name="rms_norm", static=("hidden",), dynamic=("rows",), dims=_dims,
-    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports),
+    impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=supports),
            Impl("torch", fn=rms_norm_ref)],
     config=RMSNormConfig, candidates=_configs, heuristic=_heuristic, fake=_fake, make_case=_make_case, plan=_plan,
     schema="Tensor x, Tensor weight, float eps, float offset", reduce_len=lambda d: d["rows"],
-    schema_version=3, compiler_fuses=True))   # 2: grid-strided backward; 3: bwd_rows (tiled backward)
+    schema_version=3, compiler_fuses=True))   # the config layout's version: DB rows of another are stale

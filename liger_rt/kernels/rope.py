@@ -309,7 +309,7 @@ def _make_case(dims, dtype, device):
     return Case(args=(q, k, cos, sin, 1), grads=grads)
 
 
-def _config(arch, dims, pos: int, per_thread: int, split: int = 1) -> RoPEConfig:
+def _config(arch, dims, *, pos: int, per_thread: int, split: int = 1) -> RoPEConfig:
     """POS positions per program; BLOCK_H heads per tile (all of the larger head count, divided by
     `split`, within MAX_TILE); warps so one half-tile gives `per_thread` values to each thread."""
     block_d = next_pow2(max(1, dims["head_dim"] // 2))
@@ -322,17 +322,24 @@ def _heuristic(arch, dims, dtype):
     """One position per program, all heads in one tile, 8 values per thread per half-tile (one
     16-byte bf16 vector per load): 4 warps at Qwen3-1.7B's 16 q heads x D 128; 8192 tokens are
     8192 programs, several waves on 132 SMs.  Not measured on a GPU yet: the sweep decides."""
-    return _config(arch, dims, 1, 8)
+    return _config(arch, dims, pos=1, per_thread=8)
+
+
+# The GPU tuning space: positions per program, values per thread per half-tile, and (split) head tiles of
+# 1/split of the heads.
+LADDER = (
+    dict(pos=1, per_thread=8), dict(pos=1, per_thread=4), dict(pos=1, per_thread=16),
+    dict(pos=2, per_thread=8), dict(pos=2, per_thread=4), dict(pos=2, per_thread=16),
+    dict(pos=4, per_thread=8), dict(pos=4, per_thread=16),
+    dict(pos=1, per_thread=8, split=2), dict(pos=2, per_thread=8, split=2), dict(pos=1, per_thread=4, split=2),
+)
 
 
 def _configs(arch, dims, dtype):
     if arch.name == "cpu":  # the interpreter ignores warps: cover the code paths (head-tile loop, POS tails)
         return [_heuristic(arch, dims, dtype), RoPEConfig(POS=3, BLOCK_H=1, num_warps=1),
                 RoPEConfig(POS=2, BLOCK_H=2, num_warps=2)]
-    shapes = [(1, 8, 1), (1, 4, 1), (1, 16, 1), (2, 8, 1), (2, 4, 1), (2, 16, 1), (4, 8, 1), (4, 16, 1),
-              (1, 8, 2), (2, 8, 2), (1, 4, 2)]
-    # deduplicated by the runtime
-    return [_config(arch, dims, pos, per_thread, split) for pos, per_thread, split in shapes]
+    return [_config(arch, dims, **step) for step in LADDER]   # deduplicated by the runtime
 
 
 def _supports(dims, dtype):

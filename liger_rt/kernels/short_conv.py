@@ -325,42 +325,49 @@ def _make_case(dims, dtype, device):
     return Case(args=(bcx, w, None, None), grads=(dy,))
 
 
-# Tiles (BLOCK_T, BLOCK_H). The forward has 3 live tiles, the backward ~12 (dy, B, C, x, dz, z, du, the shifted taps
-# and 4 dw accumulators), hence its smaller tiles and fewer elements per thread. Registers from ptxas (sm_90a) on
-# Triton 3.9's PTX compiled offline, no spills: fwd 32x128 / 8 warps 64 regs (64x128: 104); bwd 16x128 / 8 warps
-# 128 regs (162 with seq_idx), 32x128 / 8 warps 241. Sweeps (`liger-tune sweep --op short_conv`) override these.
-_FWD_TILES = [(32, 128), (64, 128), (16, 256), (64, 64)]
-_BWD_TILES = [(16, 128), (32, 128), (16, 64), (8, 256)]
+# Tiles of BLOCK_T positions by BLOCK_H channels. The forward has 3 live tiles, the backward ~12 (dy, B, C, x, dz, z,
+# du, the shifted taps and 4 dw accumulators), hence its smaller tiles and fewer elements per thread. Registers from
+# ptxas (sm_90a) on Triton 3.9's PTX compiled offline, no spills: fwd 32x128 / 8 warps 64 regs (64x128: 104); bwd
+# 16x128 / 8 warps 128 regs (162 with seq_idx), 32x128 / 8 warps 241. Sweeps (`liger-tune sweep --op short_conv`)
+# override these.
+_FWD_TILES = [dict(block_t=32, block_h=128), dict(block_t=64, block_h=128), dict(block_t=16, block_h=256),
+              dict(block_t=64, block_h=64)]
+_BWD_TILES = [dict(block_t=16, block_h=128), dict(block_t=32, block_h=128), dict(block_t=16, block_h=64),
+              dict(block_t=8, block_h=256)]
 _FWD_PER_THREAD, _BWD_PER_THREAD = 16, 8
 # interpreter: cost grows with programs x steps, so few large tiles; the second of each covers several tiles and chunks
-_CPU_FWD, _CPU_BWD = [(16, 32), (8, 16)], [(8, 32, 1), (4, 16, 2)]
+_CPU_FWD = [dict(block_t=16, block_h=32), dict(block_t=8, block_h=16)]
+_CPU_BWD = [dict(block_t=8, block_h=32, progs=1), dict(block_t=4, block_h=16, progs=2)]
 
 
-def _fwd_cfg(tile, arch, per_thread=_FWD_PER_THREAD) -> dict:
-    return {"BLOCK_T": tile[0], "BLOCK_H": tile[1], "num_warps": warps_for(tile[0] * tile[1], per_thread, arch)}
+def _fwd_cfg(arch, *, block_t: int, block_h: int, per_thread: int = _FWD_PER_THREAD) -> dict:
+    return {"BLOCK_T": block_t, "BLOCK_H": block_h, "num_warps": warps_for(block_t * block_h, per_thread, arch)}
 
 
-def _bwd_cfg(tile, arch, pps=4, per_thread=_BWD_PER_THREAD) -> dict:
-    return {"BWD_BLOCK_T": tile[0], "BWD_BLOCK_H": tile[1], "BWD_PROGRAMS_PER_SM": pps,
-            "bwd_num_warps": warps_for(tile[0] * tile[1], per_thread, arch)}
+def _bwd_cfg(arch, *, block_t: int, block_h: int, progs: int = 4, per_thread: int = _BWD_PER_THREAD) -> dict:
+    """Backward knobs: BLOCK_T x BLOCK_H tiles, `progs` programs per SM, `per_thread` values per thread."""
+    return {"BWD_BLOCK_T": block_t, "BWD_BLOCK_H": block_h, "BWD_PROGRAMS_PER_SM": progs,
+            "bwd_num_warps": warps_for(block_t * block_h, per_thread, arch)}
 
 
 def _heuristic(arch, dims, dtype):
     if arch.name == "cpu":
-        return ShortConvConfig(**_fwd_cfg(_CPU_FWD[0], arch), **_bwd_cfg(_CPU_BWD[0][:2], arch, _CPU_BWD[0][2]))
+        return ShortConvConfig(**_fwd_cfg(arch, **_CPU_FWD[0]), **_bwd_cfg(arch, **_CPU_BWD[0]))
     # hopper: 32x128 tiles with 128/256 threads; AMD: the same tiles, half the warps (wave64).
-    return ShortConvConfig(**_fwd_cfg(_FWD_TILES[0], arch), **_bwd_cfg(_BWD_TILES[0], arch))
+    return ShortConvConfig(**_fwd_cfg(arch, **_FWD_TILES[0]), **_bwd_cfg(arch, **_BWD_TILES[0]))
 
 
 def _configs(arch, dims, dtype):
     """The heuristic plus one half (fwd or bwd) varied at a time: their times add, so 4+4+2 configs, not a product."""
     base = _heuristic(arch, dims, dtype)
     if arch.name == "cpu":
-        fwd = [_fwd_cfg(t, arch) for t in _CPU_FWD]
-        bwd = [_bwd_cfg(t[:2], arch, t[2]) for t in _CPU_BWD]
+        fwd = [_fwd_cfg(arch, **tile) for tile in _CPU_FWD]
+        bwd = [_bwd_cfg(arch, **tile) for tile in _CPU_BWD]
     else:
-        fwd = [_fwd_cfg(t, arch) for t in _FWD_TILES] + [_fwd_cfg(_FWD_TILES[0], arch, 2 * _FWD_PER_THREAD)]
-        bwd = [_bwd_cfg(t, arch) for t in _BWD_TILES] + [_bwd_cfg(_BWD_TILES[0], arch, pps) for pps in (8, 2)]
+        fwd = [_fwd_cfg(arch, **tile) for tile in _FWD_TILES]
+        fwd.append(_fwd_cfg(arch, **_FWD_TILES[0], per_thread=2 * _FWD_PER_THREAD))
+        bwd = [_bwd_cfg(arch, **tile) for tile in _BWD_TILES]
+        bwd += [_bwd_cfg(arch, **_BWD_TILES[0], progs=progs) for progs in (8, 2)]
     return list(dict.fromkeys([base] + [base.replace(**half) for half in fwd + bwd]))
 
 

@@ -10,10 +10,9 @@ the gate dtype, then multiplied by up in fp32 and rounded once more.
 Kernels are elementwise over (ROWS, BLOCK_N) tiles of a 2-D view with one row stride per tensor,
 so the halves of a fused gate_up projection (``gate_up.chunk(2, -1)``) are read in place.  The
 backward recomputes sigmoid(gate) (cheaper than storing it).  Minimum traffic: fwd 3MN, bwd 5MN.
+The checks, tile walk, config and tuning space are the gated-MLP family's (gated_mlp.py).
 """
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -21,12 +20,11 @@ import triton
 import triton.language as tl
 
 from ..backend import interpreter_on
-from ..config import WARPS, Config, knob, pow2
-from ..dispatch import call, register
-from ..dtypes import DTYPES
 from ..launch import bind, launch_memo
-from ..op import Case, Impl, Op
-from ._common import as_rows, next_pow2, row_layout, row_plan, to_dtype, triton_available, warps_for
+from ._common import as_rows, next_pow2, row_layout, to_dtype
+from .gated_mlp import GatedMLPConfig as SwiGLUConfig  # noqa: F401  (the op's config, by its name)
+from .gated_mlp import gated_op, run_gated
+from .gated_mlp import tile as _tile
 
 
 def swiglu_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -38,17 +36,6 @@ def swiglu_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def _swiglu_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """What the Hugging Face MLP runs (the `torch` implementation)."""
     return F.silu(gate) * up
-
-
-@triton.jit
-def _tile(M, N, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
-    """Program -> (row offsets, column offsets, mask); column blocks vary fastest (memory order)."""
-    pid = tl.program_id(0)
-    n_col_blocks = tl.cdiv(N, BLOCK_N)
-    o_m = (pid // n_col_blocks) * ROWS + tl.arange(0, ROWS)
-    o_n = (pid % n_col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (o_m < M)[:, None] & (o_n < N)[None, :]
-    return o_m.to(tl.int64)[:, None], o_n[None, :], mask
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -113,26 +100,6 @@ def swiglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, config) -
     return dg, du
 
 
-@dataclasses.dataclass(frozen=True)
-class SwiGLUConfig(Config):
-    BLOCK_N: int = knob(1024, pow2(1, 16384))        # columns per tile (at most next_pow2(cols))
-    ROWS: int = knob(1, pow2(1, 16384))              # rows per tile (narrow cols: tile // BLOCK_N)
-    num_warps: int = knob(4, WARPS)                  # forward
-    bwd_num_warps: int = knob(4, WARPS)
-
-
-def _dims(gate, up, name: str = "swiglu") -> dict:
-    if gate.shape != up.shape or gate.dim() < 1:
-        raise ValueError(f"{name}: gate {tuple(gate.shape)} and up {tuple(up.shape)} must have the same shape "
-                         f"(..., cols)")
-    if gate.device != up.device:
-        raise ValueError(f"{name}: gate on {gate.device}, up on {up.device}; both must be on one device")
-    if not up.dtype.is_floating_point:
-        raise TypeError(f"{name}: unsupported up dtype {up.dtype}; accepted: floating point dtypes")
-    n = gate.shape[-1]
-    return {"rows": gate.numel() // n if n else 0, "cols": n}
-
-
 def _forward(config, gate, up):
     return (swiglu_fwd(gate, up, config),), ()
 
@@ -141,73 +108,14 @@ def _backward(config, args, saved, needs, dy):
     return swiglu_bwd(dy, *args, config)
 
 
-def _fake(config, gate, up):
-    return (gate.new_empty(gate.shape, dtype=torch.promote_types(gate.dtype, up.dtype)),), ()
-
-
-def run_gated(op: Op, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """A gated activation's functional: other float dtypes (fp64) run the reference, the kernels compute in fp32."""
-    if up.dtype not in DTYPES.values() and up.dtype.is_floating_point:
-        op.dims(gate, up)                                                 # no broadcasting there either
-        return op.reference(gate, up)
-    return call(op, gate, up)
-
-
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up; gate, up (..., cols).  Dispatched per call."""
+    """silu(gate) * up, dispatched per call: gate, up (..., cols) -> (..., cols).  The halves of a fused
+    gate_up projection are read in place (one row stride per tensor):
+
+    >>> gate, up = mlp.gate_up_proj(x).chunk(2, dim=-1)        # Phi-3's MLP, (2, 128, 8192) bf16 each
+    >>> y = liger_rt.ops.swiglu(gate, up)
+    """
     return run_gated(OP, gate, up)
-
-
-def _make_case(dims, dtype, device):
-    g = torch.Generator(device="cpu").manual_seed(0)
-    m, n = dims["rows"], dims["cols"]
-    gate = (2.0 * torch.randn(m, n, generator=g)).to(device, dtype).requires_grad_()
-    up = torch.randn(m, n, generator=g).to(device, dtype).requires_grad_()
-    dy = torch.randn(m, n, generator=g).to(device, dtype)
-    return Case(args=(gate, up), grads=(dy,))
-
-
-def _config(arch, cols: int, tile: int, fwd_per_thread: int, bwd_per_thread: int) -> SwiGLUConfig:
-    block_n = min(tile, next_pow2(cols))
-    rows = max(1, tile // block_n)
-    return SwiGLUConfig(BLOCK_N=block_n, ROWS=rows, num_warps=warps_for(rows * block_n, fwd_per_thread, arch),
-                        bwd_num_warps=warps_for(rows * block_n, bwd_per_thread, arch))
-
-
-def _heuristic(arch, dims, dtype):
-    """4096-element tiles, 16 values per thread (two 16-byte vectors of bf16 per tensor): small
-    enough that several programs stay resident per SM in the 5-stream backward (~80 registers),
-    large enough that the forward streams like Liger-Kernel's 8192x16-warp rows (4.25 TB/s on the
-    H200, anchors/h200-anchor.json).  Estimate; sweeps decide."""
-    if arch.name == "cpu":
-        return _config(arch, dims["cols"], 1024, 8, 8)
-    return _config(arch, dims["cols"], 4096, 16, 16)
-
-
-def _configs(arch, dims, dtype):
-    n = dims["cols"]
-    if arch.name == "cpu":  # the interpreter ignores warps: cover tiling paths (column blocks, rows)
-        narrow = SwiGLUConfig(BLOCK_N=32, ROWS=8, num_warps=1, bwd_num_warps=1)
-        return [_heuristic(arch, dims, dtype), narrow, _config(arch, n, 4096, 16, 16)]
-    shapes = [(4096, 16, 16), (4096, 8, 8), (4096, 16, 8), (2048, 8, 8), (2048, 16, 16), (1024, 8, 8),
-              (8192, 16, 16), (8192, 32, 16), (16384, 16, 16)]
-    return [_config(arch, n, tile, fpt, bpt) for tile, fpt, bpt in shapes]   # deduplicated by the runtime
-
-
-def _plan(preset, arch, quick):
-    return row_plan(preset, arch, quick, "cols", preset and preset.intermediate, (96, 128), (8192, 12288),
-                    (1024, 4096, 16384))
-
-
-def gated_op(name: str, torch_fn, forward, backward) -> Op:
-    """The spec of a gated activation act(gate) * up: swiglu's, and geglu's, which streams the same bytes and
-    shares the checks, config and tuning space."""
-    return register(Op(
-        name=name, static=("cols",), dynamic=("rows",), dims=lambda gate, up: _dims(gate, up, name),
-        impls=[Impl("triton", forward=forward, backward=backward, available=triton_available),
-               Impl("torch", fn=torch_fn)],
-        config=SwiGLUConfig, candidates=_configs, heuristic=_heuristic, schema="Tensor gate, Tensor up", fake=_fake,
-        make_case=_make_case, plan=_plan, compiler_fuses=True))
 
 
 OP = gated_op("swiglu", _swiglu_torch, _forward, _backward)

@@ -33,8 +33,8 @@ _HF_RULE, _HF_PACKED = _host(NAME), _host(PACKED)
 
 class _Depth(threading.local):
     """Per thread (DataParallel's replicas run in threads): > 0 while a base model runs on the positions it
-    builds itself.  Set in every thread from the start: a missing attribute before the first eager call
-    and a present one after it once cost a compiled graph a recompile."""
+    builds itself.  Set in every thread from the start: an attribute that appears at the first eager call
+    changes what a compiled graph guards on, and recompiles it."""
 
     def __init__(self):
         self.depth = 0

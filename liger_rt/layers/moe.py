@@ -1,18 +1,17 @@
 """MoE forwards: the LFM2-MoE router through liger_rt.ops.moe_router, experts through the
 transformers experts interface under the name ``liger_rt`` (moe_experts_interface.py), which instance
-patches set in ``config._experts_implementation`` and class-level patches call from ``experts_forward``.
+patches set in ``config._experts_implementation`` and class-level patches bind (``experts_forward_for``).
 """
 from __future__ import annotations
 
 import functools
-import importlib
+import inspect
 
 import torch
 import torch.nn.functional as F
 
 from .. import ops
-
-EXPERTS_IMPLEMENTATION = "liger_rt"
+from .moe_experts_interface import liger_rt_experts_forward
 
 
 def router_forward(self, hidden_states: torch.Tensor, expert_bias: torch.Tensor | None = None):
@@ -28,7 +27,6 @@ def router_forward(self, hidden_states: torch.Tensor, expert_bias: torch.Tensor 
 
 def router_compatible(module) -> str | None:
     """None when a router has the LFM2-MoE attributes and signature router_forward reads."""
-    import inspect
     need = ("weight", "top_k", "norm_topk_prob", "routed_scaling_factor")
     if gone := [n for n in need if not hasattr(module, n)]:
         return f"no {', '.join(gone)} on this transformers' {type(module).__name__}"
@@ -38,32 +36,13 @@ def router_compatible(module) -> str | None:
     return None
 
 
-def experts_interface_missing() -> str | None:
-    """None when the liger_rt experts implementation can be registered, else why not."""
-    try:
-        importlib.import_module("transformers.integrations.moe")
-    except ModuleNotFoundError:
-        return "this transformers has no experts interface (transformers.integrations.moe); pip install -U transformers"
-    return None
-
-
-def register_experts() -> None:
-    from .moe_experts_interface import register_experts_interface
-    register_experts_interface()
-
-
-def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
-    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
-    return ALL_EXPERTS_FUNCTIONS[EXPERTS_IMPLEMENTATION](self, hidden_states, top_k_index, top_k_weights)
-
-
 def experts_forward_for(cls: type):
-    """``experts_forward`` for one experts class, ``__wrapped__`` pointing at the forward it replaces (where
-    the interface's fallback unwraps to)."""
+    """The liger_rt experts forward for one experts class, ``__wrapped__`` pointing at the forward it
+    replaces (where the interface's fallback unwraps to)."""
     original = cls.__dict__.get("forward", cls.forward)
 
     @functools.wraps(original)
     def forward(self, hidden_states, top_k_index, top_k_weights):
-        return experts_forward(self, hidden_states, top_k_index, top_k_weights)
+        return liger_rt_experts_forward(self, hidden_states, top_k_index, top_k_weights)
     forward._liger_rt_experts = True
     return forward

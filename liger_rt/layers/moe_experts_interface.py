@@ -16,6 +16,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from .. import ops
+
 NAME = "liger_rt"
 _warned: set[str] = set()
 
@@ -78,7 +80,6 @@ def liger_rt_experts_forward(self, hidden_states: torch.Tensor, top_k_index: tor
             warnings.warn(f"liger_rt experts: {key} is not supported by liger_rt.ops.moe_experts; "
                           "this module runs its eager forward", RuntimeWarning, stacklevel=2)
         return _eager_forward(self)(self, hidden_states, top_k_index, top_k_weights)
-    from liger_rt import ops
     w = self.gate_up_proj
     # autocast can hand fp32 activations to bf16 experts (as transformers' grouped_mm does: cast to the weights)
     x = hidden_states if hidden_states.dtype == w.dtype else hidden_states.to(w.dtype)

@@ -4,8 +4,9 @@ calls ``apply_rotary_pos_emb`` as a global of its modeling module; this one runs
 """
 from __future__ import annotations
 
+from .. import ops
+
 
 def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim: int = 1):
     """HF's (q, k, cos, sin, unsqueeze_dim=1) -> (q_embed, k_embed), through liger_rt.ops.rope."""
-    from ..ops import rope
-    return rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    return ops.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)

@@ -1,9 +1,10 @@
 """The patch mechanism behind ``liger_rt.patch`` / ``unpatch`` / ``patched``; specs.py holds the tables,
 docs/patching.md the semantics.
 
-Instance patching binds ``BoundForward(layer_forward, module)`` on every module whose class is a spec row;
-class-level patching replaces ``Cls.forward``.  Both record what they replaced in the swap ledger
-(liger_rt/_swaps.py), which the layer forwards read, so liger_rt.layers never imports liger_rt.patch.
+Instance patching binds the layer forward as a plain method (``_swaps.bound_forward``) on every module
+whose class is a spec row; class-level patching replaces ``Cls.forward``.  Both record what they replaced
+in the swap ledger (liger_rt/_swaps.py), which the layer forwards read, so liger_rt.layers never imports
+liger_rt.patch.
 """
 from __future__ import annotations
 
@@ -22,12 +23,9 @@ import torch
 from .. import _swaps
 from .._swaps import ORIG_KEY as _ORIG_KEY, original
 from . import specs
+from .warning import PatchWarning
 
 _RECORD_KEY = "_liger_rt_patch"           # root module attribute: the InstanceRecord
-
-
-class PatchWarning(UserWarning):
-    """A default-on layer was left on the host path (kernel module or HF class missing)."""
 
 
 # -- flags, specs, classes -----------------------------------------------------------------------------
@@ -66,6 +64,11 @@ def _flags(spec: specs.ModelSpec, given: dict[str, Any]) -> dict[str, bool]:
     return out
 
 
+def check_flags(model_type: str, given: dict[str, Any]) -> dict[str, bool]:
+    """Every flag of the family, as ``patch(model_type, **given)`` would take them (raises as it would)."""
+    return _flags(_spec(model_type), given)
+
+
 def _modeling_module(name: str, model_type: str):
     try:
         return importlib.import_module(name)
@@ -83,7 +86,7 @@ def _load(path: str):
 def _op_missing(op: str | None) -> str | None:
     if op is None:
         return None
-    from ..registry import REGISTRY
+    from ..registry import REGISTRY         # import time: patch stays importable without torch
     name = REGISTRY.module(op)
     return None if hasattr(importlib.import_module(name), op) else f"{name} has no function {op}"
 
@@ -101,12 +104,9 @@ class _Plan:
 
     def class_names(self) -> list[str]:
         """The classes a class-level patch swaps, and the module functions that run an op."""
-        loss_on = any(self.flags[f] for f in _LOSS_FLAGS)
+        loss_on = any(self.flags[f] for f in specs.LOSS_FLAGS)
         return sorted({cls.__name__ for cls, _, _ in self.layers} | {c.__name__ for c in self.causal_lm if loss_on}
                       | {name for _, name, _, row in self.functions if row.op is not None})
-
-
-_LOSS_FLAGS = ("fused_linear_cross_entropy", "logprobs", "cross_entropy")      # those that swap the causal LM's
 
 
 def _refuse(flag: str, reason: str, explicit: set[str], model_type: str, exc=ImportError) -> None:
@@ -142,10 +142,11 @@ def _plan(model_type: str, given: dict[str, Any], *, for_class: bool) -> _Plan:
             reason = (f"transformers {transformers.__version__} has no {module_name}.{class_name}; "
                       f"pip install -U transformers")
         elif row.experts:
-            from ..layers.moe import experts_interface_missing, register_experts
-            reason = experts_interface_missing() or _op_missing(row.op)
+            reason = specs.experts_interface_missing() or _op_missing(row.op)
             if reason is None:
-                register_experts()
+                # import time: liger_rt.layers imports triton (through liger_rt.ops)
+                from ..layers.moe_experts_interface import register_experts_interface
+                register_experts_interface()
         else:
             reason = _op_missing(row.op)
         if reason is not None:
@@ -190,6 +191,7 @@ class InstanceRecord:
     modules: dict[str, int] = dataclasses.field(default_factory=collections.Counter)  # per class: modules rebound
     skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     saved: list[tuple[Any, str, bool, Any]] = dataclasses.field(default_factory=list)    # (obj, attr, had own, old)
+    bound: list[tuple[Any, str, Any]] = dataclasses.field(default_factory=list)         # (module, attr, layer fn)
     config_saved: list[tuple[Any, str, Any]] = dataclasses.field(default_factory=list)
     function_keys: list = dataclasses.field(default_factory=list)       # module-wide swaps this patch holds
     finalizer: Any = None                                               # releases them if the model dies patched
@@ -204,7 +206,10 @@ class InstanceRecord:
             self.finalizer = weakref.finalize(root, _swaps.release, list(self.function_keys), holder)
 
     # pickle and deepcopy: a copy of a patched model is patched to itself, holding the module-wide
-    # swaps on its own account (they travel as (module name, attribute, function))
+    # swaps on its own account (they travel as (module name, attribute, function)).  A bound method
+    # pickles as getattr(module, "forward"), which on load finds the class forward: __setstate__ binds
+    # the layer forwards again.  The submodules are loaded by then; the root is not, so the record comes
+    # before the root's bound forwards in its __dict__ (_patch_instance), and their getattr finds them.
     def __getstate__(self) -> dict:
         state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                  if f.name not in ("function_keys", "finalizer", "root")}
@@ -216,11 +221,14 @@ class InstanceRecord:
     def __setstate__(self, state: dict) -> None:
         state = dict(state)
         functions, root = state.pop("functions"), state.pop("root")
-        self.__dict__.update(state)
+        self.__dict__.update({"bound": [], **state})
         self.function_keys, self.finalizer, self.root = [], None, None
         if self.config_saved:               # configs name the "liger_rt" experts: register it here too
-            from ..layers.moe import register_experts
-            register_experts()
+            # import time: liger_rt.layers imports triton (through liger_rt.ops)
+            from ..layers.moe_experts_interface import register_experts_interface
+            register_experts_interface()
+        for module, attr, fn in self.bound:
+            module.__dict__[attr] = _swaps.bound_forward(module, fn)
         if root is not None:
             self.hold_functions(root, [(importlib.import_module(m), a, fn) for m, a, fn in functions])
 
@@ -254,6 +262,7 @@ def _bind(record: InstanceRecord, module: torch.nn.Module, fn) -> None:
     attr = "_old_forward" if getattr(module, "_hf_hook", None) is not None and "_old_forward" in module.__dict__ \
         else "forward"
     record.saved.append((module, attr, attr in module.__dict__, module.__dict__.get(attr)))
+    record.bound.append((module, attr, fn))
     _swaps.bind(module, fn, attr)
 
 
@@ -264,7 +273,7 @@ def _patch_instance(model, given: dict[str, Any]):
                          f"{type(root).__name__}. Supported model types: {', '.join(supported_models())}")
     plan = _plan(model_type, given, for_class=False)
     _unpatch_instance(root)
-    record = InstanceRecord(plan.model_type, plan.flags, plan.given)
+    record = root.__dict__[_RECORD_KEY] = InstanceRecord(plan.model_type, plan.flags, plan.given)  # first: pickling
     by_class = {_key(cls): (row, fn) for cls, row, fn in plan.layers}
     lm_classes = {_key(c) for c in plan.causal_lm}
     configs: dict[int, Any] = {}
@@ -292,24 +301,23 @@ def _patch_instance(model, given: dict[str, Any]):
     record.hold_functions(root, [entry[:3] for entry in plan.functions])   # module-wide, held by this patch
     record.counts.update(_function_counts(plan))
     for config in configs.values():
-        from ..layers.moe import EXPERTS_IMPLEMENTATION
+        from ..layers.moe_experts_interface import NAME     # import time: it imports triton (liger_rt.ops)
         old = getattr(config, "_experts_implementation", None)
         record.config_saved.append((config, "_experts_implementation", old))
-        config._experts_implementation = EXPERTS_IMPLEMENTATION
-    root.__dict__[_RECORD_KEY] = record
+        config._experts_implementation = NAME
     return model
 
 
 def _loss_heads(flags: dict[str, bool]) -> list[tuple[str, Any, str]]:
     # (flag, causal-LM forward, options attribute) of the loss heads on: at most one (_flags)
-    from ..layers import logprobs, loss
+    from ..layers import logprobs, loss     # import time: liger_rt.layers imports transformers and triton
     heads = (("fused_linear_cross_entropy", loss.causal_lm_forward, "_liger_rt_loss"),
              ("logprobs", logprobs.causal_lm_logprobs_forward, "_liger_rt_logprobs"))
     return [head for head in heads if flags[head[0]]]
 
 
 def _patch_loss_instance(record: InstanceRecord, module, flags: dict[str, bool]) -> None:
-    from ..layers import loss
+    from ..layers import loss     # import time: liger_rt.layers imports transformers and triton
     for flag, forward, attr in _loss_heads(flags):
         # read the host forward's parameters and output class now, not in the (traced) forward
         opts = loss.loss_options(inspect.signature(original(module)), type(module).__module__,
@@ -347,9 +355,10 @@ _CLASS_RECORDS: dict[str, _Plan] = {}
 
 
 def _class_forward(cls: type, fn):
-    """``fn`` as ``cls.forward``: a copy with the host forward's signature (plus fn's keyword-only extras)."""
-    host = inspect.signature(_swaps.class_original(cls))
-    fn = _swaps.with_signature(fn, _swaps.merged_signature(host, inspect.signature(fn)))
+    """``fn`` as ``cls.forward``: a copy dressed as the host forward (name, doc, ``__wrapped__``, its signature
+    plus fn's keyword-only extras)."""
+    host = _swaps.class_original(cls)
+    fn = _swaps.dressed(fn, host, _swaps.merged_signature(inspect.signature(host), inspect.signature(fn)))
     # GradientCheckpointingLayer.__init_subclass__ wraps each subclass's forward in a function that
     # checkpoints only while it *is* type(self).forward: run it on a throwaway subclass whose forward is fn
     base = next((k for k in cls.__mro__ if k.__name__ == "GradientCheckpointingLayer"
@@ -363,7 +372,7 @@ def _class_forward(cls: type, fn):
 def _patch_class(model_type: str, given: dict[str, Any]) -> None:
     plan = _plan(model_type, given, for_class=True)
     _unpatch_class(model_type)
-    from ..layers import loss, moe
+    from ..layers import loss, moe      # import time: liger_rt.layers imports transformers and triton
     keys = plan.keys
     for cls, row, fn in plan.layers:
         if row.experts:
@@ -449,7 +458,7 @@ def _describe_class_patched(root) -> dict | None:
                 patched[flag] += 1
                 modules[cls.__name__] += 1
             if cls in plan.causal_lm:
-                patched.update(f for f in _LOSS_FLAGS if plan.flags[f])
+                patched.update(f for f in specs.LOSS_FLAGS if plan.flags[f])
         if patched:
             patched.update(_function_counts(plan))
             return {"model_type": family, "level": "class", "flags": dict(plan.flags), "patched": dict(patched),

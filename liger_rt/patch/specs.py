@@ -9,6 +9,7 @@ preset in tools/presets.py and a parity test.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from typing import Mapping
 
 
@@ -39,11 +40,12 @@ class ModelSpec:
             object.__setattr__(self, "module", f"transformers.models.{self.model_type}.modeling_{self.model_type}")
 
 
-LOSS_FLAGS = ("cross_entropy", "fused_linear_cross_entropy", "logprobs", "keep_logits")
-COMMON_FLAGS = ("rope", *LOSS_FLAGS, "causal_mask")
-COMMON_DEFAULTS = frozenset({"causal_mask"})    # on for every family unless the caller says otherwise
+# the loss flags: each replaces the causal LM's loss / log-probs path, running the op named
 LOSS_OPS = {"cross_entropy": "cross_entropy", "fused_linear_cross_entropy": "fused_linear_cross_entropy",
             "logprobs": "fused_linear_logprobs"}
+LOSS_FLAGS = tuple(LOSS_OPS)
+COMMON_FLAGS = ("rope", *LOSS_FLAGS, "keep_logits", "causal_mask")      # every family takes these
+COMMON_DEFAULTS = frozenset({"causal_mask"})    # on for every family unless the caller says otherwise
 
 _L = "liger_rt.layers."
 RMS_NORM = Layer("rms_norm", _L + "norms:rms_norm_forward", op="rms_norm")
@@ -54,7 +56,8 @@ SHORT_CONV = Layer("short_conv", _L + "short_conv:short_conv_forward", op="short
                    applies=_L + "short_conv:conv_compatible")
 CONV_POSITIONS = Layer("short_conv", _L + "short_conv:decoder_layer_forward")            # position_ids -> conv
 MOE_ROUTER = Layer("moe_router", _L + "moe:router_forward", op="moe_router", applies=_L + "moe:router_compatible")
-MOE_EXPERTS = Layer("moe_experts", _L + "moe:experts_forward", op="moe_experts", experts=True)
+MOE_EXPERTS = Layer("moe_experts", _L + "moe_experts_interface:liger_rt_experts_forward", op="moe_experts",
+                    experts=True)
 ROPE = Layer("rope", _L + "rope:apply_rotary_pos_emb", op="rope")
 VISION_LAYER_NORM = Layer("layer_norm", _L + "norms:layer_norm_forward", op="layer_norm", within="vision_tower",
                           class_level=False)
@@ -120,8 +123,8 @@ SPECS: dict[str, ModelSpec] = {s.model_type: s for s in [
 ]}
 
 # validated families (each has a tiny preset and a CPU parity test), in the order supported_models()
-# lists them; those needing liger_rt experts join only once the experts interface is in the checkout,
-# and a family joins only where this transformers has its modeling module (unavailable() says why not)
+# lists them; a family joins only where this transformers has its modeling module, and those needing
+# liger_rt experts only where it has the experts interface (unavailable() says why not)
 ALLOWLIST = ("qwen3", "llama", "lfm2", "lfm2_moe", "lfm2_vl", "qwen3_moe", "qwen2", "qwen2_moe", "mistral",
              "mixtral", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "granite", "glm4", "smollm3",
              "qwen3_5_moe_text")
@@ -133,16 +136,21 @@ TEXT_MODEL = {"gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
               "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM, what AutoModelForCausalLM builds")}
 
 
+def experts_interface_missing() -> str | None:
+    """None when this transformers has the experts interface liger_rt experts register in, else why not."""
+    if importlib.util.find_spec("transformers.integrations.moe") is None:
+        return "this transformers has no experts interface (transformers.integrations.moe); pip install -U transformers"
+    return None
+
+
 def unavailable(model_type: str) -> str | None:
     """Why a model type cannot be patched here (None: it can, or it is not in the allowlist)."""
-    import importlib.util
     if model_type in TEXT_MODEL:
         text, cls = TEXT_MODEL[model_type]
         return f"its multimodal model is not validated; its text model is: {cls}, model type {text}"
     if model_type not in ALLOWLIST:
         return None
     if model_type in NEEDS_EXPERTS:
-        from ..layers.moe import experts_interface_missing
         if (why := experts_interface_missing()) is not None:
             return f"{model_type} is validated with liger_rt experts, and {why}"
     for module in {SPECS[m].module for m in (model_type, *SPECS[model_type].includes)}:

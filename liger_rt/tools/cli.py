@@ -7,6 +7,7 @@ non-zero exit (`--debug`: the traceback); `--json` output is JSON alone on stdou
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import sys
@@ -52,8 +53,22 @@ def _table(rows: list[dict], cols: list[str]) -> str:
     return format_table(rows, cols, none="", empty="(none)")
 
 
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
+def _one_line(text) -> str:
+    """`text` on one line, control characters escaped (it may quote a DB row or a path)."""
+    from liger_rt.tuning_db.rows import printable
+    return printable(" ".join(str(text).split()))
+
+
+def _echo(text: str = "", **kw) -> None:
+    """One line of a DB-reading verb's text output, control characters escaped (DB text is not trusted)."""
+    from liger_rt.tuning_db.rows import printable
+    click.echo(printable(text), **kw)
+
+
+def _printable_rows(rows: list[dict]) -> list[dict]:
+    """Rows for _table: string cells escaped (lists and dicts are printed as JSON, which escapes them)."""
+    from liger_rt.tuning_db.rows import printable
+    return [{k: printable(v) if isinstance(v, str) else v for k, v in r.items()} for r in rows]
 
 
 class _Group(click.Group):
@@ -107,12 +122,16 @@ def main(debug):
 
 def _open_user(db_path: str | None, *, readonly: bool, must_exist: bool = True, create: bool = True):
     """The user DB (--db, else LIGER_RT_TUNING_DB): read-only for reading verbs (a missing file is
-    None unless must_exist), writable (created if missing) for writing ones."""
+    None unless must_exist), writable (created if missing) for writing ones.  A path that cannot hold a
+    DB (a directory, a pipe or device, too long, under a file) is a TuningDBError."""
     from pathlib import Path
 
     from liger_rt import env
     from liger_rt.tuning_db import Store, TuningDBError
+    from liger_rt.tuning_db.store import path_problem
     path = Path(db_path).expanduser() if db_path else env.tuning_db_path()
+    if why := path_problem(path):
+        raise TuningDBError(why)
     if readonly and not path.exists():
         if must_exist:
             raise TuningDBError(f"no tuning DB at {path}")
@@ -121,41 +140,86 @@ def _open_user(db_path: str | None, *, readonly: bool, must_exist: bool = True, 
 
 
 @main.command()
+@click.option("--model", "preset", default="qwen3-1.7b", show_default=True,
+              help="Model preset whose shapes the coverage line counts (rows of this device for each).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def doctor(as_json):
-    """Arch, device, versions, DB paths, sizes and row health (ok/stale/bad), env in force."""
-    info = doctor_report()
+def doctor(preset, as_json):
+    """Arch, device, versions, DB paths, sizes and row health (ok/stale/bad), a model's coverage, env in force."""
+    info = doctor_report(preset)
     if as_json:
         click.echo(json.dumps(info, indent=1, default=str))
         return
     a = info["arch"]
     if "error" in a:
-        click.echo(f"arch         error: {a['error']}")
+        _echo(f"arch         error: {a['error']}")
     else:
-        click.echo(f"arch         {a.get('name')} ({a.get('vendor')} {a.get('capability')}, {a.get('device_name')}, "
-                   f"{a.get('sm_count')} SM/CU, warp {a.get('warp_size')}, <= {a.get('max_num_warps')} warps, "
-                   f"<= {a.get('max_num_stages')} stages, {a.get('smem_bytes')} B smem)"
-                   f"{' [forced]' if a.get('forced') else ''}")
-    click.echo(f"device       {info['device']}")
-    click.echo("versions     " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
+        _echo(f"arch         {a.get('name')} ({a.get('vendor')} {a.get('capability')}, {a.get('device_name')}, "
+              f"{a.get('sm_count')} SM/CU, warp {a.get('warp_size')}, <= {a.get('max_num_warps')} warps, "
+              f"<= {a.get('max_num_stages')} stages, {a.get('smem_bytes')} B smem)"
+              f"{' [forced]' if a.get('forced') else ''}")
+    _echo(f"device       {info['device']} (rows keyed as {info['device_class'] or '-'})")
+    _echo("versions     " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
     db = info["db"]
-    click.echo(f"user DB      {db['user_path']} ({'exists' if db['user_exists'] else 'not created yet'}, "
-               f"{db['user_bytes']} B, schema {db['user_schema'] or '-'})")
+    _echo(f"user DB      {db['user_path']} ({'exists' if db['user_exists'] else 'not created yet'}, "
+          f"{db['user_bytes']} B, schema {db['user_schema'] or '-'})")
     if db["user_error"]:
-        click.echo(f"  UNUSABLE: {db['user_error']} -> lookups use the shipped defaults only; nothing touches the file")
+        _echo(f"  UNUSABLE: {db['user_error']} -> lookups use the shipped defaults only; nothing touches the file")
     for layer in ("user", "shipped"):
         for table, c in (db[f"{layer}_health"] or {}).items():
-            click.echo(f"  {layer:8} {table:13} {c['ok']} ok, {c['stale']} stale, {c['bad']} bad")
+            _echo(f"  {layer:8} {table:13} {c['ok']} ok, {c['stale']} stale, {c['bad']} bad")
         for line in db[f"{layer}_bad"]:
-            click.echo(f"    bad: {line}")
-    click.echo(f"shipped      {db['shipped_files']}")
-    click.echo(f"interpreter  TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')}")
-    click.echo(f"ops          {', '.join(info['ops'])}")
-    click.echo("env          " + (", ".join(f"{k}={v}" for k, v in info["env"]["set"].items()) or "(no LIGER_* set)"))
+            _echo(f"    bad: {line}")
+    _echo(f"shipped      {db['shipped_files']}")
+    _echo(f"coverage     {_coverage_line(info['coverage'])}")
+    _echo(f"interpreter  TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')}")
+    _echo(f"ops          {', '.join(info['ops'])}")
+    _echo("env          " + (", ".join(f"{k}={v}" for k, v in info["env"]["set"].items()) or "(no LIGER_* set)"))
     for k, v in info["env"]["parsed"].items():
-        click.echo(f"  {k:18} {v}")
+        _echo(f"  {k:18} {v}")
     for k, hint in info["env"]["unknown"].items():
-        click.echo(f"  UNKNOWN {k} (ignored; {hint})")
+        _echo(f"  UNKNOWN {k} (ignored; {hint})")
+
+
+def _coverage_line(c: dict) -> str:
+    if "error" in c:
+        return f"{c['model']}: {c['error']}"
+    have = (f"{c['covered']} of {c['shapes']} {c['model']} shapes ({c['dtype']}) have rows for "
+            f"{c['device'] or 'this device'}")
+    return have + ("" if c["covered"] == c["shapes"] else f"; the rest: {c['command']}")
+
+
+def _coverage(preset_name: str, arch) -> dict:
+    """How many of the shapes a sweep of `preset_name` measures (per op: static dims and bucket, bf16) have a
+    row of this device, code and software, and the command that measures them."""
+    import warnings as _warnings
+
+    from liger_rt import backend, tuning_db
+    from liger_rt.registry import REGISTRY
+    from liger_rt.tools.presets import get_preset
+    device = backend.device_class(arch.device_name)
+    out = {"model": preset_name, "device": device, "dtype": "bf16",
+           "command": f"liger-tune sweep --arch {arch.name} --model {preset_name}"}
+    try:
+        preset = get_preset(preset_name)
+    except ValueError as exc:
+        return {**out, "error": str(exc)}
+    shapes = {}
+    for name in REGISTRY.names():
+        try:
+            op = REGISTRY.get(name)
+            for dims in op.plan(preset, arch, False):
+                dims = op.check_dims(dims)
+                shapes[op.name, op.static_key(dims), op.bucket_key(dims)] = (op, dims)
+        except Exception:        # an op that cannot load is reported under "ops"
+            continue
+    try:
+        with _warnings.catch_warnings():      # bad rows and an unusable user DB: reported on their own lines
+            _warnings.simplefilter("ignore")
+            store = tuning_db.get_store()
+            covered = sum(store.covered(op, arch, "bf16", dims) for op, dims in shapes.values())
+    except Exception as exc:                  # a bad LIGER_* value: the env lines show it
+        return {**out, "error": f"cannot read the tuning DB ({_one_line(exc)})"}
+    return {**out, "covered": covered, "shapes": len(shapes)}
 
 
 def _health(store) -> tuple[dict, list[str]]:
@@ -172,7 +236,7 @@ def _health(store) -> tuple[dict, list[str]]:
     return counts, bad
 
 
-def doctor_report() -> dict:
+def doctor_report(preset: str = "qwen3-1.7b") -> dict:
     import platform
     from importlib import metadata, resources
 
@@ -180,6 +244,7 @@ def doctor_report() -> dict:
     from liger_rt import __version__, backend, env, tuning_db
     from liger_rt.registry import REGISTRY
     from liger_rt.tuning_db import Store, TuningDBError
+    from liger_rt.tuning_db.store import path_problem
 
     versions = {"liger_rt": __version__, "python": platform.python_version(), "torch": torch.__version__}
     for dist in ("triton", "transformers", "sqlite-utils", "numpy"):
@@ -189,9 +254,10 @@ def doctor_report() -> dict:
             versions[dist] = "missing"
     versions["runtime"] = backend.runtime_version() or "cpu build"
     try:
-        arch = backend.detect().to_dict()
+        detected = backend.detect()
+        arch, device_class = detected.to_dict(), backend.device_class(detected.device_name)
     except Exception as exc:
-        arch = {"name": "error", "error": str(exc)}
+        detected, arch, device_class = None, {"name": "error", "error": str(exc)}, ""
     device = f"{torch.cuda.get_device_name()} ({backend.runtime_version()})" if backend.gpu_present() else "cpu"
     ops = []
     for name in REGISTRY.names():        # a kernel module that fails to import is reported, not fatal
@@ -204,8 +270,11 @@ def doctor_report() -> dict:
           "user_health": None, "user_bad": []}
     try:
         path = env._tuning_db_path()
-        db.update(user_path=str(path), user_exists=path.exists())
-        db["user_bytes"] = path.stat().st_size if db["user_exists"] else 0
+        db["user_path"] = str(path)
+        if why := path_problem(path):
+            db["user_error"] = why
+        elif path.exists():
+            db.update(user_exists=True, user_bytes=path.stat().st_size)
     except env.EnvError as exc:
         db["user_error"] = str(exc)
     if db["user_exists"]:
@@ -222,8 +291,10 @@ def doctor_report() -> dict:
     db["shipped_health"], db["shipped_bad"] = _health(tuning_db.store.shipped_defaults())
     files = (resources.files("liger_rt.tuning_db") / "defaults").iterdir()
     db["shipped_files"] = ", ".join(sorted(p.name for p in files if p.name.endswith(".jsonl"))) or "none"
-    return {"arch": arch, "device": device, "versions": versions, "db": db, "env": env.snapshot(),
-            "interpreter": os.environ.get("TRITON_INTERPRET", ""), "ops": ops}
+    coverage = _coverage(preset, detected) if detected else {"model": preset, "error": "no arch detected"}
+    return {"arch": arch, "device": device, "device_class": device_class, "versions": versions, "db": db,
+            "coverage": coverage, "env": env.snapshot(), "interpreter": os.environ.get("TRITON_INTERPRET", ""),
+            "ops": ops}
 
 
 @main.command()
@@ -327,25 +398,60 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
         click.echo(f"crossover {c['op']} {c['dtype']} {c['static_key']}: {c['segments']} ({c['method']})")
 
 
+def _device_option(verb: str):
+    return click.option("--device", "device_name", default=None,
+                        help=f"Device to {verb} for: a class or a device name (h100, h200, gh200, 'NVIDIA H100 80GB "
+                             "HBM3'); its arch is implied for known devices.")
+
+
+def _device_target(arch_name: str | None, device_name: str | None):
+    """The target explain decides for: this machine (or --arch's planning target) on --device's class."""
+    import dataclasses
+
+    from liger_rt import backend, dispatch
+    if device_name is None:
+        return (dispatch.current_target("cuda" if backend.gpu_present() else "cpu") if arch_name is None
+                else dispatch.target_for_arch(arch_name))
+    device = backend.device_class(device_name)
+    if not device:
+        raise click.BadParameter(f"{device_name!r} names no device", param_hint="--device")
+    known = backend.DEVICE_ARCH.get(device)
+    if arch_name is None and known is None:
+        raise click.BadParameter(f"{device!r}: say its arch with --arch (devices of known arch: "
+                                 f"{', '.join(backend.DEVICE_ARCH)})", param_hint="--device")
+    if arch_name is not None and known is not None and known != arch_name:
+        raise click.BadParameter(f"{device} is a {known} device, not {arch_name}", param_hint="--device")
+    target = dispatch.target_for_arch(arch_name or known)
+    if backend.device_class(target.arch.device_name) == device:
+        return target
+    return dataclasses.replace(target, arch=dataclasses.replace(target.arch, device_name=device_name))
+
+
 @main.command()
 @click.option("--op", default=None, callback=_check_ops, help="Only this op.")
 @click.option("--arch", "arch_name", default=None, callback=_check_arch, help="Only this arch.")
+@_device_option("show rows")
 @click.option("--db", "db_path", default=None, help="DB to read (default: LIGER_RT_TUNING_DB or the user cache).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def show(op, arch_name, db_path, as_json):
+def show(op, arch_name, device_name, db_path, as_json):
     """List tuning entries and crossovers (user DB over shipped defaults), each ok / stale / bad."""
-    from liger_rt import tuning_db
+    from liger_rt import backend, tuning_db
     from liger_rt.tuning_db.store import classify, op_arch_where
     where, args = op_arch_where(op, arch_name)
+    device = backend.device_class(device_name) if device_name is not None else None
     user_error, layers = None, [None, tuning_db.store.shipped_defaults()]
     try:
         layers[0] = _open_user(db_path, readonly=True, must_exist=False)     # None: no user DB yet
     except tuning_db.TuningDBError as exc:
+        if db_path:         # the DB asked for cannot be read: say so, do not show another one
+            raise
         user_error = str(exc)
     tuning, cross = [], []
     for layer in filter(None, layers):
         for table, out in (("tuning", tuning), ("crossover", cross)):
             for r in layer.select(table, where, args):
+                if device is not None and r["device"] != device:
+                    continue
                 status, why = classify(table, r)
                 r["layer"], r["status"], r["why"] = layer.layer, status, why
                 r["fresh"] = {"ok": "yes", "stale": "STALE", "bad": "BAD"}[status]
@@ -357,21 +463,22 @@ def show(op, arch_name, db_path, as_json):
         click.echo(json.dumps({"tuning": tuning, "crossover": cross, "user_error": user_error}, indent=1, default=str))
         return
     if user_error:
-        click.echo(f"warning: user DB unusable ({user_error}); showing shipped defaults", err=True)
-    tuning.sort(key=lambda r: (str(r["op"]), str(r["arch"]), str(r["dtype"]), str(r["static_key"]), str(r["bucket"]),
-                               r["median_ms"] if isinstance(r["median_ms"], (int, float)) else 0))
-    click.echo(_table(tuning, ["layer", "op", "arch", "dtype", "static_key", "bucket", "impl", "config", "median_ms",
-                               "host_ms", "baseline_ms", "method", "origin", "fresh"]))
+        _echo(f"warning: user DB unusable ({user_error}); showing shipped defaults", err=True)
+    tuning.sort(key=lambda r: (str(r["op"]), str(r["arch"]), str(r["device"]), str(r["dtype"]), str(r["static_key"]),
+                               str(r["bucket"]), r["median_ms"] if isinstance(r["median_ms"], (int, float)) else 0))
+    click.echo(_table(_printable_rows(tuning), ["layer", "op", "arch", "device", "dtype", "static_key", "bucket",
+                                                "impl", "config", "median_ms", "host_ms", "baseline_ms", "method",
+                                                "origin", "fresh"]))
     if cross:
         click.echo("\ncrossovers:")
-        click.echo(_table(cross, ["layer", "op", "arch", "dtype", "static_key", "axis_name", "segments", "margin",
-                                  "method", "origin", "fresh"]))
+        click.echo(_table(_printable_rows(cross), ["layer", "op", "arch", "device", "dtype", "static_key", "axis_name",
+                                                   "segments", "margin", "method", "origin", "fresh"]))
     notes = [r for r in tuning + cross if r["status"] != "ok"]
     if notes:
         click.echo("\nnot fresh:")
         for r in notes:
-            click.echo(f"  {r['fresh']:5} {r['layer']} {r['op']} {r['arch']} {r['dtype']} {r['static_key']} "
-                       f"{r.get('bucket', '')} {r.get('impl', '')}: {r['why']}")
+            _echo(f"  {r['fresh']:5} {r['layer']} {r['op']} {r['arch']} {r['device']} {r['dtype']} {r['static_key']} "
+                  f"{r.get('bucket', '')} {r.get('impl', '')}: {r['why']}")
 
 
 @main.command()
@@ -379,39 +486,78 @@ def show(op, arch_name, db_path, as_json):
 @click.option("--shape", required=True, help="k=v[,k=v...], e.g. rows=4096,hidden=2048.")
 @click.option("--dtype", default="bf16", show_default=True)
 @click.option("--arch", "arch_name", default=None, callback=_check_arch,
-              help="Arch to explain for (default: this machine).")
+              help="Arch to explain for (default: this machine, or --device's).")
+@_device_option("explain")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def explain(op, shape, dtype, arch_name, as_json):
-    """Which implementation and config the dispatcher picks for a shape, and why."""
-    from liger_rt import dispatch
+def explain(op, shape, dtype, arch_name, device_name, as_json):
+    """Which implementation and config the dispatcher picks for a shape, and why (and from which row)."""
+    from liger_rt import backend, dispatch
     from liger_rt.config import config_dict
+    from liger_rt.dtypes import parse_dtype
     from liger_rt.registry import REGISTRY
     dims = _parse_shape(shape)
+    target = _device_target(arch_name, device_name)
+    the_op = REGISTRY.get(op)
     try:
-        d = dispatch.select(op, dtype=dtype, arch=arch_name, **dims)
+        d = dispatch.decide(the_op, target, parse_dtype(dtype), the_op.check_dims(dims))
     except (ValueError, TypeError) as exc:
         raise click.UsageError(str(exc))
-    note = _crossover_note(REGISTRY.get(op), d)
-    if dispatch.compiler_takes(REGISTRY.get(op)):
+    note = _crossover_note(the_op, d, target)
+    if dispatch.compiler_takes(the_op):
         note = (note + "; " if note else "") + "under torch.compile: torch (LIGER_RT_COMPILE_POLICY=fuse)"
+    device = backend.device_class(target.arch.device_name)
+    row, cross = _rows_behind(the_op, d, target)
     if as_json:
-        click.echo(json.dumps({**d.to_dict(), "config": config_dict(d.config), "note": note},
-                              indent=1, default=str))
+        click.echo(json.dumps({**d.to_dict(), "device": device, "config": config_dict(d.config), "note": note,
+                               "row": row, "crossover_row": cross}, indent=1, default=str))
         return
-    click.echo(f"{d.op} on {d.arch}, {d.dtype}, {', '.join(f'{k}={v}' for k, v in d.dims.items())}")
+    _echo(f"{d.op} on {d.arch} ({device or 'no device class'}), {d.dtype}, "
+          f"{', '.join(f'{k}={v}' for k, v in d.dims.items())}")
     for label, value in (("impl", d.impl), ("config", json.dumps(config_dict(d.config))),
-                         ("origin", d.origin), ("why", d.reason), ("note", note)):
-        if label != "note" or note:
-            click.echo(f"  {label:7} {value}")
+                         ("origin", d.origin), ("why", d.reason), ("row", _describe_row(row)),
+                         ("cross", _describe_row(cross)), ("note", note)):
+        if value:
+            _echo(f"  {label:7} {value}")
 
 
-def _crossover_note(op, d) -> str | None:
+_ROW_FIELDS = ("layer", "device", "device_name", "sm_count", "method", "origin", "median_ms", "torch_version",
+               "triton_version", "runtime_version", "source_hash", "created", "stale", "fallback")
+
+
+def _rows_behind(op, d, target) -> tuple[dict | None, dict | None]:
+    """(the tuning row whose config the decision took, the crossover row that picked its implementation),
+    found as decide found them, each with its device class, timing method and fingerprint (None: none)."""
+    from liger_rt import tuning_db
+    store, dims = tuning_db.get_store(), dict(d.dims)
+    row = cross = None
+    if d.origin not in ("heuristic", "online", "pinned"):
+        exact = d.reason.startswith("exact bucket")
+        row = store.lookup(op, target.arch, d.dtype, dims, impls=[d.impl], nearest=not exact)
+        if row is not None:
+            row = {k: row.get(k) for k in ("bucket", "impl", *_ROW_FIELDS)}
+    if "(segments " in d.reason and (found := store.crossover(op, target.arch, d.dtype, dims)) is not None:
+        cross = {"segments": found["segments"], **{k: found.get(k) for k in _ROW_FIELDS}, "origin": found["source"]}
+    return row, cross
+
+
+def _describe_row(row: dict | None) -> str | None:
+    if row is None:
+        return None
+    where = f"{row['device'] or 'any device'} ({row['device_name'] or 'device not recorded'}, {row['sm_count']} SMs)"
+    prints = ", ".join(f"{label} {row[k] or '-'}" for label, k in (
+        ("torch", "torch_version"), ("triton", "triton_version"), ("runtime", "runtime_version"),
+        ("kernel", "source_hash")))
+    return f"{row['layer']} DB, {row['origin']}, {row['method']} on {where}; {prints}" + (
+        f"; STALE: {row['stale']}" if row["stale"] else "")
+
+
+def _crossover_note(op, d, target) -> str | None:
     """When a crossover row exists but its pick cannot run here, say so (the decision fell through)."""
-    if op.crossover_axis is None or d.origin == "crossover":
+    if op.crossover_axis is None or "(segments " in d.reason:
         return None
     from liger_rt import tuning_db
     from liger_rt.tuning_db.crossover import crossover_pick
-    row = tuning_db.get_store().crossover(op, d.arch, d.dtype, dict(d.dims))
+    row = tuning_db.get_store().crossover(op, target.arch, d.dtype, dict(d.dims))
     if row is None:
         return None
     value = float(op.crossover_axis(dict(d.dims)))
@@ -424,17 +570,23 @@ def _crossover_note(op, d) -> str | None:
 @main.command(name="export")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--arch", "arch_name", default=None, callback=_check_arch, help="Only this arch.")
+@_device_option("export rows")
+@click.option("--winners", is_flag=True, help="Only tuning and crossover rows, no raw measurements (what the "
+                                              "shipped defaults hold).")
 @click.option("--shipped", is_flag=True, help="Include the shipped defaults (user rows win on the same key).")
 @click.option("--db", "db_path", default=None, help="DB to read (default: LIGER_RT_TUNING_DB or the user cache).")
-def export_cmd(file, arch_name, shipped, db_path):
+def export_cmd(file, arch_name, device_name, winners, shipped, db_path):
     """Write the user DB (and with --shipped the shipped defaults) as JSON lines; '-' for stdout."""
-    from liger_rt import tuning_db
+    from liger_rt import backend, tuning_db
     from liger_rt.tuning_db.store import classify, dump_jsonl
     user = _open_user(db_path, readonly=True, must_exist=not shipped)
     layers = ([user] if user is not None else []) + ([tuning_db.store.shipped_defaults()] if shipped else [])
+    device = backend.device_class(device_name) if device_name is not None else None
     bad = []
 
     def keep(table, row):
+        if (winners and table == "measurements") or (device is not None and row["device"] != device):
+            return False
         status, why = classify(table, row)
         if status == "bad":
             bad.append(why)
@@ -449,10 +601,10 @@ def export_cmd(file, arch_name, shipped, db_path):
     with out:
         out.write("".join(line + "\n" for line in lines))
     if file != "-":
-        click.echo(f"wrote {len(lines) - 1} records to {file}", err=True)
+        _echo(f"wrote {len(lines) - 1} records to {file}", err=True)
     if bad:
-        click.echo(f"warning: left out {len(bad)} invalid rows (first: {bad[0]}); `liger-tune doctor` lists them",
-                   err=True)
+        _echo(f"warning: left out {len(bad)} invalid rows (first: {bad[0]}); `liger-tune doctor` lists them",
+              err=True)
 
 
 @main.command(name="import")
@@ -463,21 +615,27 @@ def import_cmd(file, db_path):
     from liger_rt.tuning_db import TuningDBError
     from liger_rt.tuning_db.store import load_jsonl
     try:
-        text = sys.stdin.read() if file == "-" else open(file, encoding="utf-8").read()
-    except (OSError, UnicodeDecodeError) as exc:
+        if file == "-":
+            text = sys.stdin.read()
+        elif file.endswith(".gz"):      # the repository keeps sweep measurements gzipped
+            with gzip.open(file, "rt", encoding="utf-8") as f:
+                text = f.read()
+        else:
+            text = open(file, encoding="utf-8").read()
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
         raise click.ClickException(f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}") from None
     with _open_user(db_path, readonly=False) as store:
         try:
             counts = load_jsonl(store, text.splitlines())
         except TuningDBError as exc:
             raise click.ClickException(f"{file}: {exc}; nothing imported") from None
-    click.echo(f"merged {counts['tuning']} tuning, {counts['crossover']} crossover, "
-               f"{counts['measurements']} measurement records into {store.path}")
+    _echo(f"merged {counts['tuning']} tuning, {counts['crossover']} crossover, "
+          f"{counts['measurements']} measurement records into {store.path}")
 
 
 @main.command()
-@click.option("--stale", is_flag=True, help="Entries measured on other kernel code, config schema or (this "
-                                            "machine's arch) another device or software fingerprint.")
+@click.option("--stale", is_flag=True, help="Entries measured on other kernel code or config schema, without a timing "
+                                            "method, or (this machine's arch) under other software versions.")
 @click.option("--invalid", is_flag=True, help="Entries that fail validation (what lookups skip with a warning).")
 @click.option("--op", default=None, callback=_check_ops, help="Only entries of this op (alone: every entry of it).")
 @click.option("--arch", "arch_name", default=None, callback=_check_arch,
@@ -497,14 +655,14 @@ def prune(stale, invalid, op, arch_name, dry_run, db_path):
         out = store.prune(stale=stale, invalid=invalid, op=op, arch=arch_name, dry_run=dry_run)
     for table in ("tuning", "crossover"):
         for r, why in out[table]:
-            click.echo(f"{table:10} {r['op']} {r['arch']} {r['dtype']} {r['static_key']} {r.get('bucket', '')} "
-                       f"{r.get('impl', '')} (kernel {r['source_hash'] or '-'}): {why}")
+            _echo(f"{table:10} {r['op']} {r['arch']} {r['device']} {r['dtype']} {r['static_key']} "
+                  f"{r.get('bucket', '')} {r.get('impl', '')} (kernel {r['source_hash'] or '-'}): {why}")
     if dry_run:
         click.echo(f"{len(out['tuning'])} tuning and {len(out['crossover'])} crossover entries and "
                    f"{out['measurements']} raw measurements would be removed (dry run)")
     else:
-        click.echo(f"removed {len(out['tuning']) + len(out['crossover'])} entries and {out['measurements']} "
-                   f"raw measurements from {store.path}")
+        _echo(f"removed {len(out['tuning']) + len(out['crossover'])} entries and {out['measurements']} "
+              f"raw measurements from {store.path}")
 
 
 # parity and bench import the patchers, hence the kernel modules: without a GPU the interpreter switch

@@ -1,31 +1,36 @@
 """What a tuning-DB row may hold: the columns of each table and the validation (against the op's
 declaration) every row passes where it enters (import, sweep, online tuning) and where it is read
-(lookups, `doctor`).  A failure is a :class:`RowError` with a one-line reason."""
+(lookups, `doctor`, `show`).  A failure is a :class:`RowError` with a one-line reason."""
 from __future__ import annotations
 
 import json
 import math
+import re
 import time
 
-from .. import env
+from .. import backend, env
 from ..config import config_dict
 from ..dtypes import DTYPES
 from ..freshness import source_hash
 from ..registry import REGISTRY
 
-DB_SCHEMA = 2
+DB_SCHEMA = 3
 
 # How a row's times were taken.  Rows of different methods are never compared.
 METHODS = ("cuda-graph", "do_bench", "cpu-wall", "unrecorded")
 # Which tool made a row.
 ORIGINS = ("sweep", "bench", "online", "published")
 GENERIC_ARCHES = ("generic-nvidia", "generic-amd")
-# What a row was measured on; a row whose fingerprint differs from this process's (same arch) is
-# "stale": used only when nothing measured here exists, and shown as such.
+# What a row was measured on.  The device (its class keys the row, beside the arch) and its SM count say where;
+# the versions and the kernel hash say what ran: a row whose software or kernel differs from this process's is
+# "stale" (STALE_FIELDS; versions judged only for this machine's arch and cpu).
 FINGERPRINT = ("device_name", "sm_count", "torch_version", "triton_version", "runtime_version", "source_hash")
+STALE_FIELDS = ("torch_version", "triton_version", "runtime_version", "source_hash")
 
-CROSSOVER_PK = ("op", "variant", "arch", "dtype", "static_key")
+CROSSOVER_PK = ("op", "variant", "arch", "device", "dtype", "static_key")
 TUNING_PK = (*CROSSOVER_PK, "bucket", "impl")
+# a measurement's key is a unique index (not a primary key: the table has none), so imports are idempotent
+MEASUREMENT_KEY = (*CROSSOVER_PK, "dims", "tag", "impl", "config", "created")
 _HEAD = dict.fromkeys(CROSSOVER_PK, str)
 _TAIL = {**{col: int if col == "sm_count" else str for col in FINGERPRINT}, "origin": str, "created": float}
 TUNING_COLUMNS = {**_HEAD, "bucket": str, "impl": str, "config": str, "median_ms": float, "baseline_ms": float,
@@ -34,20 +39,37 @@ MEASUREMENT_COLUMNS = {**_HEAD, "dims": str, "axis": float, "tag": str, "impl": 
                        "median_ms": float, "ok": int, "error": str, "method": str, **_TAIL}
 CROSSOVER_COLUMNS = {**_HEAD, "axis_name": str, "segments": str, "margin": float, "method": str, **_TAIL}
 COLUMNS = {"tuning": TUNING_COLUMNS, "measurements": MEASUREMENT_COLUMNS, "crossover": CROSSOVER_COLUMNS}
-# the columns of schema 1 (what a DB must have to be ours): schema 2 added the method, the host time, the
-# fingerprint's SM count and runtime version, and where missing the rest of the fingerprint and the origin
-_NOT_IN_V1 = {"method", "host_ms", "sm_count", "runtime_version"}
-V1_COLUMNS = {"tuning": set(TUNING_COLUMNS) - _NOT_IN_V1,
-              "measurements": set(MEASUREMENT_COLUMNS) - _NOT_IN_V1 - {"origin", "torch_version", "triton_version"},
-              "crossover": set(CROSSOVER_COLUMNS) - _NOT_IN_V1 - {"device_name", "torch_version", "triton_version"}}
+KEYS = {"tuning": TUNING_PK, "crossover": CROSSOVER_PK, "measurements": MEASUREMENT_KEY}
+# The columns each older schema has (what a DB must have to be ours).  Schema 2 added the method, the host
+# time, the SM count and runtime version, and where missing the rest of the fingerprint and the origin;
+# schema 3 the device class (in the keys).
+_NOT_IN_V1 = {"method", "host_ms", "sm_count", "runtime_version", "device"}
+SCHEMA_COLUMNS = {
+    1: {"tuning": set(TUNING_COLUMNS) - _NOT_IN_V1,
+        "measurements": set(MEASUREMENT_COLUMNS) - _NOT_IN_V1 - {"origin", "torch_version", "triton_version"},
+        "crossover": set(CROSSOVER_COLUMNS) - _NOT_IN_V1 - {"device_name", "torch_version", "triton_version"}},
+    2: {table: set(cols) - {"device"} for table, cols in COLUMNS.items()},
+    3: {table: set(cols) for table, cols in COLUMNS.items()},
+}
 DEFAULTS = {"method": "unrecorded", "sm_count": 0, "runtime_version": "", "torch_version": "",
             "triton_version": "", "device_name": "", "source_hash": "", "origin": "sweep", "error": "",
             "tag": "", "config_schema": 0, "ok": 0, "variant": "fwdbwd"}
 _MAX_TEXT = 4096
+_DEVICE = re.compile(r"[a-z0-9][a-z0-9.-]{0,63}")
 
 
 class RowError(ValueError):
     """A tuning-DB row that this liger_rt cannot use, with the one-line reason."""
+
+
+def printable(value) -> str:
+    """`value` as text with every control, format and separator character but the space escaped ("\\x1b",
+    "\\n", "\\u202e"): text from a DB or an import reaches a terminal as written, never as escape sequences
+    or forged lines."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def resolve_op(name: str):
@@ -67,8 +89,42 @@ def op_names() -> list[str]:
 
 
 def fill_defaults(table: str, rec: dict) -> dict:
-    """The row with every column of `table` (older rows lack the schema-2 ones)."""
-    return {col: DEFAULTS.get(col) if rec.get(col) is None else rec[col] for col in COLUMNS[table]}
+    """The row with every column of `table` (older rows lack the later schemas' ones; a row without a
+    device class gets its device name's)."""
+    out = {col: DEFAULTS.get(col) if rec.get(col) is None else rec[col] for col in COLUMNS[table]}
+    if not out["device"]:
+        out["device"] = backend.device_class(out["device_name"]) if isinstance(out["device_name"], str) else ""
+    return out
+
+
+def arch_for(name: str):
+    """The Arch a row of arch `name` is judged against: this machine's when it is that arch, else the arch's
+    profile (a generic arch: the conservative generic profile)."""
+    hw = backend.detect_hardware()
+    if hw.name == name:
+        return hw
+    return backend.profile(name) if name in backend.ARCH_NAMES else backend.generic_profile(name)
+
+
+def launch_problem(op, impl: str, config, dims: dict, arch, dtype: str) -> str | None:
+    """Why `config` of `impl` cannot launch for `dims` on `arch` (None: it can): more warps or pipeline stages
+    than the arch runs, more shared memory than it has (the op's `smem`), or what the op's own
+    ``launchable(config, dims, arch, dtype)`` hook says (None or a one-line reason)."""
+    if not op.impl(impl).tuned:
+        return None
+    warps, stages = config.limits()
+    if warps > arch.max_num_warps:
+        return f"num_warps {warps} > {arch.max_num_warps} (the most {arch.name} runs)"
+    if stages > arch.max_num_stages:
+        return f"num_stages {stages} > {arch.max_num_stages} (the most {arch.name} runs)"
+    torch_dtype, hook = DTYPES[dtype], getattr(op, "launchable", None)
+    try:
+        if op.smem is not None and (need := op.smem(config, dims, torch_dtype)) > arch.smem_bytes:
+            return f"needs {need} B of shared memory, {arch.name} has {arch.smem_bytes} B per block"
+        reason = hook(config, dims, arch, torch_dtype) if callable(hook) else None
+    except Exception as exc:          # the check itself failing says the config is not known to launch
+        reason = f"its launch check failed ({type(exc).__name__}: {exc})"
+    return str(reason).splitlines()[0] if reason else None
 
 
 def number(rec: dict, col: str, *, positive: bool = False, optional: bool = False, integer: bool = False,
@@ -143,14 +199,25 @@ def parse_config(op, impl: str, data):
                        f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
 
 
+def launchable(op, row: dict, config, dims: dict | None = None, arch=None) -> None:
+    """RowError when the tuning row's config cannot launch for `dims` (default: its static dims and the top
+    of its bucket, the largest call it serves) on `arch` (default: its arch, see arch_for)."""
+    if dims is None:
+        dims = {**json.loads(row["static_key"]), **json.loads(row["bucket"])}
+    if why := launch_problem(op, row["impl"], config, dims, arch or arch_for(row["arch"]), row["dtype"]):
+        shape = ", ".join(f"{k}={v}" for k, v in dims.items())
+        raise RowError(f"config {row['config'][:160]} cannot launch for {shape} on {row['arch']}: {why}")
+
+
 def current_code(op, row: dict) -> bool:
     """Measured on this kernel code and config schema (or published, hash-less)."""
     return row["config_schema"] == op.schema_version and row["source_hash"] in ("", source_hash(op))
 
 
-def check(table: str, rec: dict, *, op=None) -> dict:
+def check(table: str, rec: dict, *, op=None, created: float | None = None) -> dict:
     """The validated, canonical form of one row of `table` (RowError with the reason if not).  The
-    config of a tuning row measured on this code must parse; a stale row's needs to be a JSON object."""
+    config of a tuning row measured on this code must parse and launch; a stale row's needs to be a JSON
+    object.  A row without a creation time gets `created` (default: now, a row measured by this process)."""
     if table not in COLUMNS:
         raise RowError(f"unknown table {table!r}; valid: {', '.join(COLUMNS)}")
     if not isinstance(rec, dict):
@@ -163,22 +230,27 @@ def check(table: str, rec: dict, *, op=None) -> dict:
         raise RowError(f"unknown op {name!r}; valid ops: {', '.join(op_names())}")
     rec = fill_defaults(table, rec)
     out = {"op": name, "variant": text(rec, "variant", (op.variant,)),
-           "arch": text(rec, "arch", env.ARCH_CHOICES + GENERIC_ARCHES), "dtype": text(rec, "dtype", DTYPES)}
+           "arch": text(rec, "arch", env.ARCH_CHOICES + GENERIC_ARCHES), "device": device(rec),
+           "dtype": text(rec, "dtype", DTYPES)}
     out["static_key"] = op.static_key(_dims(op, json_value(rec, "static_key", dict), tuple(op.static), "static_key"))
     for col in FINGERPRINT:
         out[col] = number(rec, col, integer=True) if col == "sm_count" else text(rec, col)
     out["method"] = text(rec, "method", METHODS)
     out["origin"] = text(rec, "origin", ORIGINS)
-    out["created"] = number(rec, "created", low=0.0) if rec.get("created") not in (None, 0, "") else time.time()
+    if rec.get("created") in (None, ""):
+        out["created"] = time.time() if created is None else created
+    else:
+        out["created"] = number(rec, "created", low=0.0)
 
     if table == "tuning":
         out["bucket"] = op.bucket_key(_dims(op, json_value(rec, "bucket", dict), tuple(op.dynamic), "bucket", True))
         out["impl"] = text(rec, "impl", tuple(op.impl_names))
         out["config_schema"] = number(rec, "config_schema", integer=True)
         config = json_value(rec, "config", dict)
-        if current_code(op, out):
-            config = config_dict(parse_config(op, out["impl"], config))
-        out["config"] = json.dumps(config, sort_keys=True)
+        parsed = parse_config(op, out["impl"], config) if current_code(op, out) else None
+        out["config"] = json.dumps(config if parsed is None else config_dict(parsed), sort_keys=True)
+        if parsed is not None:
+            launchable(op, out, parsed)
         out["median_ms"] = number(rec, "median_ms", positive=True)
         out["baseline_ms"] = number(rec, "baseline_ms", positive=True, optional=True)
         out["host_ms"] = number(rec, "host_ms", low=0.0, optional=True)
@@ -207,6 +279,19 @@ def check(table: str, rec: dict, *, op=None) -> dict:
         out["segments"] = json.dumps(segments(op, json_value(rec, "segments", list)))
         out["margin"] = number(rec, "margin", low=0.0, high=1.0)
     return out
+
+
+def device(rec: dict) -> str:
+    """The row's device class: as given (it must be its device name's), else its device name's ("" when
+    neither is known: a row of any device of its arch)."""
+    name, given = text(rec, "device_name"), text(rec, "device")
+    derived = backend.device_class(name)
+    if given and not _DEVICE.fullmatch(given):
+        raise RowError(f"device={given!r} is not a device class (lower-case letters, digits, '-' and '.': "
+                       "e.g. h100, h200, mi325x)")
+    if given and name and given != derived:
+        raise RowError(f"device={given!r} but device_name={name!r} is a {derived}")
+    return given or derived
 
 
 def segments(op, segs: list) -> list:

@@ -1,9 +1,14 @@
-"""SQLite tuning store, and the user DB layered over the shipped defaults (docs/architecture.md, "The DB"
-and "Failure modes").  Tables (columns in rows.py): ``tuning`` (the best config per op, variant, arch, dtype,
-static key, bucket and implementation), ``measurements`` (every raw candidate timing), ``crossover`` and
-``meta`` (the DB schema version; a schema-1 DB is migrated when opened for writing).  Reading never writes;
-writers use WAL, a busy timeout and one transaction per logical write, so concurrent writers lose nothing
-and a killed writer leaves no half-written case."""
+"""The tuning store on sqlite-utils, and the user DB layered over the shipped defaults (docs/architecture.md,
+"The DB" and "Failure modes").  Tables (columns in rows.py): ``tuning`` (the best config per op, variant, arch,
+device class, dtype, static key, bucket and implementation), ``measurements`` (raw candidate timings),
+``crossover`` and ``meta`` (the DB schema version; an older schema migrates when opened for writing).
+
+Reading never writes: a reader opens the file read-only, and immutable where SQLite would otherwise have to
+create its side files in a place it may not write.  Writers use WAL, a busy timeout and one explicit
+``BEGIN IMMEDIATE`` transaction per logical write (sqlite-utils' own writes nest in it as savepoints; the deferred
+``BEGIN`` of its ``atomic()`` takes the write lock only at the first write, and a transaction that has read by
+then fails with SQLITE_BUSY, without waiting, when another writer committed meanwhile), so concurrent writers
+lose nothing and a killed writer leaves no half-written case."""
 from __future__ import annotations
 
 import contextlib
@@ -12,29 +17,43 @@ import json
 import math
 import os
 import sqlite3
-import time
+import stat
 import urllib.parse
 import warnings
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from .. import backend, env
 from ..freshness import source_hash
 from . import rows as R
-from .rows import (CROSSOVER_COLUMNS, CROSSOVER_PK, DB_SCHEMA, FINGERPRINT, MEASUREMENT_COLUMNS, METHODS,
-                   TUNING_COLUMNS, TUNING_PK, RowError)
+from .rows import CROSSOVER_PK, DB_SCHEMA, FINGERPRINT, METHODS, STALE_FIELDS, TUNING_PK, RowError, printable
 
-MEASUREMENT_KEY = ("op", "variant", "arch", "dtype", "static_key", "dims", "tag", "impl", "config", "created")
-_SQL_TYPES = {str: "TEXT", float: "REAL", int: "INTEGER"}
+if TYPE_CHECKING:
+    import sqlite_utils
+
 _STATIC = "op = ? AND variant = ? AND arch = ? AND dtype = ? AND static_key = ?"
-_KEYS = {"tuning": TUNING_PK, "crossover": CROSSOVER_PK, "measurements": MEASUREMENT_KEY}
+_PKS = {"tuning": TUNING_PK, "crossover": CROSSOVER_PK, "meta": ("key",)}
+# index name -> (table, columns, unique)
+_INDEXES = {"tuning_static": ("tuning", ("op", "variant", "arch", "dtype", "static_key"), False),
+            "meas_static": ("measurements", ("op", "arch", "dtype", "static_key"), False),
+            "meas_unique": ("measurements", R.MEASUREMENT_KEY, True)}
+# a tuning row replaces the stored one of its key when that one is not comparable (other method, config
+# schema or fingerprint) or slower: a conditional upsert, which sqlite-utils' upsert (always replaces) cannot say
+_COLS = list(R.TUNING_COLUMNS)
+_UPSERT_TUNING = (
+    f"INSERT INTO tuning ({', '.join(_COLS)}) VALUES ({', '.join('?' for _ in _COLS)}) "
+    f"ON CONFLICT({', '.join(TUNING_PK)}) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in _COLS if c not in TUNING_PK)
+    + " WHERE NOT (" + " AND ".join(f"tuning.{c} IS excluded.{c}" for c in ("method", "config_schema", *FINGERPRINT))
+    + ") OR excluded.median_ms < tuning.median_ms")
 
 
 def row_name(row: dict) -> str:
-    """The row's key fields that are set, space-separated (for messages)."""
-    return " ".join(str(row.get(k)) for k in ("op", "arch", "dtype", "static_key", "bucket", "impl") if row.get(k))
+    """The row's key fields that are set, space-separated, control characters escaped (for messages)."""
+    name = " ".join(str(row.get(k)) for k in ("op", "arch", "dtype", "static_key", "bucket", "impl") if row.get(k))
+    return printable(name + (f" on {row['device']}" if row.get("device") else ""))
 
 
 def op_arch_where(op: str | None, arch: str | None) -> tuple[str | None, list]:
@@ -44,8 +63,8 @@ def op_arch_where(op: str | None, arch: str | None) -> tuple[str | None, list]:
 
 
 class TuningDBError(RuntimeError):
-    """The tuning DB file cannot be used (corrupt, not ours, newer schema, locked, read-only) or a record
-    cannot enter it; the one-line message names which."""
+    """The tuning DB file cannot be used (corrupt, not ours, newer schema, locked, read-only, not a file) or a
+    record cannot enter it; the one-line message names which."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -62,166 +81,212 @@ def fingerprint(arch, source_hash: str) -> dict:
     """What a row measured now for `arch` (an Arch, or an arch name) would record: the device (the
     real one when it is that arch, else the arch profile's), SM/CU count, versions, kernel hash."""
     if isinstance(arch, str):
-        hw = backend.detect_hardware()
-        arch = hw if hw.name == arch else backend.profile(arch) if arch in backend.ARCH_NAMES else None
+        arch = R.arch_for(arch) if arch in backend.ARCH_NAMES else None
     return {"device_name": arch.device_name if arch else "", "sm_count": arch.sm_count if arch else 0,
             **_versions(), "runtime_version": backend.runtime_version() if arch and arch.vendor != "cpu" else "",
             "source_hash": source_hash}
 
 
-_LABELS = {"device_name": "device", "sm_count": "SMs", "torch_version": "torch", "triton_version": "triton",
-           "runtime_version": "runtime", "source_hash": "kernel"}
+_LABELS = {"torch_version": "torch", "triton_version": "triton", "runtime_version": "runtime",
+           "source_hash": "kernel"}
 
 
-def stale_reason(row: dict, here: dict) -> str | None:
-    """None when `row` was measured on this fingerprint (published rows count as such), else what
-    differs: "torch 2.11.0 (here 2.13.0), kernel 1234abcd (here 5678ef90)"."""
+def stale_reason(row: dict, here: dict, *, versions: bool = True) -> str | None:
+    """None when `row` was measured on this code and software (published rows count as such), else what
+    differs: "torch 2.11.0 (here 2.13.0), kernel 1234abcd (here 5678ef90)".  Without `versions` (an arch not
+    present here, whose machine's software is unknown) only the kernel hash counts; a tuning row without a
+    recorded timing method always does.  The device never does: another device's row is a fallback."""
     if row.get("origin") == "published" and not row.get("source_hash"):
         return None
     diff = [f"{_LABELS[k]} {row.get(k) or '?'} (here {here[k] or '-'})"
-            for k in FINGERPRINT if (row.get(k) or R.DEFAULTS.get(k)) != here[k]]
+            for k in (STALE_FIELDS if versions else ("source_hash",)) if (row.get(k) or R.DEFAULTS.get(k)) != here[k]]
+    if "bucket" in row and row.get("method", "unrecorded") == "unrecorded":     # its time compares with nothing
+        diff.append("no recorded timing method")
     return ", ".join(diff) or None
 
 
-def _sql_columns(columns: dict) -> str:
-    return ", ".join(f"{c} {_SQL_TYPES[t]}" for c, t in columns.items())
+# -- paths --------------------------------------------------------------------------------------------
+
+_KINDS = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
 
 
-_CREATE = [
-    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)",
-    f"CREATE TABLE tuning ({_sql_columns(TUNING_COLUMNS)}, PRIMARY KEY ({', '.join(TUNING_PK)}))",
-    f"CREATE TABLE measurements ({_sql_columns(MEASUREMENT_COLUMNS)})",
-    f"CREATE TABLE crossover ({_sql_columns(CROSSOVER_COLUMNS)}, PRIMARY KEY ({', '.join(CROSSOVER_PK)}))",
-]
-_INDEXES = [
-    "CREATE INDEX IF NOT EXISTS tuning_static ON tuning(op, variant, arch, dtype, static_key)",
-    "CREATE INDEX IF NOT EXISTS meas_static ON measurements(op, arch, dtype, static_key)",
-    f"CREATE UNIQUE INDEX IF NOT EXISTS meas_unique ON measurements({', '.join(MEASUREMENT_KEY)})",
-]
+def _shown(path) -> str:
+    text = printable(path)
+    return text if len(text) <= 160 else f"{text[:80]}...{text[-60:]} ({len(text)} characters)"
 
 
-def _inspect(conn: sqlite3.Connection, path) -> int | None:
+def path_problem(path: Path) -> str | None:
+    """Why `path` cannot hold a tuning DB (None: a regular file, or nothing yet where a file may go).
+    Checked before SQLite opens anything: opening a named pipe would block forever."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return f"{_shown(path)} cannot be a tuning DB: a directory in its path is a file"
+    except (OSError, ValueError) as exc:     # too long, permission denied, a symlink loop, a NUL byte
+        return f"{_shown(path)} cannot be used as the tuning DB: {getattr(exc, 'strerror', None) or exc}"
+    if stat.S_ISDIR(mode):
+        return f"{_shown(path)} is a directory, not a tuning DB file"
+    kind = next((name for test, name in _KINDS if test(mode)), None)
+    return f"{_shown(path)} is {kind}, not a tuning DB file" if kind else None
+
+
+def _readonly_uri(path: Path) -> str:
+    """The URI that opens `path` read-only.  A WAL file needs its -shm beside it; where none exists and this
+    process may not write there (a read-only file or directory), the file is opened immutable: read as it is,
+    creating nothing (no writer can be active then: a WAL writer keeps its -shm while it runs)."""
+    uri = f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro"
+    with contextlib.suppress(OSError):
+        with open(path, "rb") as f:
+            head = f.read(20)
+        wal = head[:16] == b"SQLite format 3\0" and head[18:20] == b"\x02\x02"
+        writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
+        if wal and not writable and not Path(f"{path}-shm").exists():
+            uri += "&immutable=1"
+    return uri
+
+
+def _inspect(db: sqlite_utils.Database, path) -> int | None:
     """The liger_rt schema version of an open SQLite file (None: no tables), else TuningDBError saying why not."""
-    tables = {n: {r[1] for r in conn.execute(f'PRAGMA table_info("{n}")').fetchall()}
-              for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
-              if not n.startswith("sqlite_")}
+    tables = {name: set(db[name].columns_dict) for name in db.table_names() if not name.startswith("sqlite_")}
     if not tables:
         return None
     ours = {"meta", *R.COLUMNS}
+    where = printable(path)
     if set(tables) - ours:
-        raise TuningDBError(f"{path} is not a liger_rt DB: an SQLite file of another program (tables "
-                            f"{', '.join(sorted(tables))})")
+        raise TuningDBError(f"{where} is not a liger_rt DB: an SQLite file of another program (tables "
+                            f"{printable(', '.join(sorted(tables)))})")
     if ours - set(tables):
-        raise TuningDBError(f"{path} is not a liger_rt DB: tables {', '.join(sorted(ours - set(tables)))} missing")
+        raise TuningDBError(f"{where} is not a liger_rt DB: tables {', '.join(sorted(ours - set(tables)))} missing")
     if not {"key", "value"} <= tables["meta"]:
-        raise TuningDBError(f"{path} is not a liger_rt DB: table meta has columns {sorted(tables['meta'])}")
-    row = conn.execute("SELECT value FROM meta WHERE key = 'db_schema'").fetchone()
+        raise TuningDBError(f"{where} is not a liger_rt DB: table meta has columns "
+                            f"{printable(sorted(tables['meta']))}")
+    row = next(db.query("SELECT value FROM meta WHERE key = 'db_schema'"), None)
     if row is None:
-        raise TuningDBError(f"{path} is not a liger_rt DB: meta has no db_schema")
+        raise TuningDBError(f"{where} is not a liger_rt DB: meta has no db_schema")
     try:
-        found = int(str(row[0]).strip())
+        found = int(str(row["value"]).strip())
     except ValueError:
-        raise TuningDBError(f"{path}: meta db_schema {row[0]!r} is not a schema number") from None
+        raise TuningDBError(f"{where}: meta db_schema {printable(repr(row['value']))} is not a schema number") from None
     if found > DB_SCHEMA:
-        raise TuningDBError(f"{path} has DB schema {found}, newer than this liger_rt ({DB_SCHEMA}); upgrade "
+        raise TuningDBError(f"{where} has DB schema {found}, newer than this liger_rt ({DB_SCHEMA}); upgrade "
                             "liger_rt or point LIGER_RT_TUNING_DB elsewhere")
     if found < 1:
-        raise TuningDBError(f"{path}: meta db_schema {found} is not a liger_rt schema (1 .. {DB_SCHEMA})")
-    need = R.V1_COLUMNS if found == 1 else {t: set(c) for t, c in R.COLUMNS.items()}
-    for table, cols in need.items():
+        raise TuningDBError(f"{where}: meta db_schema {found} is not a liger_rt schema (1 .. {DB_SCHEMA})")
+    for table, cols in R.SCHEMA_COLUMNS[found].items():
         if cols - tables[table]:
-            raise TuningDBError(f"{path} is not a usable liger_rt DB: table {table} lacks columns "
+            raise TuningDBError(f"{where} is not a usable liger_rt DB: table {table} lacks columns "
                                 f"{', '.join(sorted(cols - tables[table]))}")
     return found
 
 
 class Store(contextlib.AbstractContextManager):
     """One SQLite file (or, path None, an in-memory DB) with the liger_rt schema, ``readonly`` for lookups,
-    doctor, show and export; writable, a missing file is created (unless ``create=False``)."""
+    doctor, show and export; writable, a missing file is created (unless ``create=False``).  ``db`` is its
+    sqlite_utils.Database."""
 
     def __init__(self, path: Path | None, *, layer: str, timeout: float | None = None, create: bool = True,
                  readonly: bool = False):
         self.path, self.layer, self.readonly = path, layer, readonly
         self.timeout = timeout if timeout is not None else 0.0 if path is None else env.db_timeout()
-        self.conn, self.schema = None, DB_SCHEMA
-        if path is not None and path.is_dir():
-            raise TuningDBError(f"{path} is a directory, not a tuning DB file")
+        self.conn, self.schema, self._db = None, DB_SCHEMA, None
+        if path is not None and (why := path_problem(path)):
+            raise TuningDBError(why)
         if path is not None and not path.exists() and (readonly or not create):
-            raise TuningDBError(f"{path} does not exist")
+            raise TuningDBError(f"{printable(path)} does not exist")
         try:
             if path is None:
                 self.conn = self._connect(":memory:")
                 self._setup()
             elif readonly:
-                self._open_readonly(path)
+                self.conn = self._connect(_readonly_uri(path), uri=True)
+                if (found := _inspect(self.db, path)) is None:
+                    raise TuningDBError(f"{printable(path)} is not a liger_rt DB: " + (
+                        "an empty file" if path.stat().st_size == 0 else "an SQLite file without tables"))
+                self.schema = found
             else:
                 self._open_writable(path)
         except BaseException as exc:
             self.close()
             if isinstance(exc, sqlite3.DatabaseError):
-                raise TuningDBError(f"{path} is unusable: {exc}") from None
+                raise TuningDBError(f"{printable(path)} is unusable: {exc}") from None
             raise
-        self.db = self.conn      # sqlite3.Connection: .execute(sql, args)
 
-    def _connect(self, target: str, **kw) -> sqlite3.Connection:
-        conn = sqlite3.connect(target, timeout=self.timeout, check_same_thread=False, isolation_level=None, **kw)
+    @property
+    def db(self) -> sqlite_utils.Database:
+        if self._db is None or self._db.conn is not self.conn:
+            # imported here, at the first decision, not with the dispatcher: sqlite_utils imports pandas where
+            # it is installed (0.22 s of `import liger_rt.dispatch`'s 2.5 s on this repository's CPU machine)
+            import sqlite_utils
+            self._db = sqlite_utils.Database(self.conn, execute_plugins=False, recursive_triggers=False)
+        return self._db
+
+    def _connect(self, target: str, uri: bool = False) -> sqlite3.Connection:
+        # isolation_level None: no implicit transactions; each write is in an explicit one (transaction())
+        conn = sqlite3.connect(target, timeout=self.timeout, check_same_thread=False, isolation_level=None, uri=uri)
         conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
-        conn.row_factory = sqlite3.Row
         return conn
 
-    def _open_readonly(self, path: Path) -> None:
-        self.conn = self._connect(f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro", uri=True)
-        if (found := _inspect(self.conn, path)) is None:
-            raise TuningDBError(f"{path} is not a liger_rt DB: " + ("an empty file" if path.stat().st_size == 0
-                                                                     else "an SQLite file without tables"))
-        self.schema = found
-
     def _open_writable(self, path: Path) -> None:
+        where = printable(path)
         if not path.exists():
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise TuningDBError(f"cannot create the directory of {path}: {exc.strerror or exc}") from None
+                raise TuningDBError(f"cannot create the directory of {where}: {exc.strerror or exc}") from None
         elif not os.access(path, os.W_OK):
-            raise TuningDBError(f"{path} is read-only (file permissions); choose a writable --db or "
+            raise TuningDBError(f"{where} is read-only (file permissions); choose a writable --db or "
                                 "LIGER_RT_TUNING_DB")
         if not os.access(path.parent, os.W_OK | os.X_OK):
-            raise TuningDBError(f"the directory {path.parent} is not writable (SQLite needs to create its "
-                                "journal there); choose a writable --db or LIGER_RT_TUNING_DB")
+            raise TuningDBError(f"the directory {printable(path.parent)} is not writable (SQLite needs to create "
+                                "its journal there); choose a writable --db or LIGER_RT_TUNING_DB")
         self.conn = self._connect(str(path))
         with self._write_errors("open"):
-            found = _inspect(self.conn, path)
-            # WAL for a new file or a current one; a schema-1 file migrates first (switching takes a lock of its own)
-            if found is None or (found == DB_SCHEMA and
-                                 self.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal"):
-                self.conn.execute("PRAGMA journal_mode=WAL")
+            found = _inspect(self.db, path)
+            # WAL for a new file or a current one; an older schema migrates first (switching takes a lock of its own)
+            if found in (None, DB_SCHEMA):
+                self.db.enable_wal()
             if found != DB_SCHEMA:
                 self._setup()
 
     def _setup(self) -> None:
-        """Create the schema in an empty DB, or migrate schema 1 -> 2: the fingerprint, method and host-time
-        columns (old rows: method "unrecorded", so they count as stale until re-measured) and idempotent
-        measurements."""
+        """Create the schema in an empty DB, or migrate an older one, in one transaction."""
+        db = self.db
         with self.transaction():
-            found = _inspect(self.conn, self.path)      # again: another process may have done it meanwhile
+            found = _inspect(db, self.path)      # again: another process may have done it meanwhile
             if found == DB_SCHEMA:
                 return
             if found is None:
-                for sql in _CREATE:
-                    self.conn.execute(sql)
-                self.conn.execute("INSERT INTO meta(key, value) VALUES ('db_schema', ?)", [str(DB_SCHEMA)])
-            for table, columns in R.COLUMNS.items():
-                have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})").fetchall()}
-                for col, typ in columns.items():
-                    if col not in have:
-                        clause = "" if (default := R.DEFAULTS.get(col)) is None else f" DEFAULT {default!r}"
-                        self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {col} {_SQL_TYPES[typ]}{clause}")
-            # schema 1 imported duplicates: keep one of each before the unique index
-            self.conn.execute(f"DELETE FROM measurements WHERE rowid NOT IN (SELECT min(rowid) FROM measurements "
-                              f"GROUP BY {', '.join(MEASUREMENT_KEY)})")
-            for sql in _INDEXES:
-                self.conn.execute(sql)
-            self.conn.execute("UPDATE meta SET value = ? WHERE key = 'db_schema'", [str(DB_SCHEMA)])
+                for table, columns in {"meta": {"key": str, "value": str}, **R.COLUMNS}.items():
+                    db[table].create(columns, pk=_PKS.get(table))
+                db["meta"].insert({"key": "db_schema", "value": str(DB_SCHEMA)})
+            else:
+                self._migrate(found)
+            for name, (table, cols, unique) in _INDEXES.items():
+                db[table].create_index(cols, index_name=name, unique=unique, if_not_exists=True)
+
+    def _migrate(self, found: int) -> None:
+        """Schema 1 or 2 -> 3 (inside _setup's transaction): the columns of the later schemas (old rows: method
+        "unrecorded", so they count as stale until re-measured), the device class from the device name, keys
+        and the measurements' unique index that include it; duplicate measurements dropped (schema 1 let a
+        second import duplicate them)."""
+        db = self.db
+        for table, columns in R.COLUMNS.items():
+            for col, typ in columns.items():
+                if col not in db[table].columns_dict:
+                    db[table].add_column(col, typ)
+                    if (default := R.DEFAULTS.get(col)) is not None:
+                        db.execute(f"UPDATE {table} SET {col} = ?", [default])
+            db[table].convert("device_name", backend.device_class, output="device",
+                              where="device IS NULL OR device = ''")
+            if table in _PKS and db[table].pks != list(_PKS[table]):
+                db[table].transform(pk=_PKS[table])
+        db["measurements"].drop_index("meas_unique", ignore=True)
+        key = ", ".join(R.MEASUREMENT_KEY)
+        db.execute(f"DELETE FROM measurements WHERE rowid NOT IN (SELECT min(rowid) FROM measurements GROUP BY {key})")
+        db["meta"].update("db_schema", {"value": str(DB_SCHEMA)})
 
     def close(self) -> None:
         if self.conn is not None:
@@ -233,23 +298,24 @@ class Store(contextlib.AbstractContextManager):
 
     @contextlib.contextmanager
     def _write_errors(self, what: str):
+        where = printable(self.path)
         try:
             yield
         except sqlite3.DatabaseError as exc:
             msg = str(exc)
             if "locked" in msg or "busy" in msg:
-                raise TuningDBError(f"{self.path} is locked by another process (waited {self.timeout:g} s; "
+                raise TuningDBError(f"{where} is locked by another process (waited {self.timeout:g} s; "
                                     "LIGER_RT_DB_TIMEOUT sets how long)") from None
             if "readonly" in msg or "read-only" in msg:
-                raise TuningDBError(f"{self.path} is read-only ({msg}); choose a writable --db or "
+                raise TuningDBError(f"{where} is read-only ({msg}); choose a writable --db or "
                                     "LIGER_RT_TUNING_DB") from None
-            raise TuningDBError(f"{self.path}: {what} failed: {msg}") from None
+            raise TuningDBError(f"{where}: {what} failed: {msg}") from None
 
     @contextlib.contextmanager
     def transaction(self):
         """One write transaction (nested uses join the outer one)."""
         if self.readonly:
-            raise TuningDBError(f"{self.path} was opened read-only")
+            raise TuningDBError(f"{printable(self.path)} was opened read-only")
         if self.conn.in_transaction:
             yield
             return
@@ -272,21 +338,17 @@ class Store(contextlib.AbstractContextManager):
     def put_rows(self, table: str, rows: Iterable[dict] | Mapping, *, checked: bool = False) -> None:
         """Validate (a row without fingerprint fields was measured here) and write rows (or one row) of one
         table in one transaction (RowError for a bad one).  A tuning row replaces an entry that is not
-        comparable (other method, fingerprint or config schema) or slower."""
+        comparable (other method, fingerprint or config schema) or slower; a crossover row replaces its key's;
+        a measurement already stored is kept as it is."""
         rows = [rows] if isinstance(rows, Mapping) else rows
         rows = [r if checked else R.check(table, self._here(r)) for r in rows]
         if not rows:
             return
-        cols = list(R.COLUMNS[table])
-        verb = {"tuning": "INSERT", "crossover": "INSERT OR REPLACE", "measurements": "INSERT OR IGNORE"}[table]
-        sql = f"{verb} INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})"
-        if table == "tuning":
-            comparable = " AND ".join(f"tuning.{c} IS excluded.{c}" for c in ("method", "config_schema", *FINGERPRINT))
-            sql += (f" ON CONFLICT({', '.join(TUNING_PK)}) DO UPDATE SET "
-                    + ", ".join(f"{c} = excluded.{c}" for c in cols if c not in TUNING_PK)
-                    + f" WHERE NOT ({comparable}) OR excluded.median_ms < tuning.median_ms")
         with self.transaction():
-            self.conn.executemany(sql, [[r[c] for c in cols] for r in rows])
+            if table == "tuning":
+                self.conn.executemany(_UPSERT_TUNING, [[r[c] for c in _COLS] for r in rows])
+            else:
+                self.db[table].insert_all(rows, replace=table == "crossover", ignore=table == "measurements")
 
     put_tuning = functools.partialmethod(put_rows, "tuning")
     put_measurements = functools.partialmethod(put_rows, "measurements")
@@ -294,10 +356,9 @@ class Store(contextlib.AbstractContextManager):
 
     def select(self, table: str, where: str | None = None, args: list | None = None, *,
                rowid: bool = False) -> list[dict]:
-        """Rows of `table` as dicts with every column (schema-1 rows get the schema-2 defaults)."""
-        sql = f"SELECT rowid AS _rowid, * FROM {table}" + (f" WHERE {where}" if where else "")
-        return [R.fill_defaults(table, dict(raw)) | ({"rowid": raw["_rowid"]} if rowid else {})
-                for raw in self.conn.execute(sql, args or []).fetchall()]
+        """Rows of `table` as dicts with every column (older schemas' rows get the later columns' defaults)."""
+        raw = self.db[table].rows_where(where, args or [], select="rowid AS _rowid, *" if rowid else "*")
+        return [R.fill_defaults(table, r) | ({"rowid": r["_rowid"]} if rowid else {}) for r in raw]
 
     all_rows = select
 
@@ -305,7 +366,7 @@ class Store(contextlib.AbstractContextManager):
         return next(iter(self.select("crossover", _STATIC, [op, variant, arch, dtype, static_key])), None)
 
     def counts(self) -> dict:
-        return {t: self.conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in R.COLUMNS}
+        return {t: self.db[t].count for t in R.COLUMNS}
 
     def prune(self, *, stale: bool = False, invalid: bool = False, op: str | None = None,
               arch: str | None = None, dry_run: bool = False) -> dict:
@@ -328,9 +389,9 @@ class Store(contextlib.AbstractContextManager):
 
 
 def classify(table: str, row: dict) -> tuple[str, str]:
-    """("ok" | "stale" | "bad", why).  Bad: fails validation.  Stale: measured on other kernel code
-    or config schema (any arch), or (rows of this machine's arch, and cpu rows) on another device
-    or software fingerprint."""
+    """("ok" | "stale" | "bad", why).  Bad: fails validation (a tuning config that cannot launch included).
+    Stale: measured on other kernel code or config schema (any arch), without a recorded timing method, or
+    (rows of this machine's arch, and cpu rows) under other software versions.  Another device is neither."""
     clean = {k: v for k, v in row.items() if k in R.COLUMNS[table]}
     try:
         checked = R.check(table, clean)
@@ -344,19 +405,17 @@ def classify(table: str, row: dict) -> tuple[str, str]:
             R.parse_config(op, checked["impl"], checked["config"])
         except RowError as exc:
             return "stale", f"other kernel code, and {exc}"
-    why = None
-    if checked["arch"] in (backend.detect_hardware().name, "cpu"):
-        why = stale_reason(checked, fingerprint(checked["arch"], source_hash(op)))
-    elif checked["source_hash"] not in ("", source_hash(op)):
-        why = f"kernel {checked['source_hash']} (here {source_hash(op)})"
+    versions = checked["arch"] in (backend.detect_hardware().name, "cpu")
+    why = stale_reason(checked, fingerprint(checked["arch"], source_hash(op)), versions=versions)
     return ("stale", why) if why else ("ok", "")
 
 
 def load_jsonl(store: Store, lines: Iterable[str], *, strict: bool = True) -> dict:
     """Merge an export (JSON lines {"table": ..., **row}) into `store`, all or nothing: the first bad line
-    raises TuningDBError("line N: why") with nothing written; importing twice changes nothing.  Schema-1
-    rows enter with method "unrecorded", so they count as stale.  strict=False (the shipped defaults)
-    stores rows unvalidated: lookups validate them when they are read."""
+    raises TuningDBError("line N: why") with nothing written.  Importing again changes nothing, whatever
+    optional field the records lack (a missing creation time is 0, "unknown").  Schema-1 rows enter with
+    method "unrecorded", so they count as stale.  strict=False (the shipped defaults) stores rows unvalidated:
+    lookups validate them when they are read."""
     batches: dict[str, list] = {t: [] for t in R.COLUMNS}
     for n, line in enumerate(lines, 1):
         line = line.strip()
@@ -372,17 +431,17 @@ def load_jsonl(store: Store, lines: Iterable[str], *, strict: bool = True) -> di
         if table == "meta":
             schema = rec.get("db_schema")
             if isinstance(schema, bool) or not isinstance(schema, int) or not 1 <= schema:
-                raise TuningDBError(f"line {n}: db_schema {schema!r} is not a schema number")
+                raise TuningDBError(f"line {n}: db_schema {printable(repr(schema))} is not a schema number")
             if schema > DB_SCHEMA:
                 raise TuningDBError(f"line {n}: an export of DB schema {schema}, newer than this liger_rt "
                                     f"({DB_SCHEMA}); upgrade liger_rt to import it")
             continue
         if table not in R.COLUMNS:
-            raise TuningDBError(f"line {n}: unknown table {table!r}; valid: {', '.join(R.COLUMNS)}")
+            raise TuningDBError(f"line {n}: unknown table {printable(repr(table))}; valid: {', '.join(R.COLUMNS)}")
         try:
-            batches[table].append(R.check(table, rec) if strict else _coerce(table, rec))
+            batches[table].append(R.check(table, rec, created=0.0) if strict else _coerce(table, rec))
         except RowError as exc:
-            raise TuningDBError(f"line {n}: {table} record {row_name(rec)}: {exc}") from None
+            raise TuningDBError(f"line {n}: {table} record {row_name(rec)}: {printable(exc)}") from None
     with store.transaction():
         for table, rows in batches.items():
             store.put_rows(table, rows, checked=True)
@@ -396,8 +455,8 @@ def _coerce(table: str, rec: dict) -> dict:
     for col in ("config", "dims", "segments", "static_key", "bucket"):
         if col in out and not isinstance(out[col], str):
             out[col] = json.dumps(out[col], sort_keys=col != "segments")
-    if not out.get("created"):
-        out["created"] = time.time()
+    if out.get("created") is None:
+        out["created"] = 0.0
     return out
 
 
@@ -411,7 +470,7 @@ def dump_jsonl(store, arch: str | None = None, keep=None) -> Iterable[str]:
         seen = set()
         for s in stores:
             for row in s.select(table, where, args):
-                key = tuple(row[c] for c in _KEYS[table])
+                key = tuple(row[c] for c in R.KEYS[table])
                 if key in seen or (keep is not None and not keep(table, row)):
                     continue
                 seen.add(key)
@@ -423,26 +482,32 @@ def _log2_distance(a: dict, b: dict) -> float:
 
 
 class LayeredStore:
-    """The user DB over the shipped defaults.  Lookups prefer rows measured on this fingerprint
-    (user DB first), then same-arch rows of another fingerprint ("stale"); a bad row is skipped with
-    one warning and the lookup goes on to the next row, layer or source."""
+    """The user DB over the shipped defaults.  Rows are ranked in tiers: measured on this device class and this
+    code and software; on another device of the arch (a fallback: origin ``arch:<device>``); then the same two
+    under other code or software ("stale").  Lookups use the best tier any row of the static dims reaches, the
+    user DB before the shipped one within it.  A bad row is skipped with one warning and the lookup goes on to
+    the next row, layer or source."""
 
     def __init__(self, user: Store | None, defaults: Store, user_error: str | None = None):
         self.user, self.defaults, self.user_error = user, defaults, user_error
-        self._here, self._warned = {}, set()     # fingerprints by (arch, kernel hash); bad rows warned about
+        self._here, self._warned = {}, set()     # targets by (arch, device, kernel hash); bad rows warned about
 
     @classmethod
     def open_default(cls) -> "LayeredStore":
-        """The shipped defaults plus LIGER_RT_TUNING_DB read-only when it exists (reading changes nothing)."""
+        """The shipped defaults plus LIGER_RT_TUNING_DB read-only when it exists (reading changes nothing).
+        A path that cannot hold a DB (not a regular file, too long, under a file) is warned about once and
+        the shipped defaults serve alone."""
         defaults, path = shipped_defaults(), env.tuning_db_path()
         user, error = None, None
-        if path.exists():
-            try:
+        try:
+            if why := path_problem(path):
+                raise TuningDBError(why)
+            if path.exists():
                 user = Store(path, layer="user", readonly=True)
-            except (TuningDBError, sqlite3.Error, OSError) as exc:
-                error = str(exc)
-                warnings.warn(f"liger_rt: ignoring the tuning DB ({exc}); using shipped defaults and "
-                              "heuristics. `liger-tune doctor` shows this.", RuntimeWarning, stacklevel=2)
+        except (TuningDBError, sqlite3.Error, OSError) as exc:
+            error = str(exc)
+            warnings.warn(f"liger_rt: ignoring the tuning DB ({printable(exc)}); using shipped defaults and "
+                          "heuristics. `liger-tune doctor` shows this.", RuntimeWarning, stacklevel=2)
         return cls(user, defaults, error)
 
     def layers(self) -> list[Store]:
@@ -452,59 +517,87 @@ class LayeredStore:
         if self.user is not None:   # the shipped defaults are shared by the process: keep them open
             self.user.close()
 
-    def _usable(self, store: Store, table: str, op, row: dict):
-        """(checked row, config or None) when the row may be used, else None (a bad one warned once)."""
+    def _target(self, arch, op) -> tuple:
+        """(arch name, Arch, device class, fingerprint here, versions judged) of `arch` (an Arch or a name)."""
+        hw_name = backend.detect_hardware().name
+        if isinstance(arch, str):
+            arch = R.arch_for(arch)
+        key = (arch.name, arch.device_name, source_hash(op))
+        if key not in self._here:
+            self._here[key] = (arch.name, arch, backend.device_class(arch.device_name),
+                               fingerprint(arch, source_hash(op)), arch.name in (hw_name, "cpu"))
+        return self._here[key]
+
+    def _warn_bad(self, store: Store, table: str, row: dict, why: str, key: str) -> None:
+        if (k := (store.layer, table, *(str(row.get(c)) for c in TUNING_PK), key)) not in self._warned:
+            self._warned.add(k)
+            warnings.warn(f"liger_rt: skipping a bad {table} row in the {store.layer} DB ({row_name(row)}): "
+                          f"{printable(why)}; `liger-tune doctor` counts them, `liger-tune prune --invalid` "
+                          "removes them", RuntimeWarning, stacklevel=5)
+
+    def _usable(self, store: Store, table: str, op, row: dict, arch, dims: dict):
+        """(checked row, config or None) when the row may be used for `dims`, else None (a bad one warned once)."""
         try:
             checked = R.check(table, row, op=op)
         except RowError as exc:
-            if (key := (store.layer, table, *(str(row.get(c)) for c in TUNING_PK), str(exc))) not in self._warned:
-                self._warned.add(key)
-                warnings.warn(f"liger_rt: skipping a bad {table} row in the {store.layer} DB ({row_name(row)}): "
-                              f"{exc}; `liger-tune doctor` counts them, `liger-tune prune --invalid` removes them",
-                              RuntimeWarning, stacklevel=4)
+            self._warn_bad(store, table, row, str(exc), str(exc))
             return None
         if table == "crossover":
             return checked, None
         if checked["config_schema"] != op.schema_version:
             return None               # other config fields: not applicable (stale, prune --stale)
         try:
-            return checked, R.parse_config(op, checked["impl"], checked["config"])
+            config = R.parse_config(op, checked["impl"], checked["config"])
         except RowError:
             return None               # measured on other code whose configs this code does not take
+        try:
+            R.launchable(op, checked, config, dims, arch)      # a nearer bucket's config at this call's dims
+        except RowError as exc:
+            self._warn_bad(store, table, row, str(exc), "launch")
+            return None
+        return checked, config
 
-    def _found(self, table: str, op, arch: str, dtype: str, dims: dict, keep=None) -> list[tuple]:
-        """(store, checked row, config, stale reason or None) of each usable row of the static dims."""
-        args = [op.name, op.variant, arch, dtype, op.static_key(dims)]
-        if (arch, source_hash(op)) not in self._here:
-            self._here[arch, source_hash(op)] = fingerprint(arch, source_hash(op))
-        here = self._here[arch, source_hash(op)]
-        found = []      # a loop, not a comprehension: the warnings' stacklevel counts these frames
+    def _found(self, table: str, op, arch, dtype: str, dims: dict, keep=None) -> list[tuple]:
+        """(store, checked row, config, stale reason or None, tier) of each usable row of the static dims."""
+        name, target, device, here, versions = self._target(arch, op)
+        args = [op.name, op.variant, name, dtype, op.static_key(dims)]
+        found = []      # loops, not comprehensions: the warnings' stacklevel counts these frames
         for store in self.layers():
             try:
                 rows = store.select(table, _STATIC, args)
             except sqlite3.Error as exc:  # locked past the timeout, corrupted since opening...
                 if store is self.user:
-                    warnings.warn(f"liger_rt: tuning DB read failed ({exc}); using shipped defaults",
+                    warnings.warn(f"liger_rt: tuning DB read failed ({printable(exc)}); using shipped defaults",
                                   RuntimeWarning, stacklevel=3)
                     self.user_error, self.user = str(exc), None
                 continue
             for row in rows:
-                if usable := (keep is None or keep(row)) and self._usable(store, table, op, row):
-                    found.append((store, *usable, stale_reason(usable[0], here)))
+                if usable := (keep is None or keep(row)) and self._usable(store, table, op, row, target, dims):
+                    why = stale_reason(usable[0], here, versions=versions)
+                    found.append((store, *usable, why, 2 * bool(why) + (usable[0]["device"] != device)))
         return found
 
+    @staticmethod
+    def _provenance(row: dict, tier: int, device: str, why: str | None) -> tuple[str | None, str]:
+        """(the fallback origin or None, "on h200 (no h100 row), STALE: ..." for the reason)."""
+        fallback = f"arch:{row['device'] or 'any'}" if tier % 2 else None
+        text = f"on {row['device'] or 'any device'}" + (f" (no {device or 'device-class'} row)" if fallback else "")
+        return fallback, text + (f", STALE: {why}" if why else "")
+
     def lookup(self, op, arch, dtype: str, dims: dict, *, impls: list[str], nearest: bool) -> dict | None:
-        """The best usable tuning row of the exact (or with `nearest` the nearest) bucket.  Rows of
-        another fingerprint ("stale") count only when no row of these static dims was measured on
-        this one; the user DB before the shipped one; within the bucket one timing method
+        """The best usable tuning row of the exact (or with `nearest` the nearest) bucket, for `arch` (an Arch,
+        whose device name gives the device class, or an arch name).  Only rows of the best tier the static dims
+        reach count (see the class); the user DB before the shipped one; within the bucket one timing method
         (cuda-graph, do_bench, cpu-wall, unrecorded in that order of preference) and its fastest row."""
         found = self._found("tuning", op, arch, dtype, dims, lambda row: row.get("impl") in impls)
+        if not found:
+            return None
+        device = self._target(arch, op)[2]
+        tier = min(c[4] for c in found)
         want = {d: dims[d] for d in op.dynamic}
         exact = op.bucket_key(dims)
-        # stale rows only where nothing of these static dims was measured here (in any bucket)
-        stale = all(c[3] for c in found)
         for store in self.layers():
-            cands = [c for c in found if c[0] is store and bool(c[3]) == stale]
+            cands = [c for c in found if c[0] is store and c[4] == tier]
             if nearest:
                 dist = {c[1]["bucket"]: _log2_distance(want, json.loads(c[1]["bucket"])) for c in cands}
                 cands = [c for c in cands if dist[c[1]["bucket"]] == min(dist.values())]
@@ -514,24 +607,32 @@ class LayeredStore:
                 continue
             method = min((c[1]["method"] for c in cands), key=METHODS.index)
             cands = [c for c in cands if c[1]["method"] == method]     # never compare methods
-            _, best, config, why = min(cands, key=lambda c: c[1]["median_ms"])
-            out = {**best, "config": config, "layer": store.layer, "stale": why}
+            _, best, config, why, _ = min(cands, key=lambda c: c[1]["median_ms"])
+            fallback, where = self._provenance(best, tier, device, why)
+            out = {**best, "config": config, "layer": store.layer, "stale": why, "fallback": fallback}
             torch_rows = [c[1] for c in cands if c[1]["impl"] == "torch" and c[1]["bucket"] == best["bucket"]]
             if torch_rows:      # the same run's torch time, same method: the honest baseline
                 out["baseline_ms"] = torch_rows[0]["median_ms"]
             host = f", host {best['host_ms']:.3g} ms/call" if best.get("host_ms") else ""
-            out["db_origin"] = f"{best['origin']}, {best['method']}{host}" + (f", STALE: {why}" if why else "")
+            out["db_origin"] = f"{best['origin']}, {best['method']}{host}, {where}"
             return out
         return None
 
     def crossover(self, op, arch, dtype: str, dims: dict) -> dict | None:
-        """The crossover row of (op, arch, dtype, static dims): exact fingerprint before stale."""
-        found = sorted(self._found("crossover", op, arch, dtype, dims), key=lambda c: bool(c[3]))
+        """The crossover row of (op, arch, dtype, static dims) of the best tier (see the class)."""
+        found = self._found("crossover", op, arch, dtype, dims)
         if not found:
             return None
-        store, row, _, why = found[0]
+        store, row, _, why, tier = min(found, key=lambda c: c[4])
+        fallback, where = self._provenance(row, tier, self._target(arch, op)[2], why)
         return {**row, "segments": json.loads(row["segments"]), "layer": store.layer, "stale": why,
-                "origin": f"{row['origin']}, {row['method']}" + (f", STALE: {why}" if why else "")}
+                "fallback": fallback, "source": row["origin"], "origin": f"{row['origin']}, {row['method']} {where}"}
+
+    def covered(self, op, arch, dtype: str, dims: dict) -> bool:
+        """Whether a row of this device, code and software serves the exact bucket of `dims` (what sweeping
+        that shape writes)."""
+        exact = op.bucket_key(dims)
+        return any(c[4] == 0 and c[1]["bucket"] == exact for c in self._found("tuning", op, arch, dtype, dims))
 
 
 _DEFAULTS: Store | None = None

@@ -1,7 +1,7 @@
-"""torch.compile of patched models on the GPU with inductor (run on the H200: pytest -m gpu
-tests/gpu/test_compile_gpu.py).  tests/test_compile_models.py checks every family on CPU without
-code generation; here inductor generates code around our custom ops, and mode="reduce-overhead"
-captures a whole training step in CUDA graphs (issue 19 item 2).
+"""torch.compile of patched models on the GPU with inductor (pytest -m gpu tests/gpu/test_compile_gpu.py).
+tests/test_compile_models.py checks every family on CPU without code generation; here inductor
+generates code around our custom ops, and mode="reduce-overhead" captures a whole training step in
+CUDA graphs.
 
 Real layer widths, two decoder layers (LFM2: a conv and an attention layer), bf16 (the MoE
 case fp32), 2 x 256 tokens.
@@ -15,6 +15,7 @@ import dataclasses
 import pytest
 import torch
 
+import gpu_sizing
 import liger_rt
 from liger_rt.patch import specs
 from liger_rt.tools.models import build_model
@@ -53,17 +54,26 @@ def _steps(model, inputs_list):
     return torch.stack(losses), grads
 
 
+def _case(name, mode, dtype, policy):
+    """One model resident at a time with its .grad (2 x 2 or 2 x 4 bytes a parameter), the eager run's
+    fp32 gradients kept beside the compiled run's (2 x 4): 16 bytes counted, 20 in fp32; activations,
+    inductor's buffers and CUDA graph pools of 2 x 256 tokens: 4 GiB."""
+    need = gpu_sizing.training_need(16 if dtype == torch.bfloat16 else 20, extra_gib=4)
+    return pytest.param(name, mode, dtype, policy, id=f"{name}-{mode}-{str(dtype)[6:]}-{policy}",
+                        marks=pytest.mark.gpu_mem(gib=gpu_sizing.need_gib_of(_two_layers(name), need)))
+
+
 @pytest.mark.parametrize("name,mode,dtype,policy", [
-    ("qwen3-1.7b", "default", torch.bfloat16, "kernels"),
-    ("qwen3-1.7b", "reduce-overhead", torch.bfloat16, "kernels"),  # CUDA graphs around a whole patched training step
-    ("lfm2-1.2b", "reduce-overhead", torch.bfloat16, "kernels"),
+    _case("qwen3-1.7b", "default", torch.bfloat16, "kernels"),
+    _case("qwen3-1.7b", "reduce-overhead", torch.bfloat16, "kernels"),  # CUDA graphs around a whole training step
+    _case("lfm2-1.2b", "reduce-overhead", torch.bfloat16, "kernels"),
     # LIGER_RT_COMPILE_POLICY=fuse: norms, SwiGLU and RoPE traced as torch code for inductor to fuse
-    ("qwen3-1.7b", "default", torch.bfloat16, "fuse"),
-    ("lfm2-1.2b", "reduce-overhead", torch.bfloat16, "fuse"),
+    _case("qwen3-1.7b", "default", torch.bfloat16, "fuse"),
+    _case("lfm2-1.2b", "reduce-overhead", torch.bfloat16, "fuse"),
     # MoE in fp32: in bf16 inductor's own rounding of the surrounding ops moves near-tied tokens to
     # other experts, and after four SGD steps the router's gradient differed by 22% norm-relative
-    # (H200, session 7): routing noise, not a kernel's error, and no bound could tell the two apart
-    ("lfm2-8b-a1b", "default", torch.float32, "kernels"),
+    # (measured on an H200): routing noise, not a kernel's error, and no bound could tell the two apart
+    _case("lfm2-8b-a1b", "default", torch.float32, "kernels"),
 ])
 def test_compiled_patched_training_steps(name, mode, dtype, policy, monkeypatch):
     monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", policy)

@@ -1,4 +1,4 @@
-"""Patchers on the GPU (run on the H200: pytest -m gpu tests/gpu/test_patch_gpu.py).
+"""Patchers on the GPU (pytest -m gpu tests/gpu/test_patch_gpu.py).
 
 Real layer sizes with few layers, bf16, the Triton kernels: parity gates of liger_rt.tools.parity,
 the kernels really chosen, the LFM2 conv fast path taken in training on this transformers.
@@ -11,6 +11,7 @@ import warnings
 import pytest
 import torch
 
+import gpu_sizing
 import liger_rt
 from liger_rt import dispatch
 from liger_rt.patch import core
@@ -20,29 +21,40 @@ from liger_rt.tools.parity import compare, format_table, make_inputs
 from liger_rt.tools.presets import get_preset
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:.*causal_conv1d.*")]
+FREE = gpu_sizing.free_bytes()
+
+
+def _one_dense(name):
+    """A preset with one dense layer at most (LFM2-MoE: the layers after it MoE)."""
+    p = get_preset(name)
+    return dataclasses.replace(p, dense_layers=min(p.dense_layers, 1))
 
 
 def _short(name, layers):
-    p = get_preset(name)
-    if p.attention_layers:
-        attn = tuple(i for i in range(layers) if i % 3 == 2) or (layers - 1,)
-        return dataclasses.replace(p, layers=layers, attention_layers=attn, dense_layers=min(p.dense_layers, 1))
-    return dataclasses.replace(p, layers=layers)
+    return gpu_sizing.cut(_one_dense(name), layers)
 
 
-@pytest.mark.parametrize("name,flags", [
-    ("qwen3-4b", {}),
-    ("qwen3-4b", {"fused_linear_cross_entropy": True}),
-    ("llama-3.2-1b", {}),
-    ("lfm2-1.2b", {}),
-    ("lfm2-1.2b", {"rope": True, "fused_linear_cross_entropy": True}),
-    ("lfm2-8b-a1b", {}),
-    ("lfm2-8b-a1b", {"rope": True}),
-    ("lfm2-vl-1.6b", {"layer_norm": True}),
-    ("qwen3-30b-a3b", {}),
+def _case(name, flags):
+    """4 layers (fewer where two resident models do not fit this card: id ``-cut<n>L``)."""
+    plan = gpu_sizing.plan_model(_one_dense(name), FREE, layers=4)
+    return plan.param(flags, id_suffix="".join(f"-{k}" for k in flags))
+
+
+@pytest.mark.parametrize("plan,flags", [
+    _case("qwen3-4b", {}),
+    _case("qwen3-4b", {"fused_linear_cross_entropy": True}),
+    _case("llama-3.2-1b", {}),
+    _case("lfm2-1.2b", {}),
+    _case("lfm2-1.2b", {"rope": True, "fused_linear_cross_entropy": True}),
+    _case("lfm2-8b-a1b", {}),
+    _case("lfm2-8b-a1b", {"rope": True}),
+    _case("lfm2-vl-1.6b", {"layer_norm": True}),
+    _case("qwen3-30b-a3b", {}),
 ])
-def test_parity_bf16(name, flags):
-    preset = _short(name, 4)
+def test_parity_bf16(plan, flags):
+    preset = plan.preset
+    if plan.note:
+        print(plan.note)
     if preset.model_type not in liger_rt.supported_models():
         pytest.skip(f"{preset.model_type} not on the allowlist in this checkout")
     with warnings.catch_warnings():
@@ -55,6 +67,8 @@ def test_parity_bf16(name, flags):
     assert impls.get("rms_norm") == "triton", impls
 
 
+# one bf16 model: built in fp32 then cast (6 bytes a parameter), weights and gradients (4): 10 counted
+@pytest.mark.gpu_mem(gib=gpu_sizing.need_gib_of(_short("lfm2-1.2b", 3), gpu_sizing.training_need(10)))
 def test_lfm2_conv_fast_path_in_training_on_this_transformers(monkeypatch):
     model = build_model(_short("lfm2-1.2b", 3), dtype=torch.bfloat16, device="cuda")
     liger_rt.patch(model)
@@ -70,6 +84,9 @@ def test_lfm2_conv_fast_path_in_training_on_this_transformers(monkeypatch):
     assert len(calls) == n_conv, f"{len(calls)} fused conv calls for {n_conv} conv layers (HF path taken?)"
 
 
+# two bf16 models with gradients (8 bytes a parameter), one built in fp32 beside the other: 14 counted;
+# 2 x 1024 tokens of 151936-wide logits, their fp32 upcast and gradients in the baseline's loss (~5 GiB)
+@pytest.mark.gpu_mem(gib=gpu_sizing.need_gib_of(_short("qwen3-4b", 2), gpu_sizing.training_need(14, extra_gib=6)))
 def test_fused_linear_cross_entropy_memory_and_loss():
     preset = _short("qwen3-4b", 2)
     base = build_model(preset, dtype=torch.bfloat16, device="cuda")

@@ -1,6 +1,6 @@
 """rope on the GPU at Qwen3 sizes, bf16 against fp64 references (HF's apply_rotary_pos_emb).
 
-    LIGER_RT_TEST_GPU=1 python -m pytest -m gpu tests/gpu/test_rope_gpu.py -q
+    python -m pytest -m gpu tests/gpu/test_rope_gpu.py -q
 
 Besides accuracy at real sizes, every candidate config of this GPU's arch is compiled, run and
 validated through the autotuner (on this Triton version), so no config can fail or win wrongly.
@@ -15,12 +15,12 @@ from liger_rt.backend import interpreter_on
 from liger_rt.kernels import rope as rp
 from liger_rt.numerics import assert_close
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.gpu_mem(gib=4)]     # fp64 q, k, gradients: 0.5 GB each
 DEV = "cuda"
 QWEN3 = dict(b=4, s=2048, hq=16, hk=8, d=128)   # Qwen3-1.7B attention, batch 4 x seq 2048
 
 if torch.cuda.is_available() and interpreter_on():
-    pytest.skip("TRITON_INTERPRET=1: run GPU tests with LIGER_RT_TEST_GPU=1", allow_module_level=True)
+    pytest.skip("TRITON_INTERPRET=1 is set: unset it to run the GPU tests", allow_module_level=True)
 
 
 @pytest.fixture

@@ -1,15 +1,20 @@
-"""`liger-tune bench` (kernels, model, host, dispatch, ceilings; docs/cli.md, "bench"): kernel benchmarks against the
-measured ceilings, model training steps, host costs.
+"""`liger-tune bench` (kernels, model, logprobs, host, dispatch, ceilings; docs/cli.md, "bench"): this GPU against
+eager PyTorch, torch.compile and Liger-Kernel (where installed), as a table; a CSV only with --csv PATH, and with
+--data DIR one row per measurement appended to DIR/kernels.csv, models.csv or host.csv (harness.DATASET_COLUMNS).
 
-Modules: `harness` (versions, CSV, ceilings, timers, the kernel-case loop), one per kernel family (`norms`,
-`lfm2_ops`, `losses`, `moe_experts`: cases and arms), `model` (the training step), `host_overhead`, `logprobs`.
-CSVs go to --out (default benchmarks/results), named <bench>_<device>[_quick].csv.
+Modules: `harness` (versions, CSV and dataset rows, ceilings, timers, the kernel-case loop), one per kernel family
+(`norms`, `gated_mlp`, `losses`, `lfm2_ops`, `moe`: cases and arms), `model` (the training step), `logprobs`,
+`host_overhead`.
 """
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import click
+
+from .logprobs import main as logprobs_cmd
 
 
 def _run(fn, *args, **kw):
@@ -30,33 +35,64 @@ def _need_gpu(what: str) -> None:
         raise click.ClickException(no_gpu_message(what))
 
 
-_OUT = click.option("--out", "out_dir", default="benchmarks/results", show_default=True,
-                    type=click.Path(file_okay=False), help="Folder for the CSVs.")
+def _csv(fn):
+    fn = click.option("--data", "data_dir", default=None, type=click.Path(file_okay=False),
+                      help="Append one row per measurement to a CSV in this folder (kernels.csv, models.csv or "
+                           "host.csv), with device, versions, commit, date and a run id.")(fn)
+    return click.option("--csv", "csv_path", default=None, type=click.Path(dir_okay=False),
+                        help="Also write the rows (versions included) to this CSV.")(fn)
+
+
+def _sink(data_dir: str | None, name: str, records):
+    """fn(rows) appending `records(rows)` to DATA_DIR/name under one run id, or None without a folder."""
+    if not data_dir:
+        return None
+    from .harness import append_dataset, dataset_rows, new_run_id
+    run_id = new_run_id()
+    return lambda rows: append_dataset(Path(data_dir) / name, dataset_rows(records(rows), run_id))
+
+
+def script(args: list[str], data_dir: str | Path) -> None:
+    """`liger-tune bench ARGS` with this process's arguments, for a repository script: rows appended under
+    `data_dir` unless the arguments name another --data folder or say --no-data.
+
+        script(["kernels", "--op", "norms"], Path(__file__).parent / "data")
+    """
+    argv = sys.argv[1:]
+    if "--no-data" in argv:
+        argv = [a for a in argv if a != "--no-data"]
+    elif not any(a == "--data" or a.startswith("--data=") for a in argv):
+        argv += ["--data", str(data_dir)]
+    bench.commands[args[0]].main([*args[1:], *argv], prog_name=f"python {sys.argv[0]}")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def bench():
-    """Kernel, model and host-overhead benchmarks; CSV out with versions and timing method."""
+    """This GPU against eager PyTorch, torch.compile and Liger-Kernel: kernels, model steps, host costs."""
+
+
+bench.add_command(logprobs_cmd, "logprobs")
 
 
 @bench.command()
-@click.option("--op", "names", multiple=True, help="A family (norms, lfm2_ops, losses, moe_experts) or an op "
+@click.option("--op", "names", multiple=True, help="A family (norms, gated_mlp, losses, lfm2_ops, moe) or an op "
               "(rms_norm, swiglu, ...); repeatable. Default: every family.")
 @click.option("--where", multiple=True, help="Only the cases whose field has one of the values: field=v[,v...], "
-              "repeatable (e.g. --where tokens=512,4096). A narrowed run replaces only its own cases in the CSV.")
+              "repeatable (e.g. --where tokens=512,4096).")
 @click.option("--quick", is_flag=True, help="The quick cases, shorter timing, no torch.compile.")
 @click.option("--no-compile", is_flag=True, help="Leave the torch.compile arm out.")
 @click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp16", "fp32"]))
 @click.option("--reverse-arms", is_flag=True, help="Time each case's arms last to first (alternate it between runs); "
               "the rows say so in arm_order.")
-@_OUT
-def kernels(names, where, quick, no_compile, dtype, reverse_arms, out_dir):
+@_csv
+def kernels(names, where, quick, no_compile, dtype, reverse_arms, csv_path, data_dir):
     """Every arm of every case (ours, forced implementations, eager, torch.compile, Liger-Kernel)."""
-    from .harness import run_kernels, select_specs
+    from .harness import kernel_records, run_kernels, select_specs
     _run(select_specs, list(names), list(where), quick)       # bad arguments first, GPU or not
     _need_gpu("bench kernels")
     _run(run_kernels, list(names), where=list(where), quick=quick, compile_=not no_compile, dtype=dtype,
-         out_dir=out_dir, echo=lambda s: click.echo(s), reverse_arms=reverse_arms)
+         echo=click.echo, reverse_arms=reverse_arms, csv_path=csv_path,
+         on_case=_sink(data_dir, "kernels.csv", kernel_records))
 
 
 @bench.command()
@@ -69,27 +105,33 @@ def ceilings():
 
 
 @bench.command()
-@click.option("--cpu-stub", is_flag=True, help="The Python path on CPU tensors, Triton launches stubbed (no GPU): "
-              "host_overhead_cpu_stub.csv.")
-@_OUT
-def host(cpu_stub, out_dir):
+@click.option("--cpu-stub", is_flag=True, help="The Python path on CPU tensors, Triton launches stubbed (no GPU).")
+@_csv
+def host(cpu_stub, csv_path, data_dir):
     """Host microseconds per layer of a norm call, and device against wall time (GPU)."""
     from . import host_overhead
-    from .harness import device_tag, write_csv
+    from .harness import write_csv
     if not cpu_stub:
         _need_gpu("bench host")
-    probe, tag = (host_overhead.cpu_stub, "cpu_stub") if cpu_stub else (host_overhead.host, device_tag())
-    click.echo(f"wrote {write_csv(probe(echo=click.echo), f'{out_dir}/host_overhead_{tag}.csv')}")
+    rows = (host_overhead.cpu_stub if cpu_stub else host_overhead.host)(echo=click.echo)
+    if data_dir:
+        _sink(data_dir, "host.csv", host_overhead.host_records)(rows)
+    if csv_path:
+        click.echo(f"wrote {write_csv(rows, csv_path)}")
 
 
 @bench.command()
 @click.option("--calls", default=200_000, show_default=True, type=click.IntRange(min=1))
-@_OUT
-def dispatch(calls, out_dir):
+@_csv
+def dispatch(calls, csv_path, data_dir):
     """Per-call cost of a dispatch decision that hits the memo (CPU)."""
     from .harness import write_csv
-    from .host_overhead import dispatch_overhead
-    click.echo(f"wrote {write_csv(dispatch_overhead(calls, echo=click.echo), f'{out_dir}/dispatch_overhead.csv')}")
+    from .host_overhead import dispatch_overhead, host_records
+    rows = dispatch_overhead(calls, echo=click.echo)
+    if data_dir:
+        _sink(data_dir, "host.csv", host_records)(rows)
+    if csv_path:
+        click.echo(f"wrote {write_csv(rows, csv_path)}")
 
 
 def _layer_list(ctx, param, text):
@@ -100,19 +142,16 @@ def _layer_list(ctx, param, text):
 
 
 @bench.command("model")
-@click.option("--model", "model_type", default=None,
-              help="Model type: qwen3, llama, qwen3_moe, lfm2, lfm2_moe, lfm2_vl (lfm2_vl: text-only step).")
-@click.option("--target", "targets", multiple=True, help="Issue 9's runs instead of --model (GPU), repeatable or "
-              "comma-separated: qwen3, lfm2, qwen3rope, lfm2rope, lfm2moe, lfm2moerope or all.")
+@click.option("--model", "model_type", required=True,
+              help="Model type: qwen3, llama, qwen3_moe, lfm2, lfm2_moe, lfm2_vl (lfm2_vl: text-only step), ...")
 @click.option("--preset", default="tiny", show_default=True,
               help="Preset name (qwen3-1.7b, lfm2-1.2b, ...), 'tiny' for the family's tiny one, or a PATH.json.")
 @click.option("--batch", default=4, show_default=True, type=int)
 @click.option("--seq", default=2048, show_default=True, type=int)
 @click.option("--shape", "shapes", multiple=True, help="BATCHxSEQ in place of --batch/--seq, repeatable or "
               "comma-separated (e.g. --shape 4x2048,1x512).")
-@click.option("--steps", default=None, type=int, help="Measured steps per run [default: 20; --quick 8].")
-@click.option("--warmup", default=None, type=int, help="Warm-up steps per run, not timed [default: 5; --quick 3].")
-@click.option("--quick", is_flag=True, help="--target runs: 8 measured steps after 3 warm-up steps.")
+@click.option("--steps", default=20, show_default=True, type=int, help="Measured steps per run.")
+@click.option("--warmup", default=5, show_default=True, type=int, help="Warm-up steps per run, not timed.")
 @click.option("--dtype", default="bf16", show_default=True, help="Weight dtype: bf16, fp16, fp32.")
 @click.option("--layers", default=None, type=int, help="Override the layer count (LFM2: later attention layers drop).")
 @click.option("--attention-layers", default=None, callback=_layer_list, help="LFM2: the attention layers, e.g. 2,5.")
@@ -132,42 +171,22 @@ def _layer_list(ctx, param, text):
 @click.option("--config", "config_text", default=None, help="transformers config overrides, k=v[,k=v...] (JSON).")
 @click.option("--lr", default=1e-4, show_default=True, type=float, help="AdamW learning rate.")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--csv", "csv_path", default=None, type=click.Path(dir_okay=False),
-              help="Write the rows to this CSV (--target: in place of model_<device>[_quick].csv).")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]))
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON instead of the table.")
-@_OUT
-def model_cmd(model_type, targets, batch, seq, shapes, steps, warmup, quick, arms, flags, config_text, csv_path,
-              as_json, out_dir, **kw):
+@_csv
+def model_cmd(model_type, batch, seq, shapes, arms, flags, config_text, csv_path, data_dir, as_json, **kw):
     """Time an SFT training step: baseline vs liger_rt.patch (and Liger-Kernel, torch.compile), counterbalanced."""
     from . import model as M
     from .harness import write_csv
-    if bool(model_type) == bool(targets):
-        raise click.UsageError("give --model TYPE or --target NAME (one of them)")
     arms = tuple(a.strip() for a in arms.split(",") if a.strip()) if arms else None
     shapes = _run(M.parse_shapes, shapes) or [(batch, seq)]
-    compile_kw = {k: kw.pop(k) for k in ("compile", "compile_backend", "compile_mode")}
-    if compile_kw["compile"] or arms:      # a bad arm, backend or warm-up: a usage error before any GPU check or build
-        _run(M.resolve_arms, arms, False, warmup=3 if warmup is None else warmup, **compile_kw)
-    if targets:
-        targets = [t.strip() for text in targets for t in text.split(",") if t.strip()]
-        names = list(M.TARGETS) if "all" in targets else list(dict.fromkeys(targets))
-        bad = [t for t in names if t not in M.TARGETS]
-        if bad:
-            raise click.BadParameter(f"unknown target {bad[0]!r}; valid: {', '.join(M.TARGETS)}, all",
-                                     param_hint="--target")
-        _need_gpu("bench model --target")
-        failed = M.run_targets(names, out_dir=out_dir, quick=quick, steps=steps, warmup=warmup, shapes=shapes,
-                               liger_kernel=kw["liger_kernel"], csv_path=csv_path, echo=click.echo, arms=arms,
-                               **compile_kw)
-        if failed:
-            raise click.ClickException(f"failed: {', '.join(failed)} (errors above)")
-        return
-    kw.update(flags=_run(M.parse_flags, flags), config=_run(M.parse_config, config_text), arms=arms, **compile_kw)
-    rows = []
+    kw.update(flags=_run(M.parse_flags, flags), config=_run(M.parse_config, config_text), arms=arms)
+    rows, sink = [], _sink(data_dir, "models.csv", M.model_records)
     for b, sq in shapes:
-        rows += _run(M.run_model_bench, model_type, batch=b, seq=sq, steps=steps or 20,
-                     warmup=5 if warmup is None else warmup, echo=lambda m: click.echo(m, err=as_json), **kw)
+        rows += (got := _run(M.run_model_bench, model_type, batch=b, seq=sq, echo=lambda m: click.echo(m, err=as_json),
+                             **kw))
+        if sink:
+            sink(got)
     click.echo(json.dumps(rows, indent=1, default=str) if as_json else "\n" + M.format_summary(rows))
     if csv_path:
         click.echo(f"wrote {write_csv(rows, csv_path)}")

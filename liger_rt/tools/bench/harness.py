@@ -1,9 +1,12 @@
-"""What every benchmark shares: versions, CSV rows, ceilings, timers and the kernel-case loop.
+"""What every benchmark shares: versions, CSV and dataset rows, ceilings, timers and the kernel-case loop.
 
-A kernel family (norms, lfm2_ops, losses, moe_experts) lists its cases as SPECS (op, the op's dims, `quick`,
-`target`) and `build`s a `Case` per spec; `measure_case` times its arms (`_arms`), each on its own copy of the inputs,
-fwd+bwd taking every input's gradient with autograd.grad.  GB/s and TFLOP/s count what an op cannot avoid moving or
+A kernel family (norms, gated_mlp, losses, lfm2_ops, moe) lists its cases as SPECS (op, the op's dims, `quick`) and
+`build`s a `Case` per spec; `measure_case` times its arms (`_arms`), each on its own copy of the inputs, fwd+bwd
+taking every input's gradient with autograd.grad.  GB/s and TFLOP/s count what an op cannot avoid moving or
 computing, against this device's copy and bf16 matmul ceilings measured in the same run (docs/cli.md, "bench").
+
+Two outputs: `write_csv` (one wide row per arm and pass, what `--csv PATH` writes) and the long-format dataset
+(`dataset_rows` + `append_dataset`: one row per measurement, DATASET_COLUMNS, for collecting runs over time).
 """
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ import importlib
 import json
 import os
 import re
-import shutil
+import secrets
+import subprocess
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -23,10 +27,10 @@ from typing import Callable
 
 import torch
 
-FAMILIES = ("norms", "lfm2_ops", "losses", "moe_experts")   # modules of this package, each with SPECS and build
-SPEC_KEYS = ("op", "dtype", "routing", "quick", "target")    # spec fields that are not the op's dims
-LOWER_IS_BETTER = ("ms", "dev_ms", "peak_GB")
+FAMILIES = ("norms", "gated_mlp", "losses", "lfm2_ops", "moe")   # modules of this package, each with SPECS and build
+SPEC_KEYS = ("op", "dtype", "routing", "quick")                   # spec fields that are not the op's dims
 FORCED = ("triton", "grouped_mm")          # our implementations forced by env: not peers
+PEERS = {"liger_kernel": "liger-kernel", "trl": "trl"}           # peer arm -> its distribution
 
 
 # -- versions, CSV, tables ------------------------------------------------------------------------
@@ -36,70 +40,57 @@ def dist_version(dist: str) -> str | None:
         return metadata.version(dist)
 
 
+def device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
 def versions() -> dict:
     """Device, date and the installed version (package metadata) of torch and of every peer."""
     cuda = torch.version.cuda or (f"hip {torch.version.hip}" if torch.version.hip else "")
-    out = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "cuda": cuda,
-           "date": datetime.date.today().isoformat()}
+    out = {"gpu": device_name(), "cuda": cuda, "date": datetime.date.today().isoformat()}
     for dist in ("torch", "triton", "transformers", "liger-kernel"):
         out[dist.replace("-", "_")] = dist_version(dist) or "not installed"
     return {**out, "liger_rt": dist_version("liger-rt") or source_version()}
 
 
-def source_version() -> str:
-    """liger_rt run from a checkout (not pip-installed, as on the H200 image): its version and commit."""
-    import subprocess
-
+def git_commit() -> tuple[str, bool]:
+    """(short commit of the checkout liger_rt runs from, whether liger_rt/ differs from it); ("", False) when
+    liger_rt is not run from a git checkout."""
     import liger_rt
     git = ["git", "-C", str(Path(liger_rt.__file__).resolve().parents[1])]
     try:
         rev = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              timeout=5).stdout.strip()
-        # a tree whose tracked files differ from HEAD (a copied working tree, local edits) says so
-        if rev and subprocess.run([*git, "diff", "--quiet", "HEAD", "--", "liger_rt"], capture_output=True,
-                                  timeout=10).returncode == 1:
-            rev += ".dirty"
+        dirty = bool(rev) and subprocess.run([*git, "diff", "--quiet", "HEAD", "--", "liger_rt"],
+                                             capture_output=True, timeout=10).returncode == 1
     except (OSError, subprocess.SubprocessError):
-        rev = ""
-    return f"{liger_rt.__version__}+{rev}" if rev else f"{liger_rt.__version__} (source)"
+        return "", False
+    return rev, dirty
 
 
-def device_tag() -> str:
-    """h200, h100, mi300x, ...; cpu without a GPU."""
-    if not torch.cuda.is_available():
-        return "cpu"
-    m = re.search(r"\b([A-Z]+\d+[A-Z]?)\b", torch.cuda.get_device_name())
-    return m.group(1).lower() if m else "gpu"
-
-
-def csv_path(out_dir: str | Path, bench: str, quick: bool) -> Path:
-    return Path(out_dir) / f"{bench}_{device_tag()}{'_quick' if quick else ''}.csv"
+def source_version() -> str:
+    """liger_rt run from a checkout (not pip-installed): its version and commit, `.dirty` where liger_rt/ differs
+    from that commit (a copied working tree, local edits)."""
+    import liger_rt
+    rev, dirty = git_commit()
+    return f"{liger_rt.__version__}+{rev}{'.dirty' if dirty else ''}" if rev else f"{liger_rt.__version__} (source)"
 
 
 def _cell(v):
     return json.dumps(v, separators=(",", ":")) if isinstance(v, (list, dict)) else "n/a" if v is None else v
 
 
-def write_csv(rows: list[dict], path: str | Path, merge_on: tuple[str, ...] | None = None) -> Path:
-    """Rows plus the version columns (lists/dicts as JSON, None as n/a).  `merge_on`: keep the existing file's rows
-    whose values in those columns no new row has.  A copy goes to $OUT when that is set (the device tool)."""
+def write_csv(rows: list[dict], path: str | Path) -> Path:
+    """Rows plus the version columns (lists/dicts as JSON, None as n/a), replacing the file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     info = versions()
     rows = [{**r, **{k: v for k, v in info.items() if k not in r}} for r in rows]
-    if merge_on and path.exists():
-        new = {tuple(str(_cell(r.get(k))) for k in merge_on) for r in rows}
-        with path.open(newline="") as fh:
-            old = list(csv.DictReader(fh))
-        rows = [r for r in old if tuple(r.get(k, "") for k in merge_on) not in new] + rows
     keys = list(dict.fromkeys(k for r in rows for k in r))
     with path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=keys, restval="")
         w.writeheader()
         w.writerows({k: _cell(v) for k, v in r.items()} for r in rows)
-    out = os.environ.get("OUT")
-    if out and Path(out).is_dir() and (Path(out) / path.name).resolve() != path.resolve():
-        shutil.copyfile(path, Path(out) / path.name)
     return path
 
 
@@ -122,6 +113,68 @@ def no_gpu_message(what: str) -> str:
     return (f"{what} needs a CUDA/ROCm GPU and this machine has none (torch {torch.__version__}); run it on "
             f"the GPU machine. On CPU, `liger-tune bench model --model qwen3 --preset tiny --device cpu` "
             f"checks the model step plumbing and `liger-tune bench dispatch` times a dispatch decision.")
+
+
+def error_line(exc: BaseException, limit: int = 200) -> str:
+    """"TypeName: the first line of the message" (at most `limit` characters of it)."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:limit] if str(exc) else ''}"
+
+
+# -- the dataset: one row per measurement ---------------------------------------------------------
+
+DATASET_COLUMNS = ("kind", "name", "shape", "arm", "metric", "value", "unit", "gpu", "dtype", "method", "torch",
+                   "triton", "transformers", "liger_rt", "peer_version", "commit", "date", "run_id", "notes")
+# what a measurement record carries; dataset_rows adds the rest (device, versions, commit, date, run id)
+RECORD_KEYS = ("kind", "name", "shape", "arm", "metric", "value", "unit", "dtype", "method", "notes")
+
+
+def new_run_id() -> str:
+    """One id per benchmark invocation: UTC time and 4 random hex digits, e.g. 20261206T171300Z-3fa2."""
+    return f"{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(2)}"
+
+
+def shape_text(shape: dict | str) -> str:
+    """{'rows': 4096, 'hidden': 2048} -> 'rows=4096;hidden=2048'."""
+    return shape if isinstance(shape, str) else ";".join(f"{k}={v}" for k, v in shape.items())
+
+
+def dataset_rows(records: list[dict], run_id: str) -> list[dict]:
+    """Records (RECORD_KEYS; `shape` a dict or text) as DATASET_COLUMNS rows: this device, the installed versions
+    (a peer arm's from its package metadata), the checkout's commit (`-dirty` where liger_rt/ differs from it),
+    today's UTC date and `run_id`."""
+    import liger_rt
+    info, (commit, dirty) = versions(), git_commit()
+    fixed = {"gpu": info["gpu"], "torch": info["torch"], "triton": info["triton"], "transformers": info["transformers"],
+             "liger_rt": liger_rt.__version__, "commit": commit + ("-dirty" if dirty else ""), "run_id": run_id,
+             "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat()}
+    out = []
+    for r in records:
+        unknown = set(r) - set(RECORD_KEYS)
+        if unknown:
+            raise ValueError(f"dataset record keys {sorted(unknown)}: valid keys are {', '.join(RECORD_KEYS)}")
+        peer = PEERS.get(r["arm"])
+        out.append({**dict.fromkeys(DATASET_COLUMNS, ""), **r, **fixed, "shape": shape_text(r["shape"]),
+                    "peer_version": (peer and dist_version(peer)) or ""})
+    return out
+
+
+def append_dataset(path: str | Path, rows: list[dict]) -> Path:
+    """Append DATASET_COLUMNS rows to the CSV at `path` (created with its header if missing).  A file with another
+    header is an error: the dataset's columns are fixed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists() or path.stat().st_size == 0
+    if not new:
+        with path.open(newline="") as fh:
+            header = next(csv.reader(fh), [])
+        if tuple(header) != DATASET_COLUMNS:
+            raise ValueError(f"{path}: its header is not the dataset's columns ({','.join(DATASET_COLUMNS)})")
+    with path.open("a", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=DATASET_COLUMNS, extrasaction="raise")
+        if new:
+            w.writeheader()
+        w.writerows({k: "" if v is None else v for k, v in r.items()} for r in rows)
+    return path
 
 
 # -- measuring -------------------------------------------------------------------------------------
@@ -151,8 +204,9 @@ _UNCAPTURABLE: dict[tuple, str] = {}   # (op, arm) -> why its CUDA-graph capture
 def time_fn(fn: Callable, device: str, quick: bool = False,
             arm: tuple | None = None) -> tuple[float, float | None, str]:
     """(wall ms, device ms or None, how the device time was taken or why there is none).  An `arm` whose capture
-    failed once is not captured again in this process: a failed capture never gives its memory pool back (H200,
-    2026-12-04: Liger-Kernel's fused MoE failed in every case, and the grid run held 137 GB at its eleventh)."""
+    failed once is not captured again in this process: a failed capture never gives its memory pool back (H200:
+    Liger-Kernel 0.8.5's fused MoE failed its capture in every case, and the MoE grid held 137 GB at its
+    eleventh case)."""
     from liger_rt import autotune
     if device != "cuda":
         return autotune.measure(fn, device, quick=quick), None, "none: cpu"
@@ -304,9 +358,8 @@ def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: 
                  echo: Callable = print, reverse_arms: bool = False) -> list[dict]:
     """One row per (arm, pass); an arm that fails gets rows with `error` and never stops the run.
     `reverse_arms` times the arms last to first (runs alternating it are counterbalanced)."""
-    from liger_rt.autotune import error_line
-    label = {**case.dims, **{k: case.spec[k] for k in ("routing",) if k in case.spec},
-             "dtype": case.spec.get("dtype", dtype)}
+    shape = {**case.dims, **{k: case.spec[k] for k in ("routing",) if k in case.spec}}
+    label = {**shape, "dtype": case.spec.get("dtype", dtype)}
     key = ",".join(f"{k}={v}" for k, v in label.items())
     ceilings = ceilings or {}
     ceiling = ceilings.get("copy_GBps" if case.unit == "GBps" else "bf16_matmul_TFLOPs")
@@ -316,8 +369,9 @@ def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: 
     rows = []
     arms = list(_arms(case, dtype, compile_).items())
     for name, (arm, impl) in (reversed(arms) if reverse_arms else arms):
-        base = {"op": case.op, "case": key, **label, "impl": name, **case.extra, "quick": quick,
-                "arm_order": "reversed" if reverse_arms else "listed", "copy_ceiling_GBps": ceilings.get("copy_GBps"),
+        base = {"op": case.op, "case": key, "shape": shape_text(shape), **label, "impl": name, **case.extra,
+                "quick": quick, "arm_order": "reversed" if reverse_arms else "listed",
+                "copy_ceiling_GBps": ceilings.get("copy_GBps"),
                 "matmul_ceiling_TFLOPs": ceilings.get("bf16_matmul_TFLOPs")}
         ins = tuple(t.detach().clone().requires_grad_(t.requires_grad) if _floating(t) else t for t in case.inputs)
         dy = None if case.dy is None else case.dy.clone()
@@ -344,29 +398,16 @@ def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: 
             rows += [{**base, "pass": p, "error": error_line(exc)} for p in case.passes]
         del ins, dy, fns
         gc.collect()
-    _relative(rows, case.spec.get("target") or {})
+    for p in case.passes:               # vs_eager: eager ms / ms, for both timers
+        eager = next((r for r in rows if r["pass"] == p and r["impl"] == "eager" and r.get("ms")), {})
+        for r in (r for r in rows if r["pass"] == p and r.get("ms")):
+            r["vs_eager"] = eager.get("ms") and eager["ms"] / r["ms"]
+            r["dev_vs_eager"] = eager.get("dev_ms") and r.get("dev_ms") and eager["dev_ms"] / r["dev_ms"]
     return rows
 
 
-def _relative(rows: list[dict], target: dict) -> None:
-    """vs_eager per pass (eager ms / ms, for both timers) and the target verdict of the liger_rt rows."""
-    for p in {r["pass"] for r in rows}:
-        mine = [r for r in rows if r["pass"] == p]
-        eager = next((r for r in mine if r["impl"] == "eager" and r.get("ms")), {})
-        for r in mine:
-            if r.get("ms"):
-                r["vs_eager"] = eager.get("ms") and eager["ms"] / r["ms"]
-                r["dev_vs_eager"] = eager.get("dev_ms") and r.get("dev_ms") and eager["dev_ms"] / r["dev_ms"]
-            if r["impl"] == "liger_rt" and target.get(p):
-                r["target"] = target[p]
-                r["meets_target"] = bool(r.get("ms")) and all(
-                    r.get(m) is not None and (r[m] <= v if m in LOWER_IS_BETTER else r[m] >= v)
-                    for m, v in target[p].items())
-
-
 def verdicts(rows: list[dict]) -> list[str]:
-    """Per case and pass (wall time): the dispatched arm against the best peer and the fastest arm; TARGET MISSED
-    where it misses its target."""
+    """Per case and pass (wall time): the dispatched arm against the best peer and the fastest arm."""
     lines = []
     for key in dict.fromkeys((r["op"], r["case"], r["pass"]) for r in rows):
         by = {r["impl"]: r for r in rows if (r["op"], r["case"], r["pass"]) == key and r.get("ms")}
@@ -379,10 +420,48 @@ def verdicts(rows: list[dict]) -> list[str]:
         lines.append(f"{name}: liger_rt {ours['ms']:.4g} ms ({re.sub(r' {.*}', '', ours['config'])})"
                      + (f", {peers[0][0] / ours['ms']:.2f}x the best peer ({peers[0][1]})" if peers else "")
                      + f", {ours['ms'] / fastest['ms']:.3f}x the fastest arm ({fastest['impl']})")
-        if ours.get("meets_target") is False:
-            got = ", ".join(f"{m} {fmt(ours.get(m))} (target {v})" for m, v in ours["target"].items())
-            lines.append(f"TARGET MISSED: {name} liger_rt: {got}")
     return lines
+
+
+# the dataset's kind of each kernel op, and its arm names where they differ from the rows' `impl`
+OP_KINDS = {"rms_norm": "norms", "layer_norm": "norms", "swiglu": "gated_mlp", "cross_entropy": "losses",
+            "fused_linear_cross_entropy": "losses", "short_conv": "lfm2_ops", "moe_experts": "moe_experts",
+            "moe_router": "moe_router", "fused_linear_logprobs": "logprobs"}
+ARM_NAMES = {"compile": "torch_compile", "baseline": "eager", "baseline+compile": "torch_compile"}
+
+
+def dataset_arm(arm: str) -> str:
+    """A row's arm as the dataset names it: compile -> torch_compile, baseline -> eager, liger_rt+compile ->
+    liger_rt+torch_compile."""
+    return ARM_NAMES.get(arm) or arm.replace("+compile", "+torch_compile")
+
+
+def kernel_records(rows: list[dict]) -> list[dict]:
+    """measure_case rows as dataset records: per measured arm and pass, `ms` (do_bench: wall), `dev_ms` (cuda-graph:
+    device), `gbps` or `tflops` (counted bytes or FLOPs over the do_bench time) and its fraction of the run's
+    ceiling, `extra_gb` (peak allocated in fwd+bwd beyond the live inputs); the name is `op.pass`."""
+    out = []
+    for r in (r for r in rows if r.get("ms")):
+        unit = "GBps" if "GBps" in r else "TFLOPs"
+        ceiling = r.get("copy_ceiling_GBps" if unit == "GBps" else "matmul_ceiling_TFLOPs")
+        base = {"kind": OP_KINDS.get(r["op"], r["op"]), "name": f"{r['op']}.{r['pass']}", "shape": r["shape"],
+                "arm": dataset_arm(r["impl"]), "dtype": r["dtype"],
+                "notes": "; ".join(filter(None, [f"config {r['config']}" if r["impl"] in ("liger_rt", *FORCED) else "",
+                                                 "arms timed last to first" if r["arm_order"] == "reversed" else ""]))}
+        how = r["ms_method"]
+        out.append({**base, "metric": "ms", "value": r["ms"], "unit": "ms", "method": how})
+        if r.get("dev_ms"):
+            out.append({**base, "metric": "dev_ms", "value": r["dev_ms"], "unit": "ms", "method": r["dev_ms_method"]})
+        metric = "gbps" if unit == "GBps" else "tflops"
+        out.append({**base, "metric": metric, "value": r[unit], "unit": "TFLOP/s" if unit == "TFLOPs" else "GB/s",
+                    "method": how})
+        if ceiling:
+            out.append({**base, "metric": "frac_ceiling", "value": r["frac_ceiling"], "unit": "",
+                        "method": f"{metric} / this run's measured {'bf16 matmul' if unit == 'TFLOPs' else 'copy'} "
+                                  f"ceiling ({ceiling:.0f} {'TFLOP/s' if unit == 'TFLOPs' else 'GB/s'})"})
+        if r.get("peak_GB") is not None:
+            out.append({**base, "metric": "extra_gb", "value": r["peak_GB"], "unit": "GB", "method": "peak fwd+bwd"})
+    return out
 
 
 # -- the kernels run -------------------------------------------------------------------------------
@@ -403,7 +482,7 @@ def select_specs(names: list[str], where: list[str], quick: bool) -> dict[str, l
         conds.setdefault(k.strip(), set()).update(x.strip() for x in v.split(","))
     specs = {f: [s for s in v if (not names or f in names or s["op"] in names) and (s.get("quick") or not quick)]
              for f, v in specs.items()}
-    fields = sorted({k for v in specs.values() for s in v for k in s} - {"quick", "target"})
+    fields = sorted({k for v in specs.values() for s in v for k in s} - {"quick"})
     unknown = [k for k in conds if k not in fields]
     if unknown:
         raise ValueError(f"--where {unknown[0]}: no such field in the selected cases; fields: {', '.join(fields)}")
@@ -414,10 +493,11 @@ def select_specs(names: list[str], where: list[str], quick: bool) -> dict[str, l
 
 
 def run_kernels(names: list[str] = (), *, where: list[str] = (), quick: bool = False, compile_: bool = True,
-                dtype: str = "bf16", device: str = "cuda", out_dir: str | Path = "benchmarks/results",
-                ceilings: dict | None = None, echo: Callable = print, reverse_arms: bool = False) -> list[dict]:
-    """Every selected case of every family; one CSV per family (`csv_path`), rewritten after each case.  A run
-    narrowed by names or `where` replaces its own cases in an existing CSV and keeps the others."""
+                dtype: str = "bf16", device: str = "cuda", ceilings: dict | None = None, echo: Callable = print,
+                reverse_arms: bool = False, csv_path: str | Path | None = None,
+                on_case: Callable[[list[dict]], None] | None = None) -> list[dict]:
+    """Every selected case of every family, a table per family.  After each case its rows go to `on_case` and, with
+    `csv_path`, every row so far is written there (a cut run keeps what finished)."""
     plan = select_specs(list(names), list(where), quick)
     if device == "cuda" and ceilings is None:
         ceilings = measure_ceilings(quick=quick)
@@ -426,17 +506,23 @@ def run_kernels(names: list[str] = (), *, where: list[str] = (), quick: bool = F
     echo(f"versions: {versions()}")
     every = []
     for fam, specs in plan.items():
-        path, rows, mod = csv_path(out_dir, fam, quick), [], importlib.import_module(f"liger_rt.tools.bench.{fam}")
+        rows, mod = [], importlib.import_module(f"liger_rt.tools.bench.{fam}")
         for spec in specs:
-            echo(f"[{fam}] " + ", ".join(f"{k}={v}" for k, v in spec.items() if k not in ("quick", "target")))
-            rows += measure_case(mod.build(spec, spec.get("dtype", dtype), device, echo), dtype=dtype, device=device,
-                                 quick=quick, compile_=compile_ and not quick, ceilings=ceilings, echo=echo,
-                                 reverse_arms=reverse_arms)
-            write_csv(rows, path, ("op", "case") if names or where else None)
+            echo(f"[{fam}] " + ", ".join(f"{k}={v}" for k, v in spec.items() if k != "quick"))
+            got = measure_case(mod.build(spec, spec.get("dtype", dtype), device, echo), dtype=dtype, device=device,
+                               quick=quick, compile_=compile_ and not quick, ceilings=ceilings, echo=echo,
+                               reverse_arms=reverse_arms)
+            rows += got
+            if on_case:
+                on_case(got)
+            if csv_path:
+                write_csv(every + rows, csv_path)
         unit = [u for u in ("GBps", "TFLOPs") if any(u in r for r in rows)]
         echo(format_table(rows, ["op", "case", "impl", "pass", "ms", "dev_ms", *unit, *[f"dev_{u}" for u in unit],
                                  "dev_frac_ceiling", "vs_eager", "err_out", "err_grad", "peak_GB"],
                           {"dev_frac_ceiling": "dev_frac", "err_out": "err_y", "err_grad": "err_dx"}))
-        echo("\n".join([*verdicts(rows), f"wrote {path}"]))
+        echo("\n".join(verdicts(rows)))
         every += rows
+    if csv_path:
+        echo(f"wrote {csv_path}")
     return every

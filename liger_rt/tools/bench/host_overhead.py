@@ -2,9 +2,9 @@
 
 `host`: microseconds of Python per call at 256 x 4096 (the kernels take a few microseconds, so the GPU never holds the
 host back), then at 16384 x 4096 the CUDA-graph device time beside do_bench's wall time.  `dispatch`: a decision that
-hits the memo, on CPU (the target is < 5 us).  `cpu_stub` (``python -m liger_rt.tools.bench.host_overhead
---cpu-stub``): the whole Python path of rms_norm, swiglu and rope fwd+bwd on CPU tensors with the Triton launches
-stubbed, beside the autograd floors; no GPU (docs/architecture.md, "The eager hot path").
+hits the memo, on CPU.  `cpu_stub` (``liger-tune bench host --cpu-stub``): the whole Python path of rms_norm, swiglu
+and rope fwd+bwd on CPU tensors with the Triton launches stubbed, beside the autograd floors; no GPU
+(docs/architecture.md, "The eager hot path").
 """
 from __future__ import annotations
 
@@ -83,21 +83,23 @@ def _probes(m: int, echo) -> dict[str, Callable]:
 
 
 def host(echo: Callable = print) -> list[dict]:
-    """Rows (what, us, shape, method) of the host probes, then the device and wall times at 16384 x 4096."""
+    """Rows (what, metric, us, shape, method) of the host probes, then the wall and device times at 16384 x 4096."""
     rows = []
     for name, fn in _probes(256, echo).items():
         try:
-            rows.append({"what": name, "us": per_call_us(fn, 2000, sync=True), "shape": "256x4096",
-                         "method": "host: perf_counter mean of 2000 calls"})
+            rows.append({"what": name, "metric": "host_us", "us": per_call_us(fn, 2000, sync=True),
+                         "shape": "rows=256;hidden=4096", "method": "perf_counter mean of 2000 calls"})
         except Exception as exc:
             echo(f"  {name}: {type(exc).__name__}: {exc}")
     full = _probes(16384, echo)
     for name in ("ops.rms_norm fwd", "ops.rms_norm fwd+bwd (autograd.grad)"):
         wall, dev, how = time_fn(full[name], "cuda")
-        rows += [{"what": name, "us": wall * 1e3, "shape": "16384x4096", "method": "do_bench median (wall)"},
-                 {"what": name, "us": dev and dev * 1e3, "shape": "16384x4096", "method": f"device: {how}"}]
+        rows += [{"what": name, "metric": "wall_us", "us": wall * 1e3, "shape": "rows=16384;hidden=4096",
+                  "method": "do_bench"},
+                 {"what": name, "metric": "dev_us", "us": dev and dev * 1e3, "shape": "rows=16384;hidden=4096",
+                  "method": how}]
     for r in rows:
-        echo(f"{r['what']:58s} {r['shape']:>10s} {r['us'] or float('nan'):9.1f} us  {r['method']}")
+        echo(f"{r['what']:58s} {r['shape']:>22s} {r['us'] or float('nan'):9.1f} us  {r['metric']}: {r['method']}")
     return rows
 
 
@@ -111,8 +113,10 @@ def dispatch_overhead(calls: int = 200_000, echo: Callable = print) -> list[dict
     for label, fn in (("select (memo hit)", lambda: dispatch.decision(op, x, rows=8, hidden=4096)),
                       ("floor: x.device.type + dict.get", lambda: memo.get((x.device.type, x.dtype, 8, 4096)))):
         us = per_call_us(fn, calls, sync=False)
-        rows.append({"what": label, "us_per_call": round(us, 3), "calls": calls, "python": platform.python_version(),
-                     "cpu": platform.processor() or platform.machine(), "method": "perf_counter mean"})
+        rows.append({"what": label, "metric": "host_us", "us": round(us, 3), "shape": "rows=8;hidden=4096",
+                     "calls": calls, "python": platform.python_version(),
+                     "cpu": platform.processor() or platform.machine(),
+                     "method": f"perf_counter mean of {calls} calls"})
         echo(f"{label:40s} {us:.3f} us/call")
     return rows
 
@@ -188,30 +192,26 @@ def cpu_stub(repeats: int = 7, calls: int = 2000, rows: int = 16, hidden: int = 
                                    "expected 1 (the triton path)")
         for name, (_, fn) in probes.items():
             samples = [per_call_us(fn, calls, sync=False, clock=time.thread_time) for _ in range(repeats)]
-            rows_out.append({"what": name, "us": round(statistics.median(samples), 2), "min_us": round(min(samples), 2),
-                             "shape": f"q 1x16x{rows}x128" if "rope" in name else f"{rows}x{hidden}",
+            rows_out.append({"what": name, "metric": "stub_us", "us": round(statistics.median(samples), 2),
+                             "min_us": round(min(samples), 2),
+                             "shape": f"tokens={rows};heads_q=16;heads_k=8;head_dim=128" if "rope" in name
+                             else f"rows={rows};hidden={hidden}",
                              "python": platform.python_version(), "torch": torch.__version__,
                              "cpu": platform.processor() or platform.machine(), "method": f"CPU stub (Triton launches "
                              f"no-ops): median of {repeats} means of {calls} calls, this thread's CPU time"})
     for r in rows_out:
-        echo(f"{r['what']:45s} {r['shape']:>15s} {r['us']:8.2f} us (min {r['min_us']:.2f})  {r['method']}")
+        echo(f"{r['what']:45s} {r['shape']:>45s} {r['us']:8.2f} us (min {r['min_us']:.2f})  {r['method']}")
     return rows_out
 
 
-def main(argv=None) -> int:
-    """python -m liger_rt.tools.bench.host_overhead --cpu-stub [--repeats N --calls N --rows M --hidden N]"""
-    import argparse
-    p = argparse.ArgumentParser(prog="python -m liger_rt.tools.bench.host_overhead", description="Host microseconds "
-                                "of rms_norm, swiglu and rope fwd+bwd on CPU, Triton launches stubbed.")
-    p.add_argument("--cpu-stub", action="store_true", required=True, help="the CPU stub probe (no GPU needed)")
-    for name, default in (("--repeats", 7), ("--calls", 2000), ("--rows", 16), ("--hidden", 1024)):
-        p.add_argument(name, type=int, default=default)
-    a = p.parse_args(argv)
-    if min(a.repeats, a.calls, a.rows, a.hidden) < 1:
-        p.error("--repeats, --calls, --rows and --hidden must be positive")
-    cpu_stub(a.repeats, a.calls, a.rows, a.hidden)
-    return 0
+def host_records(rows: list[dict]) -> list[dict]:
+    """host, dispatch_overhead or cpu_stub rows as dataset records (kind `host`): the arm is liger_rt for our
+    calls, liger_kernel for the peer's, `floor` for what any call pays (an empty tensor, a launch, autograd)."""
+    def arm(what: str) -> str:
+        return ("liger_kernel" if "Liger-Kernel" in what else
+                "liger_rt" if what.startswith(("ops.", "dispatch", "select")) else "floor")
+    return [{"kind": "host", "name": r["what"], "shape": r["shape"], "arm": arm(r["what"]), "metric": r["metric"],
+             "value": r["us"], "unit": "us", "dtype": "bf16", "method": r["method"],
+             "notes": f"python {r['python']}, {r['cpu']}" if r.get("python") else ""}
+            for r in rows if r.get("us") is not None]
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

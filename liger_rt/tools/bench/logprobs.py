@@ -1,14 +1,14 @@
 """Fused linear log-probs and entropy (RL's per-token log p(action) and entropy from hidden states).
 
-    python -m liger_rt.tools.bench.logprobs [--quick] [--no-compile] [--tokens 8192] [--rounds 3] [--out DIR]
+    liger-tune bench logprobs [--quick] [--no-compile] [--tokens 8192] [--rounds 3] [--csv PATH]
 
 Cases: bf16 (tokens, hidden, vocab) = (16384, 2560, 151936) and (8192, 2048, 65536), 10% ignored targets.  Passes:
 `fwdbwd` (log-probs and entropy, then autograd.grad of sum(lp * g_lp + H * g_H) into x and W, as a PPO/GRPO loss does)
 and `fwd_nograd` (old-policy and reference-model log-probs).  Arms: `liger_rt` (as dispatched), `eager` (the
 materialised path: bf16 logits, log_softmax in fp32) and `compile` of it, `trl` (trl.kernels.ChunkedLogProbFunction as
 add_fused_lm_head calls it) and `liger_kernel` (fused_selective_log_softmax on materialised logits, no-grad
-only).  Columns: `ms` (do_bench median), `dev_ms` (autotune.time_fn: CUDA-graph device time, or do_bench where the arm
-cannot be captured), `peak_GB` (what the call allocates beyond what is live before it, returned gradients included),
+only).  Columns: `ms` (do_bench median), `dev_ms` (CUDA-graph device time; none where the arm cannot be captured),
+`peak_GB` (what the call allocates beyond what is live before it, returned gradients included),
 `err_lp`/`err_ent` (max abs against an fp64 formula), `err_dx`/`err_dw` (relative L2), the peers' versions.
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Callable
 import click
 import torch
 
-from . import _OUT, _need_gpu
-from .harness import csv_path, decision_text, dist_version, format_table, peak_extra_gb, peer, versions, write_csv
+from .harness import (dataset_arm, decision_text, dist_version, error_line, format_table, no_gpu_message,
+                      peak_extra_gb, peer, time_fn, versions, write_csv)
 
 OP = "fused_linear_logprobs"
 SPECS = [dict(op=OP, tokens=8192, hidden=2048, vocab=65536, quick=True),
@@ -127,16 +127,6 @@ def arms(compile_: bool, echo=print) -> dict[str, Callable | str]:
     return out
 
 
-def _timed(fn: Callable, quick: bool, device: str) -> dict:
-    from liger_rt import autotune
-    if device != "cuda":        # the plumbing check on CPU: wall time only
-        return {"ms": autotune.measure(fn, device, quick=True), "dev_ms": None, "dev_ms_method": "n/a on cpu"}
-    from triton.testing import do_bench
-    wall = float(do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100, return_mode="median"))
-    dev, method = autotune.time_fn(fn, "cuda", quick=quick)
-    return {"ms": wall, "dev_ms": dev, "dev_ms_method": method, "peak_GB": peak_extra_gb(fn)}
-
-
 def _err(a, b, rel: bool = False) -> float:
     """max |a - b|, or with `rel` ||a - b|| / ||b||, against the fp64 `b`."""
     diff = a.double() - b
@@ -147,7 +137,6 @@ def measure(spec: dict, arm_set: dict, *, quick: bool, device: str = "cuda", rnd
     """Every arm of `arm_set` (from :func:`arms`, shared by the rounds: a compiled arm compiles once) on one case, in
     its order on even rounds and reversed on odd ones."""
     from liger_rt import dispatch
-    from liger_rt.autotune import error_line
     from liger_rt.dtypes import dtype_name
     dims = {k: spec[k] for k in ("tokens", "hidden", "vocab")}
     x, w, t, g_lp, g_h = make_inputs(**dims, dtype=torch.bfloat16 if device == "cuda" else torch.float32, device=device)
@@ -181,7 +170,8 @@ def measure(spec: dict, arm_set: dict, *, quick: bool, device: str = "cuda", rnd
                     dx, dw = fwdbwd()
                     row.update(err_dx=_err(dx, ref_dx, rel=True), err_dw=_err(dw, ref_dw, rel=True))
                     del dx, dw
-                row.update(_timed(run, quick, device))
+                ms, dev, how = time_fn(run, device, quick, arm=(OP, name))
+                row.update(ms=ms, dev_ms=dev, dev_ms_method=how, peak_GB=peak_extra_gb(run))
             except Exception as exc:          # an arm that cannot take the case: recorded, never fatal
                 row["error"] = error_line(exc)
                 echo(f"  {name} {p}: {row['error']}")
@@ -216,8 +206,8 @@ def _median_rows(rows: list[dict]) -> dict[str, dict]:
 
 
 def verdicts(rows: list[dict]) -> list[str]:
-    """The targets of each case's liger_rt fwdbwd row (median over the rounds): time <= torch.compile's and TRL's,
-    peak memory <= 1/4 of compile's."""
+    """Each case's liger_rt fwdbwd row (median over the rounds) against torch.compile's and TRL's time ("ok" where
+    not slower) and against a quarter of compile's peak memory."""
     lines = []
     for key in dict.fromkeys((r["tokens"], r["hidden"], r["vocab"]) for r in rows):
         by = _median_rows([r for r in rows if (r["tokens"], r["hidden"], r["vocab"]) == key
@@ -240,25 +230,55 @@ COLUMNS = ["tokens", "hidden", "vocab", "round", "impl", "pass", "ms", "dev_ms",
            "vs_compile", "err_lp", "err_ent", "err_dx", "err_dw", "error"]
 
 
-def run(*, quick: bool = False, compile_: bool = True, tokens: tuple[int, ...] = (), out_dir="benchmarks/results",
-        specs: list[dict] | None = None, device: str = "cuda", echo: Callable = print, rounds: int = 1) -> list[dict]:
-    """Every selected case `rounds` times, the arm order reversed every other round; the CSV rewritten after each."""
+def run(*, quick: bool = False, compile_: bool = True, tokens: tuple[int, ...] = (), csv_path=None, out_dir=None,
+        specs: list[dict] | None = None, device: str = "cuda", echo: Callable = print, rounds: int = 1,
+        on_case: Callable[[list[dict]], None] | None = None) -> list[dict]:
+    """Every selected case `rounds` times, the arm order reversed every other round.  After each case its rows go to
+    `on_case` and, with `csv_path` (or a folder `out_dir`: logprobs_<device>.csv in it), every row so far is written
+    there."""
     specs = [s for s in (specs or SPECS) if (s.get("quick") or not quick) and (not tokens or s["tokens"] in tokens)]
     if not specs:
         raise ValueError(f"no case has tokens in {list(tokens)}; cases: {', '.join(str(s['tokens']) for s in SPECS)}")
     peers = {col: dist_version(dist) or "not installed" for col, dist in PEERS.items()}
     echo(f"versions: {({**versions(), **peers})}")
-    path = csv_path(out_dir, "logprobs", quick)
+    path = csv_path or (out_dir and f"{out_dir}/logprobs_{device}.csv")
     rows: list[dict] = []
     for spec in specs:
-        arm_set = arms(compile_ and not quick, echo)
+        arm_set, case = arms(compile_ and not quick, echo), []
         for rnd in range(rounds):
             echo(f"[logprobs] tokens={spec['tokens']} hidden={spec['hidden']} vocab={spec['vocab']} "
                  f"round {rnd + 1}/{rounds}")
-            rows += [{**r, **peers} for r in measure(spec, arm_set, quick=quick, device=device, rnd=rnd, echo=echo)]
-            write_csv(rows, path)
-    echo("\n".join([format_table(rows, COLUMNS), *verdicts(rows), f"wrote {path}"]))
+            case += [{**r, **peers} for r in measure(spec, arm_set, quick=quick, device=device, rnd=rnd, echo=echo)]
+            if path:
+                write_csv(rows + case, path)
+        rows += case
+        if on_case:
+            on_case(case)
+    echo("\n".join([format_table(rows, COLUMNS), *verdicts(rows), *([f"wrote {path}"] if path else [])]))
     return rows
+
+
+def logprobs_records(rows: list[dict]) -> list[dict]:
+    """run rows as dataset records (kind `logprobs`, name `fused_linear_logprobs.<pass>`): per case, arm and pass
+    the median round's `ms` (do_bench), `dev_ms` (cuda-graph) and `extra_gb` (peak beyond the live inputs)."""
+    out = []
+    for key in dict.fromkeys((r["tokens"], r["hidden"], r["vocab"], r["impl"], r["pass"]) for r in rows):
+        timed = [r for r in rows if (r["tokens"], r["hidden"], r["vocab"], r["impl"], r["pass"]) == key and r.get("ms")]
+        if not timed:
+            continue
+        med = _median_rows(timed)[key[3]]
+        rounds = f"median of {med['runs']} rounds (ms {med['spread']}, arm order reversed every other round)"
+        base = {"kind": "logprobs", "name": f"{OP}.{key[4]}", "shape": dict(zip(("tokens", "hidden", "vocab"), key)),
+                "arm": dataset_arm(key[3]), "dtype": med["dtype"],
+                "notes": "; ".join(filter(None, [rounds, f"temperature {med['temperature']}, 10% ignored targets",
+                                                 f"config {med['config']}" if key[3] == "liger_rt" else ""]))}
+        wall = "cpu-wall" if med.get("dev_ms_method") == "none: cpu" else "do_bench"
+        peak = "peak fwd+bwd" if key[4] == "fwdbwd" else "peak fwd"
+        for metric, col, unit, how in (("ms", "ms", "ms", wall), ("dev_ms", "dev_ms", "ms", med.get("dev_ms_method")),
+                                       ("extra_gb", "peak_GB", "GB", peak)):
+            if med.get(col) is not None:
+                out.append({**base, "metric": metric, "value": med[col], "unit": unit, "method": how})
+    return out
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -267,16 +287,17 @@ def run(*, quick: bool = False, compile_: bool = True, tokens: tuple[int, ...] =
 @click.option("--tokens", multiple=True, type=int, help="Only the case(s) with these token counts (repeatable).")
 @click.option("--rounds", default=1, show_default=True, type=click.IntRange(1, 9),
               help="Measure every case this many times, the arm order reversed every other round (medians).")
-@_OUT
-def main(quick, no_compile, tokens, rounds, out_dir):
-    """fused_linear_logprobs fwd+bwd and no-grad forward vs the materialised path, TRL and Liger-Kernel."""
-    _need_gpu("the log-probs benchmark")
+@click.option("--csv", "csv_path", default=None, type=click.Path(dir_okay=False),
+              help="Also write the rows (versions included) to this CSV.")
+@click.option("--data", "data_dir", default=None, type=click.Path(file_okay=False),
+              help="Append one row per measurement to kernels.csv in this folder (device, versions, run id).")
+def main(quick, no_compile, tokens, rounds, csv_path, data_dir):
+    """fused_linear_logprobs fwd+bwd and no-grad forward vs the materialised path, torch.compile, TRL, Liger-Kernel."""
+    from . import _sink
+    if not torch.cuda.is_available():
+        raise click.ClickException(no_gpu_message("bench logprobs"))
     try:
-        run(quick=quick, compile_=not no_compile, tokens=tuple(tokens), out_dir=out_dir, echo=click.echo,
-            rounds=rounds)
+        run(quick=quick, compile_=not no_compile, tokens=tuple(tokens), csv_path=csv_path, echo=click.echo,
+            rounds=rounds, on_case=_sink(data_dir, "kernels.csv", logprobs_records))
     except ValueError as exc:
         raise click.UsageError(str(exc))
-
-
-if __name__ == "__main__":
-    main()

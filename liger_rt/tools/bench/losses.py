@@ -4,8 +4,9 @@ Eager: F.cross_entropy((x @ W.t()).float(), y) and F.cross_entropy(logits.float(
 same and Liger-Kernel's LigerFusedLinearCrossEntropyLoss / LigerCrossEntropyLoss; `liger_rt_inplace` is ours writing
 dlogits into the logits buffer (inplace_backward=True on a non-leaf view, as an lm_head output is; Liger-Kernel always
 does).  FLCE TFLOP/s count its three GEMMs (2*BT*H*V each); CE GB/s count reading the logits and writing their gradient
-once.  Peak memory is everything the step allocates, the gradients it hands out included.  FLCE targets (ms, extra GB):
-issue 8, from torch.compile's anchor times.
+once.  Peak memory is everything the step allocates, the gradients it hands out included.
+
+    case = build(dict(op="cross_entropy", rows=4, vocab=64), "fp32", "cpu")
 """
 from __future__ import annotations
 
@@ -14,10 +15,8 @@ import torch.nn.functional as F
 
 from .harness import Arm, Case, peer
 
-SPECS = [dict(op="fused_linear_cross_entropy", tokens=8192, hidden=2048, vocab=65536, quick=True,
-              target={"fwdbwd": {"ms": 10.4, "peak_GB": 0.5}}),
-         dict(op="fused_linear_cross_entropy", tokens=8192, hidden=2560, vocab=151936,
-              target={"fwdbwd": {"ms": 31.4, "peak_GB": 1.0}}),
+SPECS = [dict(op="fused_linear_cross_entropy", tokens=8192, hidden=2048, vocab=65536, quick=True),
+         dict(op="fused_linear_cross_entropy", tokens=8192, hidden=2560, vocab=151936),
          dict(op="cross_entropy", rows=8192, vocab=151936, quick=True)]
 
 

@@ -17,12 +17,11 @@ import importlib
 import json
 import statistics
 import time
-from pathlib import Path
 from typing import Callable
 
 import torch
 
-from .harness import dispatch_env, fmt, format_table, measure_ceilings
+from .harness import dataset_arm, dispatch_env, format_table, measure_ceilings
 
 ARMS = ("baseline", "liger_rt", "liger_kernel", "baseline+compile", "liger_rt+compile", "liger_rt+compile+kernels",
         "liger_rt+compile+fuse")
@@ -40,22 +39,6 @@ NEW_COLS = ("peak_reserved_GB", "graph_breaks", "graphs", "graph_break_reasons",
 # batch, only kernel rounding separates the arms (fp32 tiny models through the interpreter: ~2e-7; the H200 bf16
 # qwen3-1.7b baseline vs Liger-Kernel: 4e-5 after 13 steps); a wrong gradient moves a curve by percents.
 LOSS_RTOL = {"fp32": 1e-4, "fp16": 5e-3, "bf16": 1e-2}
-# The model-step runs: anchors are the baseline / Liger-Kernel figures of the anchor runs (one H200), targets what
-# liger_rt must reach (tokens/s, peak GB): issue 18's (issue 9's were 38k / 31 GB, 63k / 22 GB, 78k / 26 GB).
-# qwen3rope: rope=True, ops.rope in place of HF's apply_rotary_pos_emb (Liger-Kernel's patch always swaps it;
-# lfm2rope, lfm2moerope likewise); lfm2moe: 8 layers, attention at 2, 5.
-_QWEN3 = dict(model_type="qwen3", preset="qwen3-1.7b", config={"tie_word_embeddings": True},
-              anchor_tok_per_s=29192.0, anchor_peak_GB=51.34, liger_kernel_tok_per_s=34579.0,
-              liger_kernel_peak_GB=31.10, target_tok_per_s=42000.0, target_peak_GB=27.8)
-_LFM2 = dict(model_type="lfm2", preset="lfm2-1.2b", anchor_tok_per_s=50461.0, anchor_peak_GB=29.84,
-             target_tok_per_s=78000.0, target_peak_GB=18.4)
-_LFM2MOE = dict(model_type="lfm2_moe", preset="lfm2-8b-a1b", layers=8, attention_layers=(2, 5),
-                anchor_tok_per_s=67832.0, anchor_peak_GB=30.55, target_tok_per_s=110000.0, target_peak_GB=21.9)
-_ROPE = {"rope": True}
-TARGETS = {"qwen3": _QWEN3, "lfm2": _LFM2, "qwen3rope": dict(_QWEN3, flags=_ROPE, liger_kernel=False),
-           "lfm2rope": dict(_LFM2, flags=_ROPE), "lfm2moe": _LFM2MOE, "lfm2moerope": dict(_LFM2MOE, flags=_ROPE)}
-TARGET_SHAPE = (4, 2048)      # the batch x seq of the anchors and targets
-RUN_KEYS = ("model_type", "preset", "layers", "attention_layers", "config", "flags", "liger_kernel")
 
 
 def _parts(text: str | None):
@@ -119,21 +102,14 @@ def bench_preset(model_type: str, preset, layers: int | None = None, attention_l
 
 
 def config_overrides(model_type: str, config: dict | None = None, experts_implementation: str | None = None) -> dict:
-    """Every arm's config keywords: `config`; MoE: the experts' implementation (default grouped_mm, as the targets)."""
+    """Every arm's config keywords: `config`; MoE: the experts' implementation (default grouped_mm, transformers'
+    grouped-GEMM experts)."""
     overrides = dict(config or {})
     if model_type in ("lfm2_moe", "qwen3_moe"):
         overrides["experts_implementation"] = experts_implementation or "grouped_mm"
     elif experts_implementation:
         raise ValueError(f"experts_implementation applies to MoE models, not {model_type}")
     return overrides
-
-
-def target_setup(name: str) -> tuple:
-    """A `bench model` target as the profile scripts build it: (preset, patch flags, config overrides)."""
-    t = TARGETS[name]
-    return (bench_preset(t["model_type"], t["preset"], t.get("layers"), t.get("attention_layers")),
-            {"fused_linear_cross_entropy": True, **t.get("flags", {})},
-            config_overrides(t["model_type"], t.get("config")))
 
 
 def build(preset, dtype, device, seed: int, overrides: dict):
@@ -239,13 +215,13 @@ def _reset_dynamo() -> None:
 
 def apply_arm(model, base: str, flags: dict) -> Callable[[], None] | None:
     """Patch `model` for an arm's base (liger_rt with `flags`, liger_kernel, baseline as is); returns the undo."""
-    import liger_rt.patch as P
+    from liger_rt.patch import patch, unpatch
     if base == "liger_rt":
         try:
-            P.patch(model, **flags)
+            patch(model, **flags)
         except (TypeError, ValueError) as exc:      # unknown flag or model type: the patcher says which
             raise ValueError(f"liger_rt.patch(model, {flags}): {exc}") from exc
-        return lambda: P.unpatch(model)
+        return lambda: unpatch(model)
     if base == "liger_kernel":
         lk = LigerKernelPatch()
         try:
@@ -444,18 +420,18 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
 
 def _dry_patch(preset, overrides: dict, flags: dict) -> None:
     """liger_rt.patch of the model built on the meta device: a rejected flag or model fails before any timing."""
-    import liger_rt.patch as P
+    from liger_rt.patch import patch, unpatch
     try:
         model = build(preset, torch.float32, "meta", 0, overrides)
     except Exception:
         return
     try:
-        P.patch(model, **flags)
+        patch(model, **flags)
     except (TypeError, ValueError, NotImplementedError, ImportError) as exc:
         raise ValueError(f"liger_rt.patch(model, {', '.join(f'{k}={v}' for k, v in flags.items())}): {exc}") from None
     except Exception:
         return
-    P.unpatch(model)
+    unpatch(model)
 
 
 def summarize_runs(run_rows: list[dict]) -> list[dict]:
@@ -542,40 +518,33 @@ def parse_shapes(texts) -> list[tuple[int, int]]:
     return list(dict.fromkeys(out))
 
 
-def run_targets(names: list[str], *, out_dir: str = "benchmarks/results", quick: bool = False, steps: int | None = None,
-                warmup: int | None = None, shapes: list | None = None, liger_kernel: bool = True,
-                csv_path: str | None = None, echo: Callable = print, arms: tuple | None = None,
-                **compile_kw) -> list[str]:
-    """The TARGETS runs on the GPU at each (batch, seq) of `shapes`, into `csv_path` or model_<device>[_quick].csv,
-    written after every run.  Anchors and targets ride along in the rows of TARGET_SHAPE, where the liger_rt summary
-    says whether it meets its target.  `compile_kw` and `arms` (None: the target's own) go to run_model_bench.
-    Returns the runs that failed, as name or name@BxT."""
-    from .harness import csv_path as default_csv, write_csv
-    steps, warmup = steps or (8 if quick else 20), (3 if quick else 5) if warmup is None else warmup
-    shapes = list(shapes or [TARGET_SHAPE])
-    path = Path(csv_path) if csv_path else default_csv(out_dir, "model", quick)
-    ceilings, rows, failed = measure_ceilings(quick=True), [], []
-    for (b, sq) in shapes:
-        for name in names:
-            t, label = TARGETS[name], name if len(shapes) == 1 else f"{name}@{b}x{sq}"
-            run = {k: t[k] for k in RUN_KEYS if k in t} | {"liger_kernel": t.get("liger_kernel", True) and liger_kernel}
-            try:
-                got = run_model_bench(**run, steps=steps, warmup=warmup, batch=b, seq=sq, dtype="bf16", device="cuda",
-                                      ceilings=ceilings, echo=echo, arms=arms, **compile_kw)
-            except Exception as exc:      # one model failing must not hide the others' numbers
-                echo(f"{label}: FAILED: {type(exc).__name__}: {exc}")
-                failed.append(label)
-                continue
-            at_target = (b, sq) == TARGET_SHAPE
-            for r in got:
-                r.update(target=name, **{k: v for k, v in t.items() if k not in RUN_KEYS and at_target})
-                if at_target and r["kind"] == "summary" and r["arm"] == "liger_rt":
-                    r["meets_target"] = r["tok_per_s"] >= t["target_tok_per_s"] and \
-                        r["peak_alloc_GB"] is not None and r["peak_alloc_GB"] <= t["target_peak_GB"]
-                    echo(f"{name}: liger_rt {r['tok_per_s']:.0f} tok/s (target {t['target_tok_per_s']:.0f}), peak "
-                         f"{fmt(r['peak_alloc_GB'])} GB (target {t['target_peak_GB']}): "
-                         f"{'meets the target' if r['meets_target'] else 'TARGET MISSED'}")
-            rows += got
-            echo(f"wrote {write_csv(got, path, ('target', 'batch', 'seq'))}")
-    echo(format_summary(rows))
-    return failed
+def model_records(rows: list[dict]) -> list[dict]:
+    """run_model_bench rows as dataset records, one per measured run (an arm runs more than once): `tok_s` (its
+    median step), `peak_gb` (max allocated), `frac_ceiling` (model FLOPs over the bf16 matmul ceiling), and for a
+    compiled arm `compile_s` and `graph_breaks`.  kind `model_compiled` where a compiled arm ran, else `model`; the
+    name is the preset plus the patch flags beyond the fused loss (qwen3-1.7b+rope)."""
+    runs = [r for r in rows if r.get("kind") == "run" and not r.get("error")]
+    kind = "model_compiled" if any(r["arm"] in COMPILED for r in rows) else "model"
+    tol = {r["dtype"]: LOSS_RTOL[r["dtype"]] for r in runs}
+    out = []
+    for r in runs:
+        extra = [f for f in r["flags"].split(",") if f and f != "fused_linear_cross_entropy=1"]
+        rel = r["max_loss_diff"] / (abs(runs[0]["loss_first"]) or 1.0)
+        notes = [f"{r['layers']} layers, {r['warmup']}+{r['steps']} steps, #{r['run_index'] + 1} of order {r['order']}",
+                 f"config {r['config']}" if r["config"] else "",
+                 f"loss curve {'overlaps' if rel <= tol[r['dtype']] else 'DIFFERS FROM'} the first baseline run's "
+                 f"(max relative difference {rel:.2g})",
+                 f"compile mode {r.get('compile_mode')}, policy {r.get('compile_policy')}" if r["arm"] in COMPILED
+                 else ""]
+        base = {"kind": kind, "name": r["preset"] + "".join(f"+{f.removesuffix('=1')}" for f in extra),
+                "shape": {"batch": r["batch"], "seq": r["seq"]}, "arm": dataset_arm(r["arm"]), "dtype": r["dtype"],
+                "notes": "; ".join(filter(None, notes))}
+        metrics = [("tok_s", r["tok_per_s"], "tok/s", "median step"),
+                   ("peak_gb", r["peak_alloc_GB"], "GB", "max allocated"),
+                   ("frac_ceiling", r["mfu"], "", "model FLOPs / bf16 matmul ceiling")]
+        if r["arm"] in COMPILED:
+            metrics += [("compile_s", r["compile_s"], "s", "warm-up time beyond steady steps"),
+                        ("graph_breaks", r["graph_breaks"], "", "dynamo graph_break counter")]
+        out += [{**base, "metric": m, "value": v, "unit": u, "method": how}
+                for m, v, u, how in metrics if v is not None]
+    return out

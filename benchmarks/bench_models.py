@@ -1,0 +1,129 @@
+"""SFT training steps of the repository's model runs: baseline against liger_rt.patch, Liger-Kernel's patch and (with
+--compile) torch.compile, counterbalanced (`liger-tune bench model`, liger_rt/tools/bench/model.py).
+
+    python benchmarks/bench_models.py                          # the default runs at B4 x T2048
+    python benchmarks/bench_models.py --run qwen3,lfm2moe --compile --shape 4x2048,1x512
+    python benchmarks/bench_models.py --run families           # gemma3, mistral, mixtral, qwen2 (rope patched)
+
+Appends one row per arm and metric to benchmarks/data/models.csv after every run (kind `model`, or `model_compiled`
+where a compiled arm ran; `--data DIR`: that folder instead; `--no-data`: nowhere).  A run's batch is halved until
+its measured peak fits the card (the H200 figures below; an H100 80GB runs lfm2-8b-a1b at batch 2).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from liger_rt.tools.bench import harness as H, model as M
+
+# name -> bench_model arguments, and `peak_gb`: the largest arm's peak allocated memory at that batch x 2048 on an
+# H200, bf16 (what the batch is fitted by).  rope: ops.rope in place of transformers' apply_rotary_pos_emb, as
+# Liger-Kernel's patch always does (so qwen3rope leaves its Liger-Kernel arm to qwen3).
+RUNS = {
+    "qwen3": dict(model_type="qwen3", preset="qwen3-1.7b", config={"tie_word_embeddings": True}, peak_gb=51.3),
+    "qwen3rope": dict(model_type="qwen3", preset="qwen3-1.7b", config={"tie_word_embeddings": True},
+                      flags={"rope": True}, liger_kernel=False, peak_gb=51.3),
+    "lfm2": dict(model_type="lfm2", preset="lfm2-1.2b", peak_gb=29.8),
+    "lfm2rope": dict(model_type="lfm2", preset="lfm2-1.2b", flags={"rope": True}, peak_gb=29.8),
+    "lfm2moe": dict(model_type="lfm2_moe", preset="lfm2-8b-a1b", layers=8, attention_layers=(2, 5), peak_gb=30.6),
+    "lfm2moerope": dict(model_type="lfm2_moe", preset="lfm2-8b-a1b", layers=8, attention_layers=(2, 5),
+                        flags={"rope": True}, peak_gb=30.6),
+    "gemma3": dict(model_type="gemma3_text", preset="gemma3-4b", batch=2, flags={"rope": True}, peak_gb=66.7),
+    "mistral": dict(model_type="mistral", preset="mistral-7b-16L", flags={"rope": True}, peak_gb=52.4),
+    # Liger-Kernel's fused MoE autotunes on its first call (past 4 minutes at this shape): its arm is left out
+    "mixtral": dict(model_type="mixtral", preset="mixtral-8x7b-2L", flags={"rope": True}, liger_kernel=False,
+                    peak_gb=28.2),
+    "qwen2": dict(model_type="qwen2", preset="qwen2.5-7b-14L", batch=2, flags={"rope": True}, peak_gb=46.8),
+    "lfm2-a1b": dict(model_type="lfm2_moe", preset="lfm2-8b-a1b", peak_gb=85.2),
+}
+GROUPS = {"default": ["qwen3", "qwen3rope", "lfm2", "lfm2rope", "lfm2moe", "lfm2moerope"],
+          "families": ["gemma3", "mistral", "mixtral", "qwen2"], "all": list(RUNS)}
+
+
+def run_names(texts: list[str]) -> list[str]:
+    names = [n.strip() for t in texts for n in t.split(",") if n.strip()] or ["default"]
+    out = [r for n in names for r in GROUPS.get(n, [n])]
+    bad = [n for n in out if n not in RUNS]
+    if bad:
+        raise SystemExit(f"bench_models.py: unknown run {bad[0]!r}; valid: {', '.join([*RUNS, *GROUPS])}")
+    return list(dict.fromkeys(out))
+
+
+def run_setup(name: str) -> tuple:
+    """A run as the profile scripts build it: (preset, liger_rt.patch flags, config overrides)."""
+    r = RUNS[name]
+    return (M.bench_preset(r["model_type"], r["preset"], r.get("layers"), r.get("attention_layers")),
+            {"fused_linear_cross_entropy": True, **r.get("flags", {})},
+            M.config_overrides(r["model_type"], r.get("config")))
+
+
+def fitted_batch(name: str, batch: int, card_gb: float) -> int:
+    """`batch` halved while the run's peak, scaled by the batch, exceeds 90% of the card's memory."""
+    run = RUNS[name]
+    while batch > 1 and run["peak_gb"] * batch / run.get("batch", 4) > 0.9 * card_gb:
+        batch //= 2
+    return batch
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--run", action="append", default=[], help=f"runs or groups, comma-separated: "
+                    f"{', '.join(RUNS)}; {', '.join(f'{g} ({len(v)})' for g, v in GROUPS.items())} [default]")
+    ap.add_argument("--shape", action="append", default=[], help="BATCHxSEQ, repeatable or comma-separated "
+                    "(default: each run's batch x 2048)")
+    ap.add_argument("--steps", type=int, default=None, help="measured steps per run [20; --quick 8]")
+    ap.add_argument("--warmup", type=int, default=None, help="warm-up steps per run [5; --quick 3]")
+    ap.add_argument("--quick", action="store_true", help="fewer steps")
+    ap.add_argument("--compile", action="store_true", help="also baseline+compile and liger_rt+compile")
+    ap.add_argument("--compile-mode", default="default", choices=M.COMPILE_MODES)
+    ap.add_argument("--arms", default=None, help=f"only these arms, baseline among them: {', '.join(M.ARMS)}")
+    ap.add_argument("--no-liger-kernel", action="store_true", help="leave Liger-Kernel's arm out")
+    ap.add_argument("--csv", default=None, help="also write every row to this CSV")
+    ap.add_argument("--data", default=str(Path(__file__).resolve().parent / "data"), help="dataset folder")
+    ap.add_argument("--no-data", action="store_true", help="append to no dataset")
+    a = ap.parse_args()
+    names = run_names(a.run)
+    try:
+        shapes = M.parse_shapes(a.shape)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if not torch.cuda.is_available():
+        raise SystemExit(H.no_gpu_message("bench_models.py"))
+    steps, warmup = a.steps or (8 if a.quick else 20), (3 if a.quick else 5) if a.warmup is None else a.warmup
+    arms = tuple(x.strip() for x in a.arms.split(",") if x.strip()) if a.arms else None
+    card_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
+    run_id, ceilings, rows, failed = H.new_run_id(), H.measure_ceilings(quick=True), [], []
+    for name in names:
+        spec = {k: v for k, v in RUNS[name].items() if k not in ("batch", "peak_gb")}
+        spec["liger_kernel"] = spec.get("liger_kernel", True) and not a.no_liger_kernel
+        for batch, seq in shapes or [(RUNS[name].get("batch", 4), 2048)]:
+            fit = fitted_batch(name, batch, card_gb)
+            label = f"{name}@{fit}x{seq}"
+            if fit != batch:
+                print(f"{label}: batch {batch} -> {fit} to fit {card_gb:.0f} GB", flush=True)
+            try:
+                got = M.run_model_bench(**spec, batch=fit, seq=seq, steps=steps, warmup=warmup, dtype="bf16",
+                                        device="cuda", ceilings=ceilings, compile=a.compile,
+                                        compile_mode=a.compile_mode, arms=arms)
+            except Exception as exc:        # one model failing must not hide the others' numbers
+                print(f"{label}: FAILED: {H.error_line(exc, 300)}", flush=True)
+                failed.append(label)
+                continue
+            rows += [{"run": label, **r} for r in got]
+            if not a.no_data:
+                path = H.append_dataset(Path(a.data) / "models.csv", H.dataset_rows(M.model_records(got), run_id))
+                print(f"appended to {path}", flush=True)
+            if a.csv:
+                H.write_csv(rows, a.csv)
+    for label in dict.fromkeys(r["run"] for r in rows):     # qwen3 and qwen3rope share a preset: one table each
+        print(f"\n== {label}\n" + M.format_summary([r for r in rows if r["run"] == label]))
+    if failed:
+        print(f"failed: {', '.join(failed)} (errors above)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Fused linear cross-entropy per chunk size (GPU): forward+backward wall time (do_bench) and peak extra memory beside
+torch.compile's, in counterbalanced rounds (forward order, then reversed), then where the time goes (a kernel table
+per config).
+
+    python benchmarks/profile/flce_chunks.py [--rounds 3] [--chunks 512,768,1024,2048] [--csv PATH]
+
+Each config is the heuristic's with only `chunk` replaced, run directly (`Op.call_impl`), outside the chunk budget
+the dispatcher applies, so that the budget can be set from these figures. Peak extra memory: everything one step
+allocates beyond its inputs, the gradients it hands out included (as bench_losses.py counts it).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from liger_rt import backend, dispatch
+from liger_rt.autograd import call_impl
+from liger_rt.tools.bench.harness import counterbalanced, peak_extra_gb, profiled, write_csv
+from liger_rt.registry import REGISTRY
+
+SHAPES = {"BT8192_H2048_V65536": (8192, 2048, 65536), "BT8192_H2560_V151936": (8192, 2560, 151936)}
+
+
+def make_inputs(t, h, v):
+    g = torch.Generator("cuda").manual_seed(0)
+    x = (torch.randn(t, h, generator=g, device="cuda") * 0.5).to(torch.bfloat16).requires_grad_()
+    w = (torch.randn(v, h, generator=g, device="cuda") * 0.02).to(torch.bfloat16).requires_grad_()
+    return x, w, torch.randint(0, v, (t,), generator=g, device="cuda")
+
+
+def arms(t, h, v, chunks):
+    op = REGISTRY.get("fused_linear_cross_entropy")
+    base = op.default_config("triton", backend.detect(), {"tokens": t, "hidden": h, "vocab": v}, torch.bfloat16)
+    out = {"compile": torch.compile(lambda x, w, y: F.cross_entropy((x @ w.t()).float(), y))}
+    for c in chunks:
+        out[f"c{c}"] = (lambda x, w, y, cfg=base.replace(chunk=c): call_impl(op, 
+            "triton", cfg, x, w, y, None, -100, "mean", 0.0, 0.0, None, None, 3, True))
+    return out
+
+
+def step(fn, x, w, y):
+    x.grad = w.grad = None
+    fn(x, w, y).backward()
+
+
+def peak_extra(fn, x, w, y):
+    step(fn, x, w, y)                 # warm: compiled, autotuned, workspaces allocated
+    x.grad = w.grad = None
+    return peak_extra_gb(lambda: step(fn, x, w, y))
+
+
+def kernel_table(fn, x, w, y, rows=8):
+    prof = profiled(lambda: step(fn, x, w, y), warmup=1, calls=1)
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--chunks", default="512,768,1024,2048")
+    ap.add_argument("--profile", default="compile,c512,c1024", help="arms whose kernels to list")
+    ap.add_argument("--csv", default=None, help="write every round's row to this CSV")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("flce_chunks.py needs a GPU")
+    chunks = [int(c) for c in a.chunks.split(",")]
+    meta = {"method": "do_bench wall (warmup 100 ms, rep 400 ms)"}   # versions, device, date: write_csv
+    rows = []
+    for shape, (t, h, v) in SHAPES.items():
+        x, w, y = make_inputs(t, h, v)
+        table = arms(t, h, v, chunks)
+        peaks = {name: peak_extra(fn, x, w, y) for name, fn in table.items()}
+        times = counterbalanced({name: (lambda fn=fn: step(fn, x, w, y)) for name, fn in table.items()}, a.rounds,
+                                warmup=100, rep=400)
+        rows += [{"shape": shape, "arm": name, "round": r, "ms": ms, "peak_extra_GB": peaks[name],
+                  "TFLOPs": 6 * t * h * v / ms / 1e9, **meta} for name, ts in times.items() for r, ms in enumerate(ts)]
+        print(f"== {shape}: median of {a.rounds} rounds (spread), peak extra GB")
+        ref = statistics.median(times["compile"])
+        for name in table:
+            m = statistics.median(times[name])
+            print(f"  {name:10s} {m:8.3f} ms ({min(times[name]):.3f}-{max(times[name]):.3f})  {peaks[name]:6.3f} GB  "
+                  f"{m / ref:5.3f}x compile's time  {peaks[name] / peaks['compile']:5.3f}x its memory")
+        for name in a.profile.split(","):
+            if name in table:
+                print(f"-- kernels of {name} at {shape}:\n{kernel_table(table[name], x, w, y)}")
+        del x, w, y, table
+        torch.cuda.empty_cache()
+    if a.csv:
+        print(f"wrote {len(rows)} rows to {write_csv(rows, a.csv)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,517 @@
+"""docs/perf.md, its plots, README.md's performance table and docs/patching.md's parity cells, from the dataset.
+
+    python benchmarks/report.py            # write them
+    python benchmarks/report.py --check    # exit 1 where one differs from what benchmarks/data gives
+
+The current figure of a benchmark (kind, name, shape, dtype, arm, metric, GPU) is the median of its rows of the
+latest date, with their min-max and count.  The text needs only the standard library; the plots need matplotlib
+(the `plot` extra) and are written, or checked, only where it imports.  A plot carries the digest of the numbers it
+draws (PNG text `Source-Digest`), so checking one needs no redrawing.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import re
+import statistics
+import sys
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASUREMENTS = ("kernels", "models", "host")
+KERNEL_KINDS = {"norms": "RMSNorm and LayerNorm", "gated_mlp": "Gated MLP (SwiGLU, GeGLU)",
+                "losses": "Cross-entropy and fused linear cross-entropy", "logprobs": "Fused linear log-probs",
+                "lfm2_ops": "LFM2 gated short convolution", "moe_router": "LFM2-MoE router",
+                "moe_experts": "MoE experts"}
+MODEL_KINDS = {"model": "Training steps", "model_compiled": "Compiled training steps",
+               "max_seq": "Longest sequence"}
+ARM_ORDER = ("liger_rt", "triton", "grouped_mm", "liger_rt+torch_compile", "liger_rt+torch_compile+fuse",
+             "liger_rt+torch_compile+kernels", "eager", "torch_compile", "liger_kernel", "trl")
+PEERS = ("eager", "torch_compile", "liger_kernel", "trl")
+PEER_NAMES = {"liger_kernel": "Liger-Kernel", "trl": "TRL"}
+NOT_MEASURED = ("AMD Instinct MI300X", "AMD Instinct MI325X")
+README_MARKERS = ("<!-- perf-table:begin (benchmarks/report.py) -->", "<!-- perf-table:end -->")
+PARITY_MARKERS = ("<!-- parity:begin (benchmarks/report.py) -->", "<!-- parity:end -->")
+
+
+# -- data ---------------------------------------------------------------------------------------------------
+
+def load(data: Path) -> list[dict]:
+    """Every measurement row, plus a derived `frac_ceiling` row for each kernel rate that has none but whose run
+    recorded its ceiling."""
+    rows = []
+    for table in MEASUREMENTS:
+        path = data / f"{table}.csv"
+        if path.exists():
+            with path.open(newline="") as fh:
+                rows += [r for r in csv.DictReader(fh) if r["value"] not in ("", "nan")]
+    ceilings = {(r["run_id"], r["kind"], r["metric"]): float(r["value"]) for r in rows if r["name"] == "ceiling"}
+    has_frac = {_ident(r) for r in rows if r["metric"] == "frac_ceiling"}
+    for r in list(rows):
+        c = ceilings.get((r["run_id"], r["kind"], f"ceiling_{r['metric']}"))
+        if r["metric"] in ("gbps", "tflops") and c and _ident(r) not in has_frac:
+            rows.append({**r, "metric": "frac_ceiling", "unit": "", "value": str(float(r["value"]) / c)})
+    return [r for r in rows if r["name"] != "ceiling"]
+
+
+def _ident(r: dict) -> tuple:
+    return r["run_id"], r["kind"], r["name"], r["shape"], r["dtype"], r["arm"]
+
+
+@dataclass(frozen=True)
+class Figure:
+    """The current figure of one benchmark: its latest date's values and what they ran on."""
+    values: tuple[float, ...]
+    date: str
+    versions: tuple[tuple[str, str], ...]      # (column, value) of torch, triton, transformers, peer_version
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    def cell(self, fmt) -> str:
+        if len(self.values) == 1:
+            return fmt(self.values[0])
+        return f"{fmt(self.median)} ({fmt(min(self.values))}-{fmt(max(self.values))}, n={len(self.values)})"
+
+
+def current(rows: list[dict]) -> dict[tuple, Figure]:
+    """(gpu, kind, name, shape, dtype, arm, metric) -> its Figure."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(r["gpu"], r["kind"], r["name"], r["shape"], r["dtype"], r["arm"], r["metric"])].append(r)
+    out = {}
+    for key, rs in groups.items():
+        date = max(r["date"] for r in rs)
+        latest = [r for r in rs if r["date"] == date]
+        versions = tuple(sorted({(c, r[c]) for r in latest for c in ("torch", "triton", "transformers",
+                                                                        "peer_version") if r[c]}))
+        out[key] = Figure(tuple(float(r["value"]) for r in latest), date, versions)
+    return out
+
+
+def natural(text: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
+
+
+def arm_rank(arm: str) -> tuple:
+    return (ARM_ORDER.index(arm), "") if arm in ARM_ORDER else (len(ARM_ORDER), arm)
+
+
+def sig(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def shape_text(shape: str) -> str:
+    """'batch=4;seq=2048' -> '4x2048'; 'tokens=8192;hidden=2048;vocab=65536' -> 'T8192 H2048 V65536'."""
+    m = re.fullmatch(r"batch=(\d+);seq=(\d+)", shape)
+    if m:
+        return f"{m.group(1)}x{m.group(2)}"
+    short = {"tokens": "T", "experts": "E", "top_k": "top-", "hidden": "H", "intermediate": "I", "vocab": "V",
+             "rows": "R", "routing": ""}
+    return " ".join(f"{short.get(k, k + '=')}{v}" for k, v in (p.split("=", 1) for p in shape.split(";") if p))
+
+
+def slug(gpu: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", gpu.lower()).strip("_")
+
+
+def versions_text(figs: list[Figure], peers: tuple[str, ...] = ()) -> str:
+    seen: dict[str, set] = defaultdict(set)
+    for f in figs:
+        for col, v in f.versions:
+            seen[col].add(v)
+    names = {"torch": "torch", "triton": "Triton", "transformers": "transformers"}
+    parts = [f"{names[c]} {' / '.join(sorted(seen[c]))}" for c in names if seen[c]]
+    return ", ".join(parts + [f"{PEER_NAMES[p]} {v}" for p, v in peers])
+
+
+def peer_versions(figs: dict[str, Figure]) -> tuple[tuple[str, str], ...]:
+    return tuple((a, " / ".join(sorted({v for c, v in f.versions if c == "peer_version"})))
+                 for a, f in figs.items() if a in PEER_NAMES and any(c == "peer_version" for c, _ in f.versions))
+
+
+# -- docs/perf.md -------------------------------------------------------------------------------------------
+
+def by_benchmark(cur: dict, gpu: str, kinds) -> dict[tuple, dict[tuple, Figure]]:
+    """(kind, name, shape, dtype) -> {(arm, metric): Figure} on this GPU."""
+    out: dict[tuple, dict] = defaultdict(dict)
+    for (g, kind, name, shape, dtype, arm, metric), fig in cur.items():
+        if g == gpu and kind in kinds:
+            out[(kind, name, shape, dtype)][(arm, metric)] = fig
+    return out
+
+
+def dates(figs) -> str:
+    ds = sorted({f.date for f in figs})
+    return ds[0] if len(ds) == 1 else f"{ds[0]} to {ds[-1]}"
+
+
+def arm_head(arm: str, benches: dict) -> str:
+    """The arm's column header: a peer package with its version(s)."""
+    vs = sorted({v for figs in benches.values() for (a, _), f in figs.items() if a == arm
+                 for c, v in f.versions if c == "peer_version"})
+    return f"{arm} {'/'.join(vs)}".strip()
+
+
+def kernel_section(kind: str, benches: dict) -> list[str]:
+    mine = {k: v for k, v in benches.items() if k[0] == kind}
+    arms = sorted({a for figs in mine.values() for a, _ in figs if "@" not in a}, key=arm_rank)
+    probes = {k: {a: f for (a, m), f in figs.items() if "@" in a and m == "ms"} for k, figs in mine.items()}
+    head = [arm_head(a, mine) for a in arms]
+    memory = any(m == "extra_gb" for figs in mine.values() for _, m in figs)
+    lines = [f"### {KERNEL_KINDS.get(kind, kind)}", "",
+             "| op.pass | shape | dtype | timer | " + " | ".join(head) + " | best peer / liger_rt | liger_rt rate "
+             "(of ceiling) | " + ("extra GB: liger_rt, least peer | " if memory else "") + "date |",
+             "| --- " * (len(arms) + 7 + memory) + "|"]
+    for (_, name, shape, dtype), figs in sorted(mine.items(), key=lambda kv: natural(" ".join(kv[0]))):
+        for timer, metric in (("device", "dev_ms"), ("wall", "ms")):
+            row = {a: figs[(a, metric)] for a in arms if (a, metric) in figs}
+            if not row:
+                continue
+            peers = [row[a].median for a in PEERS if a in row]
+            ours = row.get("liger_rt")
+            ratio = f"{min(peers) / ours.median:.2f}x" if peers and ours else "-"
+            rate = "-"
+            for m, unit in (("gbps", "GB/s"), ("tflops", "TFLOP/s")):
+                if timer == "wall" and ("liger_rt", m) in figs:
+                    frac = figs.get(("liger_rt", "frac_ceiling"))
+                    rate = f"{figs[('liger_rt', m)].cell(sig)} {unit}" + (f" ({frac.median:.2f})" if frac else "")
+            gb = "-"
+            if memory and timer == "wall" and ("liger_rt", "extra_gb") in figs:
+                least = min((figs[(a, "extra_gb")].median for a in PEERS if (a, "extra_gb") in figs), default=None)
+                gb = f"{figs[('liger_rt', 'extra_gb')].median:.3g}" + (f", {least:.3g}" if least is not None else "")
+            lines.append(f"| {name} | {shape} | {dtype} | {timer} | "
+                         + " | ".join(row[a].cell(sig) if a in row else "-" for a in arms)
+                         + f" | {ratio} | {rate} | " + (f"{gb} | " if memory else "") + f"{dates(row.values())} |")
+    shown = {k: v for k, v in probes.items() if v}
+    if shown:
+        lines += ["", "Config and variant probes (wall ms; not peers):", ""]
+        for (_, name, shape, dtype), figs in sorted(shown.items(), key=lambda kv: natural(" ".join(kv[0]))):
+            ranked = sorted(figs.items(), key=lambda af: af[1].median)
+            best, worst = ranked[0], ranked[-1]
+            lines.append(f"- {name} {shape} {dtype}: {len(ranked)} arms, fastest `{best[0]}` {best[1].cell(sig)}, "
+                         f"slowest `{worst[0]}` {worst[1].cell(sig)} ({dates(figs.values())})")
+    return lines + [""]
+
+
+def model_section(kind: str, benches: dict) -> list[str]:
+    """Model steps (tok/s) or the longest sequence (tokens) per arm, with peaks and MFU."""
+    mine = {k: v for k, v in benches.items() if k[0] == kind}
+    metric, unit, fmt = ("max_seq", "tokens", lambda v: f"{v:.0f}") if kind == "max_seq" else \
+        ("tok_s", "tok/s", lambda v: f"{v / 1e3:.1f}k")
+    arms = sorted({a for figs in mine.values() for a, m in figs if m == metric}, key=arm_rank)
+    head = [arm_head(a, mine) for a in arms]
+    compiled = kind == "model_compiled"         # there: the compiled patched model against the compiled baseline
+    ratio_head = "compiled liger_rt / torch_compile" if compiled else "liger_rt / eager"
+    lines = [f"### {MODEL_KINDS.get(kind, kind)} ({unit})", "",
+             "| model | shape | dtype | " + " | ".join(head) + f" | {ratio_head} | peak GB | MFU liger_rt | date |",
+             "| --- " * (len(arms) + 7) + "|"]
+    for (_, name, shape, dtype), figs in sorted(mine.items(), key=lambda kv: natural(" ".join(kv[0]))):
+        tok = {a: figs[(a, metric)] for a in arms if (a, metric) in figs}
+        if not tok:
+            continue
+        ours = next((a for a in ("liger_rt+torch_compile+fuse", "liger_rt+torch_compile") if a in tok), None) \
+            if compiled else "liger_rt"
+        base = "torch_compile" if compiled else "eager"
+        ratio = f"{tok[ours].median / tok[base].median:.3f}x" if ours in tok and base in tok else "-"
+        peaks = ", ".join(f"{a} {figs[(a, 'peak_gb')].median:.2f}" for a in arms if (a, "peak_gb") in figs)
+        mfu = figs.get(("liger_rt", "frac_ceiling"))
+        lines.append(f"| {name} | {shape_text(shape)} | {dtype} | "
+                     + " | ".join(tok[a].cell(fmt) if a in tok else "-" for a in arms)
+                     + f" | {ratio} | {peaks or '-'} | {f'{mfu.median:.3f}' if mfu else '-'} | "
+                     f"{dates(tok.values())} |")
+    return lines + [""]
+
+
+def host_section(benches: dict) -> list[str]:
+    lines = ["### Host cost of a call (us)", "", "| probe | shape | arm | metric | value | date |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for (_, name, shape, _), figs in sorted(benches.items(), key=lambda kv: natural(" ".join(kv[0]))):
+        for (arm, metric), f in sorted(figs.items()):
+            lines.append(f"| {name} | {shape or '-'} | {arm} | {metric} | {f.cell(sig)} | {f.date} |")
+    return lines + [""]
+
+
+METHOD = """\
+## Method
+
+- **Kernels** (`kernels.csv`): each arm gets its own copy of the inputs; forward+backward takes every input's
+  gradient through `torch.autograd.grad`. Timer *wall*: the `triton.testing.do_bench` median with the L2 flushed
+  before each call, timed from the host, so a launch-bound call pays its host cost. Timer *device*: the median
+  replay of a captured CUDA graph of the call, no host cost. Rates count the bytes or FLOPs an op cannot avoid,
+  over the wall time; "of ceiling" divides by the copy or bf16 matmul ceiling the same run measured.
+- **Arms**: `liger_rt` is the public op through the shipped tuning DB; `triton` and `grouped_mm` force that
+  implementation (`LIGER_RT_IMPL_<OP>`); `eager` is the Hugging Face module or plain PyTorch (MoE experts:
+  transformers' `grouped_mm` experts); `torch_compile` compiles the eager arm; `liger_kernel` and `trl` are the
+  peers at the version in the column header. *best peer / liger_rt* above 1 means liger_rt is faster.
+- **Model steps** (`models.csv`): one SFT step (AdamW, random weights and tokens, bf16) per timed step; a run
+  builds a fresh model, warms up, then times its steps; its figure is the median step as tokens/s, its peak the
+  most memory allocated. Arms run in one process, in a counterbalanced order (baseline first and last).
+  `liger_rt` patches the family's defaults and the fused loss, plus the flags after `+` in the model's name; the
+  compiled arms compile the whole model (`liger_rt+torch_compile+fuse`: the default compile policy). MFU: model
+  FLOPs per step over the step time and the measured bf16 matmul ceiling.
+- **Current figure**: per benchmark, the rows of its latest date: median (min-max, n = measurements; a model run
+  times each arm twice, a log-probs run may measure several rounds). Rows of one date may come from several
+  runs and commits; the dataset keeps each row's versions, commit and run id.
+  `python benchmarks/report.py` regenerates this file from the data.
+"""
+
+
+def not_measured(cur: dict) -> list[str]:
+    gpus = {k[0] for k in cur}
+    kinds = {k[1] for k in cur}
+    lines = ["## Not measured", ""]
+    lines += [f"- {g}: no row in the dataset." for g in NOT_MEASURED if g not in gpus]
+    lines += [f"- `{k}` ({t.lower()}): no row in the dataset." for k, t in {**KERNEL_KINDS, **MODEL_KINDS}.items()
+              if k not in kinds]
+    return lines + [""]
+
+
+def timed(kind: str, benches: dict) -> bool:
+    """Whether the kind's rows are kernel timings (ms, dev_ms) rather than model-level figures."""
+    return any(m in ("ms", "dev_ms") for k, figs in benches.items() if k[0] == kind for _, m in figs)
+
+
+def perf_md(rows: list[dict]) -> tuple[str, dict[str, list]]:
+    """The text and, per GPU with model steps, the plot's data."""
+    cur = current(rows)
+    gpus = sorted({k[0] for k in cur}, key=lambda g: (g == "cpu", g))
+    out = ["# Performance", "",
+           "Generated by `python benchmarks/report.py` from the dataset in `benchmarks/data/` (its columns: "
+           "`benchmarks/data/README.md`); `--check` fails when this file differs from the data. Per GPU, the "
+           "current figure of every benchmark; the method and what is not measured follow.", ""]
+    plots = {}
+    for gpu in gpus:
+        benches = by_benchmark(cur, gpu, {*KERNEL_KINDS, *MODEL_KINDS, "host"})
+        figs = [f for v in benches.values() for f in v.values()]
+        title = "CPU (no GPU)" if gpu == "cpu" else gpu
+        peers = sorted({(a, ver) for figs_ in benches.values() for (a, _), f in figs_.items() if a in PEER_NAMES
+                        for c, ver in f.versions if c == "peer_version"})
+        out += [f"## {title}", "", f"Measured {dates(figs)}; {versions_text(figs, tuple(peers))}.", ""]
+        steps = {k: v for k, v in benches.items() if k[0] == "model"}
+        if steps:
+            plots[gpu] = plot_data(steps)
+            out += [f"![training steps on {gpu}](perf_model_{slug(gpu)}.png)", ""]
+        present = {k[0] for k in benches}
+        others = sorted(present - {*KERNEL_KINDS, *MODEL_KINDS, "host"})   # kinds this report has no title for
+        for kind in [k for k in MODEL_KINDS if k in present] + [k for k in others if not timed(kind, benches)]:
+            out += model_section(kind, benches)
+        for kind in [k for k in KERNEL_KINDS if k in present] + [k for k in others if timed(kind, benches)]:
+            out += kernel_section(kind, benches)
+        hosts = {k: v for k, v in benches.items() if k[0] == "host"}
+        if hosts:
+            out += host_section(hosts)
+    return "\n".join(out + [METHOD] + not_measured(cur)).rstrip() + "\n", plots
+
+
+# -- plots --------------------------------------------------------------------------------------------------
+
+def plot_data(steps: dict) -> list:
+    """[label, [(arm, median, min, max)], [(arm, peak GB)]] per model step, sorted: what the plot draws."""
+    out = []
+    for (_, name, shape, dtype), figs in sorted(steps.items(), key=lambda kv: natural(" ".join(kv[0]))):
+        label = f"{name.replace('+', chr(10) + '+', 1)}\n{shape_text(shape)}"
+        arms = sorted((a for a, m in figs if m == "tok_s"), key=arm_rank)
+        out.append([label, [(a, figs[(a, "tok_s")].median, min(figs[(a, "tok_s")].values),
+                             max(figs[(a, "tok_s")].values)) for a in arms],
+                    [(a, figs[(a, "peak_gb")].median) for a in arms if (a, "peak_gb") in figs]])
+    return json.loads(json.dumps(out))
+
+
+def digest(data) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def draw(gpu: str, data: list, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    arms = sorted({a for _, toks, _ in data for a, *_ in toks}, key=arm_rank)
+    colors = dict(zip(ARM_ORDER, ("tab:blue", "tab:cyan", "tab:purple", "tab:green", "tab:green", "tab:olive",
+                                   "tab:gray", "tab:red", "tab:orange", "tab:brown")))
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(max(8, 1.4 * len(data)), 7), sharex=True)
+    width = 0.8 / len(arms)
+    for i, arm in enumerate(arms):
+        xs, tok, err, peak_x, peak = [], [], [[], []], [], []
+        for x, (_, toks, peaks) in enumerate(data):
+            for a, med, lo, hi in toks:
+                if a == arm:
+                    xs.append(x + (i - (len(arms) - 1) / 2) * width)
+                    tok.append(med / 1e3)
+                    err[0].append((med - lo) / 1e3)
+                    err[1].append((hi - med) / 1e3)
+            for a, gb in peaks:
+                if a == arm:
+                    peak_x.append(x + (i - (len(arms) - 1) / 2) * width)
+                    peak.append(gb)
+        ax.bar(xs, tok, width, yerr=err, label=arm, color=colors.get(arm), capsize=2)
+        bx.bar(peak_x, peak, width, color=colors.get(arm))
+    ax.set_ylabel("k tokens/s (median, min-max)")
+    ax.set_title(f"Training steps on {gpu}: throughput and peak memory per arm", fontsize=10)
+    ax.legend(fontsize=8, ncol=len(arms))
+    bx.set_ylabel("peak allocated GB")
+    bx.set_xticks(range(len(data)), [d[0] for d in data], fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, metadata={"Software": None, "Source-Digest": digest(data)})
+    plt.close(fig)
+
+
+def png_digest(path: Path) -> str | None:
+    """The `Source-Digest` text of a PNG written by `draw`, read without matplotlib."""
+    blob = path.read_bytes() if path.exists() else b""
+    i = 8
+    while i + 8 <= len(blob):
+        size, kind = int.from_bytes(blob[i:i + 4], "big"), blob[i + 4:i + 8]
+        body = blob[i + 8:i + 8 + size]
+        if kind == b"tEXt" and body.startswith(b"Source-Digest\0"):
+            return body.split(b"\0", 1)[1].decode()
+        if kind == b"zTXt" and body.startswith(b"Source-Digest\0"):
+            return zlib.decompress(body.split(b"\0", 1)[1][1:]).decode()
+        i += 12 + size
+    return None
+
+
+# -- README.md and docs/patching.md ---------------------------------------------------------------------------
+
+def readme_table(rows: list[dict]) -> str:
+    """Today's headline figures per GPU: model steps against eager, torch.compile and Liger-Kernel; the fused
+    loss and the MoE experts against their peers."""
+    cur = current(rows)
+    lines = ["| GPU | benchmark | liger_rt | eager | torch.compile | Liger-Kernel | date | versions |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for gpu in sorted({k[0] for k in cur if k[0] != "cpu"}):
+        benches = by_benchmark(cur, gpu, {"model", "model_compiled", "losses", "moe_experts"})
+        latest = {}                 # per preset, its step (flags, shape) of the latest date, then of the most runs
+        for (k, name, shape, dtype), figs in benches.items():
+            if k == "model" and ("liger_rt", "tok_s") in figs:
+                rank = (figs[("liger_rt", "tok_s")].date, len(figs[("liger_rt", "tok_s")].values))
+                preset = name.split("+")[0]
+                if preset not in latest or rank > latest[preset][0]:
+                    latest[preset] = (rank, name, shape, dtype, figs)
+        for _, (_, name, shape, dtype, figs) in sorted(latest.items(), key=lambda kv: natural(kv[0])):
+            compiled = benches.get(("model_compiled", name, shape, dtype), {})
+            figs = {**figs, **{("torch_compile", m): f for (a, m), f in compiled.items() if a == "torch_compile"}}
+            lines.append(_readme_row(gpu, f"{name} train step, {shape_text(shape)} (tok/s, peak GB)", figs,
+                                     ["liger_rt", "eager", "torch_compile", "liger_kernel"],
+                                     lambda f, g: f"{f.median / 1e3:.1f}k, {g.median:.1f} GB" if g
+                                     else f"{f.median / 1e3:.1f}k", ("tok_s", "peak_gb")))
+        for (k, name, shape, dtype), figs in sorted(benches.items(), key=lambda kv: natural(" ".join(kv[0]))):
+            if k == "losses" and name == "fused_linear_cross_entropy.fwdbwd" and ("liger_rt", "ms") in figs:
+                lines.append(_readme_row(gpu, f"fused linear cross-entropy fwd+bwd, {shape_text(shape)} "
+                                              "(ms, extra GB)", figs,
+                                         ["liger_rt", "eager", "torch_compile", "liger_kernel"],
+                                         lambda f, g: f"{f.median:.2f}, {g.median:.2f} GB" if g
+                                         else f"{f.median:.2f}", ("ms", "extra_gb")))
+            if (k == "moe_experts" and name == "moe_experts.fwdbwd" and "tokens=16384" in shape
+                    and "routing=uniform" in shape and ("liger_rt", "tflops") in figs):
+                lines.append(_readme_row(gpu, f"MoE experts fwd+bwd, {shape_text(shape)} (TFLOP/s)", figs,
+                                         ["liger_rt", "eager", None, "liger_kernel"],
+                                         lambda f, g: f"{f.median:.0f}", ("tflops", None)))
+    return "\n".join(lines)
+
+
+def _readme_row(gpu, what, figs, cols, fmt, metrics) -> str:
+    main, extra = metrics
+    used = [figs[(a, main)] for a in cols if a and (a, main) in figs]
+    cells = [fmt(figs[(a, main)], figs.get((a, extra))) if a and (a, main) in figs else "-" for a in cols]
+    peers = peer_versions({a: figs[(a, main)] for a in cols if a and (a, main) in figs})
+    return (f"| {gpu} | {what} | " + " | ".join(cells) + f" | {dates(used)} | {versions_text(used, peers)} |")
+
+
+def parity_cells(data: Path) -> dict[str, tuple[str, str]]:
+    """model type -> (CPU parity cell, GPU parity cell) from parity.csv."""
+    path = data / "parity.csv"
+    if not path.exists():
+        return {}
+    with path.open(newline="") as fh:
+        return {r["model_type"]: (f"`{r['cpu_test']}`",
+                                  f"{r['result']} on {r['gpu']}, {r['date']} ({r['gpu_case']}; `{r['gpu_test']}`)")
+                for r in csv.DictReader(fh)}
+
+
+def missing_tests(data: Path, root: Path) -> list[str]:
+    """parity.csv's tests that do not exist (file or function) under `root`."""
+    out = []
+    for cpu, gpu in ((c.strip("`"), g.rsplit("`", 2)[-2]) for c, g in parity_cells(data).values()):
+        for ref in (cpu, gpu):
+            file, _, func = ref.partition("::")
+            if not (root / file).exists() or f"def {func}(" not in (root / file).read_text():
+                out.append(ref)
+    return sorted(set(out))
+
+
+def fill_parity(text: str, cells: dict) -> str:
+    """Rewrite the last two cells (CPU, GPU parity) of each family row between the parity markers."""
+    def row(line: str) -> str:
+        m = re.match(r"\|\s*`([\w.]+)`", line)
+        if not m or m.group(1) not in cells:
+            return line
+        parts = line.rstrip().rstrip("|").split(" | ")
+        return " | ".join(parts[:-2] + list(cells[m.group(1)])) + " |"
+    return replace_block(text, PARITY_MARKERS, lambda block: "\n".join(row(ln) for ln in block.split("\n")))
+
+
+def replace_block(text: str, markers: tuple[str, str], new) -> str:
+    begin, end = markers
+    if begin not in text or end not in text:
+        raise SystemExit(f"markers {begin!r} ... {end!r} not found")
+    head, rest = text.split(begin, 1)
+    block, tail = rest.split(end, 1)
+    body = new(block.strip("\n")) if callable(new) else new
+    return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
+# -- main ---------------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 where a file differs from what the data gives")
+    ap.add_argument("--root", type=Path, default=ROOT, help="the repository (default: this script's)")
+    args = ap.parse_args(argv)
+    root = args.root
+    data, docs = root / "benchmarks" / "data", root / "docs"
+    rows = load(data)
+    text, plots = perf_md(rows)
+    readme_path, patching_path = root / "README.md", docs / "patching.md"
+    want = {docs / "perf.md": text,
+            readme_path: replace_block(readme_path.read_text(), README_MARKERS, readme_table(rows))}
+    cells = parity_cells(data)
+    if cells:
+        want[patching_path] = fill_parity(patching_path.read_text(), cells)
+    try:
+        import matplotlib  # noqa: F401
+        can_plot = True
+    except ImportError:
+        can_plot = False
+    pngs = {docs / f"perf_model_{slug(g)}.png": (g, d) for g, d in plots.items()}
+    if args.check:
+        stale = [str(p.relative_to(root)) for p, t in want.items() if not p.exists() or p.read_text() != t]
+        if can_plot:
+            stale += [str(p.relative_to(root)) for p, (_, d) in pngs.items() if png_digest(p) != digest(d)]
+        stale += [f"parity.csv names a missing test: {t}" for t in missing_tests(data, root)]
+        if stale:
+            print("out of date with benchmarks/data (run python benchmarks/report.py):\n  " + "\n  ".join(stale))
+            return 1
+        print(f"docs match benchmarks/data ({len(rows)} rows){'' if can_plot else '; plots not checked'}")
+        return 0
+    for path, t in want.items():
+        path.write_text(t)
+        print(f"wrote {path.relative_to(root)}")
+    for path, (gpu, d) in pngs.items():
+        if can_plot:
+            draw(gpu, d, path)
+            print(f"wrote {path.relative_to(root)}")
+        else:
+            print(f"left {path.relative_to(root)} as it is: matplotlib is not installed (pip install 'liger-rt[plot]')")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The benchmark suite on a GPU machine (H100 or H200; NVIDIA), stage by stage, each under its own time limit:
+#
+#   bash benchmarks/run.sh gputests norms gated_mlp losses logprobs lfm2 moe models compiled host
+#   QUICK=--quick bash benchmarks/run.sh norms moe         # the quick cases only
+#   STEP_TIME_ARGS="--run lfm2moerope --gaps" bash benchmarks/run.sh profile/step_time   # a benchmarks/profile/ script
+#
+# Stages (a stage's extra arguments come from <STAGE>_ARGS, its time limit in seconds from <STAGE>_S):
+#   gputests   pytest -m gpu tests/gpu (GPUTESTS: other paths; GPUTEST_K: a -k expression)
+#   norms gated_mlp losses logprobs lfm2 moe    the kernel families (benchmarks/bench_*.py)
+#   models     model training steps, eager (bench_models.py; MODELS_ARGS="--run qwen3,lfm2")
+#   compiled   the same with torch.compile arms at B4 x T2048 and the host-bound B1 x T512
+#   families   the other model families' steps (gemma3, mistral, mixtral, qwen2)
+#   host       host cost of a call (GPU) and of a dispatch decision
+#   sweep      liger-tune sweep of this GPU's arch (SWEEP_ARGS, default --quick), exported to $OUT/sweep_ARCH.jsonl
+#   parity     liger-tune parity of qwen3-4b in bf16; famparity: the other families
+#   multigpu   benchmarks/multi_gpu.py on every GPU of the machine (MULTIGPU_PARTS); mgsweep: the sharded sweep
+#   profile/NAME   benchmarks/profile/NAME.py (arguments from NAME_ARGS, e.g. MOE_GEMMS_ARGS="--tokens 16384")
+#
+# Everything goes to $OUT (default /tmp/liger_rt_bench), outside the repository: log.txt (the whole log),
+# stages.txt (each stage's exit status), data/*.csv (the dataset rows of this run only), tuning.db (the sweep's
+# DB) and the multi-GPU CSVs.  Add this run's rows to the repository's dataset with
+#   for f in OUT/data/*.csv; do tail -n +2 "$f" >> benchmarks/data/$(basename "$f"); done
+# Wheels in .whl/ (e.g. `pip download --no-deps -d .whl sqlite-utils sqlite-fts4 click-default-group liger-kernel
+# trl`) are installed first, offline, for an image that lacks them.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/liger_rt_bench}; mkdir -p "$OUT/data"
+LOG="$OUT/log.txt"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+export LIGER_RT_TUNING_DB=${LIGER_RT_TUNING_DB:-$OUT/tuning.db}
+Q=${QUICK:-}
+D="--data $OUT/data"
+CLI="python3 -m liger_rt.tools.cli"
+
+stage() {  # name, seconds, command...: logged, timed out after the seconds, its exit status kept
+  local name=$1 secs=$2; shift 2
+  echo "=== $name ($(date +%T), limit ${secs}s): $*" | tee -a "$LOG"
+  timeout "$secs" "$@" 2>&1 | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name rc=$rc" | tee -a "$LOG"
+  echo "$name $rc" >> "$OUT/stages.txt"
+}
+
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>&1 | tee -a "$LOG"
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,
+'transformers', transformers.__version__, 'GPUs', torch.cuda.device_count())" 2>&1 | tee -a "$LOG"
+ARCH=${ARCH:-$($CLI doctor --json 2>/dev/null \
+  | python3 -c "import json, sys; print(json.load(sys.stdin)['arch']['name'])" 2>/dev/null || echo hopper)}
+NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 1)
+export NCCL_NVLS_ENABLE=0     # NCCL's NVLink multicast (NVLS) off: not every multi-GPU host supports it
+
+for s in "$@"; do
+  case $s in
+    gputests)  stage gputests "${GPUTESTS_S:-600}" python3 -m pytest -m gpu ${GPUTESTS:-tests/gpu} -q \
+                 ${GPUTEST_K:+-k "$GPUTEST_K"} -p no:cacheprovider -rfE ;;
+    norms)     stage norms "${NORMS_S:-300}" python3 benchmarks/bench_norms.py $Q $D ${NORMS_ARGS:-} ;;
+    gated_mlp) stage gated_mlp "${GATED_MLP_S:-200}" python3 benchmarks/bench_gated_mlp.py $Q $D ${GATED_MLP_ARGS:-} ;;
+    losses)    stage losses "${LOSSES_S:-300}" python3 benchmarks/bench_losses.py $Q $D ${LOSSES_ARGS:-} ;;
+    logprobs)  stage logprobs "${LOGPROBS_S:-300}" python3 benchmarks/bench_logprobs.py $Q $D ${LOGPROBS_ARGS:-} ;;
+    lfm2)      stage lfm2 "${LFM2_S:-200}" python3 benchmarks/bench_lfm2_ops.py $Q $D ${LFM2_ARGS:-} ;;
+    moe)       # a fresh machine pays its compiles and autotuning in the first MoE cases (minutes): give it time
+               stage moe "${MOE_S:-600}" python3 benchmarks/bench_moe.py $Q $D ${MOE_ARGS:-} ;;
+    models)    stage models "${MODELS_S:-600}" python3 benchmarks/bench_models.py ${Q:+--quick} $D ${MODELS_ARGS:-} ;;
+    compiled)  stage compiled "${COMPILED_S:-600}" python3 benchmarks/bench_models.py --compile \
+                 --run "${COMPILED_RUNS:-qwen3,lfm2,lfm2moe}" --shape "${COMPILED_SHAPES:-4x2048,1x512}" \
+                 --steps 10 --warmup 3 $D ${COMPILED_ARGS:-} ;;
+    families)  stage families "${FAMILIES_S:-600}" python3 benchmarks/bench_models.py --run families \
+                 ${Q:+--quick} $D ${FAMILIES_ARGS:-} ;;
+    host)      stage host "${HOST_S:-150}" python3 benchmarks/bench_host.py $D ${HOST_ARGS:-}
+               stage dispatch 60 python3 benchmarks/bench_host.py --dispatch $D ;;
+    sweep)     stage sweep "${SWEEP_S:-420}" $CLI sweep --arch "$ARCH" ${SWEEP_ARGS:---quick}
+               stage export 60 $CLI export "$OUT/sweep_$ARCH.jsonl" --arch "$ARCH"
+               stage explain 60 $CLI explain rms_norm --shape rows=16384,hidden=4096 --dtype bf16 ;;
+    parity)    stage parity "${PARITY_S:-300}" $CLI parity --model qwen3 --preset qwen3-4b --dtype bf16 --device cuda ;;
+    famparity) for mp in gemma3_text:gemma3-4b mistral:mistral-7b-16L mixtral:mixtral-8x7b-2L qwen2:qwen2.5-7b-14L; do
+                 stage "parity_${mp%%:*}" "${FAMPARITY_S:-150}" $CLI parity --model "${mp%%:*}" --preset "${mp#*:}" \
+                   --dtype bf16 --device cuda --flags rope=1,fused_linear_cross_entropy=1 --json
+               done ;;
+    multigpu)  for p in ${MULTIGPU_PARTS:-parity throughput consistency}; do
+                 stage "multigpu_$p" "${MULTIGPU_S:-360}" python3 -m torch.distributed.run --standalone \
+                   --nproc-per-node "$NGPU" benchmarks/multi_gpu.py --part "$p" --out "$OUT/multigpu" ${MULTIGPU_ARGS:-}
+               done ;;
+    mgsweep)   # one DB written by rank 0, every rank sweeping its share of the cases; compare with `sweep`
+               stage mgsweep "${SWEEP_S:-420}" env LIGER_RT_TUNING_DB="$OUT/tuning_sharded.db" python3 -m \
+                 torch.distributed.run --standalone --nproc-per-node "$NGPU" -m liger_rt.tools.cli sweep \
+                 --arch "$ARCH" ${SWEEP_ARGS:---quick} ;;
+    profile/*) name=$(basename "${s%.py}"); var="$(echo "$name" | tr a-z A-Z)_ARGS"
+               stage "$s" "${PROFILE_S:-300}" python3 "benchmarks/profile/$name.py" ${!var:-} ;;
+    *)         echo "unknown stage $s; stages: gputests norms gated_mlp losses logprobs lfm2 moe models compiled" \
+                 "families host sweep parity famparity multigpu mgsweep profile/NAME" | tee -a "$LOG" ;;
+  esac
+done
+echo "stages (name rc):" | tee -a "$LOG"; cat "$OUT/stages.txt" 2>/dev/null | tee -a "$LOG"
+wc -l "$OUT"/data/*.csv 2>/dev/null | tee -a "$LOG"

@@ -1,0 +1,104 @@
+"""benchmarks/report.py on a tiny dataset: it writes docs/perf.md, the README table and the parity cells,
+`--check` passes on what it wrote and fails once a figure in the data changes (without matplotlib)."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+COLUMNS = ("kind,name,shape,arm,metric,value,unit,gpu,dtype,method,torch,triton,transformers,liger_rt,"
+           "peer_version,commit,date,run_id,notes").split(",")
+
+
+@pytest.fixture(scope="module")
+def report():
+    spec = importlib.util.spec_from_file_location("benchmarks_report", REPO / "benchmarks" / "report.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod                    # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    yield mod
+    sys.modules.pop(spec.name, None)
+
+
+def _row(kind, name, shape, arm, metric, value, run="r1", date="2026-01-02", **kw):
+    return {**dict.fromkeys(COLUMNS, ""), "kind": kind, "name": name, "shape": shape, "arm": arm, "metric": metric,
+            "value": str(value), "gpu": "NVIDIA H200", "dtype": "bf16", "torch": "2.11.0", "triton": "3.6.0",
+            "transformers": "5.17.0", "liger_rt": "0.1.0", "date": date, "run_id": run, **kw}
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A repository with two runs of one kernel, one model step, the README and patching.md markers, and a
+    parity row whose tests exist; matplotlib hidden, as in CI."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    data = tmp_path / "benchmarks" / "data"
+    norm = dict(kind="norms", name="rms_norm.fwdbwd", shape="rows=16384;hidden=4096")
+    _write(data / "kernels.csv", [
+        _row(**norm, arm="liger_rt", metric="ms", value=0.17, run="r1"),
+        _row(**norm, arm="liger_rt", metric="ms", value=0.18, run="r2"),
+        _row(**norm, arm="liger_rt", metric="gbps", value=3800, run="r1"),
+        _row(**norm, arm="liger_rt", metric="ms", value=0.5, run="r0", date="2026-01-01"),
+        _row(**norm, arm="liger_kernel", metric="ms", value=0.25, run="r1", peer_version="0.8.5"),
+        _row(kind="norms", name="ceiling", shape="", arm="probe", metric="ceiling_gbps", value=4250, run="r1")])
+    step = dict(kind="model", name="qwen3-1.7b+rope", shape="batch=4;seq=2048")
+    _write(data / "models.csv", [_row(**step, arm="liger_rt", metric="tok_s", value=45000),
+                                 _row(**step, arm="eager", metric="tok_s", value=29000),
+                                 _row(**step, arm="liger_rt", metric="peak_gb", value=27.8)])
+    (data / "parity.csv").write_text("model_type,cpu_test,gpu_test,gpu_case,gpu,date,result\n"
+                                     "qwen3,tests/test_a.py::test_cpu,tests/gpu/test_b.py::test_gpu,"
+                                     "qwen3-4b,NVIDIA H200,2026-01-02,passed\n")
+    (tmp_path / "tests" / "gpu").mkdir(parents=True)
+    (tmp_path / "tests" / "test_a.py").write_text("def test_cpu():\n    pass\n")
+    (tmp_path / "tests" / "gpu" / "test_b.py").write_text("def test_gpu():\n    pass\n")
+    (tmp_path / "README.md").write_text("# x\n\n<!-- perf-table:begin (benchmarks/report.py) -->\n"
+                                        "<!-- perf-table:end -->\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "patching.md").write_text(
+        "<!-- parity:begin (benchmarks/report.py) -->\n| model type | flags | CPU | GPU |\n| --- | --- | --- | --- |\n"
+        "| `qwen3` | rms_norm | old | old |\n<!-- parity:end -->\n")
+    return tmp_path
+
+
+def test_written_docs_pass_the_check_and_fail_after_a_value_changes(report, repo, capsys):
+    assert report.main(["--root", str(repo), "--check"]) == 1          # nothing written yet
+    assert report.main(["--root", str(repo)]) == 0
+    assert report.main(["--root", str(repo), "--check"]) == 0
+    perf = (repo / "docs" / "perf.md").read_text()
+    assert "| rms_norm.fwdbwd | rows=16384;hidden=4096 | bf16 | wall | 0.175 (0.17-0.18, n=2) |" in perf
+    assert "0.25 | 1.43x | 3800 GB/s (0.89) |" in perf                   # peer / ours; rate over the ceiling
+    assert "liger_kernel 0.8.5" in perf and "AMD Instinct MI300X: no row" in perf
+    assert len(perf.splitlines()) <= 400
+    readme = (repo / "README.md").read_text()
+    assert "| NVIDIA H200 | qwen3-1.7b+rope train step, 4x2048 (tok/s, peak GB) | 45.0k, 27.8 GB | 29.0k |" in readme
+    patching = (repo / "docs" / "patching.md").read_text()
+    assert ("| `qwen3` | rms_norm | `tests/test_a.py::test_cpu` | passed on NVIDIA H200, 2026-01-02 (qwen3-4b; "
+            "`tests/gpu/test_b.py::test_gpu`) |") in patching
+
+    kernels = repo / "benchmarks" / "data" / "kernels.csv"
+    kernels.write_text(kernels.read_text().replace(",0.18,", ",0.19,"))
+    capsys.readouterr()
+    assert report.main(["--root", str(repo), "--check"]) == 1
+    assert "docs/perf.md" in capsys.readouterr().out
+
+
+def test_check_fails_on_a_parity_test_that_does_not_exist(report, repo, capsys):
+    report.main(["--root", str(repo)])
+    (repo / "tests" / "test_a.py").write_text("def test_renamed():\n    pass\n")
+    assert report.main(["--root", str(repo), "--check"]) == 1
+    assert "parity.csv names a missing test: tests/test_a.py::test_cpu" in capsys.readouterr().out
+
+
+def test_repository_perf_md_is_short(report):
+    assert len((REPO / "docs" / "perf.md").read_text().splitlines()) <= 400
