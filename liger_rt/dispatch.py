@@ -145,10 +145,12 @@ def reset() -> None:
 # -- torch.compile: the decision taken at trace time -------------------------------------------------
 
 def _traced_call(op: Op, dims: dict, args: tuple):
-    # dims are pinned down by comparisons only, so under dynamic shapes dynamo guards on the
-    # bucket of a dynamic dim (a new bucket recompiles) and on the exact value of a static one,
-    # and the decision below sees plain ints it can treat as constants
-    key = tuple(bucket(dims[d]) if d in op.dynamic else _traced_exact(dims[d])
+    # A static dim is pinned down by comparisons (dynamo guards on its exact value). A dynamic dim (a token
+    # count) is not read at all: under dynamic shapes any comparison on it would guard, and the graph would
+    # recompile whenever the count left its bucket (dynamo does not let traced code tell a symbolic int from
+    # a plain one). The decision is taken at TRACED_TOKENS for every dynamic dim instead, so one graph
+    # serves every count (the launchers take any). The decision below sees plain ints: constants.
+    key = tuple(TRACED_DIMS.get(d, TRACED_TOKENS) if d in op.dynamic else _traced_exact(dims[d])
                 for d in op.static + op.dynamic)
     impl_name, config_json = _decide_constant(op.name, args[0].device.type, args[0].dtype, *key)
     impl = op.by_name[impl_name]
@@ -156,6 +158,13 @@ def _traced_call(op: Op, dims: dict, args: tuple):
         return impl.fn(*args)
     out = traced_function(op).apply(config_json, impl.keep, impl.traced_backward, *args)
     return out[0] if op.outputs == 1 else out
+
+
+# The size every dynamic dim is decided at under torch.compile: the token count the sweeps' quick plans
+# measure (4096 rows), so a compiled graph runs the config tuned for a typical training batch; a batch dim
+# beside a sequence dim (short_conv) is 1, so their product is that count.
+TRACED_TOKENS = 4096
+TRACED_DIMS = {"batch": 1}
 
 
 def _traced_exact(value) -> int:

@@ -230,9 +230,6 @@ def test_compile_policy_kernels_keeps_every_op_on_its_kernel(model_type, monkeyp
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=torch._dynamo.exc.RecompileError,
-                   reason="liger_rt.opspec's traced call guards on the power-of-two bucket of each dynamic dim "
-                          "(Op._traced_call: bucket), so a token count in another bucket recompiles")
 def test_token_count_changes_do_not_recompile():
     """A patched model compiled once, the token dim marked dynamic as a user marks it for variable-length
     batches (torch._dynamo.mark_dynamic), runs training steps at token counts in three power-of-two buckets
