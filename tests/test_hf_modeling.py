@@ -1,5 +1,5 @@
 """transformers' own modeling checks, re-created, for every supported family with the class-level
-patch held (issue 20 item 8; transformers' tests/ is not shipped in its wheel).
+patch held (transformers' tests/ is not shipped in its wheel).
 
 For each family: the tiny preset's checks run unpatched, then the model type is patched at class
 level with the flags its parity gates use (defaults, rope where it has a row, the fused loss), a

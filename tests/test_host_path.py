@@ -1,4 +1,4 @@
-"""The eager host path of an op call (issue 19 item 3), on CPU with the Triton launches stubbed:
+"""The eager host path of an op call, on CPU with the Triton launches stubbed:
 after the first call a forward+backward reads no environment variable, queries no tuning DB and
 recomputes no launch constant; the stub sees the launches; the lean paths keep torch's semantics."""
 import os

@@ -1,4 +1,4 @@
-"""PEFT LoRA on a patched model (issue 20 item 6; recipe in docs/integrations.md).
+"""PEFT LoRA on a patched model (recipe in docs/integrations.md).
 
 A tiny Qwen3 (hidden 64, 2 layers, fp32, random weights) gets the same LoRA adapters (same seed)
 twice: once patched with liger_rt (kernels through the Triton interpreter, fused loss), once not

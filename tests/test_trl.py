@@ -1,4 +1,4 @@
-"""TRL's SFTTrainer and GRPOTrainer on a patched tiny Qwen3 (issue 20 item 2; docs/integrations.md).
+"""TRL's SFTTrainer and GRPOTrainer on a patched tiny Qwen3 (docs/integrations.md).
 
 Both trainers put TRL's own fused LM head on the model (``trl.trainer.utils.add_fused_lm_head``) and
 compute the training loss and log-probs through it, so liger_rt's loss flags cannot run there:

@@ -75,7 +75,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     _tiny("lfm2-moe-tiny", "lfm2_moe", layers=3, **_TINY_MOE, dense_layers=1, attention_layers=(1,)),
     _tiny("lfm2-vl-tiny", "lfm2_vl", layers=3, attention_layers=(1,), vision_hidden=48, vision_layers=2,
           vision_intermediate=64, vision_heads=4, vision_tokens=16),
-    # -- families of issue 17: released sizes (config.json of each model on the Hugging Face hub) ------------
+    # -- more families: released sizes (config.json of each model on the Hugging Face hub) ------------
     Preset("qwen2.5-7b", "qwen2", 3584, 18944, 152064, 28, 28, 4, 128,
            config=dict(tie_word_embeddings=False, rope_theta=1e6)),
     Preset("qwen1.5-moe-a2.7b", "qwen2_moe", 2048, 5632, 151936, 24, 16, 16, 128, experts=60, top_k=4,
