@@ -10,6 +10,7 @@ from liger_rt import backend, dispatch, env, launch, ops, tuning_db
 from liger_rt.kernels import layer_norm as ln
 from liger_rt.kernels import rms_norm as rn
 from liger_rt.kernels import rope as rp
+from liger_rt.kernels import row_norm
 from liger_rt.kernels import swiglu as sw
 from liger_rt.registry import REGISTRY
 from liger_rt.tools.bench.host_overhead import StubbedLaunches, cpu_stub
@@ -78,7 +79,7 @@ def _fwd_bwd_call(name):
     if name in ("rms_norm", "layer_norm"):
         x, w, dy = torch.randn(2, 3, 64, requires_grad=True), torch.randn(64, requires_grad=True), torch.randn(2, 3, 64)
         fwd = (lambda: ops.rms_norm(x, w)) if name == "rms_norm" else (lambda: ops.layer_norm(x, w, None))
-        return (lambda: torch.autograd.grad(fwd(), (x, w), dy)), (rn, ln), 3   # forward, backward, the dW sum
+        return (lambda: torch.autograd.grad(fwd(), (x, w), dy)), (rn, ln, row_norm), 3   # forward, backward, dW sum
     if name == "swiglu":
         g, u = torch.randn(2, 3, 64, requires_grad=True), torch.randn(2, 3, 64, requires_grad=True)
         dy = torch.randn(2, 3, 64)

@@ -498,12 +498,12 @@ def test_dispatch_switches_to_grouped_mm_on_hopper_plan(monkeypatch, no_shipped_
         pytest.skip("this torch has no grouped MM")
     monkeypatch.setattr(backend, "gpu_present", lambda: False)
     _put_user_crossover("hopper", "bf16", BIG, [[100.0, "triton"], [None, "grouped_mm"]])
-    lo = dispatch.decision(dispatch, "moe_experts", arch="hopper", dtype="bf16", **dict(BIG, tokens=512))
-    hi = dispatch.decision(dispatch, "moe_experts", arch="hopper", dtype="bf16", **dict(BIG, tokens=4096))
+    lo = dispatch.select("moe_experts", arch="hopper", dtype="bf16", **dict(BIG, tokens=512))
+    hi = dispatch.select("moe_experts", arch="hopper", dtype="bf16", **dict(BIG, tokens=4096))
     assert (lo.impl, lo.origin) == ("triton", "crossover") and lo.config.up.BLOCK_M == 64   # 64 rows per expert
     assert (hi.impl, hi.origin, dict(hi.config)) == ("grouped_mm", "crossover", {})
     # fp32 has no crossover row and grouped_mm cannot take it: the heuristic picks triton
-    f32 = dispatch.decision(dispatch, "moe_experts", arch="hopper", dtype="fp32", **dict(BIG, tokens=4096))
+    f32 = dispatch.select("moe_experts", arch="hopper", dtype="fp32", **dict(BIG, tokens=4096))
     assert (f32.impl, f32.origin) == ("triton", "heuristic")
 
 
@@ -512,8 +512,8 @@ def test_hopper_heuristic_impl(monkeypatch, no_shipped_defaults):
         pytest.skip("this torch has no grouped MM")
     monkeypatch.setattr(backend, "gpu_present", lambda: False)
     e64 = dict(BIG, experts=64, intermediate=1536)
-    low = dispatch.decision(dispatch, "moe_experts", arch="hopper", dtype="bf16", **dict(e64, tokens=512))   # 32 rows
-    high = dispatch.decision(dispatch, "moe_experts", arch="hopper", dtype="bf16", **dict(BIG, tokens=4096))  # 512 rows
+    low = dispatch.select("moe_experts", arch="hopper", dtype="bf16", **dict(e64, tokens=512))   # 32 rows
+    high = dispatch.select("moe_experts", arch="hopper", dtype="bf16", **dict(BIG, tokens=4096))  # 512 rows
     # the fused path was fastest or tied at every measured H200 point (32..512 rows per expert)
     assert (low.impl, low.origin) == ("triton", "heuristic") and low.config.up.BLOCK_M == 64
     assert (high.impl, high.origin) == ("triton", "heuristic") and high.config.up.BLOCK_M == 128
@@ -534,7 +534,7 @@ def test_published_mi325x_crossover(monkeypatch):
     assert counts["crossover"] >= 2 and {M.OP.static_key(BIG), M.OP.static_key(e64)} <= keys
     for dims, T, want in [(BIG, 512, "triton"), (BIG, 1024, "triton"), (BIG, 4096, "grouped_mm"),
                           (e64, 2048, "triton"), (e64, 4096, "triton"), (e64, 8192, "grouped_mm")]:
-        d = dispatch.decision(dispatch, "moe_experts", arch="mi325x", dtype="bf16", **dict(dims, tokens=T))
+        d = dispatch.select("moe_experts", arch="mi325x", dtype="bf16", **dict(dims, tokens=T))
         assert (d.impl, d.origin) == (want, "crossover"), (dims["experts"], T, d.reason)
         assert "published" in d.reason
         if want == "triton":

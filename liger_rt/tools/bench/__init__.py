@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from .harness import dataset_sink
 from .logprobs import main as logprobs_cmd
 
 
@@ -41,15 +42,6 @@ def _csv(fn):
                            "host.csv), with device, versions, commit, date and a run id.")(fn)
     return click.option("--csv", "csv_path", default=None, type=click.Path(dir_okay=False),
                         help="Also write the rows (versions included) to this CSV.")(fn)
-
-
-def _sink(data_dir: str | None, name: str, records):
-    """fn(rows) appending `records(rows)` to DATA_DIR/name under one run id, or None without a folder."""
-    if not data_dir:
-        return None
-    from .harness import append_dataset, dataset_rows, new_run_id
-    run_id = new_run_id()
-    return lambda rows: append_dataset(Path(data_dir) / name, dataset_rows(records(rows), run_id))
 
 
 def script(args: list[str], data_dir: str | Path) -> None:
@@ -92,7 +84,7 @@ def kernels(names, where, quick, no_compile, dtype, reverse_arms, csv_path, data
     _need_gpu("bench kernels")
     _run(run_kernels, list(names), where=list(where), quick=quick, compile_=not no_compile, dtype=dtype,
          echo=click.echo, reverse_arms=reverse_arms, csv_path=csv_path,
-         on_case=_sink(data_dir, "kernels.csv", kernel_records))
+         on_case=dataset_sink(data_dir, "kernels.csv", kernel_records))
 
 
 @bench.command()
@@ -115,7 +107,7 @@ def host(cpu_stub, csv_path, data_dir):
         _need_gpu("bench host")
     rows = (host_overhead.cpu_stub if cpu_stub else host_overhead.host)(echo=click.echo)
     if data_dir:
-        _sink(data_dir, "host.csv", host_overhead.host_records)(rows)
+        dataset_sink(data_dir, "host.csv", host_overhead.host_records)(rows)
     if csv_path:
         click.echo(f"wrote {write_csv(rows, csv_path)}")
 
@@ -129,7 +121,7 @@ def dispatch(calls, csv_path, data_dir):
     from .host_overhead import dispatch_overhead, host_records
     rows = dispatch_overhead(calls, echo=click.echo)
     if data_dir:
-        _sink(data_dir, "host.csv", host_records)(rows)
+        dataset_sink(data_dir, "host.csv", host_records)(rows)
     if csv_path:
         click.echo(f"wrote {write_csv(rows, csv_path)}")
 
@@ -181,7 +173,7 @@ def model_cmd(model_type, batch, seq, shapes, arms, flags, config_text, csv_path
     arms = tuple(a.strip() for a in arms.split(",") if a.strip()) if arms else None
     shapes = _run(M.parse_shapes, shapes) or [(batch, seq)]
     kw.update(flags=_run(M.parse_flags, flags), config=_run(M.parse_config, config_text), arms=arms)
-    rows, sink = [], _sink(data_dir, "models.csv", M.model_records)
+    rows, sink = [], dataset_sink(data_dir, "models.csv", M.model_records)
     for b, sq in shapes:
         rows += (got := _run(M.run_model_bench, model_type, batch=b, seq=sq, echo=lambda m: click.echo(m, err=as_json),
                              **kw))

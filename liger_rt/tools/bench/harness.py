@@ -526,3 +526,11 @@ def run_kernels(names: list[str] = (), *, where: list[str] = (), quick: bool = F
     if csv_path:
         echo(f"wrote {csv_path}")
     return every
+
+
+def dataset_sink(data_dir: str | None, name: str, records):
+    """fn(rows) appending `records(rows)` to DATA_DIR/name under one run id, or None without a folder."""
+    if not data_dir:
+        return None
+    run_id = new_run_id()
+    return lambda rows: append_dataset(Path(data_dir) / name, dataset_rows(records(rows), run_id))

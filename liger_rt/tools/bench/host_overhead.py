@@ -179,10 +179,10 @@ def cpu_stub(repeats: int = 7, calls: int = 2000, rows: int = 16, hidden: int = 
     """Host microseconds of the `_stub_probes`, launches stubbed: the median over `repeats` of the mean of `calls`
     calls in this thread's CPU time (on CPU tensors autograd runs the backward on the calling thread).
     TRITON_INTERPRET=1 and LIGER_RT_IMPL_<OP>=triton during the run: dispatch takes the Triton path."""
-    from liger_rt.kernels import rms_norm, rope, swiglu
+    from liger_rt.kernels import rms_norm, rope, row_norm, swiglu
     rows_out = []
     with dispatch_env(TRITON_INTERPRET="1", LIGER_RT_IMPL_RMS_NORM="triton", LIGER_RT_IMPL_SWIGLU="triton",
-                      LIGER_RT_IMPL_ROPE="triton"), StubbedLaunches(rms_norm, swiglu, rope) as stub:
+                      LIGER_RT_IMPL_ROPE="triton"), StubbedLaunches(rms_norm, row_norm, swiglu, rope) as stub:
         probes = _stub_probes(rows, hidden)
         for op, fn in [probe for probe in probes.values() if probe[0]]:
             before = stub.launches      # each forward launches its one kernel: the triton path

@@ -19,8 +19,8 @@ from typing import Callable
 import click
 import torch
 
-from .harness import (dataset_arm, decision_text, dist_version, error_line, format_table, no_gpu_message,
-                      peak_extra_gb, peer, time_fn, versions, write_csv)
+from .harness import (dataset_arm, dataset_sink, decision_text, dist_version, error_line, format_table,
+                      no_gpu_message, peak_extra_gb, peer, time_fn, versions, write_csv)
 
 OP = "fused_linear_logprobs"
 SPECS = [dict(op=OP, tokens=8192, hidden=2048, vocab=65536, quick=True),
@@ -293,11 +293,10 @@ def logprobs_records(rows: list[dict]) -> list[dict]:
               help="Append one row per measurement to kernels.csv in this folder (device, versions, run id).")
 def main(quick, no_compile, tokens, rounds, csv_path, data_dir):
     """fused_linear_logprobs fwd+bwd and no-grad forward vs the materialised path, torch.compile, TRL, Liger-Kernel."""
-    from . import _sink
     if not torch.cuda.is_available():
         raise click.ClickException(no_gpu_message("bench logprobs"))
     try:
         run(quick=quick, compile_=not no_compile, tokens=tuple(tokens), csv_path=csv_path, echo=click.echo,
-            rounds=rounds, on_case=_sink(data_dir, "kernels.csv", logprobs_records))
+            rounds=rounds, on_case=dataset_sink(data_dir, "kernels.csv", logprobs_records))
     except ValueError as exc:
         raise click.UsageError(str(exc))
