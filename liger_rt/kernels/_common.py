@@ -3,15 +3,17 @@ kernel file uses (rounding, row views, warps, row-wise sweep plans)."""
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from .. import backend
+from .. import _triton, backend
+from .._triton import tl, triton
 from ..backend import interpreter_on
 
 
 def triton_available(target) -> bool:
-    """Triton kernels run on a GPU, or on CPU tensors through TRITON_INTERPRET=1."""
+    """Triton kernels run on a GPU, or on CPU tensors through TRITON_INTERPRET=1; nowhere without Triton
+    (`liger_rt._triton.reason()` says why), where every op runs its PyTorch implementation."""
+    if not _triton.available():
+        return False
     return interpreter_on() if target.device_type == "cpu" else target.device_type == "cuda"
 
 

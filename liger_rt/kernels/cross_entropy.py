@@ -27,9 +27,8 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
+from .._triton import tl, triton
 from ..backend import interpreter_on
 from ..config import WARPS, Config, knob, pow2
 from ..dispatch import call, register

@@ -11,9 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import triton
-import triton.language as tl
 
+from .._triton import tl, triton
 from ..config import WARPS, Config, knob, pow2
 from ..dispatch import call, register
 from ..dtypes import DTYPES

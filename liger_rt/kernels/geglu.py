@@ -18,9 +18,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
+from .._triton import tl, triton
 from ..backend import interpreter_on
 from ._common import as_rows, next_pow2, to_dtype
 from .gated_mlp import GatedMLPConfig as GeGLUConfig  # noqa: F401  (the op's config, by its name)

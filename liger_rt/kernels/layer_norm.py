@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
+from .._triton import tl, triton
 from ..backend import interpreter_on
 from ..dispatch import call, register
 from ..launch import bind, launch_memo

@@ -13,9 +13,8 @@ What they share, once:
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
+from .._triton import tl, triton
 from ._common import next_pow2
 
 MiB = 1 << 20

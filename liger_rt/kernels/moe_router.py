@@ -16,9 +16,8 @@ import dataclasses
 import operator
 
 import torch
-import triton
-import triton.language as tl
 
+from .._triton import tl, triton
 from ..config import WARPS, Config, knob, pow2
 from ..dispatch import call, register
 from ..op import Case, Impl, Op

@@ -20,9 +20,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import triton
-import triton.language as tl
 
+from .._triton import tl, triton
 from ..backend import interpreter_on
 from ..config import knob, pow2
 from ..dispatch import call, register

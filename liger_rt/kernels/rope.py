@@ -25,9 +25,8 @@ import dataclasses
 import functools
 
 import torch
-import triton
-import triton.language as tl
 
+from .._triton import tl, triton
 from ..backend import interpreter_on
 from ..config import WARPS, Config, knob, pow2
 from ..dispatch import call, register

@@ -13,9 +13,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import triton
-import triton.language as tl
 
+from .._triton import tl, triton
 from ..backend import interpreter_on
 from ..config import WARPS, Config, knob, pow2
 from ..launch import bind

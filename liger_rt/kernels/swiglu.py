@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
+from .._triton import tl, triton
 from ..backend import interpreter_on
 from ..launch import bind, launch_memo
 from ._common import as_rows, next_pow2, row_layout, to_dtype

@@ -109,16 +109,31 @@ class _Plan:
                       | {name for _, name, _, row in self.functions if row.op is not None})
 
 
+def _user_stacklevel() -> int:
+    """The stacklevel of the first frame outside liger_rt.patch (the user's patch() call), for warnings."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("liger_rt.patch"):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _refuse(flag: str, reason: str, explicit: set[str], model_type: str, exc=ImportError) -> None:
     msg = f"liger_rt.patch({model_type!r}): {flag} cannot be patched: {reason}"
     if flag in explicit:
         raise exc(msg)
-    # the warning points at the first frame outside liger_rt.patch: the user's patch() call
-    level, frame = 1, sys._getframe(0)
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("liger_rt.patch"):
-        frame, level = frame.f_back, level + 1
     warnings.warn(msg + f"; it stays on the host path (pass {flag}=False to silence this)", PatchWarning,
-                  stacklevel=level)
+                  stacklevel=_user_stacklevel())
+
+
+_TRITON_WARNED: list[bool] = []
+
+
+def _warn_without_triton() -> None:
+    """One warning per process where Triton cannot be imported: the patch holds, every op runs PyTorch."""
+    from .. import _triton     # import time: it imports triton
+    if not _triton.available() and not _TRITON_WARNED:
+        _TRITON_WARNED.append(True)
+        warnings.warn(f"liger_rt: {_triton.reason()}", PatchWarning, stacklevel=_user_stacklevel())
 
 
 def _plan(model_type: str, given: dict[str, Any], *, for_class: bool) -> _Plan:
@@ -412,6 +427,7 @@ def patch(target, **layers):
         liger_rt.patch(model, fused_linear_cross_entropy=True)  # SFT: loss without logits
         liger_rt.patch("lfm2", short_conv=False)                # classes, before building models
     """
+    _warn_without_triton()
     if isinstance(target, str):
         _patch_class(target, layers)
         return None

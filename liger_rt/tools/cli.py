@@ -159,6 +159,8 @@ def doctor(preset, as_json):
               f"{' [forced]' if a.get('forced') else ''}")
     _echo(f"device       {info['device']} (rows keyed as {info['device_class'] or '-'})")
     _echo("versions     " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
+    t = info["triton"]
+    _echo(f"triton       {'imports: the Triton kernels can run' if t['available'] else 'kernels OFF: ' + t['reason']}")
     db = info["db"]
     _echo(f"user DB      {db['user_path']} ({'exists' if db['user_exists'] else 'not created yet'}, "
           f"{db['user_bytes']} B, schema {db['user_schema'] or '-'})")
@@ -241,7 +243,7 @@ def doctor_report(preset: str = "qwen3-1.7b") -> dict:
     from importlib import metadata, resources
 
     import torch
-    from liger_rt import __version__, backend, env, tuning_db
+    from liger_rt import __version__, _triton, backend, env, tuning_db
     from liger_rt.registry import REGISTRY
     from liger_rt.tuning_db import Store, TuningDBError
     from liger_rt.tuning_db.store import path_problem
@@ -292,8 +294,9 @@ def doctor_report(preset: str = "qwen3-1.7b") -> dict:
     files = (resources.files("liger_rt.tuning_db") / "defaults").iterdir()
     db["shipped_files"] = ", ".join(sorted(p.name for p in files if p.name.endswith(".jsonl"))) or "none"
     coverage = _coverage(preset, detected) if detected else {"model": preset, "error": "no arch detected"}
-    return {"arch": arch, "device": device, "device_class": device_class, "versions": versions, "db": db,
-            "coverage": coverage, "env": env.snapshot(), "interpreter": os.environ.get("TRITON_INTERPRET", ""),
+    triton = {"available": _triton.available(), "reason": _triton.reason()}
+    return {"arch": arch, "device": device, "device_class": device_class, "versions": versions, "triton": triton,
+            "db": db, "coverage": coverage, "env": env.snapshot(), "interpreter": os.environ.get("TRITON_INTERPRET", ""),
             "ops": ops}
 
 

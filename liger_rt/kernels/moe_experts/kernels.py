@@ -10,9 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import triton
-import triton.language as tl
 
+from ..._triton import tl, triton
 from ...backend import interpreter_on
 from ...op import Impl
 from .._common import triton_available
