@@ -1,5 +1,5 @@
 """geglu through the Triton interpreter: tiny shapes, an fp64 formula (tanh written out, independent
-of F.gelu and of autograd), the op's reference, HF's GELUTanh module, every candidate config."""
+of F.gelu and of autograd), the op's reference, HF's GELUTanh module."""
 import math
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 
 from liger_rt.autograd import call_impl
 import liger_rt.ops
-from liger_rt import autotune, backend, dispatch
+from liger_rt import backend
 from liger_rt.kernels import geglu as gg
 from liger_rt.numerics import assert_close
 from routing import record_impls
@@ -106,39 +106,6 @@ def test_fused_halves_strided_views_and_mixed_dtypes():
     gate3, up3, dy3 = _inputs((6, 40), torch.float16, seed=9)
     outs = _fwd_bwd(_triton(_heuristic(40)), gate3, up3.float(), dy3.float())
     assert [o.dtype for o in outs] == [torch.float32, torch.float16, torch.float32]
-
-
-def test_every_candidate_config_of_every_arch():
-    gate, up, dy = _inputs((5, 100), torch.float32, seed=7)
-    refs = _exact(gate, up, dy)
-    seen = []
-    for arch in ("hopper", "mi325x", "blackwell", "ampere", "cpu"):
-        for cfg in gg.OP.candidates_for(gg.OP.impl("triton"), backend.profile(arch), {"rows": 64, "cols": 100},
-                                        torch.bfloat16):
-            if cfg not in seen:
-                seen.append(cfg)
-                _check(_fwd_bwd(_triton(cfg), gate, up, dy), refs, torch.float32, str(cfg))
-    assert len(seen) >= 3
-
-
-def test_sweep_validates_every_cpu_candidate():
-    target = dispatch.Target(arch=CPU, device_type="cpu", interpret=True)
-    result = autotune.tune(gg.OP, target, torch.float16, {"rows": 16, "cols": 96}, quick=True)
-    assert not [m for m in result["measurements"] if not m["ok"]]
-    assert result["winner"] is not None
-
-
-def test_dispatch_routes_to_triton_then_env(monkeypatch):
-    ran = record_impls(monkeypatch, gg.OP)
-    gate, up, _ = _inputs((2, 3, 48), torch.float32, seed=8)
-    y = liger_rt.ops.geglu(gate, up)
-    d = dispatch.decision(gg.OP, gate.reshape(-1, 48), rows=6, cols=48)
-    assert (d.impl, d.origin) == ("triton", "heuristic") and ran == ["triton"]
-    assert_close(y, _exact(gate, up, up)[0], torch.float32)
-    monkeypatch.setenv("LIGER_RT_IMPL_GEGLU", "torch")
-    dispatch.reset()
-    liger_rt.ops.geglu(gate, up)
-    assert ran == ["triton", "torch"]
 
 
 def test_errors_and_fallbacks(monkeypatch):

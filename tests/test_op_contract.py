@@ -21,6 +21,7 @@ from liger_rt import autotune, backend, dispatch
 from liger_rt.autograd import run_case
 from liger_rt.config import config_dict
 from liger_rt.freshness import source_hash
+from liger_rt.kernels._common import next_pow2
 from liger_rt.numerics import validation_report
 from liger_rt.op import Case
 from liger_rt.registry import OP_MODULES, REGISTRY
@@ -32,6 +33,26 @@ CPU = backend.profile("cpu")
 CPU_TARGET = dispatch.Target(arch=CPU, device_type="cpu", interpret=True)
 
 
+# shapes beyond the plans that each op's candidates must still take (the extremes of its dims)
+EDGE_DIMS = {
+    "rms_norm": [{"rows": 16384, "hidden": h} for h in (1, 8, 1152, 32768)],
+    "layer_norm": [{"rows": 16384, "hidden": h} for h in (1, 8, 1152, 32768)],
+    "swiglu": [{"rows": 16384, "cols": c} for c in (1, 8, 4304, 12288)],
+    "geglu": [{"rows": 16384, "cols": c} for c in (1, 8, 4304, 12288)],
+    "rope": [{"heads_q": q, "heads_k": k, "head_dim": d, "tokens": 8192}
+             for q, k, d in ((1, 1, 2), (64, 8, 256), (8, 8, 80), (128, 1, 512))],
+    "short_conv": [{"batch": 8, "seq": 4096, "hidden": 67, "kernel": 4}],
+    "moe_router": [{"tokens": 65536, "experts": e, "top_k": k} for e, k in ((1, 1), (67, 8), (256, 8))],
+}
+MAX_CANDIDATES = 36          # per shape, arch and dtype: what one sweep point may cost
+# register tiles: elements per program the kernels hold (a config beyond it spills)
+TILE_BOUNDS = {
+    "swiglu": lambda c, d: c.ROWS * min(c.BLOCK_N, next_pow2(d["cols"])) <= 16384,
+    "geglu": lambda c, d: c.ROWS * min(c.BLOCK_N, next_pow2(d["cols"])) <= 16384,
+    "rope": lambda c, d: c.BLOCK_H * next_pow2(d["head_dim"] // 2) <= 4096,
+}
+
+
 def _tiny(op) -> dict:
     """The cpu quick sweep's first shape: what `liger-tune sweep --arch cpu --quick` measures."""
     return op.plan(None, CPU, True)[0]
@@ -39,7 +60,7 @@ def _tiny(op) -> dict:
 
 def _arch_dims(op, arch) -> list[dict]:
     """The shapes a sweep on `arch` measures (its quick plan), and the cpu sweep shape."""
-    return [*op.plan(None, arch, True), _tiny(op)]
+    return [*op.plan(None, arch, True), _tiny(op), *EDGE_DIMS.get(op.name, ())]
 
 
 def _tuned(op, dims, dtype) -> list:
@@ -63,7 +84,7 @@ def test_candidates_construct_and_fit_every_arch(name):
                     where = (arch_name, dims, dtype, impl.name)
                     raw = op.candidates(arch, dims, dtype)
                     kept = op.candidates_for(impl, arch, dims, dtype)
-                    assert kept, where
+                    assert 1 <= len(kept) <= MAX_CANDIDATES, where
                     assert kept == list(dict.fromkeys(c for c in raw if _fits(op, c, arch, dims, dtype))), where
                     fixed = [op.heuristic(arch, dims, dtype)] + ([op.pinned(arch, dims, dtype)] if op.pinned else [])
                     for cfg in kept + fixed:
@@ -72,6 +93,7 @@ def test_candidates_construct_and_fit_every_arch(name):
                         why = rows.launch_problem(op, impl.name, cfg, dims, arch, "bf16" if dtype == torch.bfloat16
                                                   else "fp32")
                         assert why is None, (where, cfg, why)
+                        assert TILE_BOUNDS.get(name, lambda c, d: True)(cfg, dims), (where, cfg)
 
 
 @pytest.mark.parametrize("name", OPS)
