@@ -6,21 +6,13 @@ from liger_rt import backend, dispatch
 from liger_rt.autograd import call_impl
 from liger_rt.kernels import moe_router as mr
 from liger_rt.numerics import assert_close
+from routing import record_impls
 
 CFG = mr.MoERouterConfig(BLOCK_T=16, num_warps=1)
 
 
 def _triton(logits, k, bias=None, norm=True, scale=1.0, config=CFG):
     return call_impl(mr.OP, "triton", config, logits, k, bias, norm, scale)
-
-
-def _record(monkeypatch):
-    """The implementations that run from now on, in call order."""
-    ran, torch_impl = [], mr.OP.impl("torch")
-    ref, fwd = torch_impl.fn, mr.moe_router_fwd
-    monkeypatch.setattr(torch_impl, "fn", lambda *a: ran.append("torch") or ref(*a))
-    monkeypatch.setattr(mr, "moe_router_fwd", lambda *a: ran.append("triton") or fwd(*a))
-    return ran
 
 
 def _formula(logits, k, bias, norm, scale, idx, dw):
@@ -174,7 +166,7 @@ def test_nan_logits_propagate_as_in_the_reference(dtype, norm):
 def test_many_experts_fall_back_to_torch(monkeypatch):
     logits = _logits(5, 300)
     assert dispatch.decision(mr.OP, logits, tokens=5, experts=300, top_k=4).impl == "torch"
-    ran = _record(monkeypatch)
+    ran = record_impls(monkeypatch, mr.OP)
     _check(logits, 4, None, True, 1.0, fn=mr.moe_router)
     assert ran == ["torch"]
 

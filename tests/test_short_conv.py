@@ -6,6 +6,7 @@ from liger_rt import backend, dispatch
 from liger_rt.autograd import call_impl
 from liger_rt.kernels import short_conv as sc
 from liger_rt.numerics import assert_close
+from routing import record_impls
 
 # A config with several tiles per row, several backward chunks per row and several steps per
 # chunk (on the interpreter's 2 "SMs"), so tiling, halos and the dw partial reduction are exercised.
@@ -56,15 +57,6 @@ def _ref(bcx, w, b, dy, seq_idx=None):
 
 def _triton(config):
     return lambda x, w, b, seq_idx=None: call_impl(sc.OP, "triton", config, x, w, b, seq_idx)
-
-
-def _record(monkeypatch):
-    """The implementations that run from now on, in call order."""
-    ran, torch_impl = [], sc.OP.impl("torch")
-    ref, fwd = torch_impl.fn, sc.short_conv_fwd
-    monkeypatch.setattr(torch_impl, "fn", lambda *a: ran.append("torch") or ref(*a))
-    monkeypatch.setattr(sc, "short_conv_fwd", lambda *a: ran.append("triton") or fwd(*a))
-    return ran
 
 
 def _check(outs, refs, dtype, B, T, what=""):
@@ -150,7 +142,7 @@ def test_packed_through_dispatch(monkeypatch, impl):
     bcx, w, b, dy = _inputs(2, pos.shape[1], 8, 3, True, seed=4)
     monkeypatch.setenv("LIGER_RT_IMPL_SHORT_CONV", impl)
     dispatch.reset()
-    ran = _record(monkeypatch)
+    ran = record_impls(monkeypatch, sc.OP)
     outs = _fwd_bwd(lambda *a: sc.short_conv(*a, seq_idx=seq_idx), bcx, w, b, dy)
     assert ran == [impl]
     _check(outs, _ref(bcx, w, b, dy, seq_idx), torch.float32, 2, 16, impl)
@@ -199,7 +191,7 @@ def test_wide_kernel_falls_back_to_torch(monkeypatch):
     bcx, w, _, _ = _inputs(1, 6, 8, 5, False)
     d = dispatch.decision(sc.OP, bcx, batch=1, seq=6, hidden=8, kernel=5)
     assert d.impl == "torch"
-    ran = _record(monkeypatch)
+    ran = record_impls(monkeypatch, sc.OP)
     assert_close(sc.short_conv(bcx, w), _conv64(bcx, w), torch.float32)
     assert ran == ["torch"]
 
