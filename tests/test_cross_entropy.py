@@ -212,40 +212,9 @@ def test_second_backward_works_unless_in_place():
         loss.backward()
 
 
-def test_every_candidate_config_hopper_mi325x_cpu():
-    # every (BLOCK_V, num_warps) the sweep may pick, each at a vocab where its block loops (1.5 blocks)
-    seen, cases = set(), {}
-    dims = {"rows": 8192, "vocab": 151936}
-    for name in ("hopper", "mi325x", "cpu"):
-        arch = backend.profile(name)
-        cands = ce.OP.candidates_for(ce.OP.impl("triton"), arch, dims, torch.bfloat16)
-        assert cands and all(c.num_warps <= arch.max_num_warps for c in cands)
-        assert ce._heuristic(arch, dims, torch.bfloat16) in cands
-        for cfg in cands:
-            if cfg in seen:
-                continue
-            seen.add(cfg)
-            if cfg.BLOCK_V not in cases:
-                cases[cfg.BLOCK_V] = _case(2, cfg.BLOCK_V + cfg.BLOCK_V // 2 + 3, torch.float32, ignore_frac=0.0)
-            _check(*cases[cfg.BLOCK_V], "sum", config=cfg, softcap=30.0)
-    assert len(seen) >= 8
+def test_block_v_must_be_a_power_of_two():
     with pytest.raises(ConfigError, match="BLOCK_V"):
         ce.CrossEntropyConfig(BLOCK_V=100)
-
-
-def test_dispatch_routes_heuristic_then_env(monkeypatch):
-    ran = record_impls(monkeypatch, ce.OP)
-    logits, target = _case(6, 199, torch.float32)
-    d = dispatch.decision(ce.OP, logits, rows=6, vocab=199)
-    assert d.impl == "triton" and d.origin == "heuristic"
-    liger_rt.ops.cross_entropy(logits.clone().requires_grad_(), target).backward()
-    monkeypatch.setenv("LIGER_RT_IMPL_CROSS_ENTROPY", "torch")
-    dispatch.reset()
-    d = dispatch.decision(ce.OP, logits, rows=6, vocab=199)
-    assert d.impl == "torch" and d.origin == "env"
-    loss = liger_rt.ops.cross_entropy(logits.clone().requires_grad_(), target)
-    assert ran == ["triton", "torch"]
-    assert_close(loss, ce_fp64(logits, target), torch.float32)
 
 
 @pytest.mark.parametrize("impl", ["triton", "torch", "fuse"])
@@ -278,15 +247,6 @@ def test_torch_compile_fullgraph(monkeypatch, impl):
         assert_close(g, g64, torch.float32)
     want = "triton" if impl == "fuse" else impl
     assert ran == [want, want]
-
-
-def test_tune_on_cpu_validates_every_candidate():
-    from liger_rt import autotune
-    target = dispatch.target_for_arch("cpu")
-    res = autotune.tune(ce.OP, target, torch.float32, {"rows": 8, "vocab": 199}, quick=True)
-    bad = [m for m in res["measurements"] if not m["ok"]]
-    assert not bad, bad
-    assert res["winner"] is not None
 
 
 def test_plan_and_errors():

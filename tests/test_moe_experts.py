@@ -1,7 +1,7 @@
 """moe_experts on CPU: the fused Triton path through the interpreter against an fp64 dense
-reference written here (forward and every gradient), edge routings, every candidate config of the
-hopper and mi325x profiles, crossovers and dispatch (which implementation ran), pinned configs,
-the ExpertsInterface registration against the Hugging Face module, torch.compile."""
+reference written here (forward and every gradient), edge routings, the candidate spaces (each
+candidate's numerics: tests/test_op_contract.py), crossovers and dispatch (which implementation ran),
+pinned configs, the ExpertsInterface registration against the Hugging Face module, torch.compile."""
 import dataclasses
 import json
 import math
@@ -348,19 +348,12 @@ def _candidates(arch, dims=BIG, dtype=torch.bfloat16):
     return M.OP.candidates_for(M.OP.impl("triton"), arch, dims, dtype)
 
 
-@pytest.mark.parametrize("arch", ["hopper", "mi325x", "cpu"])
-def test_every_candidate_config(arch):
-    cands = _candidates(backend.profile(arch))
-    assert 2 <= len(cands) <= 36     # hopper: 12 tile sets, 8 weight-gradient operand variants, 8 descriptor ones,
-    #                                  8 split up backward ones
-    if arch == "mi325x":
-        for c in cands:
-            assert _hip_safe(c)
-    dims = _dims(16, 4, 2, 32, 32)
-    case = _case(dims)
-    ref = _dense_fp64(case)
-    for cfg in cands:
-        _check_all(_run("triton", case, cfg), ref, torch.float32, dims)
+def test_candidate_counts_and_hip_safety():
+    """hopper: 12 tile sets, 8 weight-gradient operand variants, 8 descriptor ones, 8 split up backward ones;
+    every mi325x candidate HIP-safe (each one's numerics: tests/test_op_contract.py)."""
+    for arch in ("hopper", "mi325x", "cpu"):
+        assert 2 <= len(_candidates(backend.profile(arch))) <= 36, arch
+    assert all(_hip_safe(c) for c in _candidates(backend.profile("mi325x")))
 
 
 def _fits(cfg, arch, dims, dtype):

@@ -6,21 +6,13 @@ from liger_rt import backend, dispatch
 from liger_rt.autograd import call_impl
 from liger_rt.kernels import moe_router as mr
 from liger_rt.numerics import assert_close
+from routing import record_impls
 
 CFG = mr.MoERouterConfig(BLOCK_T=16, num_warps=1)
 
 
 def _triton(logits, k, bias=None, norm=True, scale=1.0, config=CFG):
     return call_impl(mr.OP, "triton", config, logits, k, bias, norm, scale)
-
-
-def _record(monkeypatch):
-    """The implementations that run from now on, in call order."""
-    ran, torch_impl = [], mr.OP.impl("torch")
-    ref, fwd = torch_impl.fn, mr.moe_router_fwd
-    monkeypatch.setattr(torch_impl, "fn", lambda *a: ran.append("torch") or ref(*a))
-    monkeypatch.setattr(mr, "moe_router_fwd", lambda *a: ran.append("triton") or fwd(*a))
-    return ran
 
 
 def _formula(logits, k, bias, norm, scale, idx, dw):
@@ -174,7 +166,7 @@ def test_nan_logits_propagate_as_in_the_reference(dtype, norm):
 def test_many_experts_fall_back_to_torch(monkeypatch):
     logits = _logits(5, 300)
     assert dispatch.decision(mr.OP, logits, tokens=5, experts=300, top_k=4).impl == "torch"
-    ran = _record(monkeypatch)
+    ran = record_impls(monkeypatch, mr.OP)
     _check(logits, 4, None, True, 1.0, fn=mr.moe_router)
     assert ran == ["torch"]
 
@@ -194,46 +186,11 @@ def test_kernels_write_every_element(monkeypatch):
     assert torch.isfinite(dl).all() and (idx >= 0).all()
 
 
-@pytest.mark.parametrize("arch", ["hopper", "mi325x"])
-@pytest.mark.parametrize("E", [32, 64])
-def test_every_candidate_config(arch, E):
-    prof = backend.profile(arch)
-    dims = {"tokens": 4096, "experts": E, "top_k": 4}
-    cfgs = mr.OP.candidates_for(mr.OP.impl("triton"), prof, dims, torch.bfloat16)
-    assert len(cfgs) >= 5 and mr._heuristic(prof, dims, torch.bfloat16) in cfgs
-    assert all(c.num_warps <= prof.max_num_warps for c in cfgs)
-    logits = _logits(19, E, seed=E)
-    eb = 0.1 * torch.randn(E)
-    for cfg in cfgs:
-        _check(logits, 4, eb, True, 1.0, fn=lambda *a, cfg=cfg: _triton(*a, config=cfg))
-
-
-def test_every_arch_constructs_its_candidates():
-    for name in backend.ARCH_NAMES:
-        arch = backend.profile(name)
-        for E, k in ((1, 1), (32, 4), (67, 8), (256, 8)):
-            dims = {"tokens": 65536, "experts": E, "top_k": k}
-            cfgs = mr.OP.candidates_for(mr.OP.impl("triton"), arch, dims, torch.bfloat16)
-            assert cfgs[0] == mr._heuristic(arch, dims, torch.bfloat16)
-            assert all(c.num_warps <= arch.max_num_warps for c in cfgs), name
-
-
 def test_amd_heuristic_is_wave64():
     dims = {"tokens": 65536, "experts": 32, "top_k": 4}
     h = mr._heuristic(backend.profile("hopper"), dims, torch.bfloat16)
     a = mr._heuristic(backend.profile("mi325x"), dims, torch.bfloat16)
     assert h.BLOCK_T == a.BLOCK_T and a.num_warps * 64 == h.num_warps * 32
-
-
-def test_dispatch_env_forces_torch(monkeypatch):
-    logits = _logits(9, 8)
-    assert dispatch.decision(mr.OP, logits, tokens=9, experts=8, top_k=2).impl == "triton"
-    monkeypatch.setenv("LIGER_RT_IMPL_MOE_ROUTER", "torch")
-    dispatch.reset()
-    assert dispatch.decision(mr.OP, logits, tokens=9, experts=8, top_k=2).impl == "torch"
-    ran = _record(monkeypatch)
-    _check(logits, 2, None, True, 1.0, fn=mr.moe_router)
-    assert ran == ["torch"]
 
 
 def test_plans():
@@ -245,14 +202,6 @@ def test_plans():
     assert mr._plan(get_preset("lfm2-1.2b"), hop, False) == []
     assert all(d["tokens"] <= 64 for d in mr._plan(None, cpu, False))
     assert mr._plan(get_preset("lfm2-moe-tiny"), cpu, False)[0]["experts"] == 8
-
-
-def test_autotune_validates_candidates_on_cpu():
-    from liger_rt import autotune
-    res = autotune.tune(mr.OP, dispatch.current_target("cpu"), torch.float32,
-                        {"tokens": 24, "experts": 16, "top_k": 4}, quick=True)
-    assert not [m for m in res["measurements"] if not m["ok"]]
-    assert "triton" in res["best"]
 
 
 def _hf_router(E, k, norm, scale, use_bias, hidden=16):

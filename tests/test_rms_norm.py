@@ -1,14 +1,14 @@
-"""rms_norm through the Triton interpreter: tiny shapes, fp32 references, every candidate config."""
+"""rms_norm through the Triton interpreter: tiny shapes, fp32 references (the contract every op keeps:
+tests/test_op_contract.py)."""
 import pytest
 import torch
 
 from liger_rt.autograd import call_impl
 import liger_rt.ops
-from liger_rt import autotune, backend, dispatch
+from liger_rt import backend, dispatch
 from liger_rt.kernels import rms_norm as rn
 from liger_rt.numerics import assert_close
 from liger_rt.tools.presets import get_preset
-from norm_checks import assert_candidate_spaces_modest_and_arch_aware
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 CPU = backend.profile("cpu")
@@ -119,57 +119,6 @@ def test_non_contiguous():
     dy_t = torch.randn(100, 6, 4, generator=g).permute(2, 1, 0)
     _check(_fwd_bwd(lambda a, b: liger_rt.ops.rms_norm(a, b), x, w, dy_t), _fwd_bwd(rn.rms_norm_ref, x, w, dy_t),
            torch.float32, 24, "strided dy")
-
-
-def _all_candidates(hidden):
-    out = []
-    for arch in ("hopper", "mi325x", "cpu"):
-        for cfg in rn.OP.candidates_for(rn.OP.impl("triton"), backend.profile(arch), {"rows": 64, "hidden": hidden},
-                                    torch.bfloat16):
-            if cfg not in out:
-                out.append(cfg)
-    return out
-
-
-@pytest.mark.parametrize("hidden", [100, 2000])
-def test_every_candidate_config(hidden):
-    """Each config any arch can pick computes right (it runs on a tiny shape in the interpreter)."""
-    rows = 13
-    x, w, dy = _inputs((rows, hidden), torch.float32, seed=7)
-    refs = _fwd_bwd(rn.rms_norm_ref, x, w, dy)
-    for cfg in _all_candidates(hidden):
-        _check(_fwd_bwd(_triton(cfg), x, w, dy), refs, torch.float32, rows, str(cfg))
-
-
-def test_candidate_spaces_are_modest_and_arch_aware():
-    assert_candidate_spaces_modest_and_arch_aware(rn)
-
-
-def test_sweep_validates_every_cpu_candidate():
-    """The autotuner runs each cpu candidate against the torch reference: all of them must pass."""
-    target = dispatch.Target(arch=CPU, device_type="cpu", interpret=True)
-    result = autotune.tune(rn.OP, target, torch.bfloat16, {"rows": 16, "hidden": 64}, quick=True)
-    bad = [m for m in result["measurements"] if not m["ok"]]
-    assert not bad, bad
-    assert result["winner"] is not None
-
-
-def test_dispatch_heuristic_then_env(monkeypatch):
-    calls = []
-    real = rn.rms_norm_fwd
-    monkeypatch.setattr(rn, "rms_norm_fwd", lambda *a: calls.append(1) or real(*a))
-    x, w, _ = _inputs((2, 3, 48), torch.bfloat16, seed=8)
-    y = liger_rt.ops.rms_norm(x, w)
-    d = dispatch.decision(rn.OP, x.reshape(-1, 48), rows=6, hidden=48)
-    assert (d.impl, d.origin) == ("triton", "heuristic") and calls == [1]
-    assert_close(y, rn.rms_norm_ref(x, w), torch.bfloat16)
-
-    monkeypatch.setenv("LIGER_RT_IMPL_RMS_NORM", "torch")
-    dispatch.reset()
-    y2 = liger_rt.ops.rms_norm(x, w)
-    d = dispatch.decision(rn.OP, x.reshape(-1, 48), rows=6, hidden=48)
-    assert (d.impl, d.origin) == ("torch", "env") and calls == [1]
-    assert torch.equal(y2, rn.rms_norm_ref(x, w))
 
 
 def test_unsupported_hidden_goes_to_torch_and_launcher_raises():

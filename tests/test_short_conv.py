@@ -6,6 +6,7 @@ from liger_rt import backend, dispatch
 from liger_rt.autograd import call_impl
 from liger_rt.kernels import short_conv as sc
 from liger_rt.numerics import assert_close
+from routing import record_impls
 
 # A config with several tiles per row, several backward chunks per row and several steps per
 # chunk (on the interpreter's 2 "SMs"), so tiling, halos and the dw partial reduction are exercised.
@@ -56,15 +57,6 @@ def _ref(bcx, w, b, dy, seq_idx=None):
 
 def _triton(config):
     return lambda x, w, b, seq_idx=None: call_impl(sc.OP, "triton", config, x, w, b, seq_idx)
-
-
-def _record(monkeypatch):
-    """The implementations that run from now on, in call order."""
-    ran, torch_impl = [], sc.OP.impl("torch")
-    ref, fwd = torch_impl.fn, sc.short_conv_fwd
-    monkeypatch.setattr(torch_impl, "fn", lambda *a: ran.append("torch") or ref(*a))
-    monkeypatch.setattr(sc, "short_conv_fwd", lambda *a: ran.append("triton") or fwd(*a))
-    return ran
 
 
 def _check(outs, refs, dtype, B, T, what=""):
@@ -150,7 +142,7 @@ def test_packed_through_dispatch(monkeypatch, impl):
     bcx, w, b, dy = _inputs(2, pos.shape[1], 8, 3, True, seed=4)
     monkeypatch.setenv("LIGER_RT_IMPL_SHORT_CONV", impl)
     dispatch.reset()
-    ran = _record(monkeypatch)
+    ran = record_impls(monkeypatch, sc.OP)
     outs = _fwd_bwd(lambda *a: sc.short_conv(*a, seq_idx=seq_idx), bcx, w, b, dy)
     assert ran == [impl]
     _check(outs, _ref(bcx, w, b, dy, seq_idx), torch.float32, 2, 16, impl)
@@ -199,32 +191,9 @@ def test_wide_kernel_falls_back_to_torch(monkeypatch):
     bcx, w, _, _ = _inputs(1, 6, 8, 5, False)
     d = dispatch.decision(sc.OP, bcx, batch=1, seq=6, hidden=8, kernel=5)
     assert d.impl == "torch"
-    ran = _record(monkeypatch)
+    ran = record_impls(monkeypatch, sc.OP)
     assert_close(sc.short_conv(bcx, w), _conv64(bcx, w), torch.float32)
     assert ran == ["torch"]
-
-
-@pytest.mark.parametrize("arch", ["hopper", "mi325x"])
-def test_every_candidate_config(arch):
-    prof = backend.profile(arch)
-    dims = {"batch": 1, "seq": 5, "hidden": 8, "kernel": 3}
-    cfgs = sc.OP.candidates_for(sc.OP.impl("triton"), prof, dims, torch.bfloat16)
-    assert len(cfgs) >= 8 and sc._heuristic(prof, dims, torch.bfloat16) in cfgs
-    assert all(c.num_warps <= prof.max_num_warps and c.bwd_num_warps <= prof.max_num_warps for c in cfgs)
-    bcx, w, b, dy = _inputs(1, 5, 8, 3, True, seed=6)
-    ref = _ref(bcx, w, b, dy)
-    for cfg in cfgs:
-        _check(_fwd_bwd(_triton(cfg), bcx, w, b, dy), ref, torch.float32, 1, 5, str(cfg))
-
-
-def test_every_arch_constructs_its_candidates():
-    for name in backend.ARCH_NAMES:
-        arch = backend.profile(name)
-        for H, K in ((2048, 3), (67, 4)):
-            dims = {"batch": 8, "seq": 4096, "hidden": H, "kernel": K}
-            cfgs = sc.OP.candidates_for(sc.OP.impl("triton"), arch, dims, torch.bfloat16)
-            assert cfgs[0] == sc._heuristic(arch, dims, torch.bfloat16)
-            assert all(c.limits()[0] <= arch.max_num_warps for c in cfgs), name
 
 
 def test_amd_heuristic_is_wave64():
@@ -234,18 +203,6 @@ def test_amd_heuristic_is_wave64():
     # same tile, same threads per program: half the (64-lane) warps
     assert (h.BLOCK_T, h.BLOCK_H) == (a.BLOCK_T, a.BLOCK_H)
     assert a.num_warps * 64 == h.num_warps * 32 and a.bwd_num_warps * 64 == h.bwd_num_warps * 32
-
-
-def test_dispatch_env_forces_torch(monkeypatch):
-    bcx, w, b, dy = _inputs(1, 6, 8, 3, False)
-    assert dispatch.decision(sc.OP, bcx, batch=1, seq=6, hidden=8, kernel=3).impl == "triton"
-    monkeypatch.setenv("LIGER_RT_IMPL_SHORT_CONV", "torch")
-    dispatch.reset()
-    d = dispatch.decision(sc.OP, bcx, batch=1, seq=6, hidden=8, kernel=3)
-    assert (d.impl, d.origin) == ("torch", "env")
-    ran = _record(monkeypatch)
-    assert_close(sc.short_conv(bcx, w), _conv64(bcx, w), torch.float32)
-    assert ran == ["torch"]
 
 
 def test_plans():
@@ -259,16 +216,6 @@ def test_plans():
                                                                   for d in full)
     assert sc._plan(None, hop, True) and sc._plan(get_preset("qwen3-1.7b"), hop, False) == []
     assert sc._plan(get_preset("lfm2-tiny"), cpu, True)[0]["hidden"] == 64
-
-
-def test_autotune_validates_candidates_on_cpu():
-    from liger_rt import autotune
-    target = dispatch.current_target("cpu")
-    res = autotune.tune(sc.OP, target, torch.float32, {"batch": 1, "seq": 12, "hidden": 16, "kernel": 3},
-                        quick=True)
-    bad = [m for m in res["measurements"] if not m["ok"]]
-    assert not bad, bad
-    assert res["winner"] is not None and "triton" in res["best"]
 
 
 @pytest.mark.parametrize("bias", [False, True])

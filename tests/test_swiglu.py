@@ -1,40 +1,20 @@
-"""swiglu through the Triton interpreter: tiny shapes, fp64 formulas and the op's reference, every
-candidate config."""
+"""swiglu through the Triton interpreter: tiny shapes, fp64 formulas and the op's reference."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from liger_rt.autograd import call_impl
 import liger_rt.ops
-from liger_rt import autotune, backend, dispatch
+from liger_rt import backend, dispatch
 from liger_rt.kernels import gated_mlp as gm
 from liger_rt.kernels import swiglu as sw
-from liger_rt.kernels._common import next_pow2
 from liger_rt.numerics import assert_close
 from liger_rt.tools.presets import get_preset
-from routing import assert_fakes_match, record_impls
+from gated_checks import check, cpu_heuristic, fwd_bwd, inputs, triton
+from routing import record_impls
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 CPU = backend.profile("cpu")
 WIDE = sw.SwiGLUConfig(BLOCK_N=1024, ROWS=16, num_warps=4, bwd_num_warps=4)
-
-
-def _inputs(shape, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    gate = (torch.randn(*shape, generator=g) * 3.0).to(dtype)      # both tails of silu
-    up = torch.randn(*shape, generator=g).to(dtype)
-    dy = torch.randn(*shape, generator=g).to(dtype)
-    return gate, up, dy
-
-
-def _fwd_bwd(fn, gate, up, dy):
-    gate, up = gate.detach().clone().requires_grad_(), up.detach().clone().requires_grad_()
-    y = fn(gate, up)
-    return [y, *torch.autograd.grad(y, (gate, up), dy)]
-
-
-def _triton(config):
-    return lambda g, u: call_impl(sw.OP, "triton", config, g, u)
 
 
 def _exact(gate, up, dy):
@@ -46,50 +26,40 @@ def _exact(gate, up, dy):
     return [y.to(torch.promote_types(gate.dtype, up.dtype)), dg.to(gate.dtype), du.to(up.dtype)]
 
 
-def _check(outs, refs, dtype, what=""):
-    for o, r, name in zip(outs, refs, ("y", "dgate", "dup")):
-        assert o.dtype == r.dtype and o.shape == r.shape, name
-        assert_close(o, r, dtype, name=f"{what} {name}")
-
-
-def _heuristic(cols):
-    return gm.heuristic(CPU, {"rows": 1, "cols": cols}, torch.float32)
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_matches_reference(dtype):
-    gate, up, dy = _inputs((3, 5, 100), dtype)
-    outs = _fwd_bwd(_triton(_heuristic(100)), gate, up, dy)
+    gate, up, dy = inputs((3, 5, 100), dtype)
+    outs = fwd_bwd(triton(sw.OP, cpu_heuristic(sw.OP, 100)), gate, up, dy)
     # the eager module's casting (silu rounded to the gate dtype)...
-    _check(outs, _fwd_bwd(sw.swiglu_ref, gate, up, dy), dtype, f"{dtype} vs ref")
+    check(outs, fwd_bwd(sw.swiglu_ref, gate, up, dy), dtype, f"{dtype} vs ref")
     # ...and the fp64 formula on the same values, within the dtype's tolerance
-    _check(outs, _exact(gate, up, dy), dtype, f"{dtype} vs fp64")
+    check(outs, _exact(gate, up, dy), dtype, f"{dtype} vs fp64")
 
 
 def test_matches_eager_module_numerics_bf16():
     """Same two roundings as F.silu(g) * u in bf16: the forward matches eager to the bit."""
-    gate, up, _ = _inputs((8, 64), torch.bfloat16, seed=2)
-    y = sw.swiglu_fwd(gate, up, _heuristic(64))
+    gate, up, _ = inputs((8, 64), torch.bfloat16, seed=2)
+    y = sw.swiglu_fwd(gate, up, cpu_heuristic(sw.OP, 64))
     assert torch.equal(y, F.silu(gate) * up)
 
 
 def test_one_row():
-    gate, up, dy = _inputs((1, 64), torch.float32, seed=3)
-    _check(_fwd_bwd(_triton(_heuristic(64)), gate, up, dy), _exact(gate, up, dy), torch.float32)
+    gate, up, dy = inputs((1, 64), torch.float32, seed=3)
+    check(fwd_bwd(triton(sw.OP, cpu_heuristic(sw.OP, 64)), gate, up, dy), _exact(gate, up, dy), torch.float32)
 
 
 @pytest.mark.parametrize("rows,cols,dtype", [(199, 760, torch.bfloat16), (1151, 1000, torch.float32)])
 def test_odd_sizes(rows, cols, dtype):
-    gate, up, dy = _inputs((rows, cols), dtype, seed=4)
-    _check(_fwd_bwd(_triton(WIDE), gate, up, dy), _exact(gate, up, dy), dtype, f"{rows}x{cols}")
+    gate, up, dy = inputs((rows, cols), dtype, seed=4)
+    check(fwd_bwd(triton(sw.OP, WIDE), gate, up, dy), _exact(gate, up, dy), dtype, f"{rows}x{cols}")
 
 
 def test_mixed_dtypes_promote():
-    gate, up, dy = _inputs((6, 40), torch.bfloat16, seed=9)
+    gate, up, dy = inputs((6, 40), torch.bfloat16, seed=9)
     up = up.float()
-    outs = _fwd_bwd(_triton(_heuristic(40)), gate, up, dy.float())
+    outs = fwd_bwd(triton(sw.OP, cpu_heuristic(sw.OP, 40)), gate, up, dy.float())
     assert [o.dtype for o in outs] == [torch.float32, torch.bfloat16, torch.float32]
-    _check(outs, _fwd_bwd(sw.swiglu_ref, gate, up, dy.float()), torch.bfloat16, "mixed")
+    check(outs, fwd_bwd(sw.swiglu_ref, gate, up, dy.float()), torch.bfloat16, "mixed")
 
 
 def test_fused_gate_up_halves_and_strided_views():
@@ -97,12 +67,12 @@ def test_fused_gate_up_halves_and_strided_views():
     gate_up = torch.randn(2, 7, 2 * 96, generator=g)
     dy = torch.randn(2, 7, 96, generator=g)
     gate, up = gate_up.chunk(2, dim=-1)                     # rows 192 apart: read in place
-    _check(_fwd_bwd(liger_rt.ops.swiglu, gate, up, dy), _exact(gate, up, dy), torch.float32, "chunked")
+    check(fwd_bwd(liger_rt.ops.swiglu, gate, up, dy), _exact(gate, up, dy), torch.float32, "chunked")
     # column stride 2 (copied), transposed leading dims, strided dy
     base = torch.randn(7, 2, 192, generator=g)
     gate2, up2 = base[..., ::2].transpose(0, 1), base[..., 1::2].transpose(0, 1)
     dy2 = torch.randn(96, 7, 2, generator=g).permute(2, 1, 0)
-    _check(_fwd_bwd(liger_rt.ops.swiglu, gate2, up2, dy2), _exact(gate2, up2, dy2), torch.float32, "strided")
+    check(fwd_bwd(liger_rt.ops.swiglu, gate2, up2, dy2), _exact(gate2, up2, dy2), torch.float32, "strided")
 
 
 def test_gradients_reach_a_fused_projection():
@@ -113,60 +83,6 @@ def test_gradients_reach_a_fused_projection():
     (dgu,) = torch.autograd.grad(y, gate_up, dy)
     _, dg, du = _exact(*gate_up.detach().chunk(2, -1), dy)
     assert_close(dgu, torch.cat((dg, du), -1), torch.float32)
-
-
-def _all_candidates(cols):
-    out = []
-    for arch in ("hopper", "mi325x", "cpu"):
-        for cfg in sw.OP.candidates_for(sw.OP.impl("triton"), backend.profile(arch), {"rows": 64, "cols": cols},
-                                        torch.bfloat16):
-            if cfg not in out:
-                out.append(cfg)
-    return out
-
-
-@pytest.mark.parametrize("cols", [100, 2000])
-def test_every_candidate_config(cols):
-    gate, up, dy = _inputs((5, cols), torch.float32, seed=7)
-    refs = _exact(gate, up, dy)
-    for cfg in _all_candidates(cols):
-        _check(_fwd_bwd(_triton(cfg), gate, up, dy), refs, torch.float32, str(cfg))
-
-
-def test_candidate_spaces_are_modest_and_arch_aware():
-    """Every arch's candidates construct (declared choices) for narrow to wide cols, at most 12."""
-    for arch_name in ("hopper", "mi325x", "mi300x", "blackwell", "ampere", "cpu"):
-        arch = backend.profile(arch_name)
-        for cols in (1, 8, 768, 4304, 6144, 8192, 12288):
-            dims = {"rows": 16384, "cols": cols}
-            cands = sw.OP.candidates_for(sw.OP.impl("triton"), arch, dims, torch.bfloat16)
-            assert 1 <= len(cands) <= 12
-            for c in cands + [gm.heuristic(arch, dims, torch.bfloat16)]:
-                assert c.num_warps <= arch.max_num_warps and c.bwd_num_warps <= arch.max_num_warps
-                assert c.ROWS * min(c.BLOCK_N, next_pow2(cols)) <= 16384   # elements per tile
-
-
-def test_sweep_validates_every_cpu_candidate():
-    target = dispatch.Target(arch=CPU, device_type="cpu", interpret=True)
-    result = autotune.tune(sw.OP, target, torch.bfloat16, {"rows": 16, "cols": 96}, quick=True)
-    bad = [m for m in result["measurements"] if not m["ok"]]
-    assert not bad, bad
-    assert result["winner"] is not None
-
-
-def test_dispatch_heuristic_then_env(monkeypatch):
-    ran = record_impls(monkeypatch, sw.OP)
-    gate, up, _ = _inputs((2, 3, 48), torch.bfloat16, seed=8)
-    y = liger_rt.ops.swiglu(gate, up)
-    d = dispatch.decision(sw.OP, gate.reshape(-1, 48), rows=6, cols=48)
-    assert (d.impl, d.origin) == ("triton", "heuristic") and ran == ["triton"]
-    assert_close(y, _exact(gate, up, torch.zeros_like(up))[0], torch.bfloat16)
-
-    monkeypatch.setenv("LIGER_RT_IMPL_SWIGLU", "torch")
-    dispatch.reset()
-    liger_rt.ops.swiglu(gate, up)
-    d = dispatch.decision(sw.OP, gate.reshape(-1, 48), rows=6, cols=48)
-    assert (d.impl, d.origin) == ("torch", "env") and ran == ["triton", "torch"]
 
 
 def test_errors_and_fallbacks(monkeypatch):
@@ -211,11 +127,9 @@ def test_torch_compile_fullgraph_dynamic(monkeypatch, impl):
     torch._dynamo.reset()
     f = torch.compile(lambda g, u: liger_rt.ops.swiglu(g, u) * 2.0, backend="aot_eager", fullgraph=True, dynamic=True)
     for rows in (3, 5):
-        gate, up, dy = _inputs((2, rows, 40), torch.float32, seed=rows)
-        _check(_fwd_bwd(f, gate, up, dy), [t * 2.0 for t in _exact(gate, up, dy)], torch.float32,
+        gate, up, dy = inputs((2, rows, 40), torch.float32, seed=rows)
+        check(fwd_bwd(f, gate, up, dy), [t * 2.0 for t in _exact(gate, up, dy)], torch.float32,
                f"compiled {impl} rows={rows}")
     assert (len(calls) == 2) == (impl == "triton")
 
 
-def test_custom_op_fakes_match_the_kernels():
-    assert_fakes_match(sw.OP, gm.make_case({"rows": 6, "cols": 40}, torch.float32, "cpu"), _heuristic(40))
