@@ -16,10 +16,10 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from liger_rt import backend, dispatch
+from liger_rt import backend
 from liger_rt.autograd import call_impl
-from liger_rt.tools.bench.harness import counterbalanced, peak_extra_gb, profiled, write_csv
 from liger_rt.registry import REGISTRY
+from liger_rt.tools.bench.harness import counterbalanced, peak_extra_gb, profiled, write_csv
 
 SHAPES = {"BT8192_H2048_V65536": (8192, 2048, 65536), "BT8192_H2560_V151936": (8192, 2560, 151936)}
 

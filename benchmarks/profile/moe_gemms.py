@@ -12,9 +12,9 @@ import torch
 
 from liger_rt import dispatch
 from liger_rt.autograd import call_impl
+from liger_rt.registry import REGISTRY
 from liger_rt.tools.bench.harness import profiled
 from liger_rt.tools.bench.model import parse_config
-from liger_rt.registry import REGISTRY
 
 # kernel -> FLOPs per forward + backward in units of S * H * I: up (x @ gate|up, 4), down (h @ down, 2, and the
 # backward's dX, dgu @ gate_up, 4: one kernel), up_bwd (dy @ down, 2), weight gradients (dgate_up 4, ddown 2).

@@ -19,11 +19,11 @@ import statistics
 
 import torch
 
-from liger_rt import backend, dispatch
+from liger_rt import backend
 from liger_rt.autograd import call_impl
+from liger_rt.registry import REGISTRY
 from liger_rt.tools.bench.harness import counterbalanced, profiled, write_csv
 from liger_rt.tools.bench.model import parse_config
-from liger_rt.registry import REGISTRY
 
 SHAPES = [dict(experts=8, top_k=2, hidden=4096, intermediate=14336, tokens=8192),      # mixtral-8x7b step
           dict(experts=32, top_k=4, hidden=2048, intermediate=1792, tokens=16384),     # LFM2-8B-A1B

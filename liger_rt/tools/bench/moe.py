@@ -46,7 +46,7 @@ def route_eager(logits, top_k, expert_bias):
 
 
 def build(spec: dict, dtype, device: str, echo=print) -> Case:
-    from liger_rt import dispatch, ops
+    from liger_rt import ops
     from liger_rt.dtypes import parse_dtype
     dt = parse_dtype(dtype)
     if spec["op"] == "moe_router":
