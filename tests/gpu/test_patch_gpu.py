@@ -17,7 +17,7 @@ from liger_rt import dispatch
 from liger_rt.patch import core
 from liger_rt.registry import REGISTRY
 from liger_rt.tools.models import build_model
-from liger_rt.tools.parity import compare, format_table, make_inputs
+from liger_rt.tools.parity import TOLERANCES, compare, format_table, make_inputs
 from liger_rt.tools.presets import get_preset
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:.*causal_conv1d.*")]
@@ -35,9 +35,39 @@ def _short(name, layers):
 
 
 def _case(name, flags):
-    """4 layers (fewer where two resident models do not fit this card: id ``-cut<n>L``)."""
-    plan = gpu_sizing.plan_model(_one_dense(name), FREE, layers=4)
+    """4 layers (fewer where the resident models do not fit this card: id ``-cut<n>L``).  A routed-MoE
+    preset is compared against an fp32 reference as well (see _routed_bar): up to four models."""
+    need = (lambda s: 2 * gpu_sizing.parity_need(s)) if get_preset(name).experts else gpu_sizing.parity_need
+    plan = gpu_sizing.plan_model(_one_dense(name), FREE, layers=4, need=need)
     return plan.param(flags, id_suffix="".join(f"-{k}" for k in flags))
+
+
+# A token's top-k experts flip when bf16 rounding moves its router scores across a near-tie, so two
+# bf16 models that differ only in rounding order (the fused kernels against HF's ops) can route a few
+# tokens differently and their logits and gradients differ by far more than the dense gates allow.
+# The bar for a routed model is the baseline's own bf16 error: the patched bf16 model's error against
+# an fp32 reference (same rounded weights) may be at most ROUTED_SLACK times the bf16 baseline's, or
+# within the dense gate.  A wrong kernel (a dropped slot, a wrong expert's weights) is far outside it.
+ROUTED_SLACK = 2.0
+
+
+def _routed_bar(preset, flags):
+    """(ok, text): the patched and the unpatched bf16 model, each against an fp32 reference."""
+    def pair():
+        ref = build_model(preset, dtype=torch.bfloat16, device="cuda").to(torch.float32)
+        return ref, build_model(preset, dtype=torch.bfloat16, device="cuda")
+    base = compare(pair(), patch=False)["rows"]
+    torch.cuda.empty_cache()
+    new = compare(pair(), patch=flags)
+    gates = TOLERANCES[torch.bfloat16]
+    lines, ok = [format_table(new), "bar: the bf16 baseline's error against the same fp32 reference"], True
+    for name, row in new["rows"].items():
+        bar = max(gates[name], ROUTED_SLACK * base[name][row["gate"]])
+        fine = row[row["gate"]] <= bar
+        ok &= fine
+        lines.append(f"  {name:<14} patched {row[row['gate']]:.3g}  baseline {base[name][row['gate']]:.3g}"
+                     f"  bar {bar:.3g}  {'ok' if fine else 'FAIL'}")
+    return ok, "\n".join(lines)
 
 
 @pytest.mark.parametrize("plan,flags", [
@@ -59,9 +89,13 @@ def test_parity_bf16(plan, flags):
         pytest.skip(f"{preset.model_type} not on the allowlist in this checkout")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", core.PatchWarning)
-        report = compare(lambda: build_model(preset, dtype=torch.bfloat16, device="cuda"), patch=flags)
-    print(format_table(report))
-    assert report["ok"], format_table(report)
+        if preset.experts:
+            ok, text = _routed_bar(preset, flags)
+        else:
+            report = compare(lambda: build_model(preset, dtype=torch.bfloat16, device="cuda"), patch=flags)
+            ok, text = report["ok"], format_table(report)
+    print(text)
+    assert ok, text
     impls = {d.op: d.impl for op in ("rms_norm", "swiglu") for d in dispatch.memo(REGISTRY.get(op)).values()
              if d.dtype == "bf16"}
     assert impls.get("rms_norm") == "triton", impls
