@@ -140,8 +140,8 @@ def shape_text(shape: dict | str) -> str:
 
 def dataset_rows(records: list[dict], run_id: str) -> list[dict]:
     """Records (RECORD_KEYS; `shape` a dict or text) as DATASET_COLUMNS rows: this device, the installed versions
-    (a peer arm's from its package metadata), the checkout's commit (`-dirty` where liger_rt/ differs from it),
-    today's UTC date and `run_id`."""
+    (a peer arm's, its `+` variants too, from its package metadata), the checkout's commit (`-dirty` where liger_rt/
+    differs from it), today's UTC date and `run_id`."""
     import liger_rt
     info, (commit, dirty) = versions(), git_commit()
     fixed = {"gpu": info["gpu"], "torch": info["torch"], "triton": info["triton"], "transformers": info["transformers"],
@@ -152,7 +152,7 @@ def dataset_rows(records: list[dict], run_id: str) -> list[dict]:
         unknown = set(r) - set(RECORD_KEYS)
         if unknown:
             raise ValueError(f"dataset record keys {sorted(unknown)}: valid keys are {', '.join(RECORD_KEYS)}")
-        peer = PEERS.get(r["arm"])
+        peer = PEERS.get(r["arm"].split("+")[0])         # liger_kernel+ckpt: Liger-Kernel's version too
         out.append({**dict.fromkeys(DATASET_COLUMNS, ""), **r, **fixed, "shape": shape_text(r["shape"]),
                     "peer_version": (peer and dist_version(peer)) or ""})
     return out

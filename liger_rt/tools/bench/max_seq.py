@@ -294,25 +294,36 @@ def train_step(model, opt, ids) -> torch.Tensor:
     return loss
 
 
+def build_arm(spec: ProbeSpec):
+    """(model, step_model, optimizer, undo) of `spec`'s arm: the model built and patched (checkpointing enabled,
+    compiled where the arm says), AdamW with its state already created.  `undo()` reverts the patch."""
+    from liger_rt.dtypes import parse_dtype
+    base, compiled, ckpt = arm_parts(spec.arm)
+    model = M.build(spec_preset(spec), parse_dtype(spec.dtype), spec.device, spec.seed, spec.overrides)
+    undo = M.apply_arm(model, base, spec.flags) or (lambda: None)
+    try:
+        if ckpt:
+            enable_checkpointing(model)
+        step_model = torch.compile(model, backend=spec.compile_backend) if compiled else model
+        opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, fused=spec.device == "cuda")
+        prime_optimizer(opt)
+    except BaseException:
+        undo()                  # Liger-Kernel's patch changes modules: nothing of it may outlive the arm
+        raise
+    return model, step_model, opt, undo
+
+
 def run_probe(spec: ProbeSpec, seq: int) -> dict:
     """Build, patch and train `spec`'s arm at `seq` tokens: {seq, tok_s, step_s, first_step_s, peak_gb,
     reserved_gb, loss, setup_s}.  Raises what the steps raise (out of memory among them)."""
-    from liger_rt.dtypes import parse_dtype
-    cuda = spec.device == "cuda"
-    base, compiled, ckpt = arm_parts(spec.arm)
+    cuda, compiled = spec.device == "cuda", arm_parts(spec.arm)[1]
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     t0 = time.perf_counter()
     model = undo = step_model = opt = ids = loss = None
     try:
         if cuda:
             limit_memory(spec.limit_gib)
-        model = M.build(spec_preset(spec), parse_dtype(spec.dtype), spec.device, spec.seed, spec.overrides)
-        undo = M.apply_arm(model, base, spec.flags)
-        if ckpt:
-            enable_checkpointing(model)
-        step_model = torch.compile(model, backend=spec.compile_backend) if compiled else model
-        opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, fused=cuda)
-        prime_optimizer(opt)
+        model, step_model, opt, undo = build_arm(spec)
         if not compiled and 2 <= spec.warmup_seq < seq:
             train_step(step_model, opt, M.random_ids(model, spec.batch, spec.warmup_seq, spec.seed, spec.device))
         ids = M.random_ids(model, spec.batch, seq, spec.seed, spec.device)
