@@ -182,7 +182,8 @@ def max_seq_main(argv: list[str]) -> int:
     def save(row: dict) -> None:
         rows.append(row)
         if not a.no_data:
-            path = H.append_dataset(Path(a.data) / "models.csv", H.dataset_rows(S.max_seq_records([row]), run_id))
+            path = H.append_dataset(Path(a.data) / "models.csv",
+                                    H.dataset_rows(S.max_seq_records([row]), run_id, gpu=row["gpu"]))
             print(f"appended to {path}", flush=True)
         if a.csv:
             H.write_csv(rows, a.csv)

@@ -426,3 +426,30 @@ def test_peak_memory_accounts_the_peak_by_category():
     assert by_address.bytes["saved activations: Qwen3RMSNorm"] == 100 and by_address.blocks["gradients"] == 1
     assert pm._frame([{"filename": "/x/transformers/models/qwen3/modeling_qwen3.py", "line": 7, "name": "f"}]) == \
         "qwen3/modeling_qwen3.py:7 f"
+
+
+@pytest.mark.parametrize("arm", ["baseline", "liger_rt", "liger_rt+ckpt"])
+def test_peak_memory_saved_tensor_hook_names_the_module_types(arm, monkeypatch):
+    """peak_memory.py's saved-tensor hook on CPU: every tensor kept for the backward that is no parameter, under the
+    module type that saved it; the step's loss and gradients are those of a step without the hooks."""
+    _torch_references(monkeypatch)
+    pm = _load("profile/peak_memory.py")
+    model, step_model, opt, undo = S.build_arm(_spec(arm))
+    ids = M.random_ids(model, 1, 16, 0, "cpu")
+    hooks = [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.modules()]
+    try:
+        saved, fwd_allocs, loss = pm.saved_by_module(
+            model, lambda: step_model(input_ids=ids, labels=ids, use_cache=False).loss, "cpu", lambda: 0)
+        grads = [p.grad.clone() for p in model.parameters()]
+        opt.zero_grad(set_to_none=True)
+        plain = step_model(input_ids=ids, labels=ids, use_cache=False).loss
+        plain.backward()
+        assert torch.equal(loss, plain) and all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
+    finally:
+        undo()
+    modules = {m for _, m, _ in saved.values()}
+    assert saved and fwd_allocs == 0 and all(size > 0 for _, _, size in saved.values())
+    assert "Qwen3MLP" in modules or "Linear" in modules or "Qwen3DecoderLayer" in modules, modules
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    assert not params & set(saved)
+    assert hooks == [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.modules()]   # ours removed

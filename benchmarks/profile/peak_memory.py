@@ -99,6 +99,42 @@ def _allocations() -> int:
     return torch.cuda.memory_stats().get("allocation.all.allocated", 0)
 
 
+def saved_by_module(model, forward, device_type: str = "cuda", allocations=_allocations):
+    """Run `forward()` (it returns the loss) and the loss's backward under a saved-tensor hook: ({storage address:
+    (allocations before it was saved, the module type running then, bytes)} of every tensor autograd keeps for the
+    backward that is no parameter, allocations at the forward's end, the loss).  A saved block lives through the
+    forward, so an address names one tensor there."""
+    params = {t.untyped_storage().data_ptr() for t in model.parameters()}
+    stack, saved = [], {}
+
+    def push(module, args):
+        stack.append(type(module).__name__)
+
+    def pop(module, args, output):          # returns None: the module's output stays as it is
+        if stack:
+            stack.pop()
+    handles = [h for m in model.modules() for h in (m.register_forward_pre_hook(push), m.register_forward_hook(pop))]
+    base = allocations()
+
+    def pack(t):
+        if t.device.type == device_type:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in params and ptr not in saved:
+                saved[ptr] = (allocations() - base, stack[-1] if stack else "(outside modules)",
+                              t.untyped_storage().nbytes())
+        return t
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = forward()
+            fwd_allocs = allocations() - base
+            stack.clear()
+            loss.backward()
+    finally:
+        for h in handles:
+            h.remove()
+    return saved, fwd_allocs, loss
+
+
 def profile(args) -> None:
     model_type, preset = B.resolve_model(args.model, args.preset)
     p = B.bench_preset(model_type, preset, args.layers, None)
@@ -118,26 +154,10 @@ def profile(args) -> None:
     torch.cuda.reset_peak_memory_stats()
     start = torch.cuda.memory_allocated()
 
-    stack, saved = [], {}          # saved: address -> (allocations before it was saved, module type, bytes)
-    for name, mod in model.named_modules():      # which module is running when a tensor is saved
-        mod.register_forward_pre_hook(lambda m, a: stack.append(type(m).__name__))
-        mod.register_forward_hook(lambda m, a, o: stack.pop() if stack else None)
-    base = None
-
-    def pack(t):
-        if t.is_cuda:
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in params and ptr not in saved:   # a saved block lives through the forward: one address
-                saved[ptr] = (_allocations() - base, stack[-1] if stack else "(outside modules)",
-                              t.untyped_storage().nbytes())
-        return t
     torch.cuda.memory._record_memory_history(stacks="python", max_entries=2_000_000)
     base = _allocations()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = step_model(input_ids=ids, labels=ids, use_cache=False).loss
-        fwd_allocs, fwd_end = _allocations() - base, torch.cuda.memory_allocated()
-        stack.clear()
-        loss.backward()
+    saved, fwd_allocs, _ = saved_by_module(
+        model, lambda: step_model(input_ids=ids, labels=ids, use_cache=False).loss)
     torch.cuda.synchronize()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
@@ -157,12 +177,13 @@ def profile(args) -> None:
           f"{flags if args.arm.startswith('liger_rt') else '-'}")
     print(f"max allocated over the forward and backward: {peak_all / gb:.2f} GB; the replayed peak falls "
           f"{'in the forward' if b.allocs_at <= fwd_allocs else 'in the backward'} (allocation {b.allocs_at} of "
-          f"{n_allocs}; the forward ends at {fwd_allocs}, {fwd_end / gb:.2f} GB allocated then)")
+          f"{n_allocs}; the forward ends at allocation {fwd_allocs})")
     rows = [("parameters", sum(params.values())), ("optimizer state", state),
             ("other, allocated before the step", start - sum(params.values()) - state)]
     for what, size in rows:
         print(f"  {size / gb:9.3f} GB             {what}")
-    print(f"  -- allocated during the step and live at its peak: {b.peak / gb:.3f} GB --")
+    print(f"  -- allocated during the step and live at its peak: {b.peak / gb:.3f} GB (with the above: "
+          f"{(start + b.peak) / gb:.2f} GB) --")
     cats = sorted(b.bytes.items(), key=lambda kv: -kv[1])
     shown = [c for c in cats if not c[0].startswith("other: ")] + \
         [c for c in cats if c[0].startswith("other: ")][:args.top]
@@ -199,6 +220,9 @@ def main() -> None:
         profile(args)
     except ValueError as exc:
         raise SystemExit(f"peak_memory.py: {exc}") from None
+    except torch.OutOfMemoryError:
+        raise SystemExit(f"peak_memory.py: {args.arm} runs out of memory at {args.seq} tokens: give a shorter --seq "
+                         f"(at most its longest trainable sequence)") from None
 
 
 if __name__ == "__main__":

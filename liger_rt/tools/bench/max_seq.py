@@ -361,6 +361,21 @@ def free_memory(cuda: bool) -> str:
     return f"(left allocated after the probe: {left:.2f} GB)" if left > 0.01 else ""
 
 
+def gpu_info(isolate: bool) -> tuple[str, float]:
+    """(name, GiB) of the GPU; asked of a child process where the probes are isolated, so that this one never
+    holds a CUDA context (hundreds of MB the probes would lose)."""
+    if not isolate:
+        props = torch.cuda.get_device_properties(0)
+        return props.name, props.total_memory / 2 ** 30
+    code = "import torch; p = torch.cuda.get_device_properties(0); print(p.total_memory, p.name)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    total, _, name = done.stdout.strip().rpartition("\n")[-1].partition(" ")
+    if done.returncode or not total.isdigit():
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"could not read the GPU's name and memory in a child process: {tail[:200]}")
+    return name, int(total) / 2 ** 30
+
+
 def probe_command() -> list[str]:
     return [sys.executable, "-m", __name__]
 
@@ -457,9 +472,9 @@ def run_max_seq(model_type: str, preset="tiny", *, arms=None, start: int = 4096,
         M._dry_patch(p, overrides, flags)          # a rejected flag fails before any probe
     lk_ok, lk_note = (M.LigerKernelPatch.supported(model_type) if any(a.startswith("liger_kernel") for a in arms)
                       else (False, "not requested"))
-    gpu, total = "cpu", None
-    if device == "cuda":
-        gpu, total = torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).total_memory / 2 ** 30
+    gpu, total = gpu_info(isolate) if device == "cuda" else ("cpu", None)
+    if limit_gib and limit_gib > total:
+        raise ValueError(f"--limit-gib {limit_gib:g} exceeds this GPU's {total:.1f} GiB")
     where = f"{gpu}, {total:.1f} GiB" + (f", capped at {limit_gib:g} GiB" if limit_gib else "") if total else "cpu"
     echo(f"bench model --max-seq {model_type} preset {p.name} ({p.layers} layers), batch {batch}, {dtype_name(dt)}, "
          f"{device} ({where}); lengths {start}..{max_seq}, granularity "
