@@ -355,7 +355,7 @@ def perf_md(rows: list[dict]) -> tuple[str, dict[str, list]]:
            "current figure of every benchmark; the method and what is not measured follow.", ""]
     plots = {}              # file name -> (GPU, what it draws, its data)
     for gpu in gpus:
-        benches = by_benchmark(cur, gpu, {*KERNEL_KINDS, *MODEL_KINDS, "host"})
+        benches = by_benchmark(cur, gpu, {k[1] for k in cur})          # kinds without a title too
         figs = [f for v in benches.values() for f in v.values()]
         title = "CPU (no GPU)" if gpu == "cpu" else gpu
         peers = sorted({(a, ver) for figs_ in benches.values() for (a, _), f in figs_.items() if a in PEER_NAMES
@@ -367,14 +367,14 @@ def perf_md(rows: list[dict]) -> tuple[str, dict[str, list]]:
             out += [f"![training steps on {gpu}](perf_model_{slug(gpu)}.png)", ""]
         present = {k[0] for k in benches}
         others = sorted(present - {*KERNEL_KINDS, *MODEL_KINDS, "host"})   # kinds this report has no title for
-        for kind in [k for k in MODEL_KINDS if k in present] + [k for k in others if not timed(kind, benches)]:
+        for kind in [k for k in MODEL_KINDS if k in present] + [k for k in others if not timed(k, benches)]:
             if kind != "max_seq":
                 out += model_section(kind, benches)
                 continue
             out += max_seq_section(benches)
             plots[f"perf_max_seq_{slug(gpu)}.png"] = (gpu, "max_seq", max_seq_plot_data(benches))
             out += [f"![longest trainable sequence on {gpu}](perf_max_seq_{slug(gpu)}.png)", ""]
-        for kind in [k for k in KERNEL_KINDS if k in present] + [k for k in others if timed(kind, benches)]:
+        for kind in [k for k in KERNEL_KINDS if k in present] + [k for k in others if timed(k, benches)]:
             out += kernel_section(kind, benches)
         hosts = {k: v for k, v in benches.items() if k[0] == "host"}
         if hosts:

@@ -111,7 +111,8 @@ def test_search_ends_on_an_error_a_timeout_or_the_time_limit():
             raise S.ProbeTimeout("ran past 60 s")
         return {"tok_s": 1.0, "step_s": 1.0}
     res = S.search_max_seq(slow, start=4096, max_seq=1 << 20, **_quiet())
-    assert res.stop == "timeout" and res.max_seq == 4096 and "60 s" in res.error
+    assert res.stop == "time limit" and res.max_seq == 4096 and not res.error          # not a failure
+    assert res.probes[-1]["status"] == "timeout" and "60 s" in res.probes[-1]["error"]
 
     now = [0.0]                                  # a clock: each probe takes 10 s
     def timed(seq):

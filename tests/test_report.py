@@ -124,19 +124,21 @@ def test_longest_sequence_table_and_plot_data(report, repo):
             _row(**seq, arm="liger_kernel", metric="max_seq", value=16384, peer_version="0.8.5"),
             _row(**seq, arm="liger_kernel", metric="oom_seq", value=17408, peer_version="0.8.5"),
             _row(kind="max_seq", name="qwen3-1.7b+rope", shape="batch=1;limit_gib=24", arm="liger_rt",
-                 metric="max_seq", value=8704)]
+                 metric="max_seq", value=8704),
+            _row(kind="rope", name="rope.fwdbwd", shape="tokens=8", arm="liger_rt", metric="ms", value=0.1)]
     models = repo / "benchmarks" / "data" / "models.csv"
     with models.open() as fh:
         old = list(csv.DictReader(fh))
     _write(models, old + rows)
     assert report.main(["--root", str(repo)]) == 0 and report.main(["--root", str(repo), "--check"]) == 0
     perf = (repo / "docs" / "perf.md").read_text()
-    assert "### Longest trainable sequence" in perf
+    assert "### Longest trainable sequence" in perf and "### rope" in perf          # a kind without a title too
     assert ("| model | shape | liger_rt | liger_rt+ckpt | eager | eager+ckpt | liger_kernel 0.8.5 | liger_rt / eager | "
             "liger_rt+ckpt / eager+ckpt | date |") in perf
     assert ("| qwen3-1.7b+rope | batch 1, bf16 | 33K (32K-34K, n=2), 23.4k tok/s, 77.9 GB | &ge; 256K | "
             "8K, 26.3k tok/s, 51.3 GB | 64K | 16K | 4.12x | &ge; 4.00x | 2026-01-02 |") in perf
-    assert "| qwen3-1.7b+rope | batch 1, capped at 24 GiB, bf16 | &ge; 8.5K | - | - | - | - | - | - | 2026-01-02 |" in perf
+    assert ("| qwen3-1.7b+rope | batch 1, capped at 24 GiB, bf16 | &ge; 8.5K | - | - | - | - | - | - | 2026-01-02 |"
+            in perf)
     assert "![longest trainable sequence on NVIDIA H200](perf_max_seq_nvidia_h200.png)" in perf
     assert "`max_seq` (longest trainable sequence): no row" not in perf
     cur = report.current(report.load(repo / "benchmarks" / "data"))

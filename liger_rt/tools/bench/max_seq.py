@@ -110,7 +110,7 @@ class Search:
     oom_seq: int | None          # the shortest length that ran out of memory (None: none did)
     best: dict | None            # the probe's result at max_seq
     probes: list[dict]           # every probe in order: seq, status (fits, oom, timeout, error), seconds, ...
-    stop: str                    # why the search ended: granularity, max, none fits, time limit, timeout, error
+    stop: str                    # why the search ended: granularity, max, none fits, time limit, error
     granularity: int | None      # the bisection's granularity (None: no bisection ran)
     error: str = ""
 
@@ -139,9 +139,9 @@ def search_max_seq(probe: Callable[[int], dict], *, start: int, max_seq: int, gr
     Doubling from `start` (halving when `start` already runs out) finds a bracket [fits, out of memory); bisection
     narrows it to `granularity` tokens (None: `auto_granularity`).  Every length probed is a multiple of `align`
     (default gcd(start, 128)) except `max_seq` itself.  `probe` returns a dict (tok_s, peak_gb, ...) or raises:
-    out of memory (`is_oom`) bounds the search, ProbeTimeout or any other error ends it.  `cleanup()` runs after
-    every probe (free what it held) and may return a note for the probe's line; `time_limit` (seconds) stops the
-    search before a probe that would start past it.
+    out of memory (`is_oom`) bounds the search, ProbeTimeout (the time limit reached inside a probe) or any other
+    error ends it.  `cleanup()` runs after every probe (free what it held) and may return a note for the probe's
+    line; `time_limit` (seconds) stops the search before a probe that would start past it.
 
         search_max_seq(lambda s: {"tok_s": 1.0}, start=1024, max_seq=8192).max_seq   # 8192
     """
@@ -208,8 +208,9 @@ def search_max_seq(probe: Callable[[int], dict], *, start: int, max_seq: int, gr
                 stop = status
                 break
         stop = stop or "granularity"
-    error = next((p["error"] for p in reversed(probes) if p["status"] in ("error", "timeout")), "")
-    return Search(lo, hi, best, probes, stop or "granularity", g, error if stop in ("error", "timeout") else "")
+    error = next((p["error"] for p in reversed(probes) if p["status"] == "error"), "") if stop == "error" else ""
+    stop = "time limit" if stop == "timeout" else stop        # a probe process stopped at the arm's time limit
+    return Search(lo, hi, best, probes, stop or "granularity", g, error)
 
 
 def _probe_line(label, seq, status, res, err, seconds, lo, hi, note) -> str:
@@ -463,7 +464,8 @@ def run_max_seq(model_type: str, preset="tiny", *, arms=None, start: int = 4096,
         raise ValueError(f"--time-limit must be > 0 seconds (got {time_limit})")
     arms = parse_arms(arms, liger_kernel)
     if any(arm_parts(a)[1] for a in arms) and compile_backend not in torch._dynamo.list_backends(exclude_tags=()):
-        raise ValueError(f"unknown compile backend {compile_backend!r}; valid: {', '.join(torch._dynamo.list_backends())}")
+        raise ValueError(f"unknown compile backend {compile_backend!r}; valid: "
+                         f"{', '.join(torch._dynamo.list_backends())}")
     isolate = device == "cuda" if isolate is None else isolate
     p = M.bench_preset(model_type, preset, layers, attention_layers)
     overrides = M.config_overrides(model_type, config, experts_implementation)
