@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 
 from . import model as M
-from .harness import dataset_arm, error_line, format_table
+from .harness import dataset_arm, dist_version, error_line, format_table
 
 # baseline: the unpatched model; +compile: torch.compile of it; +ckpt: activation checkpointing of every decoder
 # layer (transformers' gradient_checkpointing_enable, non-reentrant); liger_rt: its patch with the run's flags
@@ -483,7 +483,9 @@ def run_max_seq(model_type: str, preset="tiny", *, arms=None, start: int = 4096,
          f"{granularity or f'1/16 of the bracket, >= {MIN_GRANULARITY}'}, {steps} step(s) per probe, "
          f"{'each probe in a fresh process' if isolate else 'probes in this process'}"
          + (f", {time_limit:g} s per arm" if time_limit else ""))
+    lk_version = dist_version("liger-kernel") if lk_ok else None
     echo(f"  liger_rt.patch flags: {flags}; config overrides (all arms): {overrides or 'none'}"
+         + (f"; Liger-Kernel {lk_version}" if lk_ok else "")
          + (f"; Liger-Kernel arms skipped: {lk_note}" if not lk_ok and lk_note != "not requested" else ""))
     common = dict(model_type=model_type, preset=p.name, layers=p.layers, batch=batch, dtype=dtype_name(dt),
                   device=device, gpu=gpu, gpu_GiB=total, limit_gib=limit_gib, start=start, max=max_seq,
@@ -515,7 +517,8 @@ def run_max_seq(model_type: str, preset="tiny", *, arms=None, start: int = 4096,
         res = search_max_seq(probe, start=start, max_seq=max_seq, granularity=granularity, time_limit=time_limit,
                              label=arm, echo=echo, cleanup=cleanup)
         best = res.best or {}
-        row = {"kind": "max_seq", "arm": arm, **common, "max_seq": res.max_seq, "oom_seq": res.oom_seq,
+        row = {"kind": "max_seq", "arm": arm, **common,
+               "peer_version": lk_version if arm.startswith("liger_kernel") else None, "max_seq": res.max_seq, "oom_seq": res.oom_seq,
                "lower_bound": res.lower_bound, "tok_per_s": best.get("tok_s"), "step_s": best.get("step_s"),
                "peak_alloc_GB": best.get("peak_gb"), "peak_reserved_GB": best.get("reserved_gb"),
                "granularity": res.granularity, "stop": res.stop, "n_probes": len(res.probes),
