@@ -4,10 +4,13 @@
     python benchmarks/bench_models.py                          # the default runs at B4 x T2048
     python benchmarks/bench_models.py --run qwen3,lfm2moe --compile --shape 4x2048,1x512
     python benchmarks/bench_models.py --run families           # gemma3, mistral, mixtral, qwen2 (rope patched)
+    python benchmarks/bench_models.py --max-seq --run qwen3 --arms baseline,liger_rt   # longest trainable sequence
 
 Appends one row per arm and metric to benchmarks/data/models.csv after every run (kind `model`, or `model_compiled`
 where a compiled arm ran; `--data DIR`: that folder instead; `--no-data`: nowhere).  A run's batch is halved until
-its measured peak fits the card (the H200 figures below; an H100 80GB runs lfm2-8b-a1b at batch 2).
+its measured peak fits the card (the H200 figures below; an H100 80GB runs lfm2-8b-a1b at batch 2).  With
+`--max-seq` (its own options: `--max-seq --help`), each arm's longest trainable sequence at batch 1 and its tok/s
+there (`liger-tune bench model --max-seq`), kind `max_seq`, appended after each arm.
 """
 from __future__ import annotations
 
@@ -69,6 +72,8 @@ def fitted_batch(name: str, batch: int, card_gb: float) -> int:
 
 
 def main() -> int:
+    if "--max-seq" in sys.argv[1:]:
+        return max_seq_main([a for a in sys.argv[1:] if a != "--max-seq"])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--run", action="append", default=[], help=f"runs or groups, comma-separated: "
                     f"{', '.join(RUNS)}; {', '.join(f'{g} ({len(v)})' for g, v in GROUPS.items())} [default]")
@@ -84,6 +89,8 @@ def main() -> int:
     ap.add_argument("--csv", default=None, help="also write every row to this CSV")
     ap.add_argument("--data", default=str(Path(__file__).resolve().parent / "data"), help="dataset folder")
     ap.add_argument("--no-data", action="store_true", help="append to no dataset")
+    ap.add_argument("--max-seq", action="store_true", help="each arm's longest trainable sequence instead "
+                    "(options: --max-seq --help)")
     a = ap.parse_args()
     names = run_names(a.run)
     try:
@@ -120,6 +127,77 @@ def main() -> int:
                 H.write_csv(rows, a.csv)
     for label in dict.fromkeys(r["run"] for r in rows):     # qwen3 and qwen3rope share a preset: one table each
         print(f"\n== {label}\n" + M.format_summary([r for r in rows if r["run"] == label]))
+    if failed:
+        print(f"failed: {', '.join(failed)} (errors above)")
+    return 1 if failed else 0
+
+
+# --max-seq: the models of the longest-sequence table (cut to leave room for activations where the full model's
+# weights, gradients and AdamW state would take most of an 80 GB card)
+MAX_SEQ_RUNS = {
+    "qwen3": dict(model_type="qwen3", preset="qwen3-1.7b"),
+    "qwen3-8b": dict(model_type="qwen3", preset="qwen3-8b-18L"),
+    "lfm2": dict(model_type="lfm2", preset="lfm2-1.2b"),
+    "gemma3": dict(model_type="gemma3_text", preset="gemma3-4b"),
+}
+
+
+def max_seq_main(argv: list[str]) -> int:
+    """`--max-seq`: per run and arm, the longest sequence a training step fits at (max_seq.run_max_seq)."""
+    from liger_rt.tools.bench import max_seq as S
+    ap = argparse.ArgumentParser(prog="bench_models.py --max-seq", description=max_seq_main.__doc__)
+    ap.add_argument("--run", action="append", default=[], help=f"runs, comma-separated: {', '.join(MAX_SEQ_RUNS)}, "
+                    "all [default: all]")
+    ap.add_argument("--arms", default=None, help=f"comma-separated, of {', '.join(S.ARMS)} "
+                    f"[default: {','.join(S.DEFAULT_ARMS)}]")
+    ap.add_argument("--start", type=int, default=4096, help="first length probed [4096]")
+    ap.add_argument("--max", type=int, default=1 << 20, help="longest length probed [1048576]")
+    ap.add_argument("--granularity", type=int, default=None, help="bisect to this many tokens [1/16 of the bracket, "
+                    f">= {S.MIN_GRANULARITY}]")
+    ap.add_argument("--limit-gib", type=float, default=None, help="cap each probe's GPU memory (a smaller card)")
+    ap.add_argument("--time-limit", type=float, default=None, help="seconds per arm")
+    ap.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                    help="each probe in a fresh process [default: on]")
+    ap.add_argument("--steps", type=int, default=1, help="full steps per probe [1]")
+    ap.add_argument("--flags", default=None, help="liger_rt.patch flags over fused_linear_cross_entropy=1,rope=1")
+    ap.add_argument("--no-liger-kernel", action="store_true", help="leave the Liger-Kernel arms out")
+    ap.add_argument("--csv", default=None, help="also write every arm's row to this CSV")
+    ap.add_argument("--data", default=str(Path(__file__).resolve().parent / "data"), help="dataset folder")
+    ap.add_argument("--no-data", action="store_true", help="append to no dataset")
+    a = ap.parse_args(argv)
+    names = [n.strip() for t in a.run for n in t.split(",") if n.strip()] or ["all"]
+    names = list(dict.fromkeys(r for n in names for r in (MAX_SEQ_RUNS if n == "all" else [n])))
+    bad = [n for n in names if n not in MAX_SEQ_RUNS]
+    if bad:
+        ap.error(f"unknown run {bad[0]!r}; valid: {', '.join(MAX_SEQ_RUNS)}, all")
+    try:
+        S.parse_arms(a.arms)
+        flags = M.parse_flags(a.flags)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if not torch.cuda.is_available():
+        raise SystemExit(H.no_gpu_message("bench_models.py --max-seq"))
+    run_id, rows, failed = H.new_run_id(), [], []
+
+    def save(row: dict) -> None:
+        rows.append(row)
+        if not a.no_data:
+            path = H.append_dataset(Path(a.data) / "models.csv",
+                                    H.dataset_rows(S.max_seq_records([row]), run_id, gpu=row["gpu"]))
+            print(f"appended to {path}", flush=True)
+        if a.csv:
+            H.write_csv(rows, a.csv)
+    for name in names:
+        try:
+            S.run_max_seq(**MAX_SEQ_RUNS[name], arms=a.arms, start=a.start, max_seq=a.max, granularity=a.granularity,
+                          limit_gib=a.limit_gib, time_limit=a.time_limit, isolate=a.isolate, steps=a.steps,
+                          flags=flags, liger_kernel=not a.no_liger_kernel, device="cuda", on_arm=save)
+        except Exception as exc:        # one model failing must not hide the others' numbers
+            print(f"{name}: FAILED: {H.error_line(exc, 300)}", flush=True)
+            failed.append(name)
+    for preset in dict.fromkeys(r["preset"] for r in rows):
+        print(f"\n== {preset}\n" + S.format_max_seq([r for r in rows if r["preset"] == preset]))
+    failed += [f"{r['preset']} {r['arm']}" for r in rows if r["error"]]
     if failed:
         print(f"failed: {', '.join(failed)} (errors above)")
     return 1 if failed else 0

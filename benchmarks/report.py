@@ -14,6 +14,7 @@ import argparse
 import csv
 import hashlib
 import json
+import math
 import re
 import statistics
 import sys
@@ -29,9 +30,13 @@ KERNEL_KINDS = {"norms": "RMSNorm and LayerNorm", "gated_mlp": "Gated MLP (SwiGL
                 "lfm2_ops": "LFM2 gated short convolution", "moe_router": "LFM2-MoE router",
                 "moe_experts": "MoE experts"}
 MODEL_KINDS = {"model": "Training steps", "model_compiled": "Compiled training steps",
-               "max_seq": "Longest sequence"}
+               "max_seq": "Longest trainable sequence"}
 ARM_ORDER = ("liger_rt", "triton", "grouped_mm", "liger_rt+torch_compile", "liger_rt+torch_compile+fuse",
-             "liger_rt+torch_compile+kernels", "eager", "torch_compile", "liger_kernel", "trl")
+             "liger_rt+torch_compile+kernels", "eager", "torch_compile", "liger_kernel", "trl", "liger_rt+ckpt",
+             "eager+ckpt", "liger_kernel+ckpt")
+# the longest-sequence table's columns: each arm beside its activation-checkpointed run
+MAX_SEQ_ORDER = ("liger_rt", "liger_rt+ckpt", "eager", "eager+ckpt", "torch_compile", "liger_kernel",
+                 "liger_kernel+ckpt", "liger_rt+torch_compile")
 PEERS = ("eager", "torch_compile", "liger_kernel", "trl")
 PEER_NAMES = {"liger_kernel": "Liger-Kernel", "trl": "TRL"}
 NOT_MEASURED = ("AMD Instinct MI300X", "AMD Instinct MI325X")
@@ -201,10 +206,9 @@ def kernel_section(kind: str, benches: dict) -> list[str]:
 
 
 def model_section(kind: str, benches: dict) -> list[str]:
-    """Model steps (tok/s) or the longest sequence (tokens) per arm, with peaks and MFU."""
+    """Model steps (tok/s) per arm, with peaks and MFU."""
     mine = {k: v for k, v in benches.items() if k[0] == kind}
-    metric, unit, fmt = ("max_seq", "tokens", lambda v: f"{v:.0f}") if kind == "max_seq" else \
-        ("tok_s", "tok/s", lambda v: f"{v / 1e3:.1f}k")
+    metric, unit, fmt = "tok_s", "tok/s", lambda v: f"{v / 1e3:.1f}k"
     arms = sorted({a for figs in mine.values() for a, m in figs if m == metric}, key=arm_rank)
     head = [arm_head(a, mine) for a in arms]
     compiled = kind == "model_compiled"         # there: the compiled patched model against the compiled baseline
@@ -226,6 +230,64 @@ def model_section(kind: str, benches: dict) -> list[str]:
                      + " | ".join(tok[a].cell(fmt) if a in tok else "-" for a in arms)
                      + f" | {ratio} | {peaks or '-'} | {f'{mfu.median:.3f}' if mfu else '-'} | "
                      f"{dates(tok.values())} |")
+    return lines + [""]
+
+
+def tokens(v: float) -> str:
+    """32768 -> '32K', 33280 -> '32.5K', 300 -> '300'."""
+    if v >= 1024 and v % 512 == 0:
+        k = v / 1024
+        return f"{k:.0f}K" if k == int(k) else f"{k:.1f}K"
+    return f"{v:.0f}"
+
+
+def lower_bound(figs: dict, arm: str) -> bool:
+    """An arm's longest sequence is only a lower bound: no length of its latest search ran out of memory."""
+    oom = figs.get((arm, "oom_seq"))
+    return oom is None or oom.date < figs[(arm, "max_seq")].date
+
+
+def max_seq_cell(figs: dict, arm: str) -> str:
+    """'32K, 23.4k tok/s, 77.9 GB' (medians), '>= 256K, ...' for a lower bound."""
+    f = figs[(arm, "max_seq")]
+    text = ("&ge; " if lower_bound(figs, arm) else "") + f.cell(tokens)
+    tok, peak = figs.get((arm, "tok_s")), figs.get((arm, "peak_gb"))
+    return text + (f", {tok.median / 1e3:.1f}k tok/s" if tok else "") + (f", {peak.median:.1f} GB" if peak else "")
+
+
+def max_seq_ratio(figs: dict, num: str, den: str) -> str:
+    """num's longest sequence over den's: '4.00x', '&ge; 4.00x' when num's is a lower bound, '-' when both are."""
+    if (num, "max_seq") not in figs or (den, "max_seq") not in figs:
+        return "-"
+    lo_num, lo_den = lower_bound(figs, num), lower_bound(figs, den)
+    if lo_num and lo_den:
+        return "-"
+    ratio = figs[(num, "max_seq")].median / figs[(den, "max_seq")].median
+    return ("&ge; " if lo_num else "&le; " if lo_den else "") + f"{ratio:.2f}x"
+
+
+def max_seq_section(benches: dict) -> list[str]:
+    """Per model, each arm's longest trainable sequence (batch 1) with its tok/s and peak there."""
+    mine = {k: v for k, v in benches.items() if k[0] == "max_seq"}
+    arms = sorted({a for figs in mine.values() for a, m in figs if m == "max_seq"},
+                  key=lambda a: (MAX_SEQ_ORDER.index(a), "") if a in MAX_SEQ_ORDER else (len(MAX_SEQ_ORDER), a))
+    lines = [f"### {MODEL_KINDS['max_seq']}", "",
+             "The longest sequence one full training step (forward, backward, fused AdamW step) fits at, then the "
+             "tokens/s and peak allocated GB of a step there; &ge;: no length the search tried ran out of memory.", "",
+             "| model | shape | " + " | ".join(arm_head(a, mine) for a in arms)
+             + " | liger_rt / eager | liger_rt+ckpt / eager+ckpt | date |",
+             "| --- " * (len(arms) + 5) + "|"]
+    for (_, name, shape, dtype), figs in sorted(mine.items(), key=lambda kv: natural(" ".join(kv[0]))):
+        have = [a for a in arms if (a, "max_seq") in figs]
+        if not have:
+            continue
+        shape_cell = ", ".join(f"{k.replace('limit_gib', 'capped at')} {v}{' GiB' if k == 'limit_gib' else ''}"
+                               for k, v in (p.split("=", 1) for p in shape.split(";") if p))
+        lines.append(f"| {name} | {shape_cell}, {dtype} | "
+                     + " | ".join(max_seq_cell(figs, a) if a in have else "-" for a in arms)
+                     + f" | {max_seq_ratio(figs, 'liger_rt', 'eager')} | "
+                       f"{max_seq_ratio(figs, 'liger_rt+ckpt', 'eager+ckpt')} | "
+                       f"{dates(figs[(a, 'max_seq')] for a in have)} |")
     return lines + [""]
 
 
@@ -256,6 +318,11 @@ METHOD = """\
   `liger_rt` patches the family's defaults and the fused loss, plus the flags after `+` in the model's name; the
   compiled arms compile the whole model (`liger_rt+torch_compile+fuse`: the default compile policy). MFU: model
   FLOPs per step over the step time and the measured bf16 matmul ceiling.
+- **Longest trainable sequence** (`models.csv`, kind `max_seq`): per arm, the sequence length at batch 1 is
+  doubled until one training step (forward, backward, fused AdamW step, the optimizer state already allocated)
+  runs out of GPU memory, then bisected between the longest length that fit and the shortest that did not to 1/16
+  of that bracket (at least 1024 tokens); each length runs in a fresh process. `+ckpt`: activation checkpointing
+  of every decoder layer (`gradient_checkpointing_enable`, non-reentrant).
 - **Current figure**: per benchmark, the rows of its latest date: median (min-max, n = measurements; a model run
   times each arm twice, a log-probs run may measure several rounds). Rows of one date may come from several
   runs and commits; the dataset keeps each row's versions, commit and run id.
@@ -286,9 +353,9 @@ def perf_md(rows: list[dict]) -> tuple[str, dict[str, list]]:
            "Generated by `python benchmarks/report.py` from the dataset in `benchmarks/data/` (its columns: "
            "`benchmarks/data/README.md`); `--check` fails when this file differs from the data. Per GPU, the "
            "current figure of every benchmark; the method and what is not measured follow.", ""]
-    plots = {}
+    plots = {}              # file name -> (GPU, what it draws, its data)
     for gpu in gpus:
-        benches = by_benchmark(cur, gpu, {*KERNEL_KINDS, *MODEL_KINDS, "host"})
+        benches = by_benchmark(cur, gpu, {k[1] for k in cur})          # kinds without a title too
         figs = [f for v in benches.values() for f in v.values()]
         title = "CPU (no GPU)" if gpu == "cpu" else gpu
         peers = sorted({(a, ver) for figs_ in benches.values() for (a, _), f in figs_.items() if a in PEER_NAMES
@@ -296,13 +363,18 @@ def perf_md(rows: list[dict]) -> tuple[str, dict[str, list]]:
         out += [f"## {title}", "", f"Measured {dates(figs)}; {versions_text(figs, tuple(peers))}.", ""]
         steps = {k: v for k, v in benches.items() if k[0] == "model"}
         if steps:
-            plots[gpu] = plot_data(steps)
+            plots[f"perf_model_{slug(gpu)}.png"] = (gpu, "model", plot_data(steps))
             out += [f"![training steps on {gpu}](perf_model_{slug(gpu)}.png)", ""]
         present = {k[0] for k in benches}
         others = sorted(present - {*KERNEL_KINDS, *MODEL_KINDS, "host"})   # kinds this report has no title for
-        for kind in [k for k in MODEL_KINDS if k in present] + [k for k in others if not timed(kind, benches)]:
-            out += model_section(kind, benches)
-        for kind in [k for k in KERNEL_KINDS if k in present] + [k for k in others if timed(kind, benches)]:
+        for kind in [k for k in MODEL_KINDS if k in present] + [k for k in others if not timed(k, benches)]:
+            if kind != "max_seq":
+                out += model_section(kind, benches)
+                continue
+            out += max_seq_section(benches)
+            plots[f"perf_max_seq_{slug(gpu)}.png"] = (gpu, "max_seq", max_seq_plot_data(benches))
+            out += [f"![longest trainable sequence on {gpu}](perf_max_seq_{slug(gpu)}.png)", ""]
+        for kind in [k for k in KERNEL_KINDS if k in present] + [k for k in others if timed(k, benches)]:
             out += kernel_section(kind, benches)
         hosts = {k: v for k, v in benches.items() if k[0] == "host"}
         if hosts:
@@ -322,6 +394,58 @@ def plot_data(steps: dict) -> list:
                              max(figs[(a, "tok_s")].values)) for a in arms],
                     [(a, figs[(a, "peak_gb")].median) for a in arms if (a, "peak_gb") in figs]])
     return json.loads(json.dumps(out))
+
+
+def max_seq_plot_data(benches: dict) -> list:
+    """[label, [(arm, max_seq median, lower bound)]] per model: what the longest-sequence plot draws."""
+    out = []
+    for (_, name, shape, dtype), figs in sorted(((k, v) for k, v in benches.items() if k[0] == "max_seq"),
+                                                key=lambda kv: natural(" ".join(kv[0]))):
+        arms = sorted((a for a, m in figs if m == "max_seq"),
+                      key=lambda a: (MAX_SEQ_ORDER.index(a), "") if a in MAX_SEQ_ORDER else (len(MAX_SEQ_ORDER), a))
+        extra = "".join(f", {p}" for p in shape.split(";") if p and not p.startswith("batch="))
+        out.append([f"{name}{extra}", [(a, figs[(a, "max_seq")].median, lower_bound(figs, a)) for a in arms]])
+    return json.loads(json.dumps(out))
+
+
+def draw_max_seq(gpu: str, data: list, path: Path) -> None:
+    """Horizontal bars per model, one per arm, on a log2 axis of tokens; a lower bound hatched and marked."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    arms = [a for a in MAX_SEQ_ORDER if any(a == x for _, bars in data for x, *_ in bars)]
+    arms += sorted({x for _, bars in data for x, *_ in bars} - set(arms))
+    colors = {"liger_rt": "tab:blue", "liger_rt+ckpt": "tab:cyan", "eager": "tab:gray", "eager+ckpt": "silver",
+              "torch_compile": "tab:red", "liger_kernel": "tab:orange", "liger_kernel+ckpt": "navajowhite",
+              "liger_rt+torch_compile": "tab:green"}
+    height = 0.8 / len(arms)
+    fig, ax = plt.subplots(figsize=(9, 1.0 + 0.32 * len(arms) * len(data)))
+    for i, arm in enumerate(arms):
+        for y, (_, bars) in enumerate(data):
+            for a, seq, lower in bars:
+                if a != arm:
+                    continue
+                pos = y + (i - (len(arms) - 1) / 2) * height
+                ax.barh(pos, seq, height, color=colors.get(arm), hatch="//" if lower else None, edgecolor="black",
+                        linewidth=0.3)
+                ax.text(seq * 1.03, pos, (">= " if lower else "") + tokens(seq), va="center", fontsize=7)
+    ax.set_xscale("log", base=2)
+    seqs = [seq for _, bars in data for _, seq, _ in bars]
+    lo, hi = 2 ** int(math.log2(min(seqs)) - 1), 2 ** math.ceil(math.log2(max(seqs)) + 1)
+    ax.set_xlim(lo, hi)
+    ticks = [2 ** k for k in range(int(math.log2(lo)), int(math.log2(hi)) + 1)]
+    ax.set_xticks(ticks, [tokens(t) for t in ticks], fontsize=8)
+    ax.set_yticks(range(len(data)), [d[0] for d in data], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("longest trainable sequence, tokens (batch 1; hatched: no length tried ran out of memory)")
+    ax.set_title(f"Longest trainable sequence on {gpu}", fontsize=10)
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(facecolor=colors.get(a), edgecolor="black", linewidth=0.3, label=a) for a in arms],
+              fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, metadata={"Software": None, "Source-Digest": digest(data)})
+    plt.close(fig)
 
 
 def digest(data) -> str:
@@ -490,11 +614,11 @@ def main(argv: list[str] | None = None) -> int:
         can_plot = True
     except ImportError:
         can_plot = False
-    pngs = {docs / f"perf_model_{slug(g)}.png": (g, d) for g, d in plots.items()}
+    pngs = {docs / name: plot for name, plot in plots.items()}
     if args.check:
         stale = [str(p.relative_to(root)) for p, t in want.items() if not p.exists() or p.read_text() != t]
         if can_plot:
-            stale += [str(p.relative_to(root)) for p, (_, d) in pngs.items() if png_digest(p) != digest(d)]
+            stale += [str(p.relative_to(root)) for p, (_, _, d) in pngs.items() if png_digest(p) != digest(d)]
         stale += [f"parity.csv names a missing test: {t}" for t in missing_tests(data, root)]
         if stale:
             print("out of date with benchmarks/data (run python benchmarks/report.py):\n  " + "\n  ".join(stale))
@@ -504,9 +628,9 @@ def main(argv: list[str] | None = None) -> int:
     for path, t in want.items():
         path.write_text(t)
         print(f"wrote {path.relative_to(root)}")
-    for path, (gpu, d) in pngs.items():
+    for path, (gpu, kind, d) in pngs.items():
         if can_plot:
-            draw(gpu, d, path)
+            (draw_max_seq if kind == "max_seq" else draw)(gpu, d, path)
             print(f"wrote {path.relative_to(root)}")
         else:
             print(f"left {path.relative_to(root)} as it is: matplotlib is not installed (pip install 'liger-rt[plot]')")

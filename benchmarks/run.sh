@@ -11,6 +11,8 @@
 #   models     model training steps, eager (bench_models.py; MODELS_ARGS="--run qwen3,lfm2")
 #   compiled   the same with torch.compile arms at B4 x T2048 and the host-bound B1 x T512
 #   families   the other model families' steps (gemma3, mistral, mixtral, qwen2)
+#   maxseq     the longest trainable sequence per arm (bench_models.py --max-seq; MAXSEQ_ARGS="--run qwen3
+#              --arms baseline,liger_rt --time-limit 240"); each probe a fresh process, rows appended per arm
 #   host       host cost of a call (GPU) and of a dispatch decision
 #   sweep      liger-tune sweep of this GPU's arch (SWEEP_ARGS, default --quick), exported to $OUT/sweep_ARCH.jsonl
 #   parity     liger-tune parity of qwen3-4b in bf16; famparity: the other families
@@ -70,6 +72,7 @@ for s in "$@"; do
                  --steps 10 --warmup 3 $D ${COMPILED_ARGS:-} ;;
     families)  stage families "${FAMILIES_S:-600}" python3 benchmarks/bench_models.py --run families \
                  ${Q:+--quick} $D ${FAMILIES_ARGS:-} ;;
+    maxseq)    stage maxseq "${MAXSEQ_S:-600}" python3 benchmarks/bench_models.py --max-seq $D ${MAXSEQ_ARGS:-} ;;
     host)      stage host "${HOST_S:-150}" python3 benchmarks/bench_host.py $D ${HOST_ARGS:-}
                stage dispatch 60 python3 benchmarks/bench_host.py --dispatch $D ;;
     sweep)     stage sweep "${SWEEP_S:-420}" $CLI sweep --arch "$ARCH" ${SWEEP_ARGS:---quick}
@@ -91,7 +94,7 @@ for s in "$@"; do
     profile/*) name=$(basename "${s%.py}"); var="$(echo "$name" | tr a-z A-Z)_ARGS"
                stage "$s" "${PROFILE_S:-300}" python3 "benchmarks/profile/$name.py" ${!var:-} ;;
     *)         echo "unknown stage $s; stages: gputests norms gated_mlp losses logprobs lfm2 moe models compiled" \
-                 "families host sweep parity famparity multigpu mgsweep profile/NAME" | tee -a "$LOG" ;;
+                 "families maxseq host sweep parity famparity multigpu mgsweep profile/NAME" | tee -a "$LOG" ;;
   esac
 done
 echo "stages (name rc):" | tee -a "$LOG"; cat "$OUT/stages.txt" 2>/dev/null | tee -a "$LOG"

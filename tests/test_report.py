@@ -102,3 +102,49 @@ def test_check_fails_on_a_parity_test_that_does_not_exist(report, repo, capsys):
 
 def test_repository_perf_md_is_short(report):
     assert len((REPO / "docs" / "perf.md").read_text().splitlines()) <= 400
+
+
+def test_longest_sequence_table_and_plot_data(report, repo):
+    """Rows of kind max_seq: a "Longest trainable sequence" table, each arm's length with its tok/s and peak, a lower
+    bound (no length ran out of memory) marked, liger_rt over eager with and without checkpointing, peers' versions;
+    the plot's data beside it."""
+    seq = dict(kind="max_seq", name="qwen3-1.7b+rope", shape="batch=1")
+    rows = [_row(**seq, arm="eager", metric="max_seq", value=8192, unit="tokens"),
+            _row(**seq, arm="eager", metric="oom_seq", value=9216, unit="tokens"),
+            _row(**seq, arm="eager", metric="tok_s", value=26300),
+            _row(**seq, arm="eager", metric="peak_gb", value=51.3),
+            _row(**seq, arm="liger_rt", metric="max_seq", value=32768, run="r1"),
+            _row(**seq, arm="liger_rt", metric="max_seq", value=34816, run="r2"),
+            _row(**seq, arm="liger_rt", metric="oom_seq", value=36864),
+            _row(**seq, arm="liger_rt", metric="tok_s", value=23400),
+            _row(**seq, arm="liger_rt", metric="peak_gb", value=77.9),
+            _row(**seq, arm="liger_rt+ckpt", metric="max_seq", value=262144),       # reached --max: a lower bound
+            _row(**seq, arm="eager+ckpt", metric="max_seq", value=65536),
+            _row(**seq, arm="eager+ckpt", metric="oom_seq", value=69632),
+            _row(**seq, arm="liger_kernel", metric="max_seq", value=16384, peer_version="0.8.5"),
+            _row(**seq, arm="liger_kernel", metric="oom_seq", value=17408, peer_version="0.8.5"),
+            _row(kind="max_seq", name="qwen3-1.7b+rope", shape="batch=1;limit_gib=24", arm="liger_rt",
+                 metric="max_seq", value=8704),
+            _row(kind="rope", name="rope.fwdbwd", shape="tokens=8", arm="liger_rt", metric="ms", value=0.1)]
+    models = repo / "benchmarks" / "data" / "models.csv"
+    with models.open() as fh:
+        old = list(csv.DictReader(fh))
+    _write(models, old + rows)
+    assert report.main(["--root", str(repo)]) == 0 and report.main(["--root", str(repo), "--check"]) == 0
+    perf = (repo / "docs" / "perf.md").read_text()
+    assert "### Longest trainable sequence" in perf and "### rope" in perf          # a kind without a title too
+    assert ("| model | shape | liger_rt | liger_rt+ckpt | eager | eager+ckpt | liger_kernel 0.8.5 | liger_rt / eager | "
+            "liger_rt+ckpt / eager+ckpt | date |") in perf
+    assert ("| qwen3-1.7b+rope | batch 1, bf16 | 33K (32K-34K, n=2), 23.4k tok/s, 77.9 GB | &ge; 256K | "
+            "8K, 26.3k tok/s, 51.3 GB | 64K | 16K | 4.12x | &ge; 4.00x | 2026-01-02 |") in perf
+    assert ("| qwen3-1.7b+rope | batch 1, capped at 24 GiB, bf16 | &ge; 8.5K | - | - | - | - | - | - | 2026-01-02 |"
+            in perf)
+    assert "![longest trainable sequence on NVIDIA H200](perf_max_seq_nvidia_h200.png)" in perf
+    assert "`max_seq` (longest trainable sequence): no row" not in perf
+    cur = report.current(report.load(repo / "benchmarks" / "data"))
+    data = report.max_seq_plot_data(report.by_benchmark(cur, "NVIDIA H200", {"max_seq"}))
+    assert data[0] == ["qwen3-1.7b+rope", [["liger_rt", 33792.0, False], ["liger_rt+ckpt", 262144.0, True],
+                                           ["eager", 8192.0, False], ["eager+ckpt", 65536.0, False],
+                                           ["liger_kernel", 16384.0, False]]]
+    assert data[1][0] == "qwen3-1.7b+rope, limit_gib=24"
+    assert [report.tokens(v) for v in (32768, 33280, 300)] == ["32K", "32.5K", "300"]

@@ -56,6 +56,7 @@ def _tiny(name: str, model_type: str, **fields) -> Preset:
 PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset("qwen3-1.7b", "qwen3", 2048, 6144, 151936, 28, 16, 8, 128),
     Preset("qwen3-4b", "qwen3", 2560, 9728, 151936, 36, 32, 8, 128),
+    Preset("qwen3-8b", "qwen3", 4096, 12288, 151936, 36, 32, 8, 128),
     Preset("llama-3.2-1b", "llama", 2048, 8192, 128256, 16, 32, 8, 64),
     Preset("qwen3-30b-a3b", "qwen3_moe", 2048, 6144, 151936, 48, 32, 4, 128, experts=128, top_k=8,
            moe_intermediate=768),
@@ -106,9 +107,10 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
            config=dict(linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
                        linear_value_head_dim=128, linear_conv_kernel_dim=4)),
 ]}
-# cut to fit one H200 (see the module docstring): the H200 parity and model-step runs
+# cut to fit one H200 (see the module docstring): the H200 parity and model-step runs; qwen3-8b-18L (4.7B
+# parameters: 38 GB of bf16 weights, gradients and AdamW state) leaves half an 80 GB card to the longest-sequence runs
 PRESETS.update({f"{full}-{n}L": dataclasses.replace(PRESETS[full], name=f"{full}-{n}L", layers=n)
-                for full, n in (("qwen2.5-7b", 14), ("mistral-7b", 16), ("mixtral-8x7b", 2))})
+                for full, n in (("qwen2.5-7b", 14), ("mistral-7b", 16), ("mixtral-8x7b", 2), ("qwen3-8b", 18))})
 PRESETS.update({p.name: p for p in [
     _tiny("qwen2-tiny", "qwen2", config=dict(tie_word_embeddings=True)),
     _tiny("qwen2-moe-tiny", "qwen2_moe", **_TINY_MOE, shared_intermediate=48, config=dict(norm_topk_prob=False)),

@@ -44,10 +44,11 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
-def versions() -> dict:
-    """Device, date and the installed version (package metadata) of torch and of every peer."""
+def versions(gpu: str | None = None) -> dict:
+    """Device (`gpu` where the caller knows it: a process that must not touch the GPU), date and the installed
+    version (package metadata) of torch and of every peer."""
     cuda = torch.version.cuda or (f"hip {torch.version.hip}" if torch.version.hip else "")
-    out = {"gpu": device_name(), "cuda": cuda, "date": datetime.date.today().isoformat()}
+    out = {"gpu": gpu or device_name(), "cuda": cuda, "date": datetime.date.today().isoformat()}
     for dist in ("torch", "triton", "transformers", "liger-kernel"):
         out[dist.replace("-", "_")] = dist_version(dist) or "not installed"
     return {**out, "liger_rt": dist_version("liger-rt") or source_version()}
@@ -80,11 +81,15 @@ def _cell(v):
     return json.dumps(v, separators=(",", ":")) if isinstance(v, (list, dict)) else "n/a" if v is None else v
 
 
+def _row_gpu(rows: list[dict]) -> str | None:
+    return next((r["gpu"] for r in rows if r.get("gpu")), None)
+
+
 def write_csv(rows: list[dict], path: str | Path) -> Path:
     """Rows plus the version columns (lists/dicts as JSON, None as n/a), replacing the file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    info = versions()
+    info = versions(_row_gpu(rows))
     rows = [{**r, **{k: v for k, v in info.items() if k not in r}} for r in rows]
     keys = list(dict.fromkeys(k for r in rows for k in r))
     with path.open("w", newline="") as fh:
@@ -138,12 +143,12 @@ def shape_text(shape: dict | str) -> str:
     return shape if isinstance(shape, str) else ";".join(f"{k}={v}" for k, v in shape.items())
 
 
-def dataset_rows(records: list[dict], run_id: str) -> list[dict]:
+def dataset_rows(records: list[dict], run_id: str, gpu: str | None = None) -> list[dict]:
     """Records (RECORD_KEYS; `shape` a dict or text) as DATASET_COLUMNS rows: this device, the installed versions
-    (a peer arm's from its package metadata), the checkout's commit (`-dirty` where liger_rt/ differs from it),
-    today's UTC date and `run_id`."""
+    (a peer arm's, its `+` variants too, from its package metadata), the checkout's commit (`-dirty` where liger_rt/
+    differs from it), today's UTC date and `run_id`; `gpu`: the device's name where the caller knows it."""
     import liger_rt
-    info, (commit, dirty) = versions(), git_commit()
+    info, (commit, dirty) = versions(gpu), git_commit()
     fixed = {"gpu": info["gpu"], "torch": info["torch"], "triton": info["triton"], "transformers": info["transformers"],
              "liger_rt": liger_rt.__version__, "commit": commit + ("-dirty" if dirty else ""), "run_id": run_id,
              "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat()}
@@ -152,7 +157,7 @@ def dataset_rows(records: list[dict], run_id: str) -> list[dict]:
         unknown = set(r) - set(RECORD_KEYS)
         if unknown:
             raise ValueError(f"dataset record keys {sorted(unknown)}: valid keys are {', '.join(RECORD_KEYS)}")
-        peer = PEERS.get(r["arm"])
+        peer = PEERS.get(r["arm"].split("+")[0])         # liger_kernel+ckpt: Liger-Kernel's version too
         out.append({**dict.fromkeys(DATASET_COLUMNS, ""), **r, **fixed, "shape": shape_text(r["shape"]),
                     "peer_version": (peer and dist_version(peer)) or ""})
     return out
@@ -533,4 +538,4 @@ def dataset_sink(data_dir: str | None, name: str, records):
     if not data_dir:
         return None
     run_id = new_run_id()
-    return lambda rows: append_dataset(Path(data_dir) / name, dataset_rows(records(rows), run_id))
+    return lambda rows: append_dataset(Path(data_dir) / name, dataset_rows(records(rows), run_id, _row_gpu(rows)))

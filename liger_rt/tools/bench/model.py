@@ -101,6 +101,17 @@ def bench_preset(model_type: str, preset, layers: int | None = None, attention_l
     return p
 
 
+def resolve_model(model: str, preset=None) -> tuple[str, object]:
+    """`--model` as a model type or a preset name: ('qwen3', None) -> ('qwen3', 'tiny'); ('qwen3-1.7b', None) ->
+    ('qwen3', 'qwen3-1.7b').  A preset given both ways must agree."""
+    from liger_rt.tools.presets import PRESETS, TINY_FOR_MODEL
+    if model in TINY_FOR_MODEL or model not in PRESETS:
+        return model, "tiny" if preset is None else preset
+    if preset not in (None, model):
+        raise ValueError(f"--model {model} is a preset; --preset {preset} names another (give one of them)")
+    return PRESETS[model].model_type, model
+
+
 def config_overrides(model_type: str, config: dict | None = None, experts_implementation: str | None = None) -> dict:
     """Every arm's config keywords: `config`; MoE: the experts' implementation (default grouped_mm, transformers'
     grouped-GEMM experts)."""
