@@ -275,3 +275,56 @@ def test_compiled_path_matches_eager():
     compiled = _run(torch.compile(f, backend="aot_eager", fullgraph=True), logits, 4, eb, True, 1.5, dw)
     for o, r in zip(compiled, eager):
         assert torch.equal(o, r)
+
+
+def test_a_gpu_sweep_ranks_the_router_by_wall_clock(monkeypatch, no_shipped_defaults):
+    """The router declares wall_clock: a GPU sweep (here a hopper target on CPU tensors, its timings injected)
+    ranks each implementation's best config by device time but the implementations by wall clock per call, and
+    its tuning and crossover rows make dispatch pick torch where torch costs less wall clock although its kernels
+    take longer on the device."""
+    import inspect
+
+    from liger_rt import autotune
+    from liger_rt.autotune import timing, tuning
+    from liger_rt.tuning_db import open_store
+
+    def tokens_and_impl(run):
+        impl, _ = run.__defaults__                       # tune's `lambda impl=impl, cfg=cfg: run_case(...)`
+        return inspect.getclosurevars(run).nonlocals["case"].args[0].shape[0], impl.name
+
+    def device_ms(run, device_type, *, quick=False, method=None):     # the kernels are always faster
+        t, impl = tokens_and_impl(run)
+        return (0.07 if impl == "torch" else 0.006) * t / 16, "cuda-graph"
+
+    def wall_clock_ms(run, device_type, repeats, calls=1):           # torch's host path is cheaper below ~64
+        t, impl = tokens_and_impl(run)
+        return 0.1 + 0.001 * t if impl == "torch" else 0.15 + 0.0001 * t
+
+    original = mr.OP.new_case
+    monkeypatch.setattr(mr.OP, "new_case", lambda dims, dtype, device, tag="": original(dims, dtype, "cpu", tag))
+    monkeypatch.setattr(mr.OP, "candidates", lambda arch, dims, dtype: [mr.OP.heuristic(arch, dims, dtype)])
+    monkeypatch.setattr(timing, "time_fn", device_ms)
+    monkeypatch.setattr(tuning, "wall_ms", wall_clock_ms)
+    monkeypatch.setattr(tuning, "sync", lambda device_type: None)
+    target = dispatch.Target(backend.profile("hopper"), "cuda")
+    plan = [(mr.OP, {"tokens": t, "experts": 8, "top_k": 2}, "bf16", "") for t in (16, 256, 1024)]
+    with open_store() as store:
+        out = autotune.sweep(plan, target, store, quick=True)
+        measured = {m["method"] for m in store.select("measurements")}
+        rows = {(r["bucket"], r["impl"]): r for r in store.select("tuning")}
+    assert [r["winner"]["impl"] for r in out["results"]] == ["torch", "triton", "triton"]
+    best = out["results"][0]["best"]
+    assert (best["torch"]["method"], best["torch"]["median_ms"], best["torch"]["device_ms"]) == \
+        ("wall-clock", pytest.approx(0.116), pytest.approx(0.07))
+    assert measured == {"cuda-graph"}                    # the raw measurements: device time, every config
+    assert {r["method"] for r in rows.values()} == {"wall-clock"}
+    assert rows['{"tokens":16}', "torch"]["median_ms"] == pytest.approx(0.116)
+    (cross,) = out["crossovers"]
+    assert (cross["method"], cross["axis_name"], cross["segments"]) == ("wall-clock", "tokens",
+                                                                       [[64.0, "torch"], [None, "triton"]])
+    dispatch.reset()
+    picks = {t: dispatch.decide(mr.OP, target, torch.bfloat16, {"tokens": t, "experts": 8, "top_k": 2})
+             for t in (16, 32, 256, 4096)}
+    assert {t: (d.impl, d.origin) for t, d in picks.items()} == {
+        16: ("torch", "db"), 32: ("torch", "crossover"), 256: ("triton", "db"), 4096: ("triton", "crossover")}
+    assert "wall-clock" in picks[16].reason and "tokens=32 -> torch" in picks[32].reason

@@ -2,6 +2,7 @@
 silently: the first miss of each op warns that it is being tuned (a pause of seconds inside that call)."""
 from __future__ import annotations
 
+import sys
 import warnings
 
 from .. import backend, tuning_db
@@ -19,7 +20,15 @@ def _announce(op, target, dtype, dims) -> None:
     shape = ",".join(f"{k}={v}" for k, v in dims.items())
     warnings.warn(f"liger_rt: tuning {op.name} now ({dtype_name(dtype)} {shape} has no row for {device}; "
                   "LIGER_RT_AUTOTUNE=1): each new shape of it is measured once, inside its first call, and saved "
-                  "to the user DB", RuntimeWarning, stacklevel=4)
+                  "to the user DB", RuntimeWarning, stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """The stacklevel of the first frame outside liger_rt (the call that missed), for the warning."""
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("liger_rt"):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def tune_online(op, target, dtype, dims) -> dict | None:
