@@ -96,9 +96,10 @@ class Op:
     tag]) -> Case with fresh random inputs; plan(preset, arch, quick) lists the dims a sweep measures;
     reduce_len(dims) sizes the validation tolerance; crossover_axis(dims) is the quantity that decides between
     competing implementations; wall_clock: a GPU sweep ranks the implementations by wall clock per call (host
-    cost included), not device time (ops whose kernels take microseconds, where the host path decides).  schema: the args of the custom op ("Tensor x, Tensor weight, float eps");
-    fake(config, *args) -> (outputs, saved) as empty tensors; outputs: how many tensors the op returns;
-    bwd_fake: the backward op's fake where the gradients are not laid out like the inputs (default: contiguous).
+    cost included), not device time (ops whose kernels take microseconds, where the host path decides).
+    schema: the args of the custom op ("Tensor x, Tensor weight, float eps"); fake(config, *args) -> (outputs,
+    saved) as empty tensors; outputs: how many tensors the op returns; bwd_fake: the backward op's fake where the
+    gradients are not laid out like the inputs (default: contiguous).
     """
     name: str
     static: tuple[str, ...]
