@@ -95,9 +95,11 @@ class Op:
     launch space; smem(config, dims, dtype) its shared memory per program.  make_case(dims, dtype, device[,
     tag]) -> Case with fresh random inputs; plan(preset, arch, quick) lists the dims a sweep measures;
     reduce_len(dims) sizes the validation tolerance; crossover_axis(dims) is the quantity that decides between
-    competing implementations.  schema: the args of the custom op ("Tensor x, Tensor weight, float eps");
-    fake(config, *args) -> (outputs, saved) as empty tensors; outputs: how many tensors the op returns;
-    bwd_fake: the backward op's fake where the gradients are not laid out like the inputs (default: contiguous).
+    competing implementations; wall_clock: a GPU sweep ranks the implementations by wall clock per call (host
+    cost included), not device time (ops whose kernels take microseconds, where the host path decides).
+    schema: the args of the custom op ("Tensor x, Tensor weight, float eps"); fake(config, *args) -> (outputs,
+    saved) as empty tensors; outputs: how many tensors the op returns; bwd_fake: the backward op's fake where the
+    gradients are not laid out like the inputs (default: contiguous).
     """
     name: str
     static: tuple[str, ...]
@@ -119,6 +121,7 @@ class Op:
     heuristic_impl: HeuristicImpl | None = None
     crossover_axis: Axis | None = None
     crossover_axis_name: str = ""
+    wall_clock: bool = False
     pinned_by_fused_moe_env: bool = False
     schema_version: int = 1
     variant: str = "fwdbwd"

@@ -242,3 +242,111 @@ def test_export_winners_of_one_device(per_device):
     assert res.exit_code == 0 and [(r["table"], r.get("device")) for r in recs] == [("meta", None), ("tuning", "h200")]
     res = CliRunner().invoke(main, ["export", "-", "--device", "h100"])
     assert sorted(json.loads(line)["table"] for line in res.stdout.splitlines()) == ["measurements", "meta", "tuning"]
+
+
+# -- first use on an untuned device ----------------------------------------------------------------------------
+
+def _first_use_arches() -> list:
+    """Every arch profile, the generic ones (an unknown GPU) and parts a profile serves with the device's own
+    limits: Ampere/Ada consumer and workstation cards (sm86/sm89: 99 KiB of shared memory per block), a GH200."""
+    parts = (("NVIDIA GeForce RTX 4090", (8, 9), 128), ("NVIDIA L40S", (8, 9), 142), ("NVIDIA A10", (8, 6), 72),
+             ("NVIDIA GeForce RTX 3090", (8, 6), 82), ("NVIDIA GH200 480GB", (9, 0), 132))
+    return ([backend.profile(name) for name in backend.ARCH_NAMES]
+            + [backend.generic_profile(name) for name in rows.GENERIC_ARCHES]
+            + [backend.arch_from_properties(name, capability=cap, sm_count=sms) for name, cap, sms in parts])
+
+
+def test_heuristic_configs_launch_on_every_arch_profile():
+    """What the first call on an untuned device runs: the heuristic (and pinned) config of every op, at every
+    shape its sweep plans or a model preset uses, fits that arch's warps, pipeline stages and shared memory
+    (rows.launch_problem, the check a DB row passes).  The register file (64K 32-bit registers per SM, 255 per
+    thread) is the same on every NVIDIA profile here; the ops bound their tiles per program for it
+    (tests/test_op_contract.py, TILE_BOUNDS)."""
+    from liger_rt.dtypes import dtype_name
+    from liger_rt.registry import OP_MODULES
+    from liger_rt.tools.presets import PRESETS
+    presets = [p for p in PRESETS.values() if not p.tiny]
+    arches = _first_use_arches()
+    assert {a.smem_bytes for a in arches if a.capability in ("sm86", "sm89")} == {101376}
+    checked = 0
+    for arch in arches:
+        for name in OP_MODULES:
+            op = REGISTRY.get(name)
+            plans = [*op.plan(None, arch, True), *op.plan(None, arch, False), *(d for p in presets
+                                                                                for d in op.plan(p, arch, False))]
+            for dims in {json.dumps(op.check_dims(d), sort_keys=True): op.check_dims(d) for d in plans}.values():
+                for dtype in (torch.bfloat16, torch.float32):
+                    for impl in (i for i in op.impls if i.tuned and (i.supports is None or i.supports(dims, dtype)
+                                                                     is None)):
+                        fixed = [op.heuristic(arch, dims, dtype)] + ([op.pinned(arch, dims, dtype)] if op.pinned
+                                                                     else [])
+                        for cfg in fixed:
+                            why = rows.launch_problem(op, impl.name, cfg, dims, arch, dtype_name(dtype))
+                            assert why is None, (arch.name, arch.device_name, name, dims, dtype, cfg, why)
+                            checked += 1
+    assert checked > 5000
+
+
+@pytest.mark.parametrize("arch", backend.ARCH_NAMES)
+def test_the_first_call_on_an_untuned_device_runs_the_heuristic_and_never_tunes(arch, monkeypatch,
+                                                                               no_shipped_defaults):
+    """LIGER_RT_ARCH forces each profile on CPU (the kernels through the interpreter): with no row for the device,
+    the first call takes the arch's heuristic config, measures nothing, and computes what the reference does."""
+    from liger_rt import autotune, ops
+
+    def no_tuning(*args, **kwargs):
+        raise AssertionError("a call tuned without LIGER_RT_AUTOTUNE=1")
+    monkeypatch.setattr(autotune.tuning, "tune", no_tuning)
+    monkeypatch.setenv("LIGER_RT_ARCH", arch)
+    dispatch.reset()
+    x = torch.randn(8, 64, requires_grad=True)
+    w = torch.randn(64, requires_grad=True)
+    y = ops.rms_norm(x, w, eps=1e-6)
+    gx, gw = torch.autograd.grad(y.sum(), (x, w))
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * w64
+    rx, rw = torch.autograd.grad(ref.sum(), (x64, w64))
+    for got, want in ((y, ref), (gx, rx), (gw, rw)):
+        torch.testing.assert_close(got.double(), want.detach(), rtol=1e-4, atol=1e-4)
+    (d,) = [d for d in dispatch.decisions() if d.op == "rms_norm"]
+    assert (d.arch, d.impl, d.origin) == (arch, "triton", "heuristic"), d
+    assert d.config == RN.heuristic(backend.profile(arch), dict(d.dims), torch.float32)
+
+
+def test_online_tuning_says_so_once_per_op(monkeypatch, no_shipped_defaults):
+    """LIGER_RT_AUTOTUNE=1: a miss is tuned inside the call, never silently: one warning per op names the op, the
+    shape and the device, then each new shape is tuned without repeating it."""
+    from liger_rt import ops
+    from liger_rt.autotune import online
+    monkeypatch.setattr(online, "_ANNOUNCED", set())
+    monkeypatch.setenv("LIGER_RT_AUTOTUNE", "1")
+    monkeypatch.setenv("LIGER_RT_ARCH", "ampere")
+    dispatch.reset()
+    with pytest.warns(RuntimeWarning) as caught:
+        for hidden in (64, 32):
+            ops.rms_norm(torch.randn(8, hidden), torch.randn(hidden))
+    said = [str(w.message) for w in caught if "tuning" in str(w.message)]
+    assert said == ["liger_rt: tuning rms_norm now (fp32 hidden=64,rows=8 has no row for a100; LIGER_RT_AUTOTUNE=1): "
+                    "each new shape of it is measured once, inside its first call, and saved to the user DB"], said
+    assert {d.origin for d in dispatch.decisions() if d.op == "rms_norm"} == {"online"}
+
+
+def test_doctor_says_where_the_rest_is_swept(monkeypatch, no_shipped_defaults):
+    """The coverage line names the sweep that fills the rest; under LIGER_RT_ARCH for another arch it says where
+    that sweep must run, and on an unknown GPU that there is none."""
+    monkeypatch.setenv("LIGER_RT_ARCH", "ampere")
+    dispatch.reset()
+    line = next(ln for ln in CliRunner().invoke(main, ["doctor"]).stdout.splitlines() if ln.startswith("coverage"))
+    assert line.endswith("have rows for a100; the rest: liger-tune sweep --arch ampere --model qwen3-1.7b (it "
+                         "measures on ampere hardware only; this machine is cpu)"), line
+    monkeypatch.delenv("LIGER_RT_ARCH")
+    with pytest.warns(RuntimeWarning, match="unknown GPU"):
+        rtx = backend.arch_from_properties("NVIDIA GeForce RTX 5090", capability=(12, 0), sm_count=170)
+    monkeypatch.setattr(backend, "detect", lambda device=None: rtx)
+    res = CliRunner().invoke(main, ["doctor", "--json"])
+    cov = json.loads(res.stdout)["coverage"]
+    assert (cov["device"], cov["covered"], cov["command"]) == ("rtx-5090", 0, None) and cov["shapes"] > 5
+    line = next(ln for ln in CliRunner().invoke(main, ["doctor"]).stdout.splitlines() if ln.startswith("coverage"))
+    assert line == (f"coverage     0 of {cov['shapes']} qwen3-1.7b shapes (bf16) have rows for rtx-5090; an unknown "
+                    "GPU runs the generic-nvidia heuristics and has no sweep (profiled arches: "
+                    f"{', '.join(backend.ARCH_NAMES)})"), line

@@ -145,6 +145,40 @@ def test_leading_dims_and_validation():
         mr.moe_router(logits.long(), 2)
 
 
+@pytest.mark.parametrize("E,k,bias,norm,scale,dtype", [
+    (32, 4, True, True, 1.0, torch.float32), (67, 8, False, False, 2.5, torch.float32),
+    (32, 4, True, True, 1.0, torch.bfloat16), (16, 3, True, False, 1.3, torch.float16),
+    (8, 1, False, False, 1.0, torch.bfloat16)])
+def test_eager_is_hf_formula_and_matches_the_reference(E, k, bias, norm, scale, dtype):
+    """The eager impl (HF's formula in the logits dtype): the reference's experts, its weights and gradients within
+    the dtype's tolerance, and HF's router's own outputs."""
+    logits = _logits(37, E, dtype, seed=E)
+    eb = 0.3 * torch.randn(E, generator=torch.Generator().manual_seed(1)) if bias else None
+    w, idx, dl = _check(logits, k, eb, norm, scale, fn=mr.moe_router_eager)
+    if bias:
+        from transformers.models.lfm2_moe.modeling_lfm2_moe import Lfm2MoeTopKRouter
+        router = Lfm2MoeTopKRouter.__new__(Lfm2MoeTopKRouter)       # its forward after the projection
+        torch.nn.Module.__init__(router)
+        router.top_k, router.norm_topk_prob, router.routed_scaling_factor, router.use_expert_bias = k, norm, scale, True
+        eye = torch.eye(E, dtype=dtype)
+        router.weight = torch.nn.Parameter(eye)
+        _, w_hf, idx_hf = router(logits, eb)
+        route = (torch.sigmoid(logits) + eb).float()
+        top = torch.sort(route, -1, descending=True).values[:, :k + 1]
+        unique = (top[:, 1:] != top[:, :-1]).all(-1)        # HF's CPU topk orders ties arbitrarily
+        assert torch.equal(idx[unique], idx_hf[unique]) and torch.equal(w[unique], w_hf[unique].detach())
+
+
+def test_ties_and_nan_in_the_eager_impl():
+    g = torch.Generator().manual_seed(2)
+    _check(torch.randint(0, 3, (40, 16), generator=g).float(), 4, None, True, 1.0, fn=mr.moe_router_eager)
+    logits = _logits(6, 8)
+    logits[1] = float("nan")
+    logits[3, 5] = float("nan")
+    w, idx = mr.moe_router_eager(logits, 2, 0.1 * torch.randn(8))
+    assert idx[1].tolist() == [0, 1] and idx[3, 0] == 5 and w[1].isnan().all() and w[3].isnan().all()
+
+
 @pytest.mark.parametrize("dtype,norm", [(torch.float32, True), (torch.float32, False), (torch.bfloat16, True)])
 def test_nan_logits_propagate_as_in_the_reference(dtype, norm):
     """torch ranks NaN above every number: a NaN row picks experts 0, 1 (not one expert twice), one
@@ -275,3 +309,58 @@ def test_compiled_path_matches_eager():
     compiled = _run(torch.compile(f, backend="aot_eager", fullgraph=True), logits, 4, eb, True, 1.5, dw)
     for o, r in zip(compiled, eager):
         assert torch.equal(o, r)
+
+
+def test_a_gpu_sweep_ranks_the_router_by_wall_clock(monkeypatch, no_shipped_defaults):
+    """The router declares wall_clock: a GPU sweep (here a hopper target on CPU tensors, its timings injected)
+    ranks each implementation's best config by device time but the implementations by wall clock per call, and
+    its tuning and crossover rows make dispatch pick a PyTorch implementation (here HF's formula, `eager`) where it
+    costs less wall clock although its kernels take longer on the device."""
+    import inspect
+
+    from liger_rt import autotune
+    from liger_rt.autotune import timing, tuning
+    from liger_rt.tuning_db import open_store
+
+    def tokens_and_impl(run):
+        impl, _ = run.__defaults__                       # tune's `lambda impl=impl, cfg=cfg: run_case(...)`
+        return inspect.getclosurevars(run).nonlocals["case"].args[0].shape[0], impl.name
+
+    def device_ms(run, device_type, *, quick=False, method=None):     # the kernels are always faster
+        t, impl = tokens_and_impl(run)
+        return {"torch": 0.07, "eager": 0.05, "triton": 0.006}[impl] * t / 16, "cuda-graph"
+
+    def wall_clock_ms(run, device_type, repeats, calls=1):           # eager's host path is cheapest below ~64
+        t, impl = tokens_and_impl(run)
+        return {"torch": 0.1 + 0.001 * t, "eager": 0.08 + 0.001 * t, "triton": 0.15 + 0.0001 * t}[impl]
+
+    original = mr.OP.new_case
+    monkeypatch.setattr(mr.OP, "new_case", lambda dims, dtype, device, tag="": original(dims, dtype, "cpu", tag))
+    monkeypatch.setattr(mr.OP, "candidates", lambda arch, dims, dtype: [mr.OP.heuristic(arch, dims, dtype)])
+    monkeypatch.setattr(timing, "time_fn", device_ms)
+    monkeypatch.setattr(tuning, "wall_ms", wall_clock_ms)
+    monkeypatch.setattr(tuning, "sync", lambda device_type: None)
+    target = dispatch.Target(backend.profile("hopper"), "cuda")
+    plan = [(mr.OP, {"tokens": t, "experts": 8, "top_k": 2}, "bf16", "") for t in (16, 256, 1024)]
+    with open_store() as store:
+        out = autotune.sweep(plan, target, store, quick=True)
+        measured = {m["method"] for m in store.select("measurements")}
+        rows = {(r["bucket"], r["impl"]): r for r in store.select("tuning")}
+    assert [r["winner"]["impl"] for r in out["results"]] == ["eager", "triton", "triton"]
+    best = out["results"][0]["best"]
+    assert sorted(best) == ["eager", "torch", "triton"]
+    assert (best["eager"]["method"], best["eager"]["median_ms"], best["eager"]["device_ms"]) == \
+        ("wall-clock", pytest.approx(0.096), pytest.approx(0.05))
+    assert measured == {"cuda-graph"}                    # the raw measurements: device time, every config
+    assert {r["method"] for r in rows.values()} == {"wall-clock"}
+    assert rows['{"tokens":16}', "torch"]["median_ms"] == pytest.approx(0.116)
+    assert rows['{"tokens":16}', "eager"]["baseline_ms"] == pytest.approx(0.116)     # torch's wall clock
+    (cross,) = out["crossovers"]
+    assert (cross["method"], cross["axis_name"], cross["segments"]) == ("wall-clock", "tokens",
+                                                                       [[64.0, "eager"], [None, "triton"]])
+    dispatch.reset()
+    picks = {t: dispatch.decide(mr.OP, target, torch.bfloat16, {"tokens": t, "experts": 8, "top_k": 2})
+             for t in (16, 32, 256, 4096)}
+    assert {t: (d.impl, d.origin) for t, d in picks.items()} == {
+        16: ("eager", "db"), 32: ("eager", "crossover"), 256: ("triton", "db"), 4096: ("triton", "crossover")}
+    assert "wall-clock" in picks[16].reason and "tokens=32 -> eager" in picks[32].reason

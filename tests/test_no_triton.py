@@ -1,5 +1,6 @@
 """Without Triton (macOS, Windows, a CPU-only torch) liger_rt still works: every op runs its PyTorch
-implementation, a patched model trains with one warning that says why, and `liger-tune doctor` says so.
+implementation, a patched model trains with one warning that says why, timing (the autotuner's clock) works, and
+`liger-tune doctor` says so.
 
 One subprocess hides Triton (``sys.modules["triton"] = None``: ``import triton`` raises ModuleNotFoundError,
 as where it is not installed) and runs the checks in SCRIPT, which prints its findings as JSON.
@@ -85,6 +86,13 @@ out["grads"] = all(p.grad is not None and bool(torch.isfinite(p.grad).all()) for
 out["patched"] = sum((liger_rt.patch.describe(model) or {}).get("patched", {}).values())
 out["model_impls"] = sorted({d.impl for d in dispatch.decisions()})
 
+# timing: the CPU clock, and on a GPU do_bench's recipe on torch's CUDA events (no triton.testing)
+from liger_rt.autotune import timing
+ms, method = timing.time_fn(lambda: torch.ones(64).sum(), "cpu", quick=True)
+timing.event_bench = lambda fn, warmup, rep: fn() or 0.25      # the CUDA clock, on this CPU-only machine
+out["timing"] = {"cpu": [ms, method], "do_bench": timing.do_bench(lambda: None, warmup=1, rep=2),
+                 "triton_loaded": "triton.testing" in sys.modules and sys.modules["triton.testing"] is not None}
+
 # liger-tune doctor, as `python -m liger_rt.tools.cli doctor` runs it
 for argv, key in ((["doctor"], "doctor"), (["doctor", "--json"], "doctor_json")):
     sys.argv, buf, code = ["liger-tune", *argv], io.StringIO(), None
@@ -130,6 +138,26 @@ def test_a_patched_model_trains_with_one_warning(found):
     assert found["warnings"][0].startswith("liger_rt: Triton is not installed")
     assert found["patched"] > 0 and found["grads"] and found["loss"] == found["loss"]
     assert "triton" not in found["model_impls"]
+
+
+def test_timing_works_without_triton(found):
+    ms, method = found["timing"]["cpu"]
+    assert method == "cpu-wall" and ms > 0
+    assert found["timing"]["do_bench"] == 0.25 and not found["timing"]["triton_loaded"]
+
+
+@pytest.mark.gpu
+def test_event_bench_agrees_with_triton_do_bench():
+    """The torch-event do_bench (what a CUDA machine without Triton times with) against triton's own."""
+    import torch
+    import triton.testing
+
+    from liger_rt.autotune import timing
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    fn = (lambda: a @ a)
+    ours = timing.event_bench(fn, warmup=25, rep=100)
+    theirs = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    assert abs(ours - theirs) <= 0.15 * theirs, (ours, theirs)
 
 
 def test_doctor_says_the_kernels_are_off(found):

@@ -28,7 +28,9 @@ class ArchMismatchError(RuntimeError):
 def crossovers(results: list[dict], ops: dict, margin: float = 0.05) -> list[dict]:
     """Crossover rows from tuning results of ops with a crossover axis: per (op, dtype, static
     dims), the best time of each implementation at each measured axis value (averaged over input
-    variants), from points of one timing method (the most common one), at least two points."""
+    variants), from points of one timing method (the most common one), at least two points.  For an op
+    that declares wall_clock the times are each implementation's wall clock per call on a GPU (`tune`:
+    method "wall-clock"), so the segments pick torch where torch costs a training step less."""
     # (op, dtype, static key, arch) -> method -> axis value -> impl -> times
     groups = defaultdict(lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(list))))
     for res in results:

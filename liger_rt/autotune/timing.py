@@ -2,6 +2,9 @@
 triton's do_bench), the wall clock on CPU.
 
     ms, method = time_fn(lambda: op_call(), "cuda")       # method: "cuda-graph", "do_bench" or "cpu-wall"
+
+Without Triton (a CUDA torch on a platform without Triton wheels) `do_bench` is the same recipe on torch's CUDA
+events (`event_bench`): the torch implementations are still timed, by the same method.
 """
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ import warnings
 from typing import Callable
 
 import torch
+
+from .. import _triton
 
 
 def _event_ms(fn: Callable[[], object]) -> float:
@@ -95,7 +100,6 @@ def time_fn(fn: Callable[[], object], device_type: str, *, quick: bool = False,
     is the only fair ranking of a launch-bound op's configs: on the H200 an RMSNorm fwd+bwd at 4096 x 4096
     takes ~50 us of kernels and ~300 us of host time, so wall-clock timing ranks configs by noise."""
     if device_type == "cuda":
-        import triton.testing
         warmup, rep = (10, 30) if quick else (25, 100)
         fn()  # compile and allocate outside the capture: a candidate that cannot run fails here
         torch.cuda.synchronize()
@@ -112,13 +116,52 @@ def time_fn(fn: Callable[[], object], device_type: str, *, quick: bool = False,
                         _GRAPH_FAILURES.add(why)
                         warnings.warn(f"liger_rt: CUDA-graph timing failed ({why}); timing this case with "
                                       "do_bench (host launch cost included), recorded as such", RuntimeWarning)
-            return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")), "do_bench"
+            return do_bench(fn, warmup=warmup, rep=rep), "do_bench"
         finally:
             # the graph's private memory pool (every unrolled call's outputs) goes back only once the
             # graph is collected: without this an H200 sweep ran out of its 141 GB at the eighth op
             gc.collect()
             torch.cuda.empty_cache()
     return wall_ms(fn, device_type, 2 if quick else 3), "cpu-wall"
+
+
+def do_bench(fn: Callable[[], object], *, warmup: float = 25.0, rep: float = 100.0) -> float:
+    """Median milliseconds per fn() by triton's do_bench (CUDA events around each call, the L2 flushed before
+    it), or by `event_bench`, the same recipe on torch alone, where Triton is not available."""
+    if not _triton.available():
+        return event_bench(fn, warmup=warmup, rep=rep)
+    import triton.testing
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+_FLUSH_BYTES = 256 << 20      # what triton's do_bench zeroes between calls: beyond any GPU's L2 (H200: 60 MiB)
+
+
+def event_bench(fn: Callable[[], object], *, warmup: float = 25.0, rep: float = 100.0) -> float:
+    """triton.testing.do_bench's recipe on torch's CUDA events: the calls that fill ~`warmup` ms, then the median
+    over the calls that fill ~`rep` ms of one event pair around each call, a 256 MiB buffer zeroed before it."""
+    fn()
+    torch.cuda.synchronize()
+    cache = torch.empty(_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        cache.zero_()
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 5, 1e-3)
+    for _ in range(max(1, int(warmup / estimate))):
+        fn()
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+             for _ in range(max(1, int(rep / estimate)))]
+    for a, b in pairs:
+        cache.zero_()
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    return float(statistics.median(a.elapsed_time(b) for a, b in pairs))
 
 
 def measure(fn: Callable[[], object], device_type: str, *, quick: bool = False) -> float:

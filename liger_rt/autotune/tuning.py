@@ -1,5 +1,7 @@
 """Tuning one case: validate and time every candidate config of every available implementation
-(`tune`), then write the best row per implementation and the raw measurements (`persist`).
+(`tune`), then write the best row per implementation and the raw measurements (`persist`).  Configs are
+ranked by device time; the implementations of an op that declares `wall_clock` by the wall clock per call
+of each one's best config on a GPU (host cost included: what a training step pays for a launch-bound op).
 
     result = tune(OP, target, torch.bfloat16, {"rows": 4096, "hidden": 4096})
     result["winner"]          # the fastest validated measurement; result["best"]: per implementation
@@ -19,6 +21,18 @@ from ..numerics import validation_report
 from ..tuning_db.store import fingerprint
 from . import timing
 from .timing import error_line, sync, wall_ms
+
+
+# wall_ms's repeats and calls: the host cost of each implementation's best config, and the wall clock that ranks the
+# implementations of a wall_clock op (more calls: the ranking rests on it)
+HOST = {"repeats": 3, "calls": 10}
+WALL_CLOCK = {"repeats": 5, "calls": 25}
+
+
+def by_wall_clock(rec: dict) -> dict:
+    """A best-config record of a wall_clock op timed by wall clock: its wall time per call (`host_ms`) as its
+    time, method "wall-clock", the device time kept as `device_ms` (the raw measurements keep it too)."""
+    return {**rec, "device_ms": rec["median_ms"], "median_ms": rec["host_ms"], "method": "wall-clock"}
 
 
 def unavailable(op, target, dims: dict, dtype: torch.dtype) -> dict[str, str]:
@@ -94,13 +108,17 @@ def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag
     for rec, run, cfg in runs:
         if rec["ok"] and (rec["impl"] not in best or rec["median_ms"] < best[rec["impl"]][0]["median_ms"]):
             best[rec["impl"]] = (rec, run, cfg)
+    wall = op.wall_clock and device == "cuda"
     for rec, run, _ in best.values():     # host cost per call of each implementation's best config
         rec["host_ms"] = rec["median_ms"] if device == "cpu" else None    # on CPU the wall time is the host time
         if device == "cuda":
             with contextlib.suppress(Exception):     # after a warm call: launch-bound when near the device time
                 run()
                 sync(device)
-                rec["host_ms"] = wall_ms(run, device, repeats=3, calls=10)
+                rec["host_ms"] = wall_ms(run, device, **(WALL_CLOCK if wall else HOST))
+    if wall:     # the implementations ranked by wall clock: each one's best config (by device time) at its wall time
+        best = {name: (by_wall_clock(rec), run, cfg) for name, (rec, run, cfg) in best.items()
+                if rec["host_ms"] is not None}
     # failed candidates take the case's method: do_bench where the runs were re-timed above
     method = "do_bench" if len(methods) > 1 else next(iter(methods), "cpu-wall" if device == "cpu" else "cuda-graph")
     for rec in measurements:

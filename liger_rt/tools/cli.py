@@ -187,12 +187,18 @@ def _coverage_line(c: dict) -> str:
         return f"{c['model']}: {c['error']}"
     have = (f"{c['covered']} of {c['shapes']} {c['model']} shapes ({c['dtype']}) have rows for "
             f"{c['device'] or 'this device'}")
-    return have + ("" if c["covered"] == c["shapes"] else f"; the rest: {c['command']}")
+    if c["covered"] == c["shapes"]:
+        return have
+    if c["command"] is None:
+        return f"{have}; {c['note']}"
+    return f"{have}; the rest: {c['command']}" + (f" ({c['note']})" if c["note"] else "")
 
 
 def _coverage(preset_name: str, arch) -> dict:
     """How many of the shapes a sweep of `preset_name` measures (per op: static dims and bucket, bf16) have a
-    row of this device, code and software, and the command that measures them."""
+    row of this device, code and software, and the command that measures them (None where no sweep can: an
+    unknown GPU, whose generic profile has no sweep); `note` says where it must run when LIGER_RT_ARCH names
+    another arch than the hardware's."""
     import warnings as _warnings
 
     from liger_rt import backend, tuning_db
@@ -200,7 +206,12 @@ def _coverage(preset_name: str, arch) -> dict:
     from liger_rt.tools.presets import get_preset
     device = backend.device_class(arch.device_name)
     out = {"model": preset_name, "device": device, "dtype": "bf16",
-           "command": f"liger-tune sweep --arch {arch.name} --model {preset_name}"}
+           "command": f"liger-tune sweep --arch {arch.name} --model {preset_name}", "note": ""}
+    if arch.name not in backend.ARCH_NAMES:
+        out.update(command=None, note=f"an unknown GPU runs the {arch.name} heuristics and has no sweep "
+                                      f"(profiled arches: {', '.join(backend.ARCH_NAMES)})")
+    elif (hw := backend.detect_hardware().name) != arch.name:
+        out["note"] = f"it measures on {arch.name} hardware only; this machine is {hw}"
     try:
         preset = get_preset(preset_name)
     except ValueError as exc:

@@ -16,8 +16,10 @@ from ..registry import REGISTRY
 
 DB_SCHEMA = 3
 
-# How a row's times were taken.  Rows of different methods are never compared.
-METHODS = ("cuda-graph", "do_bench", "cpu-wall", "unrecorded")
+# How a row's times were taken, in a lookup's order of preference.  Rows of different methods are never compared.
+# "wall-clock": the wall time per call of back-to-back calls on a GPU, host cost included (ops that declare
+# wall_clock: a sweep ranks their implementations so).
+METHODS = ("wall-clock", "cuda-graph", "do_bench", "cpu-wall", "unrecorded")
 # Which tool made a row.
 ORIGINS = ("sweep", "bench", "online", "published")
 GENERIC_ARCHES = ("generic-nvidia", "generic-amd")
