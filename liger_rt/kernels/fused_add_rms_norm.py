@@ -151,8 +151,8 @@ def _backward(config, args, saved, needs, dy, ds):
 
 def _fake(config, x, residual, weight, eps, offset):
     s_dtype = torch.promote_types(x.dtype, residual.dtype)
-    return ((x.new_empty(x.shape, dtype=torch.promote_types(s_dtype, weight.dtype)), x.new_empty(x.shape, dtype=s_dtype)),
-            (x.new_empty(x.shape, dtype=s_dtype), x.new_empty((x.numel() // x.shape[-1],), dtype=torch.float32)))
+    y, s = x.new_empty(x.shape, dtype=torch.promote_types(s_dtype, weight.dtype)), x.new_empty(x.shape, dtype=s_dtype)
+    return (y, s), (x.new_empty(x.shape, dtype=s_dtype), x.new_empty((x.numel() // x.shape[-1],), dtype=torch.float32))
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
