@@ -85,8 +85,9 @@ def test_matches_fp64(dtype, offset):
         assert (outs[0].float() - rn.rms_norm_ref(x + r, w).float()).abs().max() > 0.1
 
 
-@pytest.mark.parametrize("rows,hidden,dtype,config", [(199, 760, torch.bfloat16, WIDE), (67, 1000, torch.float32, WIDE),
-                                                      (37, 333, torch.bfloat16, ONE_ROW), (1, 64, torch.float32, ONE_ROW)])
+@pytest.mark.parametrize("rows,hidden,dtype,config", [
+    (199, 760, torch.bfloat16, WIDE), (67, 1000, torch.float32, WIDE),
+    (37, 333, torch.bfloat16, ONE_ROW), (1, 64, torch.float32, ONE_ROW)])
 def test_odd_sizes(rows, hidden, dtype, config):
     """Odd rows and hidden: the last row block and the column tail are masked (packed rows and one row per
     program; the backward with and without prefetch)."""
