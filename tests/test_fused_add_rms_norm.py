@@ -267,6 +267,33 @@ def test_patched_decoder_layers_match_unpatched(preset, level, monkeypatch):
     assert calls.n == 0
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("level", ["instance", "class"])
+def test_gradient_checkpointing_recomputes_each_fused_layer_once(level, fallback):
+    """A checkpointed model recomputes each patched decoder layer once in the backward (counted on the MLP, which
+    runs inside the layer's forward), as unpatched; the fused op ran in each recomputation."""
+    from hf_compat import enable_checkpointing
+    from liger_rt.tools.models import build_model
+    if level == "class":
+        liger_rt.patch("qwen3", fused_add_norm=True)
+        model = build_model("qwen3-tiny", dtype=torch.float32)
+    else:
+        model = liger_rt.patch(build_model("qwen3-tiny", dtype=torch.float32), fused_add_norm=True)
+    calls = []
+    for layer in model.model.layers:
+        layer.mlp.register_forward_pre_hook(lambda *_: calls.append(1))
+    enable_checkpointing(model, use_reentrant=False)
+    model.train()
+    ids = torch.randint(1, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(12))
+    loss = model(input_ids=ids, labels=ids).loss
+    forward = len(calls)
+    loss.backward()
+    layers = len(model.model.layers)
+    assert (forward, len(calls) - forward) == (layers, layers)
+    assert liger_rt.patch.describe(model)["patched"]["fused_add_norm"] == layers
+    liger_rt.unpatch(model if level == "instance" else "qwen3")
+
+
 def test_fused_add_norm_is_off_by_default_and_keeps_the_signature():
     import inspect
 

@@ -17,6 +17,7 @@ hidden states the model records and the checkpointed layer's output).
 """
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -43,7 +44,7 @@ def _attn_kwargs(self, args: tuple, kwargs: dict) -> dict:
     return out
 
 
-def _forward(self, hidden_states: torch.Tensor, args: tuple, kwargs: dict, offset: float) -> torch.Tensor:
+def _layer(self, offset: float, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     residual = hidden_states
     hidden_states = self.input_layernorm(hidden_states)
     hidden_states, _ = self.self_attn(hidden_states=hidden_states, **_attn_kwargs(self, args, kwargs))
@@ -54,6 +55,21 @@ def _forward(self, hidden_states: torch.Tensor, args: tuple, kwargs: dict, offse
         normed = normed.to(residual.dtype)
     hidden_states = self.mlp(normed)
     return residual + hidden_states
+
+
+def _forward(self, hidden_states: torch.Tensor, args: tuple, kwargs: dict, offset: float) -> torch.Tensor:
+    # An instance forward replaces the class's, and with it transformers' checkpointing wrapper
+    # (GradientCheckpointingLayer.__init_subclass__): checkpoint here as it does, around the layer itself (so the
+    # recomputation does not checkpoint again), the cache off.  A class-level patch is inside that wrapper already.
+    instance = "forward" in self.__dict__ or "_old_forward" in self.__dict__
+    if instance and getattr(self, "gradient_checkpointing", False) and self.training and torch.is_grad_enabled():
+        if kwargs.get("use_cache"):
+            kwargs["use_cache"] = False
+        if not getattr(self, "_can_checkpoint_with_cache", False):
+            kwargs.update({k: None for k in ("cache", "layer_past") if kwargs.get(k) is not None})
+        return self._gradient_checkpointing_func(functools.partial(_layer, self, offset, **kwargs),
+                                                 hidden_states, *args)
+    return _layer(self, offset, hidden_states, *args, **kwargs)
 
 
 def decoder_layer_forward(self, hidden_states, *args, **kwargs):
