@@ -5,6 +5,7 @@
     python benchmarks/bench_models.py --run qwen3,lfm2moe --compile --shape 4x2048,1x512
     python benchmarks/bench_models.py --run families           # gemma3, mistral, mixtral, qwen2 (rope patched)
     python benchmarks/bench_models.py --max-seq --run qwen3 --arms baseline,liger_rt   # longest trainable sequence
+    python benchmarks/bench_models.py --run qwen3 --fused-add-norm   # + the residual add fused into the norm
 
 Appends one row per arm and metric to benchmarks/data/models.csv after every run (kind `model`, or `model_compiled`
 where a compiled arm ran; `--data DIR`: that folder instead; `--no-data`: nowhere).  A run's batch is halved until
@@ -86,6 +87,9 @@ def main() -> int:
     ap.add_argument("--compile-mode", default="default", choices=M.COMPILE_MODES)
     ap.add_argument("--arms", default=None, help=f"only these arms, baseline among them: {', '.join(M.ARMS)}")
     ap.add_argument("--no-liger-kernel", action="store_true", help="leave Liger-Kernel's arm out")
+    ap.add_argument("--fused-add-norm", action="store_true", help="liger_rt's arms also fuse the decoder layers' "
+                    "residual add into the post-attention norm (patch flag fused_add_norm; rows named <preset>"
+                    "+fused_add_norm)")
     ap.add_argument("--csv", default=None, help="also write every row to this CSV")
     ap.add_argument("--data", default=str(Path(__file__).resolve().parent / "data"), help="dataset folder")
     ap.add_argument("--no-data", action="store_true", help="append to no dataset")
@@ -106,6 +110,8 @@ def main() -> int:
     for name in names:
         spec = {k: v for k, v in RUNS[name].items() if k not in ("batch", "peak_gb")}
         spec["liger_kernel"] = spec.get("liger_kernel", True) and not a.no_liger_kernel
+        if a.fused_add_norm:
+            spec["flags"] = {**spec.get("flags", {}), "fused_add_norm": True}
         for batch, seq in shapes or [(RUNS[name].get("batch", 4), 2048)]:
             fit = fitted_batch(name, batch, card_gb)
             label = f"{name}@{fit}x{seq}"

@@ -56,7 +56,7 @@ def _build(op: Op) -> type[torch.autograd.Function]:
         *args, config_json = a
         impl, cfg = _parse_decision(op.name, config_json)
         outs, saved = impl.forward(cfg, *args)
-        return [*(o.clone() if any(o is t for t in args) else o for o in outs), *saved]
+        return _unaliased([*outs, *saved], args)
 
     def fwd_fake(*a):
         *args, config_json = a
@@ -79,8 +79,8 @@ def _build(op: Op) -> type[torch.autograd.Function]:
         per_arg = rebuild(map(bool, needs), [False] * len(scalars))     # one flag per arg, as in eager mode
         dargs = [g for g, flag in zip(impl.backward(cfg, args, tuple(saved), per_arg, *grads), is_tensor) if flag]
         like = next(t for t in tensors if t is not None)
-        return [g.to(t.dtype) if g is not None and need and t is not None else like.new_empty(0)
-                for g, t, need in zip(dargs, tensors, needs)]
+        return _unaliased([g.to(t.dtype) if g is not None and need and t is not None else like.new_empty(0)
+                           for g, t, need in zip(dargs, tensors, needs)], tensors)
 
     def bwd_fake(tensors, saved, grads, *rest):
         needs = rest[-2]
@@ -126,6 +126,16 @@ def _build(op: Op) -> type[torch.autograd.Function]:
             return (None, None, None, *(g if g is not None and g.numel() else None for g in dargs))
 
     return TracedFunction
+
+
+def _unaliased(results: list, inputs) -> list:
+    """A custom op's results with none aliasing an input or an earlier result (torch.library's rule: inductor
+    may reuse one result's buffer while another still reads it): each such result cloned.  An eager
+    launcher may return one tensor twice (an output it also saves, one gradient for two addends)."""
+    out: list = []
+    for r in results:
+        out.append(r.clone() if any(r is t for t in (*inputs, *out)) else r)
+    return out
 
 
 @functools.lru_cache(maxsize=256)

@@ -8,6 +8,7 @@ Importing this module imports every kernel module (`import liger_rt` alone impor
 from __future__ import annotations
 
 from .kernels.cross_entropy import cross_entropy
+from .kernels.fused_add_rms_norm import fused_add_rms_norm
 from .kernels.fused_linear_cross_entropy import fused_linear_cross_entropy
 from .kernels.fused_linear_logprobs import fused_linear_logprobs
 from .kernels.geglu import geglu
@@ -20,4 +21,4 @@ from .kernels.short_conv import short_conv
 from .kernels.swiglu import swiglu
 
 __all__ = ["rms_norm", "swiglu", "layer_norm", "short_conv", "moe_router", "moe_experts", "cross_entropy",
-           "fused_linear_cross_entropy", "fused_linear_logprobs", "rope", "geglu"]
+           "fused_linear_cross_entropy", "fused_linear_logprobs", "rope", "geglu", "fused_add_rms_norm"]

@@ -19,7 +19,7 @@ from .op import Op
 # op name -> the module that registers it
 OP_MODULES = {name: f"liger_rt.kernels.{name}" for name in (
     "rms_norm", "swiglu", "layer_norm", "short_conv", "moe_router", "moe_experts", "cross_entropy",
-    "fused_linear_cross_entropy", "fused_linear_logprobs", "rope", "geglu")}
+    "fused_linear_cross_entropy", "fused_linear_logprobs", "rope", "geglu", "fused_add_rms_norm")}
 
 
 class Registry:

@@ -346,7 +346,7 @@ def test_instance_patch_on_top_of_class_patch_falls_back_to_the_true_original(fa
 
 def test_unknown_flag_lists_valid_flags():
     model = build_model("qwen3-tiny")
-    with pytest.raises(ValueError, match=r"unknown flag.*'rmsnorm'.*valid flags: rms_norm, swiglu, rope"):
+    with pytest.raises(ValueError, match=r"unknown flag.*'rmsnorm'.*valid flags: rms_norm, swiglu, fused_add_norm, rope"):
         liger_rt.patch(model, rmsnorm=True)
     with pytest.raises(ValueError, match="short_conv"):
         liger_rt.patch("qwen3", short_conv=True)        # a flag of another family

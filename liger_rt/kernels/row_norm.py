@@ -213,3 +213,61 @@ def bind_partial_sum(n: int, device: torch.device, *, has_bias: bool = False):
     block_r, block_g = partial_sum_tile(device)
     return bind(row_norm_partial_sum_kernel, (triton.cdiv(n, block_r),), BLOCK_G=block_g, BLOCK_R=block_r,
                 HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=4)
+
+
+# -- the persistent backward of a residual add before the norm (fused_add_rms_norm.py) --------------------
+
+@triton.jit(do_not_specialize=["M"])
+def rms_norm_residual_bwd_kernel(DY, DS, S, W, RSTD, DX, DW_PART, stride_dy, stride_ds, stride_s, stride_dx, M, N,
+                                 offset, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, HAS_DS: tl.constexpr,
+                                 RNE_BF16: tl.constexpr):
+    """RMSNorm's persistent backward for y = rms_norm(s), s = x + residual, where s is an output too: the rows of
+    ds = dy_rms + d(s) (the gradient of x and of the residual alike) and this program's fp32 partial dW row.
+    Program pid takes rows pid, pid + G, ... (G = grid <= M); without HAS_DS (no gradient reached s) DS is None.
+    dx = (g - shat * mean(g * shat)) * rstd + d(s), g = dy * (offset + w), shat = s * rstd; dW sees shat rounded
+    to s's dtype, as the forward multiplied it."""
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    o_n = tl.arange(0, BLOCK_N)
+    m_n = o_n < N
+    acc_w = tl.zeros([BLOCK_N], dtype=tl.float32)
+    ds = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if PREFETCH:  # register double buffering: the next row's loads fly while this row computes
+        p64 = pid.to(tl.int64)
+        dy_nx = tl.load(DY + p64 * stride_dy + o_n, mask=m_n, other=0.0)
+        s_nx = tl.load(S + p64 * stride_s + o_n, mask=m_n, other=0.0)
+        if HAS_DS:
+            ds_nx = tl.load(DS + p64 * stride_ds + o_n, mask=m_n, other=0.0)
+    for i in tl.range(0, tl.cdiv(M - pid, G)):
+        row = pid + i * G
+        r64 = row.to(tl.int64)
+        if PREFETCH:
+            dy = dy_nx.to(tl.float32)
+            s = s_nx.to(tl.float32)
+            m_nx = o_n < tl.where(row + G < M, N, 0)   # the next row, if any
+            dy_nx = tl.load(DY + (r64 + G) * stride_dy + o_n, mask=m_nx, other=0.0)
+            s_nx = tl.load(S + (r64 + G) * stride_s + o_n, mask=m_nx, other=0.0)
+            if HAS_DS:
+                ds = ds_nx.to(tl.float32)
+                ds_nx = tl.load(DS + (r64 + G) * stride_ds + o_n, mask=m_nx, other=0.0)
+        else:
+            dy = tl.load(DY + r64 * stride_dy + o_n, mask=m_n, other=0.0).to(tl.float32)
+            s = tl.load(S + r64 * stride_s + o_n, mask=m_n, other=0.0).to(tl.float32)
+            if HAS_DS:
+                ds = tl.load(DS + r64 * stride_ds + o_n, mask=m_n, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + r64)
+        w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)   # L1-resident
+        shat = s * rstd
+        acc_w += dy * to_dtype(shat, S.dtype.element_ty, RNE_BF16).to(tl.float32)
+        g = dy * (w + offset)
+        c = tl.sum(g * shat, axis=0) / N
+        dx = (g - shat * c) * rstd + ds
+        tl.store(DX + r64 * stride_dx + o_n, to_dtype(dx, DX.dtype.element_ty, RNE_BF16), mask=m_n)
+    tl.store(DW_PART + pid.to(tl.int64) * N + o_n, acc_w, mask=m_n)
+
+
+def bind_persistent_residual_bwd(config: RowNormConfig, m: int, n: int, device: torch.device, *, has_ds: bool):
+    """(programs, rms_norm_residual_bwd_kernel bound for them) at m rows of n on `device`."""
+    grid = persistent_grid(m, device, config.bwd_progs_per_sm)
+    return grid, bind(rms_norm_residual_bwd_kernel, (grid,), BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch),
+                      HAS_DS=has_ds, RNE_BF16=interpreter_on(), num_warps=config.bwd_num_warps)

@@ -69,6 +69,14 @@ GATE_UP_SWIGLU = Layer("swiglu", _L + "families:gate_up_swiglu_forward", op="swi
                        applies=_L + "families:silu_gate_up")
 GEGLU = Layer("geglu", _L + "mlp:geglu_forward", op="geglu", applies=_L + "mlp:gelu_tanh_gated")
 ROPE_AS_INPUT = Layer("rope", _L + "families:apply_rotary_pos_emb_as_input", op="rope")         # OLMo-2's casts
+# the Llama-shaped decoder layer, its residual add fused into the post-attention norm (layers/fused_add_norm.py)
+FUSED_ADD_NORM = Layer("fused_add_norm", _L + "fused_add_norm:decoder_layer_forward", op="fused_add_rms_norm",
+                       applies=_L + "fused_add_norm:fusable")
+OFFSET_FUSED_ADD_NORM = Layer("fused_add_norm", _L + "fused_add_norm:offset_decoder_layer_forward",   # (1 + w)
+                              op="fused_add_rms_norm", applies=_L + "fused_add_norm:fusable")
+# layer flags a family takes but leaves off unless the caller turns them on: fused_add_norm until a model step
+# measures a gain on the H100 and the H200
+OFF_BY_DEFAULT = frozenset({"fused_add_norm"})
 # every family: under torch.compile, no padding mask keeps SDPA on is_causal (flash attention), as eager does
 # (and no cache, positions the model made itself: not packed, known without reading them)
 CAUSAL_MASK = Layer("causal_mask", _L + "attention:ignore_causal_mask_sdpa")
@@ -78,23 +86,27 @@ COMMON_FUNCTIONS = {"transformers.masking_utils:_ignore_causal_mask_sdpa": CAUSA
 
 
 def _llama_like(model_type: str, prefix: str, rope: Layer | None = ROPE, norm: Layer = RMS_NORM,
-                mlp: Layer | None = SWIGLU, experts: bool = False, models: str = "", **more: Layer) -> ModelSpec:
+                mlp: Layer | None = SWIGLU, experts: bool = False, models: str = "", decoder: Layer | None = None,
+                **more: Layer) -> ModelSpec:
     """A decoder family shaped like Llama: rows <prefix>RMSNorm, [<prefix>MLP], ``more`` (class name ->
-    row), [<prefix>Experts], the causal LM <prefix>ForCausalLM, [apply_rotary_pos_emb]; its layer flags on
-    by default.  ``models``: the transformers.models folder, where it is not the model type."""
+    row), [<prefix>Experts], [<prefix>DecoderLayer: ``decoder``], the causal LM <prefix>ForCausalLM,
+    [apply_rotary_pos_emb]; its layer flags on by default but OFF_BY_DEFAULT's.  ``models``: the
+    transformers.models folder, where it is not the model type."""
     layers = {f"{prefix}RMSNorm": norm, **({f"{prefix}MLP": mlp} if mlp else {}), **more}
     if experts:
         layers[f"{prefix}Experts"] = MOE_EXPERTS
+    if decoder:
+        layers[f"{prefix}DecoderLayer"] = decoder
     return ModelSpec(model_type, layers, causal_lm=(prefix + "ForCausalLM",),
-                     defaults={row.flag for row in layers.values()},
+                     defaults={row.flag for row in layers.values()} - OFF_BY_DEFAULT,
                      functions={"apply_rotary_pos_emb": rope} if rope else {},
                      module=f"transformers.models.{models}.modeling_{models}" if models else "")
 
 
 SPECS: dict[str, ModelSpec] = {s.model_type: s for s in [
-    _llama_like("qwen3", "Qwen3"),
-    _llama_like("llama", "Llama"),
-    _llama_like("qwen3_moe", "Qwen3Moe", experts=True),
+    _llama_like("qwen3", "Qwen3", decoder=FUSED_ADD_NORM),
+    _llama_like("llama", "Llama", decoder=FUSED_ADD_NORM),
+    _llama_like("qwen3_moe", "Qwen3Moe", experts=True, decoder=FUSED_ADD_NORM),
     _llama_like("lfm2", "Lfm2", mlp=SWIGLU_W132, Lfm2ShortConv=SHORT_CONV, Lfm2DecoderLayer=CONV_POSITIONS),
     _llama_like("lfm2_moe", "Lfm2Moe", mlp=SWIGLU_W132, experts=True, Lfm2MoeShortConv=SHORT_CONV,
                 Lfm2MoeDecoderLayer=CONV_POSITIONS, Lfm2MoeTopKRouter=MOE_ROUTER),
@@ -104,18 +116,20 @@ SPECS: dict[str, ModelSpec] = {s.model_type: s for s in [
               causal_lm=("Lfm2VlForConditionalGeneration",), defaults={"rms_norm", "swiglu", "short_conv"}),
     # Llama-shaped decoders (HF modeling code read for each: norm casting and offset, MLP layout and
     # activation, what the causal LM does to its logits: layers/loss.py head_transform)
-    _llama_like("qwen2", "Qwen2"),                                    # Qwen2 / Qwen2.5 (q/k/v biases: attention)
-    _llama_like("qwen2_moe", "Qwen2Moe", experts=True),               # MLP rows: the shared expert and dense layers
-    _llama_like("mistral", "Mistral"),
-    _llama_like("mixtral", "Mixtral", mlp=None, experts=True),       # experts only, no dense MLP class
-    _llama_like("gemma", "Gemma", norm=OFFSET_RMS_NORM, mlp=GEGLU),
+    _llama_like("qwen2", "Qwen2", decoder=FUSED_ADD_NORM),             # Qwen2 / Qwen2.5 (q/k/v biases: attention)
+    _llama_like("qwen2_moe", "Qwen2Moe", experts=True,                 # MLP rows: the shared expert and dense layers
+                decoder=FUSED_ADD_NORM),
+    _llama_like("mistral", "Mistral", decoder=FUSED_ADD_NORM),
+    _llama_like("mixtral", "Mixtral", mlp=None, experts=True,          # experts only, no dense MLP class
+                decoder=FUSED_ADD_NORM),
+    _llama_like("gemma", "Gemma", norm=OFFSET_RMS_NORM, mlp=GEGLU, decoder=OFFSET_FUSED_ADD_NORM),
     _llama_like("gemma2", "Gemma2", norm=OFFSET_RMS_NORM, mlp=GEGLU),  # post-norms too; final logit softcapping
     _llama_like("gemma3_text", "Gemma3", norm=OFFSET_RMS_NORM, mlp=GEGLU, models="gemma3"),   # q/k norms too
     _llama_like("phi3", "Phi3", rope=None, mlp=GATE_UP_SWIGLU),       # rope: partial rotary (rotary_dim < head_dim)
     _llama_like("olmo2", "Olmo2", rope=ROPE_AS_INPUT, norm=RMS_NORM_AS_INPUT),   # post-norms, q/k norms
     _llama_like("granite", "Granite"),                                # logits / logits_scaling
     _llama_like("glm4", "Glm4", rope=None, mlp=GATE_UP_SWIGLU),       # rope: interleaved and partial
-    _llama_like("smollm3", "SmolLM3"),                                # NoPE layers skip rope inside attention
+    _llama_like("smollm3", "SmolLM3", decoder=FUSED_ADD_NORM),         # NoPE layers skip rope inside attention
     # Qwen3.5-MoE's text model (what AutoModelForCausalLM builds, config.model_type qwen3_5_moe_text):
     # (1 + w) norms; gated-delta-net layers and their gated norm, partial rope stay with the host
     _llama_like("qwen3_5_moe_text", "Qwen3_5Moe", rope=None, norm=OFFSET_RMS_NORM, experts=True,

@@ -1,4 +1,4 @@
-"""rms_norm, swiglu and layer_norm on the GPU at real sizes, bf16 against fp32/fp64 references.
+"""rms_norm, fused_add_rms_norm, swiglu and layer_norm on the GPU at real sizes, bf16 against fp32/fp64 references.
 
     python -m pytest -m gpu tests/gpu/test_norms_gpu.py -q
 
@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import liger_rt.ops
 from liger_rt import autotune, backend, dispatch
 from liger_rt.backend import interpreter_on
+from liger_rt.kernels import fused_add_rms_norm as fa
 from liger_rt.kernels import layer_norm as ln
 from liger_rt.kernels import rms_norm as rn
 from liger_rt.kernels import swiglu as sw
@@ -28,7 +29,7 @@ if torch.cuda.is_available() and interpreter_on():
 @pytest.fixture
 def force_triton(monkeypatch):
     """Our kernels whatever a (shipped or swept) DB would pick for the shape."""
-    for op in ("RMS_NORM", "SWIGLU", "LAYER_NORM"):
+    for op in ("RMS_NORM", "FUSED_ADD_RMS_NORM", "SWIGLU", "LAYER_NORM"):
         monkeypatch.setenv(f"LIGER_RT_IMPL_{op}", "triton")
     dispatch.reset()
 
@@ -113,6 +114,80 @@ def test_rms_norm_fp32_and_3d_noncontiguous(force_triton):
     _check(outs, _run(rn.rms_norm_ref, (x, w), dy), torch.float32, 4096, ["y", "dx", "dw"])
 
 
+# -- fused_add_rms_norm ----------------------------------------------------------------------------------
+
+def _run_pair(fn, tensors, dy, ds):
+    """[y, s, d of each tensor] of fn(*tensors) -> (y, s) for upstream gradients dy and ds."""
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    y, s = fn(*leaves)
+    return [y, s, *torch.autograd.grad((y, s), leaves, (dy, ds))]
+
+
+def _fused_add_fp64(x, r, w, eps, offset):
+    """s = x + r and RMSNorm(s) by the formula (run on fp64 copies: exact up to fp64 rounding)."""
+    s = x + r
+    return s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * (w + offset), s
+
+
+FUSED_ADD_NAMES = ["y", "s", "dx", "dresidual", "dw"]
+
+
+@pytest.mark.parametrize("M,N", [(4096, 4096), (16384, 2048), (1151, 1000), (1, 4096), (2048, 8192)])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_fused_add_rms_norm_bf16_real_sizes(M, N, offset, force_triton):
+    x, r = _rand(M, N), _rand(M, N, scale=4.0, seed=3)
+    w = _rand(N, scale=0.3, shift=0.0 if offset else 1.0, seed=1)
+    dy, ds = _rand(M, N, seed=2), _rand(M, N, seed=4)
+    d = dispatch.decision(fa.OP, x, rows=M, hidden=N)
+    assert d.impl == "triton", d
+    outs = _run_pair(lambda a, b, c: liger_rt.ops.fused_add_rms_norm(a, b, c, 1e-6, offset), (x, r, w), dy, ds)
+    assert torch.equal(outs[1], x + r)                               # s: the add's own bf16 rounding
+    # the module's casting on the same bf16 values...
+    ref = _run_pair(lambda a, b, c: fa.fused_add_rms_norm_ref(a, b, c, 1e-6, offset), (x, r, w), dy, ds)
+    _check(outs, ref, torch.bfloat16, M, FUSED_ADD_NAMES, reduce_from=4)
+    # ...and the formula in fp64, held to eager PyTorch's error (the add, then the HF-style norm, in bf16)
+    exact = _run_pair(lambda a, b, c: _fused_add_fp64(a, b, c, 1e-6, offset), (x.double(), r.double(), w.double()),
+                      dy.double(), ds.double())
+    eager = _run_pair(lambda a, b, c: (_hf_rms_norm(a + b, c, 1e-6, offset), a + b), (x, r, w), dy, ds)
+    for name, o, e, ex in zip(FUSED_ADD_NAMES, outs, eager, exact):
+        _no_worse_than_eager(o, e, ex, name)
+    assert torch.equal(outs[2], outs[3])                             # one gradient for x and the residual
+
+
+def test_fused_add_rms_norm_fp32_3d_noncontiguous(force_triton):
+    base = _rand(4, 1024, 2 * 2048, dtype=torch.float32)
+    x, r = base[..., :2048], base[..., 2048:].transpose(0, 1).contiguous().transpose(0, 1)   # rows strided, permuted
+    w = _rand(2048, shift=1.0, dtype=torch.float32, seed=1)
+    dy, ds = _rand(4, 1024, 2048, dtype=torch.float32, seed=2), _rand(4, 1024, 2048, dtype=torch.float32, seed=3)
+    outs = _run_pair(liger_rt.ops.fused_add_rms_norm, (x, r, w), dy, ds)
+    exact = _run_pair(lambda a, b, c: _fused_add_fp64(a, b, c, 1e-6, 0.0), (x.double(), r.double(), w.double()),
+                      dy.double(), ds.double())
+    _check(outs, exact, torch.float32, 4096, FUSED_ADD_NAMES, reduce_from=4)
+
+
+def test_fused_add_rms_norm_compiled_kernels_policy(monkeypatch):
+    """Under inductor with LIGER_RT_COMPILE_POLICY=kernels: s feeds the layer's next add (inductor may write that
+    add into s's buffer) while the backward reads s, and one gradient serves both addends; fp32 against fp64."""
+    monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "kernels")
+    dispatch.reset()
+    torch._dynamo.reset()
+    M, N = 4096, 2048
+    x, r = _rand(M, N, dtype=torch.float32), _rand(M, N, scale=4.0, dtype=torch.float32, seed=1)
+    w, proj = _rand(N, shift=1.0, dtype=torch.float32, seed=2), _rand(N, N, scale=0.02, dtype=torch.float32, seed=3)
+    dy = _rand(M, N, dtype=torch.float32, seed=4)
+
+    def layer(x, r, w, op, p):
+        y, s = op(x, r, w)
+        return s + y @ p
+
+    comp = torch.compile(lambda a, b, c: layer(a, b, c, liger_rt.ops.fused_add_rms_norm, proj), fullgraph=True)
+    outs = _run(comp, (x, r, w), dy)
+    exact = _run(lambda a, b, c: layer(a, b, c, lambda *t: _fused_add_fp64(*t, 1e-6, 0.0), proj.double()),
+                 (x.double(), r.double(), w.double()), dy.double())
+    _check(outs, exact, torch.float32, M, ["out", "dx", "dresidual", "dw"], reduce_from=3)
+    torch._dynamo.reset()
+
+
 # -- swiglu ------------------------------------------------------------------------------------------
 
 # 8192 x 12288: the fp64 formula's inputs, intermediates and outputs (0.8 GB each, about ten)
@@ -181,6 +256,8 @@ def test_layer_norm_bf16_real_sizes(M, N, bias, force_triton):
     ("rms_norm", {"rows": 8192, "hidden": 2048}, torch.bfloat16),
     ("rms_norm", {"rows": 32768, "hidden": 128}, torch.float32),
     ("rms_norm", {"rows": 65536, "hidden": 64}, torch.bfloat16),
+    ("fused_add_rms_norm", {"rows": 16384, "hidden": 4096}, torch.bfloat16),
+    ("fused_add_rms_norm", {"rows": 4096, "hidden": 2048}, torch.float32),
     ("swiglu", {"rows": 4096, "cols": 8192}, torch.bfloat16),
     ("swiglu", {"rows": 2048, "cols": 12288}, torch.float32),
     ("layer_norm", {"rows": 4096, "hidden": 1152}, torch.bfloat16),
@@ -203,7 +280,8 @@ def test_every_candidate_compiles_and_validates(op, dims, dtype):
 def test_decisions_for_this_arch():
     """Decisions name this GPU's arch; without a DB row they are the triton heuristic."""
     arch = backend.detect()
-    for op, dims in (("rms_norm", {"rows": 16384, "hidden": 4096}), ("swiglu", {"rows": 16384, "cols": 8192}),
+    for op, dims in (("rms_norm", {"rows": 16384, "hidden": 4096}),
+                     ("fused_add_rms_norm", {"rows": 16384, "hidden": 4096}), ("swiglu", {"rows": 16384, "cols": 8192}),
                      ("layer_norm", {"rows": 4096, "hidden": 1152})):
         d = dispatch.select(op, dtype="bf16", **dims)
         assert d.arch == arch.name, d
