@@ -117,6 +117,13 @@ def _ops() -> dict[str, tuple | None]:
     return dict(_OPS)
 
 
+def unchecked_impl_ops() -> list[str]:
+    """The ops named by a LIGER_RT_IMPL_<OP> set now whose implementation names are not known yet (their module
+    is not imported): the dispatcher imports them at a decision, so that `check` validates every such value."""
+    return [op for key in os.environ if key.startswith(IMPL_PREFIX)
+            and (op := key[len(IMPL_PREFIX):].lower()) in _OPS and _OPS[op] is None]
+
+
 # -- check ------------------------------------------------------------------------------------------
 
 _checked: tuple | None = None
