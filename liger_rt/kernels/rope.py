@@ -285,9 +285,9 @@ _LAYOUTS = ("valid: q, k (B, H, S, D) with cos, sin (B or 1, S, D) and unsqueeze
             "with unsqueeze_dim=2")
 
 
-def _broadcasts_to(shape, target) -> bool:
-    """Whether `shape` broadcasts to `target` without changing it."""
-    return len(shape) <= len(target) and all(s == 1 or s == t for s, t in zip(reversed(shape), reversed(target)))
+def _broadcastable(a, b) -> bool:
+    """Whether shapes `a` and `b` broadcast together (torch's rule: aligned from the right, equal or 1)."""
+    return all(x == y or x == 1 or y == 1 for x, y in zip(reversed(a), reversed(b)))
 
 
 def _check_even(q, k) -> None:
@@ -298,7 +298,7 @@ def _check_even(q, k) -> None:
 
 def _check_any_layout(q, k, cos, sin, unsqueeze_dim) -> None:
     """rope's prologue where HF's formula runs (_dims checks the kernels' layouts): dtypes, an even head_dim, and
-    cos and sin that broadcast to q and to k after unsqueeze(unsqueeze_dim) without changing their shapes."""
+    cos and sin that broadcast with q and with k after unsqueeze(unsqueeze_dim), as HF's formula needs."""
     for what, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         check_dtype("rope", what, t, OP.accepted_dtypes)
     _check_even(q, k)
@@ -308,9 +308,9 @@ def _check_any_layout(q, k, cos, sin, unsqueeze_dim) -> None:
     for c_name, c in (("cos", cos), ("sin", sin)):
         shape = c.unsqueeze(unsqueeze_dim).shape
         for x_name, x in (("q", q), ("k", k)):
-            if not _broadcasts_to(shape, x.shape):
+            if not _broadcastable(shape, x.shape):
                 raise ValueError(f"rope: {c_name} {tuple(c.shape)} unsqueezed at dim {unsqueeze_dim} does not "
-                                 f"broadcast to {x_name} {tuple(x.shape)}; {_LAYOUTS}")
+                                 f"broadcast with {x_name} {tuple(x.shape)}; {_LAYOUTS}")
 
 
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids=None,
