@@ -14,9 +14,10 @@ Semantics (PyTorch's ``F.cross_entropy`` on fp32 logits, plus three extensions):
 - ``lse_square_scale`` s: PaLM's z-loss, ``s * lse**2`` added to each non-ignored row's loss.
 - ``softcap`` c: Gemma-2's final-logit softcapping, the loss is taken on ``c * tanh(logits / c)``.
 - A target outside [0, vocab) that is not ``ignore_index`` gives that row a NaN loss and NaN
-  gradient (PyTorch raises).  Raising needs the targets on the host, a device sync per call that
-  stops the host running ahead of the GPU; ``tl.device_assert`` is compiled out unless Triton runs
-  with debug on, and when it fires it leaves the CUDA context unusable.
+  gradient on every implementation, the torch one included (PyTorch's ``F.cross_entropy`` raises).
+  Raising needs the targets on the host, a device sync per call that stops the host running ahead
+  of the GPU; ``tl.device_assert`` is compiled out unless Triton runs with debug on, and when it
+  fires it leaves the CUDA context unusable.
 
 The argument checks, the reduction, the launch space and the online softmax of the forward pass are
 the linear-softmax family's (linear_softmax.py), shared with the fused linear losses.

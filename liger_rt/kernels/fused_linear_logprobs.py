@@ -6,7 +6,8 @@ softmax of x @ W.T (+ b), chunked over tokens so the (tokens, vocab) logits neve
 With z = (x @ W.T + b) / T, p = softmax(z), lse = logsumexp(z):
     lp = z[t] - lse,   H = lse - sum_j p_j z_j.
 Rows whose target is `ignore_index` give lp = H = 0 and no gradient; a target outside [0, vocab)
-gives lp = NaN (never a silent wrong value).  Both outputs are fp32 whatever the input dtype.
+gives lp = NaN (never a silent wrong value) on every implementation, its entropy as usual, and the
+gradient of -lse (no target term).  Both outputs are fp32 whatever the input dtype.
 For each chunk of `chunk` token rows (a dispatch decision, see `chunk_cap`):
   forward   logits = x[chunk] @ W.T            cuBLAS, fp32 out (16-bit inputs: no rounded logits)
             lp, H, lse, sbar per row           one online pass of the forward kernel

@@ -59,7 +59,7 @@ def test_device_assertion_whatever_the_implementation_gpu(op_name, row, tmp_path
         env = {k: v for k, v in os.environ.items() if not k.startswith("LIGER_")}
         env.update({f"LIGER_RT_IMPL_{op_name.upper()}": impl, "LIGER_RT_TUNING_DB": str(tmp_path / "tuning.db")})
         child = subprocess.run([sys.executable, "-c", _CHILD.format(tests=str(TESTS), op=op_name, name=row.name)],
-                               env=env, capture_output=True, text=True, timeout=600)
+                               env=env, capture_output=True, text=True, timeout=600, cwd=TESTS.parent)
         if "cannot run here" in child.stderr:     # never picked for this input
             continue
         assert child.returncode != 0 and "finished without an error" not in child.stdout, (impl, child.stdout)

@@ -8,6 +8,12 @@ expert ids in [0, experts); top_k_weights (tokens, k). Returns (tokens, hidden):
 
     y[t] = sum_j w[t, j] * down[e] @ (silu(gate[e] @ x[t]) * (up[e] @ x[t])),  e = idx[t, j]
 
+An expert id outside [0, experts) gets one outcome whatever implementation runs: on CPU tensors a ValueError at the
+call (the prologue reads the ids); on the GPU, where reading them would cost a host sync per call, every
+implementation stops with the device-side assertion "moe_experts: top_k_index holds ids outside [0, E)" (a
+RuntimeError at the next sync; as after any device assert, the CUDA context is unusable); under torch.compile the
+same assertion on any device.
+
 Implementations: ``triton`` (fused, below), ``grouped_mm`` (CUDA bf16) and ``torch`` (fp32 loop, the reference).
 Fused path, S = tokens * k routed slots (slot s = t * k + j), no host sync: a stable sort of the slots by expert gives
 ``perm`` (sorted row -> slot) and ``bounds`` (E+1 row offsets), and a small launch the tile schedule of a BLOCK_M
