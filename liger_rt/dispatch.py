@@ -83,14 +83,14 @@ def register(op: Op) -> Op:
 # -- the call path ---------------------------------------------------------------------------------
 
 def call(op: Op, *args):
-    """The functional's body: check the inputs (`op.dims`), decide, run the chosen implementation.  An
-    unsupported float dtype (fp64) or an empty input runs the reference; an integer dtype raises."""
+    """The functional's body: the prologue (`op.dims`), decide, run the chosen implementation.  fp64 (a dtype
+    no kernel takes, op.REFERENCE_DTYPES) or an empty input runs the reference; any other dtype raises."""
     dims = op.dims(*args)
     x = args[0]
     if x.dtype not in op.torch_dtypes or x.numel() == 0:
-        if not x.dtype.is_floating_point:
+        if x.dtype not in op.accepted_dtypes:
             raise TypeError(f"{op.name}: unsupported dtype {x.dtype}; accepted: "
-                            f"{', '.join(map(str, op.torch_dtypes))} (other float dtypes run the reference)")
+                            f"{', '.join(map(str, op.accepted_dtypes))} (float64 runs the torch reference)")
         return op.reference(*args)
     if torch.compiler.is_compiling():
         return _traced_call(op, dims, args)
@@ -230,6 +230,9 @@ def select(op: str, *, dtype="bf16", arch: str | None = None, **dims: int) -> De
 # -- the decision path ---------------------------------------------------------------------------
 
 def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
+    # LIGER_RT_IMPL_<OP> of an op not imported yet: import it, so the env check below validates its value now
+    for name in env.unchecked_impl_ops():
+        REGISTRY.get(name)
     dims = op.check_dims(dims)
     arch = target.arch
     dname = dtype_name(dtype)

@@ -2,7 +2,8 @@
 
 Nothing is read at import time.  Every accessor first runs :func:`check`, which validates *all* the variables
 set, so a bad value raises :class:`EnvError` whichever variable a path needs; an unknown ``LIGER_RT_*`` name
-warns once, naming the nearest valid one.  This module imports nothing from liger_rt (its importers are).
+warns once, naming the nearest valid one.  ``LIGER_RT_IMPL_<OP>`` is checked against the implementations of the
+ops imported so far: a decision first imports each op such a variable names (:func:`unchecked_impl_ops`).  This module imports nothing from liger_rt (its importers are).
 """
 from __future__ import annotations
 
@@ -115,6 +116,13 @@ def declare_ops(ops: Mapping[str, tuple[str, ...] | None]) -> None:
 
 def _ops() -> dict[str, tuple | None]:
     return dict(_OPS)
+
+
+def unchecked_impl_ops() -> list[str]:
+    """The ops named by a LIGER_RT_IMPL_<OP> set now whose implementation names are not known yet (their module
+    is not imported): the dispatcher imports them at a decision, so that `check` validates every such value."""
+    return [op for key in os.environ if key.startswith(IMPL_PREFIX)
+            and (op := key[len(IMPL_PREFIX):].lower()) in _OPS and _OPS[op] is None]
 
 
 # -- check ------------------------------------------------------------------------------------------

@@ -10,6 +10,12 @@ A Triton implementation is a pair of launchers, :data:`Forward` and :data:`Backw
     backward(config, args, saved, needs, *grad_outputs) -> one gradient (or None) per arg
 
 where ``saved`` are the extra tensors the forward kept and ``needs`` which args want a gradient.
+
+An op's prologue is its ``dims``: ``dispatch.call`` runs it once per call, before the decision, so every check in
+it holds whichever implementation runs.  It refuses, in one line naming the op and what is valid, anything an
+implementation would reject, misread or compute differently (ValueError for a shape or value, TypeError for a
+type); a value check that would need a device sync (an id range on CUDA) is done only where the values are on
+the host (:func:`host_values`), and the op's docstring says what every implementation does on the GPU instead.
 """
 from __future__ import annotations
 
@@ -27,6 +33,8 @@ if TYPE_CHECKING:       # annotations only: Target is the dispatcher's (a layer 
     from .dispatch import Target
 
 Dims = dict[str, int]
+# Float dtypes no kernel takes that an op still accepts: its torch reference runs them (fp64 checks, HF's tests).
+REFERENCE_DTYPES = (torch.float64,)
 Tensors = Sequence[torch.Tensor]
 
 # -- the callables an op declares (positional arguments as shown) ------------------------------------
@@ -45,6 +53,19 @@ Fake = Callable[..., tuple[Tensors, Tensors]]                     # (config, *ar
 BwdFake = Callable[..., list[torch.Tensor]]                       # the backward op's fake (custom_ops)
 HeuristicImpl = Callable[["Target", Dims, torch.dtype, list[str]], "str | None"]
 Axis = Callable[[Dims], float]
+
+
+# -- prologue checks ------------------------------------------------------------------------------------
+
+def check_dtype(op: str, what: str, t: torch.Tensor | None, accepted: Sequence[torch.dtype]) -> None:
+    """A prologue check: argument `what` of `op` (None passes) holds one of the `accepted` dtypes, else TypeError."""
+    if t is not None and t.dtype not in accepted:
+        raise TypeError(f"{op}: unsupported {what} dtype {t.dtype}; accepted: {', '.join(map(str, accepted))}")
+
+
+def host_values(t: torch.Tensor) -> bool:
+    """Whether a prologue may read `t`'s values: on the CPU (no device sync), outside a torch.compile trace."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 @dataclasses.dataclass
@@ -90,8 +111,8 @@ def bucket(value) -> int:
 class Op:
     """An op's declaration.
 
-    dims(*args) checks a call's arguments and returns its dims (static ones key tuning exactly, dynamic ones
-    are bucketed to powers of two).  config/candidates/heuristic/pinned describe the tuned implementation's
+    dims(*args), the prologue (module docstring), checks a call's arguments and returns its dims (static ones key
+    tuning exactly, dynamic ones are bucketed to powers of two).  config/candidates/heuristic/pinned describe the tuned implementation's
     launch space; smem(config, dims, dtype) its shared memory per program.  make_case(dims, dtype, device[,
     tag]) -> Case with fresh random inputs; plan(preset, arch, quick) lists the dims a sweep measures;
     reduce_len(dims) sizes the validation tolerance; crossover_axis(dims) is the quantity that decides between
@@ -133,10 +154,12 @@ class Op:
     # derived from the above at construction, read on the hot path
     by_name: dict[str, Impl] = dataclasses.field(init=False, repr=False)
     torch_dtypes: tuple[torch.dtype, ...] = dataclasses.field(init=False, repr=False)
+    accepted_dtypes: tuple[torch.dtype, ...] = dataclasses.field(init=False, repr=False)   # + REFERENCE_DTYPES
 
     def __post_init__(self) -> None:
         self.by_name = {i.name: i for i in self.impls}
         self.torch_dtypes = tuple(DTYPES[d] for d in self.dtypes)
+        self.accepted_dtypes = self.torch_dtypes + REFERENCE_DTYPES
         if "torch" not in self.by_name:
             raise ValueError(f"op {self.name} must register a 'torch' reference implementation")
 

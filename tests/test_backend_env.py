@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from liger_rt import backend, env
-from liger_rt.registry import REGISTRY
+from liger_rt.registry import OP_MODULES, REGISTRY
 
 
 @pytest.mark.parametrize("cap,name,expected", [
@@ -208,3 +208,38 @@ def test_detect_hardware_ignores_the_forced_arch_and_sweeps_refuse_with_a_librar
     with pytest.raises(autotune.ArchMismatchError, match="refusing to measure for --arch hopper: this machine is cpu"):
         autotune.check_arch_matches("hopper")
     assert autotune.check_arch_matches("cpu").name == "cpu"
+
+
+def test_impl_override_of_an_op_not_yet_imported_fails_the_first_decision_of_any_op(tmp_path):
+    """LIGER_RT_IMPL_SWIGLU=garbage is reported at the first decision (an rms_norm call, a planning `select`), not
+    only when swiglu is called: the decision imports swiglu to learn its implementations.  A fresh process, so that
+    swiglu's module is not imported yet."""
+    import os
+    import subprocess
+    import sys
+    script = (
+        "import sys, torch\n"
+        "from liger_rt import dispatch, env\n"
+        "from liger_rt.kernels import rms_norm\n"
+        "assert 'liger_rt.kernels.swiglu' not in sys.modules\n"
+        "for decide in (lambda: rms_norm.rms_norm(torch.randn(2, 8), torch.ones(8)),\n"
+        "               lambda: dispatch.select('rms_norm', dtype='fp32', arch='cpu', rows=2, hidden=8)):\n"
+        "    try:\n"
+        "        decide()\n"
+        "    except env.EnvError as exc:\n"
+        "        print(exc)\n")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("LIGER_")}
+    environ.update(LIGER_RT_IMPL_SWIGLU="garbage", LIGER_RT_TUNING_DB=str(tmp_path / "t.db"), TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", script], env=environ, capture_output=True, text=True, timeout=300,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines == ["LIGER_RT_IMPL_SWIGLU='garbage' is not an implementation of swiglu; accepted values: triton, "
+                     "torch"] * 2, out.stdout
+
+
+def test_env_doc_lists_every_ops_impl_variable():
+    from pathlib import Path
+    doc = (Path(__file__).parent.parent / "docs" / "env.md").read_text()
+    missing = [name for name in OP_MODULES if f"LIGER_RT_IMPL_{name.upper()}" not in doc]
+    assert not missing, missing

@@ -14,9 +14,10 @@ Semantics (PyTorch's ``F.cross_entropy`` on fp32 logits, plus three extensions):
 - ``lse_square_scale`` s: PaLM's z-loss, ``s * lse**2`` added to each non-ignored row's loss.
 - ``softcap`` c: Gemma-2's final-logit softcapping, the loss is taken on ``c * tanh(logits / c)``.
 - A target outside [0, vocab) that is not ``ignore_index`` gives that row a NaN loss and NaN
-  gradient (PyTorch raises).  Raising needs the targets on the host, a device sync per call that
-  stops the host running ahead of the GPU; ``tl.device_assert`` is compiled out unless Triton runs
-  with debug on, and when it fires it leaves the CUDA context unusable.
+  gradient on every implementation, the torch one included (PyTorch's ``F.cross_entropy`` raises).
+  Raising needs the targets on the host, a device sync per call that stops the host running ahead
+  of the GPU; ``tl.device_assert`` is compiled out unless Triton runs with debug on, and when it
+  fires it leaves the CUDA context unusable.
 
 The argument checks, the reduction, the launch space and the online softmax of the forward pass are
 the linear-softmax family's (linear_softmax.py), shared with the fused linear losses.
@@ -35,25 +36,29 @@ from ..dispatch import call, register
 from ..op import Case, Impl, Op
 from ._common import as_rows, next_pow2, to_dtype, triton_available
 from .linear_softmax import (ce_launch, ce_launches, check_args, check_target, denominator, grad_scale,
-                             increment_version, online_softmax, reduce_rows, tanh, zero_row)
+                             increment_version, online_softmax, out_of_range, reduce_rows, tanh, zero_row)
 
 
 def cross_entropy_ref(logits, target, ignore_index: int = -100, reduction: str = "mean",
                       label_smoothing: float = 0.0, lse_square_scale: float = 0.0, softcap=None,
                       num_items_in_batch=None, inplace_backward: bool = False):
     """The loss in fp32 with PyTorch ops (the `torch` implementation; `inplace_backward` is ignored):
-    logits (..., vocab), target (...) int -> 0-d fp32, or target's shape for "none"."""
-    check_args(reduction, label_smoothing, softcap, num_items_in_batch)
+    logits (..., vocab), target (...) int -> 0-d fp32, or target's shape for "none".  A target outside [0, vocab)
+    that is not ignore_index gives the kernel's NaN loss and NaN gradient row (module docstring), not an error."""
+    check_args("cross_entropy", reduction, label_smoothing, softcap, num_items_in_batch)
     vocab = logits.shape[-1]
     x = logits.reshape(-1, vocab).float()
-    t = target.reshape(-1)
+    t = target.reshape(-1).long()
     if softcap is not None:
         x = softcap * torch.tanh(x / softcap)
-    loss = F.cross_entropy(x, t, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing)
+    bad = out_of_range(t, ignore_index, vocab)
+    safe = torch.where(bad, 0 if ignore_index != 0 else vocab - 1, t)     # a class, not ignore_index
+    loss = F.cross_entropy(x, safe, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing)
     valid = t != ignore_index
     if lse_square_scale:
         lse = torch.logsumexp(x, dim=-1)
         loss = loss + lse_square_scale * lse.square() * valid
+    loss = loss * torch.where(bad, float("nan"), 1.0)       # NaN there, and NaN through its gradient row
     if reduction == "none":
         return loss.reshape(target.shape)
     total = loss.sum()
@@ -187,11 +192,11 @@ class CrossEntropyConfig(Config):
 
 def _dims(logits, target, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, num_items,
           inplace) -> dict:
-    check_args(reduction, label_smoothing, softcap, num_items)
+    check_args("cross_entropy", reduction, label_smoothing, softcap, num_items)
     if logits.dim() < 1 or logits.shape[-1] < 1:
         raise ValueError(f"cross_entropy: logits must be (..., vocab) with vocab >= 1, got {tuple(logits.shape)}")
     vocab = logits.shape[-1]
-    check_target(target, logits.numel() // vocab, f"logits {tuple(logits.shape)}", logits.device)
+    check_target("cross_entropy", target, logits.numel() // vocab, f"logits {tuple(logits.shape)}", logits.device)
     return {"rows": target.numel(), "vocab": vocab}
 
 

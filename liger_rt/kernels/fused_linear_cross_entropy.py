@@ -154,13 +154,16 @@ class FusedLinearCrossEntropyConfig(Config):
 
 def _dims(x, weight, target, bias, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, num_items,
           grads, inplace) -> dict:
-    check_args(reduction, label_smoothing, softcap, num_items)
+    op = "fused_linear_cross_entropy"
+    check_args(op, reduction, label_smoothing, softcap, num_items)
     hidden = x.shape[-1] if x.dim() else 0
-    if x.dim() < 1 or weight.dim() != 2 or weight.shape[1] != hidden or weight.shape[0] < 1:
-        raise ValueError(f"weight must be (vocab, hidden={hidden}) with vocab >= 1; got {tuple(weight.shape)}")
+    if x.dim() < 1 or hidden < 1:
+        raise ValueError(f"{op}: x must be (..., hidden) with hidden >= 1; got {tuple(x.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != hidden or weight.shape[0] < 1:
+        raise ValueError(f"{op}: weight must be (vocab, hidden={hidden}) with vocab >= 1; got {tuple(weight.shape)}")
     if bias is not None and bias.shape != (weight.shape[0],):
-        raise ValueError(f"bias must be ({weight.shape[0]},); got {tuple(bias.shape)}")
-    check_target(target, x.numel() // hidden if hidden else 0, f"x {tuple(x.shape)}", x.device)
+        raise ValueError(f"{op}: bias must be ({weight.shape[0]},); got {tuple(bias.shape)}")
+    check_target(op, target, x.numel() // hidden, f"x {tuple(x.shape)}", x.device)
     return {"tokens": target.numel(), "hidden": hidden, "vocab": weight.shape[0]}
 
 

@@ -6,7 +6,8 @@ softmax of x @ W.T (+ b), chunked over tokens so the (tokens, vocab) logits neve
 With z = (x @ W.T + b) / T, p = softmax(z), lse = logsumexp(z):
     lp = z[t] - lse,   H = lse - sum_j p_j z_j.
 Rows whose target is `ignore_index` give lp = H = 0 and no gradient; a target outside [0, vocab)
-gives lp = NaN (never a silent wrong value).  Both outputs are fp32 whatever the input dtype.
+gives lp = NaN (never a silent wrong value) on every implementation, its entropy as usual, and the
+gradient of -lse (no target term).  Both outputs are fp32 whatever the input dtype.
 For each chunk of `chunk` token rows (a dispatch decision, see `chunk_cap`):
   forward   logits = x[chunk] @ W.T            cuBLAS, fp32 out (16-bit inputs: no rounded logits)
             lp, H, lse, sbar per row           one online pass of the forward kernel
@@ -31,8 +32,8 @@ from ..config import WARPS, Config, knob, pow2
 from ..dispatch import call, register
 from ..op import Case, Impl, Op
 from ._common import next_pow2, to_dtype, triton_available, warps_for
-from .linear_softmax import (FLOOR, MiB, chunk_grads, chunk_spans, device_kind, linear_plan, load_logits,
-                             online_softmax, zero_row)
+from .linear_softmax import (FLOOR, TARGET_DTYPES, MiB, chunk_grads, chunk_spans, device_kind, linear_plan,
+                             load_logits, online_softmax, out_of_range, zero_row)
 
 
 def fused_linear_logprobs_ref(x, weight, target, bias=None, temperature: float = 1.0, ignore_index: int = -100):
@@ -41,7 +42,11 @@ def fused_linear_logprobs_ref(x, weight, target, bias=None, temperature: float =
     z = F.linear(x.to(wide), weight.to(wide), None if bias is None else bias.to(wide)) / temperature
     logp = torch.log_softmax(z, dim=-1)
     valid = target != ignore_index
-    lp = logp.gather(-1, torch.where(valid, target, 0).unsqueeze(-1)).squeeze(-1)
+    bad = out_of_range(target, ignore_index, z.shape[-1])
+    idx = torch.where(valid & ~bad, target, 0).unsqueeze(-1)
+    lp = logp.gather(-1, idx).squeeze(-1)
+    # a target outside [0, vocab): the kernels' NaN, with their gradient, that of -lse (no target term)
+    lp = torch.where(bad, lp - z.gather(-1, idx).squeeze(-1) + float("nan"), lp)
     ent = -(logp.exp() * logp).sum(-1)
     zero = torch.zeros((), device=x.device)
     return torch.where(valid, lp, zero), torch.where(valid, ent, zero)
@@ -215,11 +220,13 @@ def _dims(x, weight, target, bias, temperature, ignore_index) -> dict:
         raise ValueError(f"fused_linear_logprobs takes x (tokens, hidden) and weight (vocab, hidden); "
                          f"got x {tuple(x.shape)}, weight {tuple(weight.shape)}")
     tokens, vocab = x.shape[0], weight.shape[0]
-    if target.shape != (tokens,) or target.dtype.is_floating_point or target.dtype == torch.bool:
-        raise ValueError(f"target must be integer class ids of shape ({tokens},); got {target.dtype} "
-                         f"{tuple(target.shape)}")
+    if target.shape != (tokens,) or target.dtype not in TARGET_DTYPES:
+        raise ValueError(f"fused_linear_logprobs: target must be integer class ids (int64 or int32) of shape "
+                         f"({tokens},); got {target.dtype} {tuple(target.shape)}")
+    if target.device != x.device:
+        raise ValueError(f"fused_linear_logprobs: target is on {target.device}, x on {x.device}: move the target there")
     if bias is not None and bias.shape != (vocab,):
-        raise ValueError(f"bias must have shape ({vocab},); got {tuple(bias.shape)}")
+        raise ValueError(f"fused_linear_logprobs: bias must have shape ({vocab},); got {tuple(bias.shape)}")
     if vocab < 1 or not temperature > 0.0:
         raise ValueError(f"fused_linear_logprobs needs vocab >= 1 and temperature > 0; got vocab {vocab}, "
                          f"temperature {temperature}")
@@ -238,8 +245,8 @@ def fused_linear_logprobs(x: torch.Tensor, weight: torch.Tensor, target: torch.T
     """
     hidden = x.shape[-1]
     if target.shape != x.shape[:-1]:
-        raise ValueError(f"target {tuple(target.shape)} must have x's leading dims {tuple(x.shape[:-1])} "
-                         f"(x is {tuple(x.shape)})")
+        raise ValueError(f"fused_linear_logprobs: target {tuple(target.shape)} must have x's leading dims "
+                         f"{tuple(x.shape[:-1])} (x is {tuple(x.shape)})")
     if torch.is_autocast_enabled(x.device.type):     # weight and bias follow x
         x = x.to(torch.get_autocast_dtype(x.device.type))
     weight = weight.to(x.dtype)

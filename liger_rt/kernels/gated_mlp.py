@@ -16,7 +16,7 @@ from .._triton import tl, triton
 from ..config import WARPS, Config, knob, pow2
 from ..dispatch import call, register
 from ..dtypes import DTYPES
-from ..op import Case, Impl, Op
+from ..op import REFERENCE_DTYPES, Case, Impl, Op
 from ._common import next_pow2, row_plan, triton_available, warps_for
 
 
@@ -44,6 +44,9 @@ class GatedMLPConfig(Config):
     bwd_num_warps: int = knob(4, WARPS)
 
 
+ACCEPTED = (*DTYPES.values(), *REFERENCE_DTYPES)      # gate and up dtypes (fp64: the reference)
+
+
 def dims(gate, up, name: str) -> dict:
     """{"rows", "cols"} of a call; a one-line error naming `name` for mismatched inputs."""
     if gate.shape != up.shape or gate.dim() < 1:
@@ -51,8 +54,10 @@ def dims(gate, up, name: str) -> dict:
                          f"(..., cols)")
     if gate.device != up.device:
         raise ValueError(f"{name}: gate on {gate.device}, up on {up.device}; both must be on one device")
-    if not up.dtype.is_floating_point:
-        raise TypeError(f"{name}: unsupported up dtype {up.dtype}; accepted: floating point dtypes")
+    for what, t in (("gate", gate), ("up", up)):
+        if t.dtype not in ACCEPTED:
+            raise TypeError(f"{name}: unsupported {what} dtype {t.dtype}; accepted: floating point dtypes "
+                            f"{', '.join(map(str, ACCEPTED))} (float64 runs the reference)")
     n = gate.shape[-1]
     return {"rows": gate.numel() // n if n else 0, "cols": n}
 
@@ -63,8 +68,8 @@ def fake(config, gate, up):
 
 def run_gated(op: Op, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """A gated activation's functional: other float dtypes (fp64) run the reference, the kernels compute in fp32."""
-    if up.dtype not in DTYPES.values() and up.dtype.is_floating_point:
-        op.dims(gate, up)                                                 # no broadcasting there either
+    if up.dtype in REFERENCE_DTYPES:
+        op.dims(gate, up)                                                 # the prologue there too
         return op.reference(gate, up)
     return call(op, gate, up)
 

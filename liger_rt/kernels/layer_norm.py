@@ -19,7 +19,7 @@ from .._triton import tl, triton
 from ..backend import interpreter_on
 from ..dispatch import call, register
 from ..launch import bind, launch_memo
-from ..op import Case, Impl, Op
+from ..op import Case, Impl, Op, check_dtype
 from ._common import next_pow2, row_layout, row_plan, to_dtype, triton_available
 from .row_norm import MAX_HIDDEN  # noqa: F401  (the op's width limit, as layer_norm.MAX_HIDDEN)
 from .row_norm import (bind_partial_sum, bind_persistent_bwd, check_hidden, load_row_block, norm_bwd, norm_candidates,
@@ -126,14 +126,13 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
 
 def _dims(x, weight, bias, eps) -> dict:
     if x.dim() < 1:
-        raise ValueError("layer_norm: x must have at least one dim (..., hidden)")
+        raise ValueError(f"layer_norm: x must have at least one dim (..., hidden), got shape {tuple(x.shape)}")
     n = x.shape[-1]
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and (t.dim() != 1 or t.shape[0] != n):
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if t is not x and t is not None and (t.dim() != 1 or t.shape[0] != n):
             raise ValueError(f"layer_norm: {name} must have shape ({n},) for x of shape {tuple(x.shape)}, "
                              f"got {tuple(t.shape)}")
-        if t is not None and not t.dtype.is_floating_point:
-            raise TypeError(f"layer_norm: unsupported {name} dtype {t.dtype}; accepted: floating point dtypes")
+        check_dtype("layer_norm", name, t, OP.accepted_dtypes)
     return {"rows": x.numel() // n if n else 0, "hidden": n}
 
 
@@ -158,7 +157,11 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
                eps: float = 1e-5) -> torch.Tensor:
     """LayerNorm over the last dim; weight=None (no affine) runs PyTorch's LayerNorm."""
     if weight is None:
+        OP.dims(x, weight, bias, eps)
         return OP.reference(x, None, bias, float(eps))
+    # the kernels read weight and bias with unit stride
+    weight = weight if weight.is_contiguous() else weight.contiguous()
+    bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
     return call(OP, x, weight, bias, float(eps))
 
 

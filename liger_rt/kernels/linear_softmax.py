@@ -19,6 +19,7 @@ from ._common import next_pow2
 
 MiB = 1 << 20
 REDUCTIONS = ("mean", "sum", "none")
+TARGET_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)   # class ids the kernels load
 
 
 # -- Triton: one row of logits ----------------------------------------------------------------------------
@@ -85,28 +86,34 @@ def zero_row(P, n, BLOCK_V: tl.constexpr):
 
 # -- the cross-entropy losses: checks, reduction, the kernel's launch space ---------------------------------
 
-def check_args(reduction, label_smoothing, softcap, num_items_in_batch) -> None:
-    """The cross-entropy options (cross_entropy's module docstring): a one-line error naming the valid values."""
+def check_args(op: str, reduction, label_smoothing, softcap, num_items_in_batch) -> None:
+    """The cross-entropy options of `op` (cross_entropy's module docstring): a one-line error naming the valid values."""
     if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction={reduction!r} is not supported; valid: {', '.join(REDUCTIONS)}")
+        raise ValueError(f"{op}: reduction={reduction!r} is not supported; valid: {', '.join(REDUCTIONS)}")
     if not 0.0 <= float(label_smoothing) <= 1.0:
-        raise ValueError(f"label_smoothing={label_smoothing} must be in [0, 1]")
+        raise ValueError(f"{op}: label_smoothing={label_smoothing} must be in [0, 1]")
     if softcap is not None and not float(softcap) > 0.0:
-        raise ValueError(f"softcap={softcap} must be a positive number (or None to disable)")
+        raise ValueError(f"{op}: softcap={softcap} must be a positive number (or None to disable)")
     if num_items_in_batch is not None and reduction == "none":
-        raise ValueError("num_items_in_batch divides a summed loss; use reduction='sum' or 'mean' with it")
+        raise ValueError(f"{op}: num_items_in_batch divides a summed loss; use reduction='sum' or 'mean' with it")
 
 
-def check_target(target: torch.Tensor, rows: int, what: str, device: torch.device) -> None:
-    """Integer class ids on `device`, one per row of `what` (logits or x): a one-line error otherwise."""
-    if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
-        raise TypeError(f"target must hold integer class ids (int64 or int32), got {target.dtype}; "
+def check_target(op: str, target: torch.Tensor, rows: int, what: str, device: torch.device) -> None:
+    """Integer class ids on `device`, one per row of `what` (logits or x): a one-line error naming `op` otherwise."""
+    if target.dtype not in TARGET_DTYPES:
+        raise TypeError(f"{op}: target must hold integer class ids (int64 or int32), got {target.dtype}; "
                         f"class probabilities are not supported")
     if target.device != device:
-        raise ValueError(f"target is on {target.device}, {what} on {device}: move the target there")
+        raise ValueError(f"{op}: target is on {target.device}, {what} on {device}: move the target there")
     if target.numel() != rows:
-        raise ValueError(f"target {tuple(target.shape)} does not match {what} (expected {rows} ids, "
+        raise ValueError(f"{op}: target {tuple(target.shape)} does not match {what} (expected {rows} ids, "
                          f"e.g. {what}'s leading dims); shift labels before the call")
+
+
+def out_of_range(target: torch.Tensor, ignore_index: int, vocab: int) -> torch.Tensor:
+    """The rows whose target is neither ignore_index nor a class in [0, vocab) (the torch implementations give
+    them the kernels' NaN; bool, target's shape)."""
+    return (target != ignore_index) & ((target < 0) | (target >= vocab))
 
 
 def denominator(valid: torch.Tensor, num_items_in_batch, device) -> torch.Tensor:

@@ -26,7 +26,7 @@ from ..backend import interpreter_on
 from ..config import knob, pow2
 from ..dispatch import call, register
 from ..launch import bind, launch_memo
-from ..op import Case, Impl, Op
+from ..op import Case, Impl, Op, check_dtype
 from ._common import next_pow2, row_layout, row_plan, to_dtype, triton_available
 from .row_norm import MAX_HIDDEN  # noqa: F401  (the op's width limit, as rms_norm.MAX_HIDDEN)
 from .row_norm import (RowNormConfig, bind_partial_sum, bind_persistent_bwd, check_hidden, load_row_block, norm_bwd,
@@ -157,11 +157,12 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: 
 
 def _dims(x, weight, eps, offset) -> dict:
     if x.dim() < 1:
-        raise ValueError("rms_norm: x must have at least one dim (..., hidden)")
+        raise ValueError(f"rms_norm: x must have at least one dim (..., hidden), got shape {tuple(x.shape)}")
     n = x.shape[-1]
     if weight.dim() != 1 or weight.shape[0] != n:
         raise ValueError(f"rms_norm: weight must have shape ({n},) for x of shape {tuple(x.shape)}, "
                          f"got {tuple(weight.shape)}")
+    check_dtype("rms_norm", "weight", weight, OP.accepted_dtypes)
     return {"rows": x.numel() // n if n else 0, "hidden": n}
 
 
@@ -185,6 +186,8 @@ def _fake(config, x, weight, eps, offset):
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0) -> torch.Tensor:
     """RMSNorm over the last dim; x (..., hidden), weight (hidden,).  Dispatched per call."""
+    if not weight.is_contiguous():      # the kernels read the weight with unit stride
+        weight = weight.contiguous()
     return call(OP, x, weight, float(eps), float(offset))
 
 

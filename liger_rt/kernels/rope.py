@@ -32,7 +32,7 @@ from ..config import WARPS, Config, knob, pow2
 from ..dispatch import call, register
 from ..dtypes import DTYPE_NAMES
 from ..launch import bind, launch_memo
-from ..op import Case, Impl, Op
+from ..op import Case, Impl, Op, check_dtype
 from ._common import next_pow2, to_dtype, triton_available, warps_for
 
 # A position's (BLOCK_H, D/2) half-tiles live in registers.  BLOCK_H * next_pow2(D/2) is capped at
@@ -277,21 +277,52 @@ def _fake(config, q, k, cos, sin, unsqueeze_dim):
 
 
 def _other_float(dtype: torch.dtype) -> bool:
-    """A float dtype the kernels do not take (fp64, fp8): the functional runs the reference."""
+    """A float dtype the kernels do not take (fp64, fp8): the functional runs the reference (fp64), or refuses."""
     return dtype.is_floating_point and dtype not in DTYPE_NAMES
+
+
+_LAYOUTS = ("valid: q, k (B, H, S, D) with cos, sin (B or 1, S, D) and unsqueeze_dim=1, or q, k (B, S, H, D) "
+            "with unsqueeze_dim=2")
+
+
+def _broadcastable(a, b) -> bool:
+    """Whether shapes `a` and `b` broadcast together (torch's rule: aligned from the right, equal or 1)."""
+    return all(x == y or x == 1 or y == 1 for x, y in zip(reversed(a), reversed(b)))
+
+
+def _check_even(q, k) -> None:
+    if q.dim() < 1 or k.dim() < 1 or q.shape[-1] % 2 or k.shape[-1] % 2:
+        raise ValueError(f"rope: head_dim must be even (rotate_half pairs element i with i + D/2); "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
+
+
+def _check_any_layout(q, k, cos, sin, unsqueeze_dim) -> None:
+    """rope's prologue where HF's formula runs (_dims checks the kernels' layouts): dtypes, an even head_dim, and
+    cos and sin that broadcast with q and with k after unsqueeze(unsqueeze_dim), as HF's formula needs."""
+    for what, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        check_dtype("rope", what, t, OP.accepted_dtypes)
+    _check_even(q, k)
+    if isinstance(unsqueeze_dim, bool) or not isinstance(unsqueeze_dim, int) or \
+            not -cos.dim() - 1 <= unsqueeze_dim <= cos.dim():
+        raise ValueError(f"rope: unsqueeze_dim={unsqueeze_dim!r} does not index cos {tuple(cos.shape)}; {_LAYOUTS}")
+    for c_name, c in (("cos", cos), ("sin", sin)):
+        shape = c.unsqueeze(unsqueeze_dim).shape
+        for x_name, x in (("q", q), ("k", k)):
+            if not _broadcastable(shape, x.shape):
+                raise ValueError(f"rope: {c_name} {tuple(c.shape)} unsqueezed at dim {unsqueeze_dim} does not "
+                                 f"broadcast with {x_name} {tuple(x.shape)}; {_LAYOUTS}")
 
 
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids=None,
          unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """apply_rotary_pos_emb (position_ids is ignored, as HF does); shapes the kernel does not take,
-    and cos/sin that want a gradient, run HF's formula."""
-    if q.shape[-1] % 2 or k.shape[-1] % 2:
-        raise ValueError(f"rope: head_dim must be even (rotate_half pairs element i with i + D/2); "
-                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    """apply_rotary_pos_emb (position_ids is ignored, as HF does); other shapes where cos and sin broadcast to
+    q and k, fp64, and cos/sin that want a gradient run HF's formula; anything else raises, naming the layouts."""
     ud = _kernel_layout(q, k, cos, sin, unsqueeze_dim)
     if (ud is None or _other_float(k.dtype) or _other_float(cos.dtype) or _other_float(sin.dtype) or k.numel() == 0
             or cos.requires_grad or sin.requires_grad):
+        _check_any_layout(q, k, cos, sin, unsqueeze_dim)
         return OP.reference(q, k, cos, sin, int(unsqueeze_dim))
+    _check_even(q, k)
     return call(OP, q, k, cos, sin, ud)
 
 

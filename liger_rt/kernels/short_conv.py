@@ -17,7 +17,7 @@ import torch
 from .._triton import tl, triton
 from ..config import WARPS, Config, knob, pow2
 from ..dispatch import call, register
-from ..op import Case, Impl, Op
+from ..op import Case, Impl, Op, check_dtype
 from ._common import sm_count, triton_available, warps_for
 
 MAX_KERNEL = 4  # LFM2 uses 3 (conv_L_cache); the weight-gradient kernel has 4 tap accumulators
@@ -279,8 +279,13 @@ def _dims(bcx, weight, bias, seq_idx) -> dict:
                          f"kernel) (squeeze HF's (hidden, 1, kernel)); got {tuple(bcx.shape)}, {tuple(weight.shape)}")
     B, T, _ = bcx.shape
     H, K = weight.shape
+    if H < 1 or K < 1:
+        raise ValueError(f"short_conv: weight (hidden, kernel) needs hidden >= 1 and kernel >= 1; got "
+                         f"{tuple(weight.shape)}")
     if bias is not None and tuple(bias.shape) != (H,):
         raise ValueError(f"short_conv: bias must have shape ({H},); got {tuple(bias.shape)}")
+    for what, t in (("weight", weight), ("bias", bias)):
+        check_dtype("short_conv", what, t, OP.accepted_dtypes)
     if seq_idx is not None:
         if tuple(seq_idx.shape) != (B, T) or seq_idx.dtype.is_floating_point or seq_idx.dtype == torch.bool:
             raise ValueError(f"short_conv: seq_idx must be an integer tensor of shape ({B}, {T}) "
@@ -311,6 +316,8 @@ def short_conv(bcx: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """
     if weight.dim() == 3 and weight.shape[1] == 1:
         weight = weight.squeeze(1)
+    if bias is not None and not bias.is_contiguous():     # the kernels read the bias with unit stride
+        bias = bias.contiguous()
     return call(OP, bcx, weight, bias, seq_idx)
 
 

@@ -8,6 +8,12 @@ expert ids in [0, experts); top_k_weights (tokens, k). Returns (tokens, hidden):
 
     y[t] = sum_j w[t, j] * down[e] @ (silu(gate[e] @ x[t]) * (up[e] @ x[t])),  e = idx[t, j]
 
+An expert id outside [0, experts) gets one outcome whatever implementation runs: on CPU tensors a ValueError at the
+call (the prologue reads the ids); on the GPU, where reading them would cost a host sync per call, every
+implementation stops with the device-side assertion "moe_experts: top_k_index holds ids outside [0, E)" (a
+RuntimeError at the next sync; as after any device assert, the CUDA context is unusable); under torch.compile the
+same assertion on any device.
+
 Implementations: ``triton`` (fused, below), ``grouped_mm`` (CUDA bf16) and ``torch`` (fp32 loop, the reference).
 Fused path, S = tokens * k routed slots (slot s = t * k + j), no host sync: a stable sort of the slots by expert gives
 ``perm`` (sorted row -> slot) and ``bounds`` (E+1 row offsets), and a small launch the tile schedule of a BLOCK_M
@@ -33,7 +39,7 @@ import torch.nn.functional as F
 
 from ... import backend
 from ...dispatch import call, register
-from ...op import Case, Impl, Op
+from ...op import Case, Impl, Op, check_dtype, host_values
 from .configs import (CPU, HIP, HOPPER, MINIMAL, NVIDIA_FP32, PINNED_CUDA, PINNED_HIP, Gemm, MoEExpertsConfig,
                       candidates, smem)
 from .kernels import TRITON, fake
@@ -43,9 +49,18 @@ __all__ = ["OP", "PROBE_FAILURES", "HIP_GROUPED_MM_FROM", "Gemm", "MoEExpertsCon
 
 
 # ================================================================================ reference
+def _check_ids(top_k_index: torch.Tensor, experts: int) -> None:
+    """Expert ids outside [0, experts) where the prologue cannot read them (on the GPU, where reading is a host
+    sync; under torch.compile): the device-side assertion the fused path's routing makes, with its message."""
+    if top_k_index.numel() and not host_values(top_k_index):
+        lo, hi = torch.aminmax(top_k_index)
+        torch._assert_async((lo >= 0) & (hi < experts), f"moe_experts: top_k_index holds ids outside [0, {experts})")
+
+
 def moe_experts_ref(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
                     top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
     """The HF eager experts loop computed in fp32: (T, H) in x.dtype. Also the ``torch`` impl."""
+    _check_ids(top_k_index, gate_up_proj.shape[0])
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     xf = x.float()
     idx = top_k_index.long()
@@ -69,6 +84,7 @@ def moe_experts_grouped_mm(x: torch.Tensor, gate_up_proj: torch.Tensor, down_pro
                            top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
     """Sort slots by expert, two grouped GEMMs (CUTLASS on sm90: bf16, int32 end offsets per expert, 16-byte aligned
     rows, column-major weight views), weighted top-k sum; torch autograd backward."""
+    _check_ids(top_k_index, gate_up_proj.shape[0])
     gmm = _grouped_mm_fn()
     if gmm is None:
         raise RuntimeError(f"this torch ({torch.__version__}) has neither torch.nn.functional.grouped_mm nor "
@@ -159,6 +175,12 @@ def _dims(x, gate_up_proj, down_proj, top_k_index, top_k_weights, save=False) ->
     if not (x.dtype == gate_up_proj.dtype == down_proj.dtype):
         raise TypeError(f"moe_experts: x, gate_up_proj and down_proj must share a dtype (got {x.dtype}, "
                         f"{gate_up_proj.dtype}, {down_proj.dtype}); cast x to the weights' dtype first")
+    check_dtype("moe_experts", "top_k_weights", top_k_weights, OP.accepted_dtypes)
+    if top_k_index.numel() and host_values(top_k_index):     # on the GPU: see _check_ids
+        lo, hi = (int(v) for v in torch.aminmax(top_k_index))
+        if lo < 0 or hi >= E:
+            raise ValueError(f"moe_experts: top_k_index holds ids outside [0, {E}) (min {lo}, max {hi}); valid: "
+                             f"expert ids 0..{E - 1} of gate_up_proj {tuple(gate_up_proj.shape)}")
     T = x.numel() // H if H else 0
     return dict(tokens=T, experts=E, top_k=top_k_index.shape[-1], hidden=H, intermediate=I2 // 2)
 
