@@ -18,6 +18,7 @@ import math
 import os
 import sqlite3
 import stat
+import threading
 import urllib.parse
 import warnings
 from collections.abc import Mapping
@@ -491,6 +492,8 @@ class LayeredStore:
     def __init__(self, user: Store | None, defaults: Store, user_error: str | None = None):
         self.user, self.defaults, self.user_error = user, defaults, user_error
         self._here, self._warned = {}, set()     # targets by (arch, device, kernel hash); bad rows warned about
+        self._launch_failed: dict[tuple, str] = {}      # tuning rows whose config raised at launch -> the error
+        self._failed_lock = threading.Lock()
 
     @classmethod
     def open_default(cls) -> "LayeredStore":
@@ -509,6 +512,20 @@ class LayeredStore:
             warnings.warn(f"liger_rt: ignoring the tuning DB ({printable(exc)}); using shipped defaults and "
                           "heuristics. `liger-tune doctor` shows this.", RuntimeWarning, stacklevel=2)
         return cls(user, defaults, error)
+
+    @staticmethod
+    def _launch_key(row: Mapping) -> tuple:
+        return tuple(str(row.get(c)) for c in (*TUNING_PK, "config"))
+
+    def mark_launch_failed(self, row: Mapping, why: str) -> bool:
+        """From now on (until this store is reopened: dispatch.reset()) lookups skip the tuning row with this key and
+        config (JSON text, as rows.check writes it): its config raised at launch with `why`.  True the first time."""
+        key = self._launch_key(row)
+        with self._failed_lock:
+            if key in self._launch_failed:
+                return False
+            self._launch_failed[key] = why
+            return True
 
     def layers(self) -> list[Store]:
         return [s for s in (self.user, self.defaults) if s is not None]
@@ -544,6 +561,8 @@ class LayeredStore:
             return None
         if table == "crossover":
             return checked, None
+        if self._launch_failed and self._launch_key(checked) in self._launch_failed:
+            return None               # raised at launch in this process (warned about then)
         if checked["config_schema"] != op.schema_version:
             return None               # other config fields: not applicable (stale, prune --stale)
         try:
