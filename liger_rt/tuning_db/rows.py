@@ -53,7 +53,7 @@ SCHEMA_COLUMNS = {
 }
 DEFAULTS = {"method": "unrecorded", "sm_count": 0, "runtime_version": "", "torch_version": "",
             "triton_version": "", "device_name": "", "source_hash": "", "origin": "sweep", "error": "",
-            "tag": "", "config_schema": 0, "ok": 0, "variant": "fwdbwd"}
+            "tag": "", "config_schema": 0, "ok": 0, "variant": "fwdbwd", "axis_name": ""}
 _MAX_TEXT = 4096
 _DEVICE = re.compile(r"[a-z0-9][a-z0-9.-]{0,63}")
 
@@ -280,7 +280,7 @@ def check(table: str, rec: dict, *, op=None, created: float | None = None) -> di
         axis_name = text(rec, "axis_name")
         if op.crossover_axis_name and axis_name not in ("", op.crossover_axis_name):
             raise RowError(f"axis_name={axis_name!r}; {name} crosses over on {op.crossover_axis_name}")
-        out["axis_name"] = axis_name
+        out["axis_name"] = axis_name or op.crossover_axis_name
         out["segments"] = json.dumps(segments(op, json_value(rec, "segments", list)))
         out["margin"] = number(rec, "margin", low=0.0, high=1.0)
     return out

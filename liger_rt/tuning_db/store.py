@@ -99,7 +99,7 @@ def stale_reason(row: dict, here: dict, *, versions: bool = True) -> str | None:
     recorded timing method always does.  The device never does: another device's row is a fallback."""
     if row.get("origin") == "published" and not row.get("source_hash"):
         return None
-    diff = [f"{_LABELS[k]} {row.get(k) or '?'} (here {here[k] or '-'})"
+    diff = [f"{_LABELS[k]} {printable(row.get(k) or '?')} (here {here[k] or '-'})"
             for k in (STALE_FIELDS if versions else ("source_hash",)) if (row.get(k) or R.DEFAULTS.get(k)) != here[k]]
     if "bucket" in row and row.get("method", "unrecorded") == "unrecorded":     # its time compares with nothing
         diff.append("no recorded timing method")
@@ -131,7 +131,11 @@ def path_problem(path: Path) -> str | None:
     if stat.S_ISDIR(mode):
         return f"{_shown(path)} is a directory, not a tuning DB file"
     kind = next((name for test, name in _KINDS if test(mode)), None)
-    return f"{_shown(path)} is {kind}, not a tuning DB file" if kind else None
+    if kind:
+        return f"{_shown(path)} is {kind}, not a tuning DB file"
+    if not os.access(path, os.R_OK):
+        return f"{_shown(path)} cannot be read (permission denied)"
+    return None
 
 
 def _readonly_uri(path: Path) -> str:
@@ -146,6 +150,10 @@ def _readonly_uri(path: Path) -> str:
         writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
         if wal and not writable and not Path(f"{path}-shm").exists():
             uri += "&immutable=1"
+            if Path(f"{path}-wal").exists() and Path(f"{path}-wal").stat().st_size:
+                warnings.warn(f"liger_rt: reading {_shown(path)} without its last writes: they are in {_shown(path)}-wal, "
+                              "which SQLite cannot read here without creating a -shm file beside it (a writer was "
+                              "killed, and the file or directory is read-only now)", RuntimeWarning, stacklevel=4)
     return uri
 
 
