@@ -399,7 +399,8 @@ def test_read_only_file_and_directory(tmp_path, monkeypatch):
     open_store(path).close()
     denied = {str(path), str(tmp_path / "locked")}
     real = os.access
-    monkeypatch.setattr(store_mod.os, "access", lambda p, mode: str(p) not in denied and real(p, mode))
+    monkeypatch.setattr(store_mod.os, "access", lambda p, mode: not (str(p) in denied and mode & os.W_OK)
+                        and real(p, mode))     # readable, not writable
     args = ["sweep", "--arch", "cpu", "--op", "rms_norm", "--shape", "rows=2,hidden=8", "--dtype", "fp32"]
     _one_line_error(CliRunner().invoke(main, [*args, "--db", str(path)]), "is read-only")
     (tmp_path / "locked").mkdir()
