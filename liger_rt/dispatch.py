@@ -62,7 +62,7 @@ class Decision:
     dtype: str
     dims: Mapping[str, int]
     # a config from a tuning-DB row: what call() runs instead when a launch with it raises (RowFallback)
-    fallback: Any = dataclasses.field(default=None, compare=False, repr=False)
+    launch_fallback: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict:
         return {"op": self.op, "impl": self.impl, "config": config_dict(self.config), "origin": self.origin,
@@ -133,7 +133,7 @@ def call(op: Op, *args):
     impl = op.by_name[d.impl]
     if impl.fn is not None:
         return impl.fn(*args)
-    return apply_kernel(impl, d.config, d.fallback, *args)
+    return apply_kernel(impl, d.config, d.launch_fallback, *args)
 
 
 def decision(op: Op, x: torch.Tensor, **dims: int) -> Decision:
@@ -272,12 +272,12 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
     def made(impl: str, config, origin: str, reason: str, row: dict | None = None) -> Decision:
         config = op.parse_config(config, impl)
         frozen = types.MappingProxyType(dict(dims))
-        fallback = None
+        launch_fallback = None
         if row is not None and op.impl(impl).tuned:      # a DB row's config: the heuristic's if it cannot launch
-            fallback = RowFallback(op, impl, target, dtype, frozen, {
+            launch_fallback = RowFallback(op, impl, target, dtype, frozen, {
                 **{k: row[k] for k in TUNING_PK}, "layer": row["layer"],
-                "device": row.get("device", ""), "config": json.dumps(config_dict(config), sort_keys=True)})
-        return Decision(op.name, impl, config, origin, reason, arch.name, dname, frozen, fallback)
+                "config": json.dumps(config_dict(config), sort_keys=True)})
+        return Decision(op.name, impl, config, origin, reason, arch.name, dname, frozen, launch_fallback)
 
     def db_row(impls: list[str], nearest: bool) -> dict | None:
         return tuning_db.get_store().lookup(op, arch, dname, dims, impls=impls, nearest=nearest)
