@@ -366,8 +366,8 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
 
     def open_store():
         store = _open_user(db_path, readonly=False)
-        click.echo(f"sweeping {len(plan)} cases on {target.arch.name} ({target.arch.device_name}) into {store.path}"
-                   + (f", split across {world} ranks" if sharded else ""), err=True)
+        _echo(f"sweeping {len(plan)} cases on {target.arch.name} ({target.arch.device_name}) into {store.path}"
+              + (f", split across {world} ranks" if sharded else ""), err=True)
         return store
 
     shown = {"unit": "round", "desc": f"{world} ranks"} if sharded else {"unit": "case"}   # rank 0's case shown
