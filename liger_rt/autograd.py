@@ -3,27 +3,53 @@
 
     y = call_impl(OP, "triton", config, x, weight, 1e-6, 0.0)     # bypasses the decision (tests, benchmarks)
     outs_and_grads = run_case(OP, OP.impl("triton"), case, config)  # the autotuner's run of a candidate
+
+A config read from the tuning DB comes with a fallback (:class:`Fallback`, the dispatcher's): when a launch with
+it raises, the forward (or the backward) runs again with the fallback's config, and only then is the row reported
+as failed; when that config raises too, or is the same, the error propagates (a bad input fails with any config).
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
+from .config import Config
 from .op import Case, Impl, Op
 
 
+class Fallback(Protocol):
+    """What to run when a launch with a config from the tuning DB raises."""
+
+    def config(self) -> Config:
+        """The config to run instead (the arch's heuristic one)."""
+
+    def failed(self, exc: BaseException) -> None:
+        """The fallback config ran where the DB's raised `exc`: report the row (once) and stop using it."""
+
+
 class KernelFunction(torch.autograd.Function):
-    """Eager autograd for any Triton pair: apply(impl, config, *args)."""
+    """Eager autograd for any Triton pair: apply(impl, config, fallback, *args); `fallback` None for a config that
+    did not come from the tuning DB."""
 
     @staticmethod
-    def forward(ctx, impl, config, *args):
-        outs, saved = impl.forward(config, *args)
+    def forward(ctx, impl, config, fallback, *args):
+        try:
+            outs, saved = impl.forward(config, *args)
+        except Exception as exc:
+            if fallback is None:
+                raise
+            config = _fallback_config(fallback, config, exc)
+            outs, saved = impl.forward(config, *args)
+            fallback.failed(exc)
+            fallback = None          # the backward runs this config: nothing left to fall back to
         keep = impl.keep
         if keep is None:
             ctx.save_for_backward(*[a if isinstance(a, torch.Tensor) else None for a in args], *saved)
         else:
             ctx.save_for_backward(*[kept(a, i, keep) if isinstance(a, torch.Tensor) else None
                                     for i, a in enumerate(args)], *saved)
-        ctx.impl, ctx.config, ctx.n = impl, config, len(args)
+        ctx.impl, ctx.config, ctx.fallback, ctx.n = impl, config, fallback, len(args)
         ctx.scalars = tuple([None if isinstance(a, torch.Tensor) else a for a in args])
         return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -41,20 +67,50 @@ _function_apply = super(torch.autograd.Function, KernelFunction).apply     # the
 _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 
 
-def apply_kernel(impl: Impl, config, *args):
-    """KernelFunction.apply(impl, config, *args) through the C entry, skipping the Python wrapper's
+def apply_kernel(impl: Impl, config, fallback: Fallback | None, *args):
+    """KernelFunction.apply(impl, config, fallback, *args) through the C entry, skipping the Python wrapper's
     per-call work (~1.5 us); under functorch transforms, the wrapper itself."""
     if torch._C._are_functorch_transforms_active():
-        return KernelFunction.apply(impl, config, *args)
-    return _function_apply(impl, config, *[_unwrap_if_dead(a) if isinstance(a, torch.Tensor) else a for a in args])
+        return KernelFunction.apply(impl, config, fallback, *args)
+    return _function_apply(impl, config, fallback,
+                           *[_unwrap_if_dead(a) if isinstance(a, torch.Tensor) else a for a in args])
 
 
 def _kernel_backward(ctx, *grads):
     saved = ctx.saved_tensors
     n = ctx.n
     args = tuple([c if t is None else t for t, c in zip(saved[:n], ctx.scalars)])
-    dargs = ctx.impl.backward(ctx.config, args, saved[n:], ctx.needs_input_grad[2:], *grads)
-    return (None, None, *dargs)
+    try:
+        dargs = ctx.impl.backward(ctx.config, args, saved[n:], ctx.needs_input_grad[3:], *grads)
+    except Exception as exc:
+        if ctx.fallback is None:
+            raise
+        dargs = _backward_fallback(ctx, args, saved[n:], grads, exc)
+    return (None, None, None, *dargs)
+
+
+def _fallback_config(fallback: Fallback, config, exc: Exception):
+    """The config to run instead of `config`, whose launch raised `exc`; `exc` again when it is the same one."""
+    instead = fallback.config()
+    if instead == config:
+        raise exc
+    return instead
+
+
+def _backward_fallback(ctx, args, saved, grads, exc: Exception):
+    """The backward with the fallback config.  The forward's saved tensors belong to the config it ran (a tile
+    layout), so the forward runs again with the fallback config first; where some args were kept as shape-only
+    stand-ins (Impl.keep) it cannot, and the error stands."""
+    impl = ctx.impl
+    config = _fallback_config(ctx.fallback, ctx.config, exc)
+    if saved:
+        if impl.keep is not None:
+            raise exc
+        with torch.no_grad():
+            _, saved = impl.forward(config, *args)
+    dargs = impl.backward(config, args, saved, ctx.needs_input_grad[3:], *grads)
+    ctx.fallback.failed(exc)
+    return dargs
 
 
 _kernel_backward_once = torch.autograd.function.once_differentiable(_kernel_backward)
@@ -73,7 +129,7 @@ def call_impl(op: Op, impl: str, config, *args):
     the_impl = op.impl(impl)
     if the_impl.fn is not None:
         return the_impl.fn(*args)
-    return apply_kernel(the_impl, op.parse_config(config, impl), *args)
+    return apply_kernel(the_impl, op.parse_config(config, impl), None, *args)
 
 
 def run_case(op: Op, impl: Impl, case: Case, config) -> list[torch.Tensor]:

@@ -19,6 +19,7 @@ import json
 import logging
 import threading
 import types
+import warnings
 from typing import Any, Mapping
 
 import torch
@@ -34,6 +35,8 @@ from .launch import clear_launch_memos
 from .op import Op, bucket
 from .registry import REGISTRY
 from .tuning_db.crossover import crossover_pick
+from .tuning_db.rows import TUNING_PK, printable
+from .tuning_db.store import row_name
 
 log = logging.getLogger("liger_rt.dispatch")
 
@@ -58,10 +61,41 @@ class Decision:
     arch: str
     dtype: str
     dims: Mapping[str, int]
+    # a config from a tuning-DB row: what call() runs instead when a launch with it raises (RowFallback)
+    launch_fallback: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict:
         return {"op": self.op, "impl": self.impl, "config": config_dict(self.config), "origin": self.origin,
                 "reason": self.reason, "arch": self.arch, "dtype": self.dtype, "dims": dict(self.dims)}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RowFallback:
+    """The way out of a decision whose config came from a tuning-DB row, when a launch with that config raises
+    (autograd.Fallback): the arch's heuristic config of the same implementation runs instead; once it has, `failed`
+    marks the row bad until `reset()` (lookups skip it), warns once naming op, shape, row and error, and forgets
+    the op's decisions, so the next call decides without the row."""
+    op: Op
+    impl: str
+    target: Target
+    dtype: torch.dtype
+    dims: Mapping[str, int]
+    row: Mapping[str, Any]          # the row's key fields, its config as JSON text and its layer
+
+    def config(self):
+        return self.op.default_config(self.impl, self.target.arch, dict(self.dims), self.dtype)
+
+    def failed(self, exc: BaseException) -> None:
+        if tuning_db.get_store().mark_launch_failed(self.row, f"{type(exc).__name__}: {exc}"):
+            shape = ",".join(f"{k}={v}" for k, v in self.dims.items())
+            error = " ".join(f"{type(exc).__name__}: {exc}".split())
+            warnings.warn(f"liger_rt: {self.op.name} {shape} ({self.target.arch.name}, {dtype_name(self.dtype)}): "
+                          f"the config of the {self.row['layer']} DB row {row_name(self.row)} raised "
+                          f"at launch ({printable(error[:300])}); ran the {self.target.arch.name} heuristic config "
+                          f"instead, and the row is skipped from now on (`liger-tune show --op {self.op.name}` "
+                          "lists it)", RuntimeWarning, stacklevel=2)
+        with _LOCK:
+            _MEMOS[self.op].clear()
 
 
 # op -> {(device, dtype, *dims): Decision}; the key uses x.device, not x.device.type (a new string per call)
@@ -99,7 +133,7 @@ def call(op: Op, *args):
     impl = op.by_name[d.impl]
     if impl.fn is not None:
         return impl.fn(*args)
-    return apply_kernel(impl, d.config, *args)
+    return apply_kernel(impl, d.config, d.launch_fallback, *args)
 
 
 def decision(op: Op, x: torch.Tensor, **dims: int) -> Decision:
@@ -238,9 +272,15 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
     dname = dtype_name(dtype)
     avail = op.available_impls(target, dims, dtype) or ["torch"]   # torch runs even shapes the kernels cannot take
 
-    def made(impl: str, config, origin: str, reason: str) -> Decision:
-        return Decision(op.name, impl, op.parse_config(config, impl), origin, reason, arch.name, dname,
-                        types.MappingProxyType(dict(dims)))
+    def made(impl: str, config, origin: str, reason: str, row: dict | None = None) -> Decision:
+        config = op.parse_config(config, impl)
+        frozen = types.MappingProxyType(dict(dims))
+        launch_fallback = None
+        if row is not None and op.impl(impl).tuned:      # a DB row's config: the heuristic's if it cannot launch
+            launch_fallback = RowFallback(op, impl, target, dtype, frozen, {
+                **{k: row[k] for k in TUNING_PK}, "layer": row["layer"],
+                "config": json.dumps(config_dict(config), sort_keys=True)})
+        return Decision(op.name, impl, config, origin, reason, arch.name, dname, frozen, launch_fallback)
 
     def db_row(impls: list[str], nearest: bool) -> dict | None:
         return tuning_db.get_store().lookup(op, arch, dname, dims, impls=impls, nearest=nearest)
@@ -248,12 +288,13 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
     def from_row(row: dict, origin: str, where: str) -> Decision:
         speed = f", torch {row['baseline_ms']:.4g} ms" if row.get("baseline_ms") else ""
         return made(row["impl"], row["config"], "stale" if row.get("stale") else row.get("fallback") or origin,
-                    f"{where}: {row['median_ms']:.4g} ms{speed} ({row.get('db_origin', 'sweep')}, {row['layer']} DB)")
+                    f"{where}: {row['median_ms']:.4g} ms{speed} ({row.get('db_origin', 'sweep')}, {row['layer']} DB)",
+                    row)
 
-    def nearest_config(impl: str) -> tuple[Any, str]:
+    def nearest_config(impl: str) -> tuple[Any, str, dict | None]:
         if row := db_row([impl], nearest=True):
-            return row["config"], "; config from DB"
-        return op.default_config(impl, arch, dims, dtype), "; heuristic config"
+            return row["config"], "; config from DB", row
+        return op.default_config(impl, arch, dims, dtype), "; heuristic config", None
 
     # 2. explicit overrides
     if env.disabled():
@@ -264,7 +305,8 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
             raise RuntimeError(f"LIGER_RT_IMPL_{op.name.upper()}={forced} but {forced} cannot run here "
                                f"(arch {arch.name}, device {target.device_type}, dims {dims}); "
                                f"available: {', '.join(avail)}")
-        return made(forced, nearest_config(forced)[0], "env", f"LIGER_RT_IMPL_{op.name.upper()}={forced}")
+        config, _, row = nearest_config(forced)
+        return made(forced, config, "env", f"LIGER_RT_IMPL_{op.name.upper()}={forced}", row)
     if op.pinned_by_fused_moe_env and not env.fused_moe_autotune():
         cross = _crossover(op, target, dname, dims)
         impl = cross[0] if cross and cross[0] in avail else _heuristic_impl(op, target, dtype, dims, avail)
@@ -284,8 +326,8 @@ def decide(op: Op, target: Target, dtype: torch.dtype, dims: dict) -> Decision:
         unusable = f"; the crossover picks {cross[0]}, which cannot run here"
     elif cross is not None:
         impl, reason, origin = cross
-        config, source = nearest_config(impl)
-        return made(impl, config, origin, reason + source)
+        config, source, row = nearest_config(impl)
+        return made(impl, config, origin, reason + source, row)
     if (row := db_row(avail, nearest=True)) is not None:
         return from_row(row, "db-nearest", f"nearest bucket {row['bucket']}")
 

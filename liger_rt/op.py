@@ -47,6 +47,7 @@ DimsOf = Callable[..., Dims]                                      # (*args) -> d
 ConfigFor = Callable[[Arch, Dims, torch.dtype], Config]           # heuristic, pinned
 CandidatesFor = Callable[[Arch, Dims, torch.dtype], list[Config]]
 SmemOf = Callable[[Config, Dims, torch.dtype], int]               # shared memory per program, bytes
+Launchable = Callable[[Config, Dims, Arch, torch.dtype], "str | None"]   # None, or why it cannot launch at dims
 MakeCase = Callable[..., "Case"]                                  # (dims, dtype, device[, tag=]) -> Case
 Plan = Callable[[Any, Arch, bool], list[Dims]]                    # (preset or None, arch, quick) -> dims to sweep
 Fake = Callable[..., tuple[Tensors, Tensors]]                     # (config, *args) -> empty (outputs, saved)
@@ -113,7 +114,9 @@ class Op:
 
     dims(*args), the prologue (module docstring), checks a call's arguments and returns its dims (static ones key
     tuning exactly, dynamic ones are bucketed to powers of two).  config/candidates/heuristic/pinned describe the tuned implementation's
-    launch space; smem(config, dims, dtype) its shared memory per program.  make_case(dims, dtype, device[,
+    launch space; smem(config, dims, dtype) its shared memory per program; launchable(config, dims, arch, dtype)
+    None, or why a config cannot launch at these dims on the arch past warps, stages and shared memory (Triton's
+    largest block, the grid): import, lookups, `doctor` and sweeps apply both.  make_case(dims, dtype, device[,
     tag]) -> Case with fresh random inputs; plan(preset, arch, quick) lists the dims a sweep measures;
     reduce_len(dims) sizes the validation tolerance; crossover_axis(dims) is the quantity that decides between
     competing implementations; wall_clock: a GPU sweep ranks the implementations by wall clock per call (host
@@ -134,6 +137,7 @@ class Op:
     heuristic: ConfigFor | None = None
     pinned: ConfigFor | None = None
     smem: SmemOf | None = None
+    launchable: Launchable | None = None
     schema: str = ""
     fake: Fake | None = None
     bwd_fake: BwdFake | None = None
@@ -208,7 +212,8 @@ class Op:
         def fits(cfg: Config) -> bool:
             warps, stages = cfg.limits()
             return (warps <= arch.max_num_warps and stages <= arch.max_num_stages
-                    and (self.smem is None or self.smem(cfg, dims, dtype) <= arch.smem_bytes))
+                    and (self.smem is None or self.smem(cfg, dims, dtype) <= arch.smem_bytes)
+                    and (self.launchable is None or self.launchable(cfg, dims, arch, dtype) is None))
         return list(dict.fromkeys(filter(fits, self.candidates(arch, dims, dtype))))
 
     def default_config(self, impl: str, arch: Arch, dims: Dims, dtype: torch.dtype, *,

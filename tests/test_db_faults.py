@@ -1,5 +1,6 @@
-"""Fault injection into the tuning DB: crafted rows, malformed imports, files that are not ours,
-old and newer schemas, read-only files and directories, held locks, a writer killed mid-sweep.
+"""Fault injection into the tuning DB: crafted rows (configs that cannot launch, or raise when they do),
+malformed imports, files that are not ours, old and newer schemas, read-only and unreadable files and
+directories, paths that cannot hold a DB, held locks, a writer killed mid-sweep, text with control characters.
 
 Each fault must end in a clear one-line message or a warning and a fallback: never a crash, never a
 wrong result, never a write into a file that is not ours.
@@ -24,7 +25,8 @@ import torch
 from click.testing import CliRunner
 
 import toy_op
-from liger_rt import autotune, dispatch
+import liger_rt.ops
+from liger_rt import autotune, backend, dispatch
 from liger_rt.freshness import source_hash
 from liger_rt.registry import REGISTRY
 from liger_rt.tools.cli import main
@@ -399,7 +401,8 @@ def test_read_only_file_and_directory(tmp_path, monkeypatch):
     open_store(path).close()
     denied = {str(path), str(tmp_path / "locked")}
     real = os.access
-    monkeypatch.setattr(store_mod.os, "access", lambda p, mode: str(p) not in denied and real(p, mode))
+    monkeypatch.setattr(store_mod.os, "access", lambda p, mode: not (str(p) in denied and mode & os.W_OK)
+                        and real(p, mode))     # readable, not writable
     args = ["sweep", "--arch", "cpu", "--op", "rms_norm", "--shape", "rows=2,hidden=8", "--dtype", "fp32"]
     _one_line_error(CliRunner().invoke(main, [*args, "--db", str(path)]), "is read-only")
     (tmp_path / "locked").mkdir()
@@ -647,7 +650,7 @@ def test_a_path_that_cannot_hold_a_db_is_one_line_and_ops_fall_back(tmp_path, mo
 
 _OPTIONAL = {"tuning": ("created", "baseline_ms", "host_ms", "method", "origin", "variant", "device", "device_name",
                         "sm_count", "torch_version", "triton_version", "runtime_version", "source_hash"),
-             "crossover": ("created", "method", "origin", "variant", "device", "device_name", "sm_count",
+             "crossover": ("created", "axis_name", "method", "origin", "variant", "device", "device_name", "sm_count",
                            "torch_version", "triton_version", "runtime_version", "source_hash"),
              "measurements": ("created", "axis", "tag", "error", "method", "origin", "variant", "device",
                               "device_name", "sm_count", "torch_version", "triton_version", "runtime_version",
@@ -666,8 +669,11 @@ def test_import_three_times_leaves_the_same_rows_whatever_field_is_absent(tmp_pa
     makers = {"tuning": _good, "crossover": _good_cross, "measurements": _meas}
     lines = []
     for table, make in makers.items():
-        for i, col in enumerate(("", *_OPTIONAL[table])):      # one record per absent field, each its own key
+        # one record per optional field absent, and one per that field null, each its own key
+        for i, (col, null) in enumerate([("", False)] + [(c, n) for c in _OPTIONAL[table] for n in (False, True)]):
             rec = {k: v for k, v in make(static_key=OP.static_key({"cols": 100 + i})).items() if k != col}
+            if null:
+                rec[col] = None
             if table == "measurements":
                 rec["dims"] = json.dumps({"cols": 100 + i, "rows": 4})
             lines.append(json.dumps({"table": table, **rec}))
@@ -681,7 +687,7 @@ def test_import_three_times_leaves_the_same_rows_whatever_field_is_absent(tmp_pa
         with open_store(db) as store:
             counts = store.counts()
             dumps.append(sorted(dump_jsonl(store)))
-    assert counts == {t: 1 + len(_OPTIONAL[t]) for t in makers}
+    assert counts == {t: 1 + 2 * len(_OPTIONAL[t]) for t in makers}
     assert dumps[0] == dumps[1] == dumps[2]
 
 
@@ -709,6 +715,13 @@ def test_control_characters_from_a_db_are_printed_escaped(tmp_path, monkeypatch)
     assert "\\x1b[2J" in CliRunner().invoke(main, ["show", "--op", "rms_norm"]).stdout
     res = CliRunner().invoke(main, ["show", "--json"])                  # JSON escapes on its own
     assert "\x1b" not in res.stdout and json.loads(res.stdout)["tuning"]
+    res = CliRunner().invoke(main, ["export", str(tmp_path / "out.jsonl")])     # its human lines, on stderr
+    assert res.exit_code == 0 and "left out 2 invalid rows" in res.stderr, res.stderr
+    assert "\x1b" not in res.stderr and "\r" not in res.stderr and "\nFORGED" not in res.stderr
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        d = dispatch.select("rms_norm", dtype="fp32", arch="cpu", rows=8, hidden=64)
+    assert d.origin == "stale" and d.reason.isprintable(), d.reason        # what LIGER_RT_LOG=decisions prints
 
 
 # -- launchability: a config that validates but cannot launch is a bad row ---------------------------------------
@@ -753,3 +766,247 @@ def test_the_ops_launchable_hook_judges_every_row_it_sees(tmp_path, monkeypatch)
     dispatch.reset()
     assert json.loads(CliRunner().invoke(main, ["doctor", "--json"]).stdout)["db"]["user_health"]["tuning"]["bad"] == 1
     assert "BAD" in CliRunner().invoke(main, ["show"]).stdout
+
+
+# -- launchability of the real ops: every block within Triton's largest, every grid within its limits -------------
+
+def _op_row(name: str, dims: dict, **knobs) -> dict:
+    """A fresh tuning row of op `name` at `dims` (cpu, fp32) whose triton config is the default one with `knobs`."""
+    op = REGISTRY.get(name)
+    return _good(op=name, variant=op.variant, static_key=op.static_key(dims), bucket=op.bucket_key(dims),
+                 config=json.dumps({**op.config().to_dict(), **knobs}), config_schema=op.schema_version,
+                 source_hash=source_hash(op), median_ms=0.01)
+
+
+# every knob inside its declared choices, every launch past 2**20 elements in one block (each failed every call)
+TOO_BIG = [
+    ("swiglu", {"rows": 4, "cols": 128}, dict(BLOCK_N=16384, ROWS=16384), "tile block holds 2097152"),
+    ("geglu", {"rows": 4, "cols": 16384}, dict(BLOCK_N=16384, ROWS=16384), "tile block holds 268435456"),
+    ("rms_norm", {"rows": 4, "hidden": 256}, dict(ROWS=8192), "forward block holds 2097152"),
+    ("rms_norm", {"rows": 4, "hidden": 8192}, dict(bwd_rows=256), "backward block holds 2097152"),
+    ("layer_norm", {"rows": 4, "hidden": 256}, dict(ROWS=8192), "forward block holds 2097152"),
+    ("moe_router", {"tokens": 4, "experts": 256, "top_k": 2}, dict(BLOCK_T=8192, num_warps=4), "tile block holds 2097152"),
+]
+
+
+@pytest.mark.parametrize("name,dims,knobs,why", TOO_BIG, ids=[f"{n}-{w.split()[0]}" for n, _, _, w in TOO_BIG])
+def test_a_block_past_tritons_largest_is_refused_at_import_and_bad_everywhere(tmp_path, monkeypatch, name, dims,
+                                                                              knobs, why):
+    row = _op_row(name, dims, **knobs)
+    with pytest.raises(TuningDBError, match=f"cannot launch .* on cpu: its {why} elements, more than Triton's"):
+        load_jsonl(open_store(tmp_path / "other.db"), [json.dumps({"table": "tuning", **row})])
+    path = _user_db(tmp_path, monkeypatch)
+    _raw_insert(path, "tuning", row)                                       # past the import check
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        d = dispatch.select(name, dtype="fp32", arch="cpu", **dims)
+    assert d.origin == "heuristic" and any("cannot launch" in str(m.message) and why in str(m.message)
+                                           for m in caught), caught
+    for arch in ("hopper", "mi325x"):                                      # the limit holds on every arch
+        assert why in REGISTRY.get(name).launchable(REGISTRY.get(name).parse_config(row["config"]), dims,
+                                                    backend.profile(arch), torch.bfloat16)
+    db = json.loads(CliRunner().invoke(main, ["doctor", "--json"]).stdout)["db"]
+    assert db["user_health"]["tuning"]["bad"] == 1 and why in db["user_bad"][0]
+    assert "BAD" in CliRunner().invoke(main, ["show", "--op", name]).stdout
+
+
+def test_the_block_limit_is_tritons():
+    import triton.language.core as tlc
+    from liger_rt.kernels._common import MAX_BLOCK_NUMEL
+    assert MAX_BLOCK_NUMEL == tlc.TRITON_MAX_TENSOR_NUMEL
+
+
+def test_short_conv_grid_and_shapes_an_implementation_refuses_are_bad_rows():
+    from liger_rt.tuning_db import rows as R
+    sc = REGISTRY.get("short_conv")
+    cfg = sc.config().replace(BLOCK_H=16)
+    wide = {"batch": 1, "seq": 8, "hidden": 16 * 65536, "kernel": 3}
+    assert "second axis, more than 65535" in R.launch_problem(sc, "triton", cfg, wide, backend.profile("hopper"), "bf16")
+    assert R.launch_problem(sc, "triton", cfg.replace(BLOCK_H=1024, BWD_BLOCK_H=512), wide, backend.profile("hopper"),
+                            "bf16") is None
+    rn = REGISTRY.get("rms_norm")
+    with pytest.raises(RowError, match="triton does not take this shape: hidden 65536 > 32768"):
+        R.check("tuning", _op_row("rms_norm", {"rows": 4, "hidden": 65536}))
+    R.check("tuning", dict(_op_row("rms_norm", {"rows": 4, "hidden": 65536}), impl="torch", config="{}"))
+    assert rn.candidates_for(rn.impl("triton"), backend.profile("cpu"), {"rows": 4, "hidden": 256}, torch.float32)
+
+
+@pytest.mark.parametrize("name,dims,knobs", [
+    ("swiglu", {"rows": 4, "cols": 128}, dict(BLOCK_N=16384, ROWS=16384)),
+    ("rms_norm", {"rows": 1, "hidden": 8192}, dict(bwd_rows=256)),          # the forward launches, the backward not
+], ids=["swiglu-forward", "rms_norm-backward"])
+def test_a_row_that_fails_at_launch_costs_one_warning_and_the_result_is_the_reference(tmp_path, monkeypatch, name,
+                                                                                      dims, knobs):
+    """Without the op's launchable hook the crafted row is used, and its launch raises: the call falls back to the
+    heuristic config, warns once naming op, shape, row and error, and returns the reference's values and gradients."""
+    op = REGISTRY.get(name)
+    monkeypatch.setattr(op, "launchable", None)
+    path = _user_db(tmp_path, monkeypatch)
+    _raw_insert(path, "tuning", _op_row(name, dims, **knobs))
+    case = op.new_case(dims, torch.float32, "cpu")
+    args = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad else a
+            for a in case.args]
+    assert dispatch.select(name, dtype="fp32", arch="cpu", **dims).origin == "db"
+    fn = getattr(liger_rt.ops, name)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn(*args)
+        out.backward(case.grads[0])
+        fn(*args).backward(case.grads[0])                                 # a second call: no second warning
+    failed = [str(m.message) for m in caught if "raised at launch" in str(m.message)]
+    assert len(failed) == 1 and "\n" not in failed[0], caught
+    assert all(s in failed[0] for s in (name, f"{op.static_key(dims)} {op.bucket_key(dims)} triton", "exceeds triton"))
+    refs = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad else a
+            for a in case.args]
+    ref = op.reference(*refs)
+    ref.backward(case.grads[0])
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    for a, r in zip(args, refs):
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            torch.testing.assert_close(a.grad, 2 * r.grad, rtol=1e-4, atol=1e-4)   # two backward passes
+    x = args[0]
+    assert dispatch.decision(op, x, **op.dims(*args)).origin == "heuristic"    # the row is skipped now
+
+
+# -- a config from the DB that raises at launch: the heuristic's runs instead, once warned --------------------------
+
+def _calls() -> dict:
+    toy_op.CALLS.update(triton=0, torch=0, fail=0)
+    return toy_op.CALLS
+
+
+def test_launch_failure_of_a_db_row_falls_back_warns_once_and_skips_the_row(tmp_path, monkeypatch):
+    path = _user_db(tmp_path, monkeypatch)
+    _raw_insert(path, "tuning", _good(config=json.dumps(toy_op.ToyConfig(BLOCK=32, FAIL=1).to_dict())))
+    calls = _calls()
+    x = torch.randn(4, 40, requires_grad=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = toy_op.toy(x)
+        y.backward(torch.ones_like(y))
+        toy_op.toy(torch.randn(3, 40))                                    # the same bucket: decided without the row
+    torch.testing.assert_close(y, x.detach() * 2)
+    torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
+    failed = [str(m.message) for m in caught if "raised at launch" in str(m.message)]
+    assert len(failed) == 1 and len(caught) == 1, [str(m.message) for m in caught]
+    for part in ("toy cols=40,rows=4 (cpu, fp32)", 'user DB row toy cpu fp32 {"cols":40} {"rows":4} triton',
+                 "RuntimeError: out of resources: shared memory (simulated)", "cpu heuristic config"):
+        assert part in failed[0], failed[0]
+    assert calls == {"triton": 2, "torch": 0, "fail": 1}
+    assert _select()[0].origin == "heuristic"
+    dispatch.reset()                                                      # re-reads the DB: the row is tried again
+    assert _select()[0].origin == "db"
+
+
+def test_only_configs_from_the_db_are_retried_and_a_second_failure_propagates(tmp_path, monkeypatch):
+    calls = _calls()
+    failing = toy_op.ToyConfig(FAIL=1)
+    monkeypatch.setattr(OP, "heuristic", lambda arch, dims, dtype: failing)
+    x = torch.randn(4, 40)
+    with pytest.raises(RuntimeError, match="simulated"):                  # a heuristic config: never retried
+        toy_op.toy(x)
+    assert calls["fail"] == 1
+    monkeypatch.setenv("LIGER_RT_IMPL_TOY", "triton")                     # forced, with no DB row: the heuristic's
+    dispatch.reset()
+    with pytest.raises(RuntimeError, match="simulated"):
+        toy_op.toy(x)
+    assert calls["fail"] == 2
+    monkeypatch.delenv("LIGER_RT_IMPL_TOY")
+    path = _user_db(tmp_path, monkeypatch)
+    _raw_insert(path, "tuning", _good(config=json.dumps(toy_op.ToyConfig(BLOCK=32, FAIL=1).to_dict())))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match="simulated"):              # the DB's and then the heuristic's
+            toy_op.toy(x)
+    assert calls["fail"] == 4 and not [m for m in caught if "raised at launch" in str(m.message)]
+    assert _select()[0].origin == "db"                                    # a failure of every config: not the row's
+
+
+def test_a_backward_that_raises_reruns_forward_and_backward_with_the_heuristic(tmp_path, monkeypatch):
+    """The saved tensors belong to the config the forward ran, so the fallback runs the forward again first."""
+    impl = OP.impl("triton")
+    forward, backward = impl.forward, impl.backward
+
+    def saving_forward(config, *args):
+        outs, _ = forward(config, *args)
+        return outs, (torch.tensor([config.BLOCK]),)
+
+    def picky_backward(config, args, saved, needs, dy):
+        if config.BLOCK == 32:
+            raise RuntimeError("out of resources: registers (simulated, backward)" + _EVIL)
+        assert int(saved[0]) == config.BLOCK, "saved tensors of another config"
+        return backward(config, args, (), needs, dy)
+
+    monkeypatch.setattr(impl, "forward", saving_forward)
+    monkeypatch.setattr(impl, "backward", picky_backward)
+    path = _user_db(tmp_path, monkeypatch)
+    _raw_insert(path, "tuning", _good())                                   # BLOCK 32: the forward launches
+    x = torch.randn(4, 40, requires_grad=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = toy_op.toy(x)
+        y.backward(torch.ones_like(y))
+    torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
+    (failed,) = [str(m.message) for m in caught if "raised at launch" in str(m.message)]
+    assert "simulated, backward" in failed and "\x1b" not in failed and "\n" not in failed, failed
+    dispatch.reset()                                  # where the backward keeps stand-ins, it cannot: the error stands
+    monkeypatch.setattr(impl, "keep", (1,))
+    y = toy_op.toy(torch.randn(4, 40, requires_grad=True))
+    with pytest.raises(RuntimeError, match="simulated, backward"):
+        y.sum().backward()
+
+
+# -- DB paths: unreadable, a WAL it cannot read, an empty --db ------------------------------------------------------
+
+def test_an_unreadable_file_is_one_line_and_ops_fall_back(tmp_path, monkeypatch):
+    from liger_rt.tuning_db import store as store_mod
+    path = _user_db(tmp_path, monkeypatch)
+    real = os.access
+    monkeypatch.setattr(store_mod.os, "access", lambda p, mode: not (str(p) == str(path) and mode & os.R_OK)
+                        and real(p, mode))
+    dispatch.reset()
+    d, caught = _select()
+    warned = [m for m in caught if "ignoring the tuning DB" in m]
+    assert d.origin == "heuristic" and len(warned) == 1 and "cannot be read (permission denied)" in warned[0]
+    for verb in (["export", "-"], ["prune", "--stale"], ["import", os.devnull], ["show", "--db", str(path)]):
+        _one_line_error(CliRunner().invoke(main, verb), "cannot be read (permission denied)")
+    assert "cannot be read" in json.loads(CliRunner().invoke(main, ["doctor", "--json"]).stdout)["db"]["user_error"]
+
+
+def test_a_wal_it_cannot_read_is_said_and_nothing_is_written(tmp_path, monkeypatch):
+    """A writer killed mid-session leaves committed rows in -wal; without a -shm and with a read-only directory,
+    SQLite can only read the main file: say that the last writes are not seen, create nothing."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    path = folder / "team.db"
+    _wal_db(path)
+    killed = textwrap.dedent(f"""
+        import os, sqlite3, signal
+        con = sqlite3.connect({str(path)!r})
+        con.execute("PRAGMA wal_autocheckpoint = 0")
+        con.execute("UPDATE tuning SET median_ms = 0.5")
+        con.commit()
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    subprocess.run([sys.executable, "-c", killed])
+    (folder / "team.db-shm").unlink()
+    assert (folder / "team.db-wal").stat().st_size > 0
+    monkeypatch.setenv("LIGER_RT_TUNING_DB", str(path))
+    with _unwritable(folder):
+        try:
+            dispatch.reset()
+            d, caught = _select()
+            assert d.origin == "db" and any("without its last writes" in m for m in caught), caught
+            res = CliRunner().invoke(main, ["show", "--json"])
+            assert res.exit_code == 0 and "without its last writes" in res.stderr
+        finally:
+            dispatch.reset()
+    assert sorted(p.name for p in folder.iterdir()) == ["team.db", "team.db-wal"]
+
+
+@pytest.mark.parametrize("verb", [["show"], ["export", "-"], ["import", os.devnull], ["prune", "--stale"],
+                                  ["sweep", "--arch", "cpu", "--op", "toy", "--shape", "rows=2,cols=8"]])
+def test_an_empty_db_option_is_an_error_not_the_default_db(tmp_path, verb):
+    res = CliRunner().invoke(main, [*verb, "--db", ""])
+    _one_line_error(res, "--db is empty")
+    assert not (tmp_path / "tuning.db").exists()

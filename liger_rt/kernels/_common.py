@@ -21,6 +21,27 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+# -- launch limits an op's `launchable` hook checks (never called from a launcher) ---------------------
+# Triton's largest block, TRITON_MAX_TENSOR_NUMEL in triton/language/core.py: a kernel holding a larger tensor
+# fails to compile ("numel (2097152) exceeds triton maximum tensor numel (1048576)"), on a GPU and in the
+# interpreter alike.
+MAX_BLOCK_NUMEL = 1 << 20
+# The most programs on a launch grid's second axis: CUDA's gridDim.y limit (CUDA C++ Programming Guide, "Technical
+# Specifications"), applied on every arch.
+MAX_GRID_Y = 65535
+
+
+def block_problem(**blocks: int) -> str | None:
+    """Why a launch whose blocks hold these many elements cannot compile (None: it can).
+
+        block_problem(forward=8192 * 256)   # "its forward block holds 2097152 elements, more than Triton's 1048576"
+    """
+    for name, numel in blocks.items():
+        if numel > MAX_BLOCK_NUMEL:
+            return f"its {name} block holds {numel} elements, more than Triton's {MAX_BLOCK_NUMEL}"
+    return None
+
+
 # -- helpers shared by the kernel files -------------------------------------------------------------
 @triton.jit
 def to_dtype(x, dtype: tl.constexpr, RNE_BF16: tl.constexpr):

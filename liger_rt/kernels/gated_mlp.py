@@ -17,7 +17,7 @@ from ..config import WARPS, Config, knob, pow2
 from ..dispatch import call, register
 from ..dtypes import DTYPES
 from ..op import REFERENCE_DTYPES, Case, Impl, Op
-from ._common import next_pow2, row_plan, triton_available, warps_for
+from ._common import block_problem, next_pow2, row_plan, triton_available, warps_for
 
 
 @triton.jit
@@ -125,6 +125,12 @@ def candidates(arch, dims, dtype):
     return [config_for(arch, cols=n, **step) for step in LADDER]   # deduplicated by the runtime
 
 
+def launchable(config, dims, arch, dtype) -> str | None:
+    """Why `config` cannot launch at `dims` (None: it can): both kernels hold (ROWS, BLOCK_N) tiles, BLOCK_N at most
+    the padded cols (the launcher's clamp), within Triton's largest block."""
+    return block_problem(tile=config.ROWS * min(config.BLOCK_N, next_pow2(dims["cols"])))
+
+
 def plan(preset, arch, quick):
     return row_plan(preset, arch, quick, width="cols", preset_width=preset and preset.intermediate,
                     cpu_widths=(96, 128), gpu_widths=(8192, 12288), gpu_tokens=(1024, 4096, 16384))
@@ -137,5 +143,6 @@ def gated_op(name: str, torch_fn, forward, backward) -> Op:
         name=name, static=("cols",), dynamic=("rows",), dims=lambda gate, up: dims(gate, up, name),
         impls=[Impl("triton", forward=forward, backward=backward, available=triton_available),
                Impl("torch", fn=torch_fn)],
-        config=GatedMLPConfig, candidates=candidates, heuristic=heuristic, schema="Tensor gate, Tensor up",
+        config=GatedMLPConfig, candidates=candidates, heuristic=heuristic, launchable=launchable,
+        schema="Tensor gate, Tensor up",
         fake=fake, make_case=make_case, plan=plan, compiler_fuses=True))

@@ -25,6 +25,7 @@ from .row_norm import MAX_HIDDEN  # noqa: F401  (the op's width limit, as layer_
 from .row_norm import (bind_partial_sum, bind_persistent_bwd, check_hidden, load_row_block, norm_bwd, norm_candidates,
                        norm_fwd, supports)
 from .row_norm import RowNormConfig as LayerNormConfig
+from .row_norm import norm_launchable
 
 
 def layer_norm_ref(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
@@ -201,7 +202,7 @@ OP = register(Op(
     name="layer_norm", static=("hidden",), dynamic=("rows",), dims=_dims,
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=supports),
            Impl("torch", fn=_layer_norm_torch)],
-    config=LayerNormConfig, candidates=_configs, heuristic=_heuristic,
+    config=LayerNormConfig, candidates=_configs, heuristic=_heuristic, launchable=norm_launchable,
     schema="Tensor x, Tensor weight, Tensor? bias, float eps", fake=_fake, make_case=_make_case, plan=_plan,
     reduce_len=lambda d: d["rows"],
     schema_version=2, compiler_fuses=True))   # the config layout's version: DB rows of another are stale

@@ -26,6 +26,7 @@ from ..config import WARPS, Config, knob, pow2
 from ..dispatch import call, register
 from ..op import Case, Impl, Op
 from ._common import as_rows, next_pow2, triton_available, warps_for
+from ._common import block_problem
 
 try:  # accurate expf on GPUs (CUDA libdevice / ROCm ocml); the interpreter has no libdevice
     from triton.language.extra import libdevice as _libdevice
@@ -325,6 +326,12 @@ def _supports(dims, dtype):
     return None
 
 
+def _launchable(config, dims, arch, dtype):
+    """Why `config` cannot launch at `dims` (None: it can): both kernels hold (BLOCK_T, padded experts) tiles,
+    within Triton's largest block."""
+    return block_problem(tile=config.BLOCK_T * next_pow2(dims["experts"]))
+
+
 def _plan(preset, arch, quick):
     if preset is not None and preset.experts == 0:
         return []
@@ -342,7 +349,7 @@ OP = register(Op(
     name="moe_router", static=("experts", "top_k"), dynamic=("tokens",), dims=_dims, config=MoERouterConfig,
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports),
            Impl("torch", fn=moe_router_ref), Impl("eager", fn=moe_router_eager)],     # eager: where a row says so
-    candidates=_configs, heuristic=_heuristic, fake=_fake, outputs=2, make_case=_make_case, plan=_plan,
+    candidates=_configs, heuristic=_heuristic, launchable=_launchable, fake=_fake, outputs=2, make_case=_make_case, plan=_plan,
     schema="Tensor logits, int top_k, Tensor? expert_bias, bool norm_topk_prob, float routed_scaling_factor",
     reduce_len=lambda d: d["top_k"],
     # ranked by wall clock, crossing over on the token count: the kernels take microseconds while a call costs a

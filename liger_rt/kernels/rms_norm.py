@@ -31,6 +31,7 @@ from ._common import next_pow2, row_layout, row_plan, to_dtype, triton_available
 from .row_norm import MAX_HIDDEN  # noqa: F401  (the op's width limit, as rms_norm.MAX_HIDDEN)
 from .row_norm import (RowNormConfig, bind_partial_sum, bind_persistent_bwd, check_hidden, load_row_block, norm_bwd,
                        norm_candidates, norm_fwd, persistent_grid, supports)
+from ._common import block_problem
 
 TILE_BWD_MAX_HIDDEN = 256   # the heuristic's backward walks (rows, hidden) tiles up to this hidden
 
@@ -235,6 +236,13 @@ def _configs(arch, dims, dtype):
     return list(dict.fromkeys([base, *tiles, walk, wide, *fwds]))[:12]
 
 
+def _launchable(config, dims, arch, dtype):
+    """Why `config` cannot launch at `dims` (None: it can): the forward's (ROWS, padded hidden) and the backward's
+    (bwd_rows, padded hidden) blocks within Triton's largest."""
+    e = next_pow2(dims["hidden"])
+    return block_problem(forward=config.ROWS * e, backward=config.bwd_rows * e)
+
+
 def _plan(preset, arch, quick):
     return row_plan(preset, arch, quick, width="hidden", preset_width=preset and preset.hidden, cpu_widths=(64, 128),
                     gpu_widths=(2048, 4096), gpu_tokens=(1024, 4096, 16384, 65536))
@@ -244,6 +252,7 @@ OP = register(Op(
     name="rms_norm", static=("hidden",), dynamic=("rows",), dims=_dims,
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=supports),
            Impl("torch", fn=rms_norm_ref)],
-    config=RMSNormConfig, candidates=_configs, heuristic=_heuristic, fake=_fake, make_case=_make_case, plan=_plan,
+    config=RMSNormConfig, candidates=_configs, heuristic=_heuristic, launchable=_launchable, fake=_fake,
+    make_case=_make_case, plan=_plan,
     schema="Tensor x, Tensor weight, float eps, float offset", reduce_len=lambda d: d["rows"],
     schema_version=3, compiler_fuses=True))   # the config layout's version: DB rows of another are stale

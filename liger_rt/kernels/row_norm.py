@@ -18,7 +18,7 @@ from .._triton import tl, triton
 from ..backend import interpreter_on
 from ..config import WARPS, Config, knob, pow2
 from ..launch import bind
-from ._common import next_pow2, sm_count, to_dtype, warps_for
+from ._common import block_problem, next_pow2, sm_count, to_dtype, warps_for
 
 # One row lives in registers: BLOCK_N 32768 over 1024 threads is 32 fp32 values per thread and
 # tensor, the most the backward (dy, x, the dW accumulator and LayerNorm's dB one) holds without
@@ -48,6 +48,12 @@ class RowNormConfig(Config):
     bwd_num_warps: int = knob(4, WARPS)
     bwd_progs_per_sm: int = knob(2, (1, 2, 3, 4, 6, 8, 12, 16))   # persistent backward programs
     bwd_prefetch: int = knob(1, (0, 1))               # next row's loads in flight (register double buffer)
+
+
+def norm_launchable(config, dims, arch, dtype) -> str | None:
+    """Why a row norm's `config` cannot launch at `dims` (None: it can): the forward's (ROWS, padded hidden) block
+    within Triton's largest (the backward walks one row at a time)."""
+    return block_problem(forward=config.ROWS * next_pow2(dims["hidden"]))
 
 
 # -- heuristics and the tuning space --------------------------------------------------------------------

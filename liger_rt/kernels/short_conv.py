@@ -19,6 +19,7 @@ from ..config import WARPS, Config, knob, pow2
 from ..dispatch import call, register
 from ..op import Case, Impl, Op, check_dtype
 from ._common import sm_count, triton_available, warps_for
+from ._common import MAX_GRID_Y
 
 MAX_KERNEL = 4  # LFM2 uses 3 (conv_L_cache); the weight-gradient kernel has 4 tap accumulators
 
@@ -383,6 +384,15 @@ def _supports(dims, dtype):
     return None
 
 
+def _launchable(config, dims, arch, dtype):
+    """Why `config` cannot launch at `dims` (None: it can): both grids put channel blocks on their second axis,
+    which holds at most MAX_GRID_Y programs (the tiles are far below Triton's largest block)."""
+    for name, block_h in (("forward", config.BLOCK_H), ("backward", config.BWD_BLOCK_H)):
+        if (blocks := -(-dims["hidden"] // block_h)) > MAX_GRID_Y:
+            return f"its {name} grid has {blocks} channel blocks on its second axis, more than {MAX_GRID_Y}"
+    return None
+
+
 def _plan(preset, arch, quick):
     if preset is not None and not preset.model_type.startswith("lfm2"):
         return []
@@ -402,5 +412,5 @@ OP = register(Op(
     name="short_conv", static=("hidden", "kernel"), dynamic=("batch", "seq"), dims=_dims, config=ShortConvConfig,
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports),
            Impl("torch", fn=short_conv_ref)],
-    candidates=_configs, heuristic=_heuristic, fake=_fake, make_case=_make_case, plan=_plan,
+    candidates=_configs, heuristic=_heuristic, launchable=_launchable, fake=_fake, make_case=_make_case, plan=_plan,
     schema="Tensor bcx, Tensor weight, Tensor? bias, Tensor? seq_idx", reduce_len=lambda d: d["batch"] * d["seq"]))

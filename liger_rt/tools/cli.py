@@ -129,6 +129,8 @@ def _open_user(db_path: str | None, *, readonly: bool, must_exist: bool = True, 
     from liger_rt import env
     from liger_rt.tuning_db import Store, TuningDBError
     from liger_rt.tuning_db.store import path_problem
+    if db_path is not None and not db_path.strip():
+        raise TuningDBError("--db is empty; give the tuning DB's path (or leave --db out for LIGER_RT_TUNING_DB)")
     path = Path(db_path).expanduser() if db_path else env.tuning_db_path()
     if why := path_problem(path):
         raise TuningDBError(why)
@@ -375,8 +377,8 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
 
     def open_store():
         store = _open_user(db_path, readonly=False)
-        click.echo(f"sweeping {len(plan)} cases on {target.arch.name} ({target.arch.device_name}) into {store.path}"
-                   + (f", split across {world} ranks" if sharded else ""), err=True)
+        _echo(f"sweeping {len(plan)} cases on {target.arch.name} ({target.arch.device_name}) into {store.path}"
+              + (f", split across {world} ranks" if sharded else ""), err=True)
         return store
 
     shown = {"unit": "round", "desc": f"{world} ranks"} if sharded else {"unit": "case"}   # rank 0's case shown
@@ -457,7 +459,7 @@ def show(op, arch_name, device_name, db_path, as_json):
     try:
         layers[0] = _open_user(db_path, readonly=True, must_exist=False)     # None: no user DB yet
     except tuning_db.TuningDBError as exc:
-        if db_path:         # the DB asked for cannot be read: say so, do not show another one
+        if db_path is not None:     # the DB asked for cannot be read: say so, do not show another one
             raise
         user_error = str(exc)
     tuning, cross = [], []

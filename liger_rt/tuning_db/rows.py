@@ -55,7 +55,7 @@ SCHEMA_COLUMNS = {
 }
 DEFAULTS = {"method": "unrecorded", "sm_count": 0, "runtime_version": "", "torch_version": "",
             "triton_version": "", "device_name": "", "source_hash": "", "origin": "sweep", "error": "",
-            "tag": "", "config_schema": 0, "ok": 0, "variant": "fwdbwd"}
+            "tag": "", "config_schema": 0, "ok": 0, "variant": "fwdbwd", "axis_name": ""}
 _MAX_TEXT = 4096
 _DEVICE = re.compile(r"[a-z0-9][a-z0-9.-]{0,63}")
 
@@ -109,20 +109,25 @@ def arch_for(name: str):
 
 
 def launch_problem(op, impl: str, config, dims: dict, arch, dtype: str) -> str | None:
-    """Why `config` of `impl` cannot launch for `dims` on `arch` (None: it can): more warps or pipeline stages
-    than the arch runs, more shared memory than it has (the op's `smem`), or what the op's own
-    ``launchable(config, dims, arch, dtype)`` hook says (None or a one-line reason)."""
-    if not op.impl(impl).tuned:
-        return None
-    warps, stages = config.limits()
-    if warps > arch.max_num_warps:
-        return f"num_warps {warps} > {arch.max_num_warps} (the most {arch.name} runs)"
-    if stages > arch.max_num_stages:
-        return f"num_stages {stages} > {arch.max_num_stages} (the most {arch.name} runs)"
-    torch_dtype, hook = DTYPES[dtype], getattr(op, "launchable", None)
+    """Why `config` of `impl` cannot launch for `dims` on `arch` (None: it can): the implementation does not take
+    the shape (its `supports`), more warps or pipeline stages than the arch runs, more shared memory than it has
+    (the op's `smem`), or what the op's ``launchable(config, dims, arch, dtype)`` says (Triton's largest block,
+    the grid).  Registers are not checked: no register count fails a launch (ptxas spills to local memory, and
+    Triton bounds the registers per thread by the block's threads)."""
+    the_impl, torch_dtype = op.impl(impl), DTYPES[dtype]
     try:
+        if the_impl.supports is not None and (why := the_impl.supports(dims, torch_dtype)):
+            return f"{impl} does not take this shape: {why}"
+        if not the_impl.tuned:
+            return None
+        warps, stages = config.limits()
+        if warps > arch.max_num_warps:
+            return f"num_warps {warps} > {arch.max_num_warps} (the most {arch.name} runs)"
+        if stages > arch.max_num_stages:
+            return f"num_stages {stages} > {arch.max_num_stages} (the most {arch.name} runs)"
         if op.smem is not None and (need := op.smem(config, dims, torch_dtype)) > arch.smem_bytes:
             return f"needs {need} B of shared memory, {arch.name} has {arch.smem_bytes} B per block"
+        hook = getattr(op, "launchable", None)      # an op declared without one (a test double) has none
         reason = hook(config, dims, arch, torch_dtype) if callable(hook) else None
     except Exception as exc:          # the check itself failing says the config is not known to launch
         reason = f"its launch check failed ({type(exc).__name__}: {exc})"
@@ -277,7 +282,7 @@ def check(table: str, rec: dict, *, op=None, created: float | None = None) -> di
         axis_name = text(rec, "axis_name")
         if op.crossover_axis_name and axis_name not in ("", op.crossover_axis_name):
             raise RowError(f"axis_name={axis_name!r}; {name} crosses over on {op.crossover_axis_name}")
-        out["axis_name"] = axis_name
+        out["axis_name"] = axis_name or op.crossover_axis_name
         out["segments"] = json.dumps(segments(op, json_value(rec, "segments", list)))
         out["margin"] = number(rec, "margin", low=0.0, high=1.0)
     return out

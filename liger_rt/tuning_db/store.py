@@ -18,6 +18,7 @@ import math
 import os
 import sqlite3
 import stat
+import threading
 import urllib.parse
 import warnings
 from collections.abc import Mapping
@@ -98,7 +99,7 @@ def stale_reason(row: dict, here: dict, *, versions: bool = True) -> str | None:
     recorded timing method always does.  The device never does: another device's row is a fallback."""
     if row.get("origin") == "published" and not row.get("source_hash"):
         return None
-    diff = [f"{_LABELS[k]} {row.get(k) or '?'} (here {here[k] or '-'})"
+    diff = [f"{_LABELS[k]} {printable(row.get(k) or '?')} (here {here[k] or '-'})"
             for k in (STALE_FIELDS if versions else ("source_hash",)) if (row.get(k) or R.DEFAULTS.get(k)) != here[k]]
     if "bucket" in row and row.get("method", "unrecorded") == "unrecorded":     # its time compares with nothing
         diff.append("no recorded timing method")
@@ -130,7 +131,11 @@ def path_problem(path: Path) -> str | None:
     if stat.S_ISDIR(mode):
         return f"{_shown(path)} is a directory, not a tuning DB file"
     kind = next((name for test, name in _KINDS if test(mode)), None)
-    return f"{_shown(path)} is {kind}, not a tuning DB file" if kind else None
+    if kind:
+        return f"{_shown(path)} is {kind}, not a tuning DB file"
+    if not os.access(path, os.R_OK):
+        return f"{_shown(path)} cannot be read (permission denied)"
+    return None
 
 
 def _readonly_uri(path: Path) -> str:
@@ -145,6 +150,10 @@ def _readonly_uri(path: Path) -> str:
         writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
         if wal and not writable and not Path(f"{path}-shm").exists():
             uri += "&immutable=1"
+            if Path(f"{path}-wal").exists() and Path(f"{path}-wal").stat().st_size:
+                warnings.warn(f"liger_rt: reading {_shown(path)} without its last writes: they are in {_shown(path)}-wal, "
+                              "which SQLite cannot read here without creating a -shm file beside it (a writer was "
+                              "killed, and the file or directory is read-only now)", RuntimeWarning, stacklevel=4)
     return uri
 
 
@@ -491,6 +500,8 @@ class LayeredStore:
     def __init__(self, user: Store | None, defaults: Store, user_error: str | None = None):
         self.user, self.defaults, self.user_error = user, defaults, user_error
         self._here, self._warned = {}, set()     # targets by (arch, device, kernel hash); bad rows warned about
+        self._launch_failed: dict[tuple, str] = {}      # tuning rows whose config raised at launch -> the error
+        self._failed_lock = threading.Lock()
 
     @classmethod
     def open_default(cls) -> "LayeredStore":
@@ -509,6 +520,20 @@ class LayeredStore:
             warnings.warn(f"liger_rt: ignoring the tuning DB ({printable(exc)}); using shipped defaults and "
                           "heuristics. `liger-tune doctor` shows this.", RuntimeWarning, stacklevel=2)
         return cls(user, defaults, error)
+
+    @staticmethod
+    def _launch_key(row: Mapping) -> tuple:
+        return tuple(str(row.get(c)) for c in (*TUNING_PK, "config"))
+
+    def mark_launch_failed(self, row: Mapping, why: str) -> bool:
+        """From now on (until this store is reopened: dispatch.reset()) lookups skip the tuning row with this key and
+        config (JSON text, as rows.check writes it): its config raised at launch with `why`.  True the first time."""
+        key = self._launch_key(row)
+        with self._failed_lock:
+            if key in self._launch_failed:
+                return False
+            self._launch_failed[key] = why
+            return True
 
     def layers(self) -> list[Store]:
         return [s for s in (self.user, self.defaults) if s is not None]
@@ -544,6 +569,8 @@ class LayeredStore:
             return None
         if table == "crossover":
             return checked, None
+        if self._launch_failed and self._launch_key(checked) in self._launch_failed:
+            return None               # raised at launch in this process (warned about then)
         if checked["config_schema"] != op.schema_version:
             return None               # other config fields: not applicable (stale, prune --stale)
         try:
