@@ -81,6 +81,13 @@ def _rms_norm(dev, x=None, w=None, dt=F32, wdt=None, eps=1e-6, offset=0.0):
     return (x, rnd(dev, x.shape[-1] if x.dim() else 8, dtype=wdt or dt) if w is None else w), dict(eps=eps, offset=offset)
 
 
+def _fused_add(dev, x=None, r=None, w=None, dt=F32, rdt=None, wdt=None, eps=1e-6, offset=0.0):
+    x = rnd(dev, 3, 8, dtype=dt) if x is None else x
+    r = rnd(dev, *x.shape, dtype=rdt or dt) if r is None else r
+    n = x.shape[-1] if x.dim() else 8
+    return (x, r, rnd(dev, n, dtype=wdt or dt) if w is None else w), dict(eps=eps, offset=offset)
+
+
 def _layer_norm(dev, x=None, w=None, b=None, dt=F32, wdt=None, no_bias=False, eps=1e-5):
     x = rnd(dev, 3, 8, dtype=dt) if x is None else x
     n = x.shape[-1] if x.dim() else 8
@@ -153,6 +160,19 @@ def _common(op: str, base) -> list[Input]:
 
 
 TABLE: dict[str, list[Input]] = {
+    "fused_add_rms_norm": _common("fused_add_rms_norm", _fused_add) + [
+        Input("residual-other-shape", lambda d: _fused_add(d, r=rnd(d, 3, 7)), (ValueError, r"fused_add_rms_norm.*residual")),
+        Input("residual-broadcast", lambda d: _fused_add(d, r=rnd(d, 1, 8)), (ValueError, r"fused_add_rms_norm.*residual")),
+        Input("weight-wrong-length", lambda d: _fused_add(d, w=rnd(d, 7)), (ValueError, r"fused_add_rms_norm.*weight")),
+        Input("residual-bf16-x-fp32", lambda d: _fused_add(d, rdt=BF16)),
+        Input("x-0d", lambda d: _fused_add(d, x=rnd(d)), (ValueError, r"fused_add_rms_norm")),
+        Input("x-3d", lambda d: _fused_add(d, x=rnd(d, 2, 3, 8)), OK),
+        Input("rows-0", lambda d: _fused_add(d, x=rnd(d, 0, 8)), OK),
+        Input("non-contiguous", lambda d: _fused_add(d, x=strided(rnd(d, 3, 8)), r=col_major(rnd(d, 3, 8))), OK),
+        Input("nan", lambda d: _fused_add(d, x=poke(rnd(d, 3, 8), float("nan"), 1, 2)), OK),
+        Input("inf", lambda d: _fused_add(d, r=poke(rnd(d, 3, 8), float("inf"), 1, 2)), OK),
+        Input("offset-1", lambda d: _fused_add(d, offset=1.0), OK),
+    ],
     "rms_norm": _common("rms_norm", _rms_norm) + [
         Input("weight-wrong-length", lambda d: _rms_norm(d, w=rnd(d, 7)), (ValueError, r"rms_norm.*weight")),
         Input("weight-2d", lambda d: _rms_norm(d, w=rnd(d, 1, 8)), (ValueError, r"rms_norm.*weight")),
