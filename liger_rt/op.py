@@ -112,9 +112,10 @@ class Op:
     """An op's declaration.
 
     dims(*args), the prologue (module docstring), checks a call's arguments and returns its dims (static ones key
-    tuning exactly, dynamic ones are bucketed to powers of two).  config/candidates/heuristic/pinned describe the tuned implementation's
-    launch space; smem(config, dims, dtype) its shared memory per program.  make_case(dims, dtype, device[,
-    tag]) -> Case with fresh random inputs; plan(preset, arch, quick) lists the dims a sweep measures;
+    tuning exactly, dynamic ones are bucketed to powers of two).  config/candidates/heuristic/pinned describe the
+    tuned implementation's launch space; smem(config, dims, dtype) its shared memory per program.
+    make_case(dims, dtype, device[, tag]) -> Case with fresh random inputs; plan(preset, arch, quick) lists the
+    dims a sweep measures;
     reduce_len(dims) sizes the validation tolerance; crossover_axis(dims) is the quantity that decides between
     competing implementations.  schema: the args of the custom op ("Tensor x, Tensor weight, float eps");
     fake(config, *args) -> (outputs, saved) as empty tensors; outputs: how many tensors the op returns;
