@@ -3,7 +3,8 @@
 Nothing is read at import time.  Every accessor first runs :func:`check`, which validates *all* the variables
 set, so a bad value raises :class:`EnvError` whichever variable a path needs; an unknown ``LIGER_RT_*`` name
 warns once, naming the nearest valid one.  ``LIGER_RT_IMPL_<OP>`` is checked against the implementations of the
-ops imported so far: a decision first imports each op such a variable names (:func:`unchecked_impl_ops`).  This module imports nothing from liger_rt (its importers are).
+ops imported so far: a decision first imports each op such a variable names (:func:`unchecked_impl_ops`).  This
+module imports nothing from liger_rt (its importers are).
 """
 from __future__ import annotations
 

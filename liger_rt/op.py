@@ -113,8 +113,8 @@ class Op:
     """An op's declaration.
 
     dims(*args), the prologue (module docstring), checks a call's arguments and returns its dims (static ones key
-    tuning exactly, dynamic ones are bucketed to powers of two).  config/candidates/heuristic/pinned describe the tuned implementation's
-    launch space; smem(config, dims, dtype) its shared memory per program; launchable(config, dims, arch, dtype)
+    tuning exactly, dynamic ones are bucketed to powers of two).  config/candidates/heuristic/pinned describe the
+    tuned implementation's launch space; smem(config, dims, dtype) its shared memory per program; launchable(config, dims, arch, dtype)
     None, or why a config cannot launch at these dims on the arch past warps, stages and shared memory (Triton's
     largest block, the grid): import, lookups, `doctor` and sweeps apply both.  make_case(dims, dtype, device[,
     tag]) -> Case with fresh random inputs; plan(preset, arch, quick) lists the dims a sweep measures;

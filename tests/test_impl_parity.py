@@ -5,8 +5,8 @@ refused dtype, empty and zero-size tensors, non-contiguous views, NaN and inf, m
 goes through ``liger_rt.ops.<op>`` once per implementation that can run here (LIGER_RT_IMPL_<OP> forces it; an
 implementation that declares it cannot take the shape is never picked, so it is skipped), forward and, where
 the forward succeeds, backward.  Every implementation must give the same outcome as ``torch``: the same error
-class and message, or the same outputs and gradients (shapes, dtypes, NaN and inf positions, values within
-the op's tolerance, liger_rt/numerics.py).  Every error is one line naming the op.  Where the table states
+class and message, or the same outputs and gradients (shapes, dtypes, positions of NaN and inf, values
+within the op's tolerance, liger_rt/numerics.py).  Every error is one line naming the op.  Where the table states
 the documented outcome (``expect``), it is checked too.
 
 Tiny fp32/bf16 shapes; the Triton kernels run through the interpreter.  tests/gpu/test_impl_parity_gpu.py runs
@@ -78,7 +78,8 @@ def poke(t: torch.Tensor, value: float, *index) -> torch.Tensor:
 
 def _rms_norm(dev, x=None, w=None, dt=F32, wdt=None, eps=1e-6, offset=0.0):
     x = rnd(dev, 3, 8, dtype=dt) if x is None else x
-    return (x, rnd(dev, x.shape[-1] if x.dim() else 8, dtype=wdt or dt) if w is None else w), dict(eps=eps, offset=offset)
+    w = rnd(dev, x.shape[-1] if x.dim() else 8, dtype=wdt or dt) if w is None else w
+    return (x, w), dict(eps=eps, offset=offset)
 
 
 def _fused_add(dev, x=None, r=None, w=None, dt=F32, rdt=None, wdt=None, eps=1e-6, offset=0.0):
@@ -151,7 +152,8 @@ def _lp(dev, N=6, H=8, V=11, dt=F32, x=None, w=None, target=None, bias=None, **k
 
 
 def _common(op: str, base) -> list[Input]:
-    """The dtype rows every op has: accepted (fp32, bf16, fp16), the reference's (fp64), refused (ints, bool)."""
+    """The dtype rows every op has: the kernels' (fp32, bf16, fp16), the reference's (fp64), refused (ints, bool,
+    fp8)."""
     rows = [Input(f"dtype-{n}", lambda d, t=t: base(d, dt=t), OK) for n, t in
             (("fp32", F32), ("bf16", BF16), ("fp16", F16), ("fp64", F64))]
     rows += [Input(f"dtype-{n}", lambda d, t=t: base(d, dt=t), (TypeError, rf"{op}.*dtype"))
@@ -498,16 +500,12 @@ def run(op_name: str, impl: str, row: Input, dev: str, monkeypatch) -> Outcome |
         return out
 
 
-def _tol_dtype(t: torch.Tensor) -> torch.dtype:
-    return t.dtype if t.dtype in TOLERANCES else F32
-
-
 def difference(a: torch.Tensor | None, b: torch.Tensor | None, reduce_len: int) -> str | None:
     """None when `a` (an implementation's) and `b` (torch's) agree: shape, dtype, the positions of non-finite values
     (NaN and inf alike: where an inf input meets a sum, NaN or inf depends on the order of the terms), finite values
     within the dtype's tolerance (exact for integer tensors)."""
     if a is None or b is None:
-        return None if a is b else f"{'no' if a is None else 'a'} gradient where torch gives {'one' if a is None else 'none'}"
+        return None if a is b else f"{'no' if a is None else 'a'} gradient, torch {'one' if a is None else 'none'}"
     if a.shape != b.shape or a.dtype != b.dtype:
         return f"{a.dtype} {tuple(a.shape)} != torch's {b.dtype} {tuple(b.shape)}"
     if not a.dtype.is_floating_point:

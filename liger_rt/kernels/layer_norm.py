@@ -129,8 +129,9 @@ def _dims(x, weight, bias, eps) -> dict:
     if x.dim() < 1:
         raise ValueError(f"layer_norm: x must have at least one dim (..., hidden), got shape {tuple(x.shape)}")
     n = x.shape[-1]
-    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
-        if t is not x and t is not None and (t.dim() != 1 or t.shape[0] != n):
+    check_dtype("layer_norm", "x", x, OP.accepted_dtypes)     # weight=None skips dispatch.call's check of x
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and (t.dim() != 1 or t.shape[0] != n):
             raise ValueError(f"layer_norm: {name} must have shape ({n},) for x of shape {tuple(x.shape)}, "
                              f"got {tuple(t.shape)}")
         check_dtype("layer_norm", name, t, OP.accepted_dtypes)

@@ -87,7 +87,7 @@ def zero_row(P, n, BLOCK_V: tl.constexpr):
 # -- the cross-entropy losses: checks, reduction, the kernel's launch space ---------------------------------
 
 def check_args(op: str, reduction, label_smoothing, softcap, num_items_in_batch) -> None:
-    """The cross-entropy options of `op` (cross_entropy's module docstring): a one-line error naming the valid values."""
+    """The cross-entropy options of `op` (cross_entropy's module docstring): one error line naming the valid values."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"{op}: reduction={reduction!r} is not supported; valid: {', '.join(REDUCTIONS)}")
     if not 0.0 <= float(label_smoothing) <= 1.0:
