@@ -1010,3 +1010,9 @@ def test_an_empty_db_option_is_an_error_not_the_default_db(tmp_path, verb):
     res = CliRunner().invoke(main, [*verb, "--db", ""])
     _one_line_error(res, "--db is empty")
     assert not (tmp_path / "tuning.db").exists()
+
+
+def test_show_of_a_db_that_does_not_exist_is_an_error(tmp_path):
+    _one_line_error(CliRunner().invoke(main, ["show", "--db", str(tmp_path / "none.db")]), "no tuning DB at")
+    assert CliRunner().invoke(main, ["show"]).exit_code == 0          # no user DB yet: the shipped defaults
+    assert not (tmp_path / "none.db").exists()
