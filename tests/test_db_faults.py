@@ -778,7 +778,7 @@ def _op_row(name: str, dims: dict, **knobs) -> dict:
                  source_hash=source_hash(op), median_ms=0.01)
 
 
-# every knob inside its declared choices, every launch past 2**20 elements in one block (each failed every call)
+# every knob inside its declared choices, every launch past 2**20 elements in one block (unchecked, each fails every call)
 TOO_BIG = [
     ("swiglu", {"rows": 4, "cols": 128}, dict(BLOCK_N=16384, ROWS=16384), "tile block holds 2097152"),
     ("geglu", {"rows": 4, "cols": 16384}, dict(BLOCK_N=16384, ROWS=16384), "tile block holds 268435456"),
