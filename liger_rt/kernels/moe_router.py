@@ -323,6 +323,6 @@ OP = register(Op(
     name="moe_router", static=("experts", "top_k"), dynamic=("tokens",), dims=_dims, config=MoERouterConfig,
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports),
            Impl("torch", fn=moe_router_ref)],
-    candidates=_configs, heuristic=_heuristic, launchable=_launchable, fake=_fake, outputs=2, make_case=_make_case,
-    plan=_plan, schema="Tensor logits, int top_k, Tensor? expert_bias, bool norm_topk_prob, float routed_scaling_factor",
-    reduce_len=lambda d: d["top_k"]))
+    candidates=_configs, heuristic=_heuristic, fake=_fake, outputs=2, make_case=_make_case, plan=_plan,
+    schema="Tensor logits, int top_k, Tensor? expert_bias, bool norm_topk_prob, float routed_scaling_factor",
+    reduce_len=lambda d: d["top_k"], launchable=_launchable))
