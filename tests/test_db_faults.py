@@ -778,7 +778,7 @@ def _op_row(name: str, dims: dict, **knobs) -> dict:
                  source_hash=source_hash(op), median_ms=0.01)
 
 
-# every knob inside its declared choices, every launch past 2**20 elements in one block (each failed every call)
+# every knob inside its declared choices, every launch past 2**20 elements in one block (unchecked, each fails every call)
 TOO_BIG = [
     ("swiglu", {"rows": 4, "cols": 128}, dict(BLOCK_N=16384, ROWS=16384), "tile block holds 2097152"),
     ("geglu", {"rows": 4, "cols": 16384}, dict(BLOCK_N=16384, ROWS=16384), "tile block holds 268435456"),
@@ -1010,3 +1010,9 @@ def test_an_empty_db_option_is_an_error_not_the_default_db(tmp_path, verb):
     res = CliRunner().invoke(main, [*verb, "--db", ""])
     _one_line_error(res, "--db is empty")
     assert not (tmp_path / "tuning.db").exists()
+
+
+def test_show_of_a_db_that_does_not_exist_is_an_error(tmp_path):
+    _one_line_error(CliRunner().invoke(main, ["show", "--db", str(tmp_path / "none.db")]), "no tuning DB at")
+    assert CliRunner().invoke(main, ["show"]).exit_code == 0          # no user DB yet: the shipped defaults
+    assert not (tmp_path / "none.db").exists()

@@ -74,6 +74,24 @@ def test_db_exact_then_nearest_bucket_in_log2_space():
     assert dispatch.select("toy", dtype="bf16", arch="cpu", rows=4, cols=40).origin == "heuristic"    # dtype
 
 
+def test_only_configs_from_a_db_row_carry_a_launch_fallback(monkeypatch):
+    """What call() runs when a launch raises: the heuristic config instead of a DB row's (see test_db_faults)."""
+    store = _fresh_store()
+    store.put_tuning(_row(config=cfg(BLOCK=32)))
+    d = dispatch.select("toy", dtype="fp32", arch="cpu", rows=4, cols=40)
+    assert d.origin == "db" and d.launch_fallback.config() == OP.heuristic(d.launch_fallback.target.arch, d.dims,
+                                                                          torch.float32)
+    assert d.launch_fallback.row["config"] == json.dumps(cfg(BLOCK=32), sort_keys=True)
+    assert "fallback" not in d.to_dict() and "fallback" not in repr(d)
+    assert dispatch.select("toy", dtype="fp32", arch="cpu", rows=4, cols=39).launch_fallback is None   # heuristic
+    monkeypatch.setenv("LIGER_RT_IMPL_TOY", "triton")                  # forced: the config is still the DB row's
+    assert dispatch.select("toy", dtype="fp32", arch="cpu", rows=4, cols=40).launch_fallback is not None
+    store.put_tuning(_row(impl="torch", config={}, median_ms=0.1))
+    monkeypatch.delenv("LIGER_RT_IMPL_TOY")
+    d = dispatch.select("toy", dtype="fp32", arch="cpu", rows=4, cols=40)
+    assert (d.impl, d.launch_fallback) == ("torch", None)              # torch has no launch config
+
+
 def test_db_can_pick_torch_when_it_measured_faster():
     store = _fresh_store()
     store.put_tuning(_row(impl="triton", median_ms=3.0))

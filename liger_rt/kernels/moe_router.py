@@ -349,7 +349,8 @@ OP = register(Op(
     name="moe_router", static=("experts", "top_k"), dynamic=("tokens",), dims=_dims, config=MoERouterConfig,
     impls=[Impl("triton", forward=_forward, backward=_backward, available=triton_available, supports=_supports),
            Impl("torch", fn=moe_router_ref), Impl("eager", fn=moe_router_eager)],     # eager: where a row says so
-    candidates=_configs, heuristic=_heuristic, launchable=_launchable, fake=_fake, outputs=2, make_case=_make_case, plan=_plan,
+    candidates=_configs, heuristic=_heuristic, launchable=_launchable, fake=_fake, outputs=2,
+    make_case=_make_case, plan=_plan,
     schema="Tensor logits, int top_k, Tensor? expert_bias, bool norm_topk_prob, float routed_scaling_factor",
     reduce_len=lambda d: d["top_k"],
     # ranked by wall clock, crossing over on the token count: the kernels take microseconds while a call costs a

@@ -457,7 +457,7 @@ def show(op, arch_name, device_name, db_path, as_json):
     device = backend.device_class(device_name) if device_name is not None else None
     user_error, layers = None, [None, tuning_db.store.shipped_defaults()]
     try:
-        layers[0] = _open_user(db_path, readonly=True, must_exist=False)     # None: no user DB yet
+        layers[0] = _open_user(db_path, readonly=True, must_exist=db_path is not None)    # None: no user DB yet
     except tuning_db.TuningDBError as exc:
         if db_path is not None:     # the DB asked for cannot be read: say so, do not show another one
             raise

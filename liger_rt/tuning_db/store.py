@@ -151,7 +151,7 @@ def _readonly_uri(path: Path) -> str:
         if wal and not writable and not Path(f"{path}-shm").exists():
             uri += "&immutable=1"
             if Path(f"{path}-wal").exists() and Path(f"{path}-wal").stat().st_size:
-                warnings.warn(f"liger_rt: reading {_shown(path)} without its last writes: they are in {_shown(path)}-wal, "
+                warnings.warn(f"liger_rt: reading {_shown(path)} without its last writes: they are in its -wal file, "
                               "which SQLite cannot read here without creating a -shm file beside it (a writer was "
                               "killed, and the file or directory is read-only now)", RuntimeWarning, stacklevel=4)
     return uri
