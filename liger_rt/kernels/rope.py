@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 
 import torch
 
@@ -296,14 +297,26 @@ def _check_even(q, k) -> None:
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
 
 
+def _index(unsqueeze_dim) -> int:
+    """An integer unsqueeze_dim (a NumPy integer or 0-d integer tensor too) as an int; TypeError for anything else
+    (a bool, a float: torch's unsqueeze refuses them, where the kernels' layout check would take 1.0 and True)."""
+    if not isinstance(unsqueeze_dim, bool):
+        try:
+            return operator.index(unsqueeze_dim)
+        except TypeError:      # a float tensor has __index__ and refuses it
+            pass
+    raise TypeError(f"rope: unsqueeze_dim must be an int (1: q, k (B, H, S, D); 2: q, k (B, S, H, D)), "
+                    f"got {unsqueeze_dim!r}")
+
+
 def _check_any_layout(q, k, cos, sin, unsqueeze_dim) -> None:
     """rope's prologue where HF's formula runs (_dims checks the kernels' layouts): dtypes, an even head_dim, and
-    cos and sin that broadcast with q and with k after unsqueeze(unsqueeze_dim), as HF's formula needs."""
+    cos and sin that broadcast with q and with k after unsqueeze(unsqueeze_dim), as HF's formula needs (rope has
+    made unsqueeze_dim an int)."""
     for what, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         check_dtype("rope", what, t, OP.accepted_dtypes)
     _check_even(q, k)
-    if isinstance(unsqueeze_dim, bool) or not isinstance(unsqueeze_dim, int) or \
-            not -cos.dim() - 1 <= unsqueeze_dim <= cos.dim():
+    if not -cos.dim() - 1 <= unsqueeze_dim <= cos.dim():
         raise ValueError(f"rope: unsqueeze_dim={unsqueeze_dim!r} does not index cos {tuple(cos.shape)}; {_LAYOUTS}")
     for c_name, c in (("cos", cos), ("sin", sin)):
         shape = c.unsqueeze(unsqueeze_dim).shape
@@ -317,6 +330,8 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
          unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """apply_rotary_pos_emb (position_ids is ignored, as HF does); other shapes where cos and sin broadcast to
     q and k, fp64, and cos/sin that want a gradient run HF's formula; anything else raises, naming the layouts."""
+    if type(unsqueeze_dim) is not int:
+        unsqueeze_dim = _index(unsqueeze_dim)
     ud = _kernel_layout(q, k, cos, sin, unsqueeze_dim)
     if (ud is None or _other_float(k.dtype) or _other_float(cos.dtype) or _other_float(sin.dtype) or k.numel() == 0
             or cos.requires_grad or sin.requires_grad):
