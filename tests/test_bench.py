@@ -380,8 +380,8 @@ def test_counterbalanced_reverses_the_order_every_other_round(monkeypatch):
 def test_an_arm_whose_capture_failed_is_not_captured_again(monkeypatch):
     """A failed CUDA-graph capture never gives its memory pool back, so the bench captures a failing arm once per
     process: later cases of that arm keep their wall time with no device time and say why; other arms still try."""
-    import triton.testing
     from liger_rt import autotune
+    from liger_rt.autotune import timing
     captured = []
 
     def graph_ms(fn):
@@ -396,7 +396,7 @@ def test_an_arm_whose_capture_failed_is_not_captured_again(monkeypatch):
     def works():
         return None
 
-    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: 2.0)
+    monkeypatch.setattr(timing, "do_bench", lambda fn, **kw: 2.0)
     monkeypatch.setattr(autotune, "graph_ms", graph_ms)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(H, "_UNCAPTURABLE", {})

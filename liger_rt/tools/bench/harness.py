@@ -186,19 +186,19 @@ def append_dataset(path: str | Path, rows: list[dict]) -> Path:
 
 def measure_ceilings(*, quick: bool = False) -> dict:
     """This GPU's copy bandwidth (GB/s: a 2 GiB bf16 copy, bytes read + written) and bf16 matmul throughput
-    (TFLOP/s: 8192^3), medians of triton.testing.do_bench (H200: ~4250 GB/s, ~720-790)."""
+    (TFLOP/s: 8192^3), medians of do_bench (liger_rt.autotune.timing; H200: ~4250 GB/s, ~720-790)."""
     if not torch.cuda.is_available():
         raise RuntimeError(no_gpu_message("measuring the ceilings"))
-    from triton.testing import do_bench
+    from liger_rt.autotune.timing import do_bench
     rep = 50 if quick else 100
     n = 1 << 30
     while 4 * n > torch.cuda.mem_get_info()[0] * 0.8 and n > (1 << 24):
         n //= 2
     a, b = torch.randn(n, device="cuda", dtype=torch.bfloat16), torch.empty(n, device="cuda", dtype=torch.bfloat16)
-    copy = 4 * n / (do_bench(lambda: b.copy_(a), warmup=25, rep=rep, return_mode="median") * 1e-3) / 1e9
+    copy = 4 * n / (do_bench(lambda: b.copy_(a), warmup=25, rep=rep) * 1e-3) / 1e9
     del a, b
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    mm = 2 * 8192 ** 3 / (do_bench(lambda: x @ x, warmup=25, rep=rep, return_mode="median") * 1e-3) / 1e12
+    mm = 2 * 8192 ** 3 / (do_bench(lambda: x @ x, warmup=25, rep=rep) * 1e-3) / 1e12
     del x
     return {"copy_GBps": copy, "bf16_matmul_TFLOPs": mm, "device": torch.cuda.get_device_name()}
 
@@ -215,8 +215,8 @@ def time_fn(fn: Callable, device: str, quick: bool = False,
     from liger_rt import autotune
     if device != "cuda":
         return autotune.measure(fn, device, quick=quick), None, "none: cpu"
-    from triton.testing import do_bench
-    wall = float(do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100, return_mode="median"))
+    from liger_rt.autotune.timing import do_bench
+    wall = do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100)
     if arm in _UNCAPTURABLE:
         return wall, None, f"none: capture failed earlier ({_UNCAPTURABLE[arm]})"
     try:
@@ -257,7 +257,8 @@ def profiled(step: Callable, *, warmup: int, calls: int, cpu: bool = False):
 
 
 def counterbalanced(fns: dict[str, Callable], rounds: int, **do_bench_kw) -> dict[str, list[float]]:
-    """do_bench ms of each fn per round over `rounds` rounds, the order reversed every other round."""
+    """triton.testing.do_bench ms (its default: the mean over the calls) of each fn per round over `rounds` rounds,
+    the order reversed every other round.  GPU profiling of Triton kernels only (benchmarks/profile)."""
     from triton.testing import do_bench
     times = {k: [] for k in fns}
     for r in range(rounds):
