@@ -14,7 +14,7 @@ import triton.language as tl
 from liger_rt.config import WARPS, Config, knob, pow2
 from liger_rt.dispatch import call, register
 from liger_rt.kernels._common import triton_available
-from liger_rt.op import Case, Impl, Op
+from liger_rt.op import Case, Impl, Op, check_dtype
 
 CALLS = {"triton": 0, "torch": 0, "fail": 0}
 
@@ -75,6 +75,7 @@ def toy(x):
 
 
 def _dims(x, scale):
+    check_dtype("toy", "x", x, OP.accepted_dtypes)
     if x.dim() != 2:
         raise ValueError(f"toy takes x (rows, cols), got shape {tuple(x.shape)}")
     return {"rows": x.shape[0], "cols": x.shape[1]}
