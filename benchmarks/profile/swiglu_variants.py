@@ -33,7 +33,8 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from liger_rt._triton import tl, triton
+import triton
+import triton.language as tl
 
 DEFAULT_SHAPES = "16384x8192,8192x12288,4096x14336"
 
