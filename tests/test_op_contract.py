@@ -3,13 +3,15 @@
 - candidates: every config of every arch profile constructs, is the op's config type and fits the arch's
   warps, stages and shared memory; arch pruning drops exactly the configs that do not fit;
 - every candidate of every arch computes what the op's torch reference does, on the cpu sweep case;
-- the cpu sweep (`autotune.tune`) validates every cpu candidate of every available implementation;
-- plans are non-empty lists of the op's dims;
+- the cpu sweep (`autotune.sweep`) validates every cpu candidate of every available implementation, and
+  dispatch finds its winner in the DB;
+- plans are non-empty lists of the op's dims (tiny on cpu); model presets' plans are what the table says;
 - the torch.compile custom ops' fakes promise the shapes, dtypes and strides the kernels return;
-- torch.compile(fullgraph=True, dynamic=True) of the public functional: no graph break, no recompile for
-  a second token count, forward and backward match the eager reference; the kernel runs as custom ops,
-  LIGER_RT_IMPL_<OP>=torch is respected at trace time, and LIGER_RT_COMPILE_POLICY=fuse hands exactly
-  the ops that declare compiler_fuses to the compiler;
+- torch.compile(fullgraph=True, dynamic=True) of the public functional: no graph break (but in a reference
+  REFERENCE_BREAKS names), no recompile for a second token count, forward and backward match the eager reference, on the kernel path (the Triton
+  pair as custom ops, once per call) and on the reference path (traced torch, no kernel); the compile
+  policy hands the op to the compiler exactly when it declares compiler_fuses and no LIGER_RT_IMPL_<OP>
+  decides;
 - dispatch: the default decision on cpu (TRITON_INTERPRET=1) runs a kernel, LIGER_RT_IMPL_<OP>=torch
   runs the reference;
 - a tuning row holding the heuristic (and pinned) config of each arch passes the DB's row validation.
