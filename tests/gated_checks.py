@@ -22,6 +22,16 @@ def fwd_bwd(fn, gate, up, dy):
     return [y, *torch.autograd.grad(y, (gate, up), dy)]
 
 
+def check_reference_and_fp64(op, reference, exact, dtype):
+    """The op's Triton pair at the cpu heuristic, on (3, 5, 100) inputs, against its torch reference (the
+    eager module's casting) and against the fp64 formula `exact(gate, up, dy)` on the same values, each within
+    the dtype's tolerance."""
+    gate, up, dy = inputs((3, 5, 100), dtype)
+    outs = fwd_bwd(triton(op, cpu_heuristic(op, 100)), gate, up, dy)
+    check(outs, fwd_bwd(reference, gate, up, dy), dtype, f"{dtype} vs ref")
+    check(outs, exact(gate, up, dy), dtype, f"{dtype} vs fp64")
+
+
 def check(outs, refs, dtype, what=""):
     for o, r, name in zip(outs, refs, ("y", "dgate", "dup")):
         assert o.dtype == r.dtype and o.shape == r.shape, name

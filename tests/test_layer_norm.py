@@ -10,7 +10,6 @@ import liger_rt.ops
 from liger_rt import backend, dispatch
 from liger_rt.kernels import layer_norm as ln
 from liger_rt.numerics import assert_close
-from liger_rt.tools.presets import get_preset
 from routing import record_impls
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -156,38 +155,3 @@ def test_errors_and_fallbacks(monkeypatch):
     torch.testing.assert_close(fp64, no_affine)
     assert liger_rt.ops.layer_norm(torch.randn(0, 8), torch.ones(8), torch.zeros(8)).shape == (0, 8)
     assert ran == ["torch"] * 3
-
-
-def test_plan():
-    cpu = ln._plan(None, CPU, quick=False)
-    assert cpu and all(d["rows"] <= 32 and d["hidden"] <= 128 for d in cpu)
-    assert ln._plan(get_preset("lfm2-vl-tiny"), CPU, quick=True) == [{"rows": 8, "hidden": 48}]
-    hopper = backend.profile("hopper")
-    assert ln._plan(get_preset("lfm2-vl-1.6b"), hopper, quick=True) == [{"rows": 4096, "hidden": 1152}]
-    assert ln._plan(get_preset("qwen3-4b"), hopper, quick=True) == [{"rows": 4096, "hidden": 2560}]
-    assert {"rows": 16384, "hidden": 1152} in ln._plan(None, hopper, quick=False)
-
-
-@pytest.mark.parametrize("impl,bias", [("triton", True), ("torch", True), ("triton", False)])
-def test_torch_compile_fullgraph_dynamic(monkeypatch, impl, bias):
-    """Under torch.compile (LIGER_RT_COMPILE_POLICY=kernels) the kernels run as custom ops, decided at trace
-    time (env respected)."""
-    monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "kernels")   # the custom-op path (the default fuse traces torch)
-    if impl == "torch":
-        monkeypatch.setenv("LIGER_RT_IMPL_LAYER_NORM", "torch")
-        dispatch.reset()
-    calls = []
-    real = ln.layer_norm_fwd
-    monkeypatch.setattr(ln, "layer_norm_fwd", lambda *a: calls.append(1) or real(*a))
-    torch._dynamo.reset()
-    f = torch.compile(lambda x, w, b, eps: liger_rt.ops.layer_norm(x, w, b, eps) * 2.0, backend="aot_eager",
-                      fullgraph=True, dynamic=True)
-    for rows in (3, 5):
-        x, w, b, dy = _inputs((2, rows, 40), torch.float32, seed=rows, bias=bias)
-        outs = _fwd_bwd(f, x, w, b, dy)
-        refs = _ref(x, w, b, dy)
-        _check(outs, [refs[0] * 2.0] + [r * 2.0 for r in refs[1:]], torch.float32, 2 * rows,
-               f"compiled {impl} bias={bias} rows={rows}")
-    assert (len(calls) == 2) == (impl == "triton")
-
-

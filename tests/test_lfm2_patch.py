@@ -18,6 +18,7 @@ from liger_rt.registry import REGISTRY
 from liger_rt.tools.models import build_model
 from liger_rt.tools.parity import make_inputs
 from hf_compat import enable_checkpointing
+from patched_models import Counter, ours, pair
 
 _MISSING = [op for op in ("rms_norm", "swiglu", "short_conv")
             if importlib.util.find_spec(f"liger_rt.kernels.{op}") is None]
@@ -44,28 +45,6 @@ def _patch(model, **flags):
         return liger_rt.patch(model, **flags)
 
 
-def _ours(forward):
-    """The liger_rt function a class-level patch installed (as a copy with the host's signature)."""
-    return getattr(forward, "_liger_rt_function", None)
-
-
-def _pair(preset, **overrides):
-    base, new = build_model(preset, **overrides), build_model(preset, **overrides)
-    new.load_state_dict(base.state_dict())
-    return base, new
-
-
-class Counter:
-    def __init__(self, monkeypatch, name):
-        self.fn = getattr(liger_rt.ops, name)
-        self.calls = []
-        monkeypatch.setattr(liger_rt.ops, name, self)
-
-    def __call__(self, *args, **kwargs):
-        self.calls.append((args, kwargs))
-        return self.fn(*args, **kwargs)
-
-
 def _check_parity(base, new, atol):
     inputs = make_inputs(base)
     valid = inputs["attention_mask"].bool()
@@ -89,7 +68,7 @@ def _check_parity(base, new, atol):
 def test_patched_matches_unpatched_torch_fallback(preset, fallback):
     if preset == "lfm2-moe-tiny":
         pytest.importorskip("liger_rt.kernels.moe_router")
-    base, new = _pair(preset)
+    base, new = pair(preset)
     _patch(new)
     info = liger_rt.patch.describe(new)
     assert info["patched"]["rms_norm"] >= 9 and info["patched"]["short_conv"] == 2 and info["patched"]["swiglu"] >= 1
@@ -102,7 +81,7 @@ def test_patched_matches_unpatched_torch_fallback(preset, fallback):
 def test_patched_matches_unpatched_interpreter(preset):
     for op in ("rms_norm", "swiglu", "short_conv") + (("moe_router",) if "moe" in preset else ()):
         pytest.importorskip(f"liger_rt.kernels.{op}")
-    base, new = _pair(preset)
+    base, new = pair(preset)
     _patch(new)
     _check_parity(base, new, atol=5e-5)
     impls = {d.op: d.impl for op in ("short_conv", "rms_norm") for d in dispatch.memo(REGISTRY.get(op)).values()}
@@ -112,13 +91,13 @@ def test_patched_matches_unpatched_interpreter(preset):
 # -- the short conv ------------------------------------------------------------------------------------
 
 def test_short_conv_runs_fused_in_training_and_prefill_but_not_decode(monkeypatch, fallback):
-    base, new = _pair("lfm2-tiny")
+    base, new = pair("lfm2-tiny")
     _patch(new)
     conv = Counter(monkeypatch, "short_conv")
     inputs = make_inputs(new)
     new(**inputs)                         # train mode, HF's default cache: still fused
     assert len(conv.calls) == 2
-    (bcx, weight, bias), kwargs = conv.calls[0]
+    (bcx, weight, bias), kwargs = conv.calls[0], conv.kwargs[0]
     assert bcx.shape == (2, 8, 192) and weight.shape == (64, 3) and bias is None
     assert kwargs["seq_idx"].shape == (2, 8)
     conv.calls.clear()
@@ -132,7 +111,7 @@ def test_short_conv_runs_fused_in_training_and_prefill_but_not_decode(monkeypatc
 
 def test_packed_sequences_do_not_mix(fallback):
     # an all-conv LFM2: attention packing is the host's business, the conv's boundaries are ours
-    base, new = _pair("lfm2-tiny", layer_types=["conv"] * 3)
+    base, new = pair("lfm2-tiny", layer_types=["conv"] * 3)
     _patch(new)
     g = torch.Generator().manual_seed(1)
     a, b = torch.randint(1, 150, (1, 5), generator=g), torch.randint(1, 150, (1, 4), generator=g)
@@ -149,7 +128,7 @@ def test_packed_sequences_do_not_mix(fallback):
 
 
 def test_packed_sequences_fall_back_to_the_segment_reference_when_the_op_cannot(monkeypatch, fallback):
-    base, new = _pair("lfm2-tiny", layer_types=["conv"] * 3)
+    base, new = pair("lfm2-tiny", layer_types=["conv"] * 3)
     _patch(new)
 
     def no_seq_idx(bcx, weight, bias=None):            # an op without seq_idx support
@@ -167,7 +146,7 @@ def test_conv_layers_share_one_seq_idx_per_forward(monkeypatch, fallback):
     """The conv layers of a forward receive one position_ids tensor: its sequence ids are computed
     once (each recomputation costs launches), and again only for another tensor, another batch, or
     the same tensor changed in place; inference tensors (no version counter) are not cached."""
-    base, new = _pair("lfm2-tiny", layer_types=["conv"] * 3)
+    base, new = pair("lfm2-tiny", layer_types=["conv"] * 3)
     _patch(new)
     calls = []
     real = sc.seq_idx_from_position_ids
@@ -215,7 +194,7 @@ def test_moe_router_goes_through_liger(monkeypatch, fallback):
     model(**make_inputs(model))
     routers = [m for m in model.modules() if type(m).__name__ == "Lfm2MoeTopKRouter"]
     assert len(router.calls) == len(routers) == 2
-    (logits, top_k), kwargs = router.calls[0][0][:2], router.calls[0][1]
+    (logits, top_k), kwargs = router.calls[0][:2], router.kwargs[0]
     assert top_k == 2 and kwargs["expert_bias"] is not None and kwargs["norm_topk_prob"] is True
 
 
@@ -256,7 +235,7 @@ def test_qwen3_moe_is_allowlisted_only_with_experts(fallback):
 
 def test_vl_patches_the_text_decoder_and_optionally_the_vision_layer_norms(monkeypatch, fallback):
     pytest.importorskip("liger_rt.kernels.layer_norm")
-    base, new = _pair("lfm2-vl-tiny")
+    base, new = pair("lfm2-vl-tiny")
     _patch(new, layer_norm=True)
     ln = Counter(monkeypatch, "layer_norm")
     info = liger_rt.patch.describe(new)
@@ -286,10 +265,10 @@ def test_shared_classes_are_held_jointly_by_families(fallback):
     liger_rt.patch("lfm2")
     liger_rt.patch("lfm2_vl")
     liger_rt.unpatch("lfm2")
-    assert _ours(mod.Lfm2RMSNorm.forward) is liger_rt.layers.norms.rms_norm_forward      # lfm2_vl still holds it
+    assert ours(mod.Lfm2RMSNorm.forward) is liger_rt.layers.norms.rms_norm_forward      # lfm2_vl still holds it
     liger_rt.unpatch("lfm2_vl")
     assert mod.Lfm2RMSNorm.forward is original
-    assert _ours(mod.Lfm2ShortConv.forward) is not liger_rt.layers.short_conv.short_conv_forward
+    assert ours(mod.Lfm2ShortConv.forward) is not liger_rt.layers.short_conv.short_conv_forward
 
 
 def test_class_level_lfm2_affects_models_built_afterwards(monkeypatch, fallback):
@@ -325,7 +304,7 @@ def test_class_level_experts_and_router(monkeypatch, fallback):
 
 
 def test_gradient_checkpointing_keeps_parity(fallback):
-    base, new = _pair("lfm2-moe-tiny")
+    base, new = pair("lfm2-moe-tiny")
     _patch(new)
     for m in (base, new):
         enable_checkpointing(m)
@@ -333,7 +312,7 @@ def test_gradient_checkpointing_keeps_parity(fallback):
 
 
 def test_training_with_an_unknown_cache_api_still_fuses(monkeypatch, fallback):
-    base, new = _pair("lfm2-tiny")
+    base, new = pair("lfm2-tiny")
     _patch(new)
     conv = Counter(monkeypatch, "short_conv")
     layer_b, layer_n = base.model.layers[0].conv, new.model.layers[0].conv

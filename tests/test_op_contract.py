@@ -3,9 +3,15 @@
 - candidates: every config of every arch profile constructs, is the op's config type and fits the arch's
   warps, stages and shared memory; arch pruning drops exactly the configs that do not fit;
 - every candidate of every arch computes what the op's torch reference does, on the cpu sweep case;
-- the cpu sweep (`autotune.tune`) validates every cpu candidate of every available implementation;
-- plans are non-empty lists of the op's dims;
+- the cpu sweep (`autotune.sweep`) validates every cpu candidate of every available implementation, and
+  dispatch finds its winner in the DB;
+- plans are non-empty lists of the op's dims (tiny on cpu); model presets' plans are what the table says;
 - the torch.compile custom ops' fakes promise the shapes, dtypes and strides the kernels return;
+- torch.compile(fullgraph=True, dynamic=True) of the public functional: no graph break (but in a reference
+  REFERENCE_BREAKS names), no recompile for a second token count, forward and backward match the eager reference, on the kernel path (the Triton
+  pair as custom ops, once per call) and on the reference path (traced torch, no kernel); the compile
+  policy hands the op to the compiler exactly when it declares compiler_fuses and no LIGER_RT_IMPL_<OP>
+  decides;
 - dispatch: the default decision on cpu (TRITON_INTERPRET=1) runs a kernel, LIGER_RT_IMPL_<OP>=torch
   runs the reference;
 - a tuning row holding the heuristic (and pinned) config of each arch passes the DB's row validation.
@@ -17,15 +23,17 @@ import pytest
 import torch
 from routing import assert_fakes_match, record_impls
 
-from liger_rt import autotune, backend, dispatch
+from liger_rt import autotune, backend, dispatch, ops
 from liger_rt.autograd import run_case
 from liger_rt.config import config_dict
+from liger_rt.custom_ops import schema_args
 from liger_rt.freshness import source_hash
 from liger_rt.kernels._common import next_pow2
 from liger_rt.numerics import validation_report
 from liger_rt.op import Case
 from liger_rt.registry import OP_MODULES, REGISTRY
-from liger_rt.tuning_db import rows
+from liger_rt.tools.presets import get_preset
+from liger_rt.tuning_db import open_store, rows
 
 OPS = list(OP_MODULES)
 ARCHES = ("hopper", "ampere", "mi325x", "cpu")
@@ -122,15 +130,22 @@ def test_every_candidate_of_every_arch_matches_the_reference(name):
 
 @pytest.mark.parametrize("name", OPS)
 def test_cpu_sweep_validates_every_candidate(name):
-    """What `liger-tune sweep --arch cpu` does (bf16): every candidate of every implementation available on
-    cpu passes validation against the torch reference, and each implementation has a best row."""
+    """What `liger-tune sweep --arch cpu --quick` does (bf16): every candidate of every implementation available
+    on cpu passes validation against the torch reference, each implementation has a best row, and the winner
+    lands in the user DB, where dispatch finds it."""
     op = REGISTRY.get(name)
     dims = _tiny(op)
-    result = autotune.tune(op, CPU_TARGET, torch.bfloat16, dims, quick=True)
+    with open_store() as store:
+        out = autotune.sweep([(op, dims, "bf16", "")], CPU_TARGET, store, quick=True)
+    assert not out["skipped"], out["skipped"]
+    (result,) = out["results"]
     bad = [m for m in result["measurements"] if not m["ok"]]
     assert not bad, bad
     assert result["winner"] is not None
     assert set(op.available_impls(CPU_TARGET, dims, torch.bfloat16)) <= set(result["best"])
+    dispatch.reset()
+    d = dispatch.select(name, dtype="bf16", arch="cpu", **dims)
+    assert (d.origin, d.impl) == ("db", result["winner"]["impl"]), d
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -142,7 +157,47 @@ def test_plans_are_lists_of_the_ops_dims(name):
             assert plan, (arch_name, quick)
             for dims in plan:
                 assert op.check_dims(dims) == dims and all(isinstance(v, int) and v > 0 for v in dims.values())
-    assert all(v <= 65536 for d in op.plan(None, CPU, False) for v in d.values())    # cpu plans stay tiny
+    bounds = CPU_PLAN_MAX.get(name, {})       # cpu plans stay tiny: the interpreter runs them
+    assert all(v <= bounds.get(k, 65536) for d in op.plan(None, CPU, False) for k, v in d.items())
+
+
+def _rope(heads_q, heads_k, head_dim, tokens) -> dict:
+    return {"heads_q": heads_q, "heads_k": heads_k, "head_dim": head_dim, "tokens": tokens}
+
+
+# the largest value a dim takes in an op's full cpu plan, where tighter than 65536
+CPU_PLAN_MAX = {"rms_norm": {"rows": 32, "hidden": 128}, "layer_norm": {"rows": 32, "hidden": 128},
+                "swiglu": {"rows": 32, "cols": 128}, "geglu": {"rows": 32, "cols": 128}, "rope": {"tokens": 32}}
+# what a sweep measures: (op, preset, arch, quick, the whole plan (a list) or dims it holds (a dict))
+PLANS = [
+    ("rms_norm", "qwen3-tiny", "cpu", True, [{"rows": 8, "hidden": 64}]),
+    ("rms_norm", "qwen3-4b", "hopper", True, [{"rows": 4096, "hidden": 2560}]),
+    ("rms_norm", "qwen3-4b", "hopper", False, {"rows": 16384, "hidden": 2560}),
+    ("layer_norm", "lfm2-vl-tiny", "cpu", True, [{"rows": 8, "hidden": 48}]),
+    ("layer_norm", "lfm2-vl-1.6b", "hopper", True, [{"rows": 4096, "hidden": 1152}]),
+    ("layer_norm", "qwen3-4b", "hopper", True, [{"rows": 4096, "hidden": 2560}]),
+    ("layer_norm", None, "hopper", False, {"rows": 16384, "hidden": 1152}),
+    ("swiglu", "llama-tiny", "cpu", True, [{"rows": 8, "cols": 96}]),
+    ("swiglu", "qwen3-4b", "hopper", True, [{"rows": 4096, "cols": 9728}]),
+    ("swiglu", None, "hopper", False, {"rows": 16384, "cols": 12288}),
+    ("rope", None, "cpu", True, [_rope(4, 2, 16, 8)]),
+    ("rope", "qwen3-4b-tiny", "cpu", True, [_rope(4, 2, 20, 8)]),
+    ("rope", None, "hopper", True, [_rope(16, 8, 128, 8192), _rope(32, 8, 128, 8192)]),
+    ("rope", None, "hopper", False, _rope(16, 8, 128, 4096)),
+    ("rope", None, "hopper", False, _rope(16, 8, 128, 8192)),
+    ("rope", "qwen3-1.7b", "hopper", True, [_rope(16, 8, 128, 4096)]),
+]
+# a preset's full hopper plan keeps the model's widths
+PRESET_WIDTHS = [("rms_norm", "qwen3-4b", {"hidden": 2560}), ("rope", "llama-3.2-1b", {"head_dim": 64})]
+
+
+def test_plans_of_presets():
+    for name, preset, arch, quick, want in PLANS:
+        plan = REGISTRY.get(name).plan(preset and get_preset(preset), backend.profile(arch), quick)
+        assert plan == want if isinstance(want, list) else want in plan, (name, preset, arch, quick, plan)
+    for name, preset, widths in PRESET_WIDTHS:
+        plan = REGISTRY.get(name).plan(get_preset(preset), backend.profile("hopper"), False)
+        assert plan and all(d | widths == d for d in plan), (name, preset, plan)
 
 
 # the args the functional passes under torch.compile where they differ from an eager call's
@@ -157,6 +212,117 @@ def test_custom_op_fakes_match_the_kernels(name):
     if name in TRACED_ARGS:
         case = Case(args=TRACED_ARGS[name](case.args), grads=case.grads)
     assert_fakes_match(op, case, op.heuristic(CPU, dims, torch.float32))
+
+
+# each op's public functional called with its tuning case's args (the op-level args `dispatch.call` takes)
+FUNCTIONALS = {
+    "rope": lambda q, k, cos, sin, unsqueeze_dim: ops.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim),
+    "short_conv": lambda bcx, w, b, seq_idx: ops.short_conv(bcx, w, b, seq_idx=seq_idx),
+    "moe_experts": lambda x, gate_up, down, idx, w, _save: ops.moe_experts(x, gate_up, down, idx, w),
+    "cross_entropy": lambda logits, target, ignore, reduction, smoothing, lse, softcap, n, inplace: ops.cross_entropy(
+        logits, target, ignore, reduction, label_smoothing=smoothing, lse_square_scale=lse, softcap=softcap,
+        num_items_in_batch=n, inplace_backward=inplace),
+    "fused_linear_cross_entropy": lambda x, w, target, b, ignore, reduction, smoothing, lse, softcap, n, _grads,
+    _inplace: ops.fused_linear_cross_entropy(x, w, target, b, ignore, reduction, label_smoothing=smoothing,
+                                             lse_square_scale=lse, softcap=softcap, num_items_in_batch=n),
+    "fused_linear_logprobs": lambda x, w, target, b, temperature, ignore: ops.fused_linear_logprobs(
+        x, w, target, b, temperature=temperature, ignore_index=ignore, return_entropy=True),
+}
+
+
+# references that dynamo cannot trace whole: their torch path compiles with graph breaks
+REFERENCE_BREAKS = {"moe_experts"}      # the HF experts loop: the rows routed to each expert (data-dependent sizes)
+
+
+def _doubled_outs_and_grads(fn, case) -> list:
+    """fn(*case.args) on fresh copies of the args, its floating outputs doubled (an op beside it in the
+    graph), then the gradients of the args that want one under case.grads."""
+    args = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
+            for a in case.args]
+    outs = fn(*args)
+    outs = [o * 2.0 if o.is_floating_point() else o for o in (outs if isinstance(outs, tuple) else (outs,))]
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    pairs = [(o, g) for o, g in zip(outs, case.grads) if g is not None]
+    return [*outs, *torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True,
+                                        materialize_grads=True)]
+
+
+def _record_kernels(monkeypatch, op) -> list[str]:
+    """Wrap every implementation but the reference so that each run appends its name to the returned list.
+    The reference is left as it is: under torch.compile it is traced, and so would be a recorder there
+    (its list guarded on)."""
+    ran: list[str] = []
+    source_hash(op)       # computed (and cached) from the real launchers, before any wrapper is in place
+    for impl in op.impls:
+        attr = "forward" if impl.tuned else "fn"
+        if impl.name != "torch":
+            monkeypatch.setattr(impl, attr, lambda *a, _real=getattr(impl, attr), _name=impl.name:
+                                ran.append(_name) or _real(*a))
+    return ran
+
+
+def _compiled_matches_eager(op, fullgraph=True, drop=()) -> None:
+    """The op's functional compiled (dynamic shapes) and run at two token counts, the second without a
+    recompile: outputs and gradients match the eager torch reference's.  `drop`: args passed as None."""
+    torch._dynamo.reset()
+    compiled = torch.compile(FUNCTIONALS.get(op.name, getattr(ops, op.name)), backend="aot_eager",
+                             fullgraph=fullgraph, dynamic=True)
+    dims = _tiny(op)
+    last = op.dynamic[-1]        # the token count (a batch dim beside it stays: dynamo specialises size 1)
+    for i, count in enumerate((6, 10)):       # sizes no other dim of a tiny case has (dynamo would pair them)
+        at = {**dims, last: count}
+        case = op.new_case(at, torch.float32, "cpu")
+        case = Case(args=tuple(None if j in drop else a for j, a in enumerate(case.args)), grads=case.grads)
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            outs = _doubled_outs_and_grads(compiled, case)
+        refs = _doubled_outs_and_grads(op.reference, case)
+        assert len(outs) == len(refs), at
+        for j, (o, r) in enumerate(zip(outs, refs)):
+            assert (o.dtype, o.shape) == (r.dtype, r.shape), (at, j)
+            assert validation_report(o, r, torch.float32, op.reduce_len(at)) is None, (at, j)
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_compile_policy(monkeypatch, name):
+    """Under LIGER_RT_COMPILE_POLICY=fuse (the default) a trace hands the op to the compiler (its torch
+    implementation) exactly when it declares compiler_fuses and no LIGER_RT_IMPL_<OP> decides; under
+    `kernels` never."""
+    op = REGISTRY.get(name)
+    assert dispatch.compiler_takes(op) == op.compiler_fuses
+    for impl in op.impl_names:
+        monkeypatch.setenv(f"LIGER_RT_IMPL_{name.upper()}", impl)
+        assert not dispatch.compiler_takes(op), impl
+    monkeypatch.delenv(f"LIGER_RT_IMPL_{name.upper()}")
+    monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "kernels")
+    assert not dispatch.compiler_takes(op)
+
+
+@pytest.mark.parametrize("path", ["kernel", "reference"])
+@pytest.mark.parametrize("name", OPS)
+def test_compiles_fullgraph_dynamic(monkeypatch, name, path):
+    """The decision taken at trace time is what runs.  kernel: the op's Triton pair runs as the generated
+    custom ops, once per call (also with each optional tensor the case passes, a bias, left out), under the
+    default policy for an op the compiler does not fuse and under LIGER_RT_COMPILE_POLICY=kernels for one it
+    does.  reference: its torch implementation is traced and no kernel runs, by the default policy for an
+    op the compiler fuses and by LIGER_RT_IMPL_<OP>=torch for the others (test_compile_policy: either
+    setting decides for every op)."""
+    op = REGISTRY.get(name)
+    if path == "kernel" and op.compiler_fuses:
+        monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "kernels")
+    if path == "reference" and not op.compiler_fuses:
+        monkeypatch.setenv(f"LIGER_RT_IMPL_{name.upper()}", "torch")
+    dispatch.reset()
+    ran = _record_kernels(monkeypatch, op)
+    _compiled_matches_eager(op, fullgraph=path == "kernel" or name not in REFERENCE_BREAKS)
+    if path == "reference":
+        assert ran == [], ran
+        return
+    assert len(ran) == 2 and ran[0] == ran[1] and op.impl(ran[0]).tuned, ran
+    args = op.new_case(_tiny(op), torch.float32, "cpu").args
+    optional = [i for i, (kind, _) in enumerate(schema_args(op.schema)) if kind == "Tensor?" and args[i] is not None]
+    if optional:
+        _compiled_matches_eager(op, drop=optional)
+        assert ran == ran[:1] * 4, ran
 
 
 @pytest.mark.parametrize("name", OPS)

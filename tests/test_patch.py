@@ -26,6 +26,7 @@ from liger_rt.patch import core, specs
 from liger_rt.registry import REGISTRY
 from liger_rt.tools.models import build_model
 from hf_compat import enable_checkpointing
+from patched_models import Counter, ours, pair
 
 QWEN3 = "transformers.models.qwen3.modeling_qwen3"
 
@@ -59,10 +60,12 @@ def _inputs(vocab=160, seed=0):
     return ids, mask, ids.masked_fill(mask == 0, -100)
 
 
-def _pair(preset):
-    base, new = build_model(preset), build_model(preset)
-    new.load_state_dict(base.state_dict())
-    return base, new
+def _patched_pair(preset, vocab=160, **flags):
+    """An unpatched model, a copy with its weights patched (instance level) with `flags`, and a batch
+    (`_inputs(vocab)`: ids, mask, labels)."""
+    base, new = pair(preset)
+    liger_rt.patch(new, **flags)
+    return base, new, _inputs(vocab)
 
 
 def _fwd_bwd(model, ids, mask, labels, **kw):
@@ -84,24 +87,6 @@ def _assert_same(base, new, ids, mask, labels, atol, **kw):
     for name in gb:
         torch.testing.assert_close(gn[name], gb[name], atol=atol, rtol=1e-4, msg=lambda m: f"{name}: {m}")
     return on
-
-
-class Counter:
-    """Wraps liger_rt.ops.<name> and records the weight of each call (which module called it)."""
-
-    def __init__(self, monkeypatch, name):
-        self.fn = getattr(liger_rt.ops, name)
-        self.calls = []
-        monkeypatch.setattr(liger_rt.ops, name, self)
-
-    def __call__(self, *args, **kwargs):
-        self.calls.append(args)
-        return self.fn(*args, **kwargs)
-
-
-def _ours(forward):
-    """The liger_rt function a class-level patch installed (as a copy with the host's signature)."""
-    return getattr(forward, "_liger_rt_function", None)
 
 
 def _modules(model, class_name):
@@ -132,7 +117,7 @@ def test_the_patchers_are_plain_functions():
 @NORM_MLP
 @pytest.mark.parametrize("preset", ["qwen3-tiny", "llama-tiny"])
 def test_instance_patch_matches_unpatched_torch_fallback(preset, fallback):
-    base, new = _pair(preset)
+    base, new = pair(preset)
     text_before = repr(new)
     state_before = {k: v.clone() for k, v in new.state_dict().items()}
     liger_rt.patch(new)
@@ -150,9 +135,8 @@ def test_instance_patch_matches_unpatched_torch_fallback(preset, fallback):
 def test_instance_patch_matches_unpatched_interpreter(preset, vocab):
     pytest.importorskip("liger_rt.kernels.rms_norm")
     pytest.importorskip("liger_rt.kernels.swiglu")
-    base, new = _pair(preset)                     # qwen3-4b-tiny: odd sizes (hidden 80, intermediate 136, vocab 199)
-    liger_rt.patch(new)
-    ids, mask, labels = _inputs(vocab=vocab)
+    # qwen3-4b-tiny: odd sizes (hidden 80, intermediate 136, vocab 199)
+    base, new, (ids, mask, labels) = _patched_pair(preset, vocab=vocab)
     _assert_same(base, new, ids, mask, labels, atol=2e-5)
     decisions = [d for name in ("rms_norm", "swiglu") for d in dispatch.memo(REGISTRY.get(name)).values()]
     assert decisions, "patched layers never reached the dispatcher"
@@ -309,8 +293,8 @@ def test_class_level_patch_and_exact_unpatch(monkeypatch, fallback):
     built_before = build_model("qwen3-tiny")
     norms = Counter(monkeypatch, "rms_norm")
     assert liger_rt.patch("qwen3") is None
-    assert _ours(captured.forward) is liger_rt.layers.norms.rms_norm_forward
-    assert _ours(mod.Qwen3MLP.forward) is liger_rt.layers.mlp.swiglu_forward
+    assert ours(captured.forward) is liger_rt.layers.norms.rms_norm_forward
+    assert ours(mod.Qwen3MLP.forward) is liger_rt.layers.mlp.swiglu_forward
     assert mod.Qwen3ForCausalLM.forward is originals[mod.Qwen3ForCausalLM]           # loss kernels off
     assert liger_rt.patch.describe("qwen3")["classes"] == ["Qwen3MLP", "Qwen3RMSNorm"]
     built_after = build_model("qwen3-tiny")
@@ -337,7 +321,7 @@ def test_instance_patch_on_top_of_class_patch_falls_back_to_the_true_original(fa
     liger_rt.patch(model)
     assert core.original(model.model.norm).__func__ is original
     liger_rt.unpatch(model)
-    assert _ours(mod.Qwen3RMSNorm.forward) is liger_rt.layers.norms.rms_norm_forward
+    assert ours(mod.Qwen3RMSNorm.forward) is liger_rt.layers.norms.rms_norm_forward
     liger_rt.unpatch("qwen3")
     assert mod.Qwen3RMSNorm.forward is original
 
@@ -403,10 +387,8 @@ def test_missing_class_or_kernel_raises_when_asked_and_warns_when_default(monkey
 
 @needs("fused_linear_cross_entropy")
 def test_fused_linear_cross_entropy_loss_and_grads_without_logits(monkeypatch, fallback):
-    base, new = _pair("qwen3-tiny")
     flce, ce = Counter(monkeypatch, "fused_linear_cross_entropy"), Counter(monkeypatch, "cross_entropy")
-    liger_rt.patch(new, fused_linear_cross_entropy=True)
-    ids, mask, labels = _inputs()
+    base, new, (ids, mask, labels) = _patched_pair("qwen3-tiny", fused_linear_cross_entropy=True)
     out = _assert_same(base, new, ids, mask, labels, atol=1e-6)
     assert out.logits is None and len(flce.calls) == 1 and ce.calls == []
     x, weight, target = flce.calls[0][:3]
@@ -427,9 +409,7 @@ def test_fused_linear_cross_entropy_loss_and_grads_without_logits(monkeypatch, f
 def test_fused_loss_builds_no_kv_cache_unless_asked(preset, fallback):
     """transformers builds a KV cache in every training forward (config.use_cache); the fused loss returns
     no logits, so it asks for none, unless the caller passes use_cache=True.  The loss is unchanged."""
-    base, new = _pair(preset)
-    liger_rt.patch(new, fused_linear_cross_entropy=True)
-    ids, mask, labels = _inputs()
+    base, new, (ids, mask, labels) = _patched_pair(preset, fused_linear_cross_entropy=True)
     want = base(input_ids=ids, attention_mask=mask, labels=labels)
     assert want.past_key_values is not None                     # the host's default, which we leave
     got = new(input_ids=ids, attention_mask=mask, labels=labels)
@@ -442,10 +422,8 @@ def test_fused_loss_builds_no_kv_cache_unless_asked(preset, fallback):
 
 @needs("fused_linear_cross_entropy")
 def test_logits_stay_when_the_caller_needs_them(monkeypatch, fallback):
-    base, new = _pair("qwen3-tiny")
     flce = Counter(monkeypatch, "fused_linear_cross_entropy")
-    liger_rt.patch(new, fused_linear_cross_entropy=True)
-    ids, mask, labels = _inputs()
+    base, new, (ids, mask, labels) = _patched_pair("qwen3-tiny", fused_linear_cross_entropy=True)
     want = base(input_ids=ids, attention_mask=mask, labels=labels)
     # RL: no labels -> logits (log-probs, entropy, KL)
     got = new(input_ids=ids, attention_mask=mask)
@@ -541,7 +519,7 @@ def test_instance_forwards_are_plain_bound_methods(fallback):
 @needs("fused_linear_cross_entropy")
 @pytest.mark.parametrize("level", ["instance", "class"])
 def test_fused_loss_binds_positional_arguments_like_the_host(level, fallback):
-    base, new = _pair("qwen3-tiny")
+    base, new = pair("qwen3-tiny")
     if level == "class":
         liger_rt.patch("qwen3", fused_linear_cross_entropy=True)
     else:
@@ -571,7 +549,7 @@ def test_fused_loss_forward_never_inspects(monkeypatch, fallback):
 @needs("fused_linear_cross_entropy")
 @pytest.mark.parametrize("level", ["instance", "class"])
 def test_generate_under_the_fused_loss_patch(level, monkeypatch, fallback):
-    base, new = _pair("qwen3-tiny")
+    base, new = pair("qwen3-tiny")
     if level == "class":
         liger_rt.patch("qwen3", fused_linear_cross_entropy=True)
     else:
@@ -596,19 +574,16 @@ def test_describe_a_model_built_under_a_class_patch(fallback):
 
 def test_fused_linear_cross_entropy_interpreter():
     pytest.importorskip("liger_rt.kernels.fused_linear_cross_entropy")
-    base, new = _pair("qwen3-tiny")
-    liger_rt.patch(new, rms_norm=False, swiglu=False, fused_linear_cross_entropy=True)
-    ids, mask, labels = _inputs()
+    base, new, (ids, mask, labels) = _patched_pair("qwen3-tiny", rms_norm=False, swiglu=False,
+                                                   fused_linear_cross_entropy=True)
     out = _assert_same(base, new, ids, mask, labels, atol=2e-5)
     assert out.logits is None
 
 
 @needs("cross_entropy")
 def test_cross_entropy_flag_installs_the_loss_function(monkeypatch, fallback):
-    base, new = _pair("llama-tiny")
     ce = Counter(monkeypatch, "cross_entropy")
-    liger_rt.patch(new, cross_entropy=True)
-    ids, mask, labels = _inputs()
+    base, new, (ids, mask, labels) = _patched_pair("llama-tiny", cross_entropy=True)
     out = _assert_same(base, new, ids, mask, labels, atol=1e-6)
     assert out.logits is not None and len(ce.calls) == 1
     liger_rt.unpatch(new)
@@ -644,7 +619,7 @@ def test_patched_context_manager_at_class_level(fallback):
     mod = importlib.import_module(QWEN3)
     original = mod.Qwen3MLP.__dict__["forward"]
     with liger_rt.patched("qwen3", rms_norm=False):
-        assert _ours(mod.Qwen3MLP.forward) is liger_rt.layers.mlp.swiglu_forward
+        assert ours(mod.Qwen3MLP.forward) is liger_rt.layers.mlp.swiglu_forward
         assert liger_rt.patch.describe("qwen3")["classes"] == ["Qwen3MLP"]
     assert mod.Qwen3MLP.forward is original and liger_rt.patch.describe("qwen3") is None
 
@@ -657,7 +632,7 @@ ROPE = needs("rms_norm", "swiglu", "rope")
 @ROPE
 @pytest.mark.parametrize("preset", ["qwen3-tiny", "llama-tiny"])
 def test_rope_patch_matches_unpatched_interpreter(preset, monkeypatch):
-    base, new = _pair(preset)
+    base, new = pair(preset)
     mod = importlib.import_module(type(new).__module__)
     host = mod.apply_rotary_pos_emb
     ids, mask, labels = _inputs()

@@ -8,7 +8,6 @@ import liger_rt.ops
 from liger_rt import backend, dispatch
 from liger_rt.kernels import rms_norm as rn
 from liger_rt.numerics import assert_close
-from liger_rt.tools.presets import get_preset
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 CPU = backend.profile("cpu")
@@ -136,39 +135,3 @@ def test_other_dtypes_and_empty_use_reference():
     w = torch.rand(16, dtype=torch.float64) + 0.5
     assert torch.equal(liger_rt.ops.rms_norm(x, w), rn.rms_norm_ref(x, w))
     assert liger_rt.ops.rms_norm(torch.randn(0, 16), torch.ones(16)).shape == (0, 16)
-
-
-def test_plan():
-    cpu = rn._plan(None, CPU, quick=False)
-    assert cpu and all(d["rows"] <= 32 and d["hidden"] <= 128 for d in cpu)
-    tiny = rn._plan(get_preset("qwen3-tiny"), CPU, quick=True)
-    assert tiny == [{"rows": 8, "hidden": 64}]
-    hopper = backend.profile("hopper")
-    full = rn._plan(get_preset("qwen3-4b"), hopper, quick=False)
-    assert {"rows": 16384, "hidden": 2560} in full and all(d["hidden"] == 2560 for d in full)
-    assert rn._plan(get_preset("qwen3-4b"), hopper, quick=True) == [{"rows": 4096, "hidden": 2560}]
-    assert rn._plan(None, hopper, quick=True)
-
-
-@pytest.mark.parametrize("impl", ["triton", "torch", "fuse", "fuse+triton"])
-def test_torch_compile_fullgraph_dynamic(monkeypatch, impl):
-    """Under torch.compile with LIGER_RT_COMPILE_POLICY=kernels the kernels run as custom ops, decided at trace
-    time (env respected); =fuse hands the op to the compiler unless LIGER_RT_IMPL_RMS_NORM says otherwise."""
-    if impl == "torch":
-        monkeypatch.setenv("LIGER_RT_IMPL_RMS_NORM", "torch")
-    monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "fuse" if impl.startswith("fuse") else "kernels")
-    if impl == "fuse+triton":
-        monkeypatch.setenv("LIGER_RT_IMPL_RMS_NORM", "triton")
-    dispatch.reset()
-    calls = []
-    real = rn.rms_norm_fwd
-    monkeypatch.setattr(rn, "rms_norm_fwd", lambda *a: calls.append(1) or real(*a))
-    torch._dynamo.reset()
-    f = torch.compile(lambda x, w: liger_rt.ops.rms_norm(x, w, 1e-6, 1.0) * 2.0, backend="aot_eager",
-                      fullgraph=True, dynamic=True)
-    for rows in (3, 5):   # a second shape in another bucket: recompiled with its own decision
-        x, w, dy = _inputs((2, rows, 40), torch.float32, seed=rows, w_mean=0.0)
-        outs = _fwd_bwd(f, x, w, dy)
-        refs = _fwd_bwd(lambda a, b: rn.rms_norm_ref(a, b, 1e-6, 1.0) * 2.0, x, w, dy)
-        _check(outs, refs, torch.float32, 2 * rows, f"compiled {impl} rows={rows}")
-    assert len(calls) == (2 if impl in ("triton", "fuse+triton") else 0)

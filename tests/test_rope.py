@@ -1,10 +1,8 @@
 """rope through the Triton interpreter: tiny shapes, fp64 references (the rotation written out, HF's
 apply_rotary_pos_emb)."""
-import json
 
 import pytest
 import torch
-from click.testing import CliRunner
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_rope
 
 from liger_rt.autograd import call_impl
@@ -12,8 +10,6 @@ import liger_rt.ops
 from liger_rt import backend, dispatch
 from liger_rt.kernels import rope as rp
 from liger_rt.numerics import assert_close
-from liger_rt.tools.cli import main
-from liger_rt.tools.presets import get_preset
 from routing import record_impls
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -234,58 +230,8 @@ def test_other_dtypes_and_empty_use_torch(ran):
         liger_rt.ops.rope(*(t.to(torch.int32) for t in _inputs(1, 3, 2, 2, 8, torch.float32)[:4]))
 
 
-def test_cpu_sweep_through_the_cli():
-    """`liger-tune sweep --arch cpu --op rope --quick`: every cpu candidate validates against torch
-    and the winner lands in the DB, where dispatch finds it."""
-    res = CliRunner().invoke(main, ["sweep", "--arch", "cpu", "--op", "rope", "--quick", "--json"])
-    assert res.exit_code == 0, res.output
-    (row,) = json.loads(res.stdout)["results"]
-    assert row["dims"] == _dims(4, 2, 16, 8) and row["failed"] == 0 and row["ms"] > 0, row
-    dispatch.reset()
-    d = dispatch.select("rope", dtype="bf16", arch="cpu", **_dims(4, 2, 16, 8))
-    assert d.origin == "db" and d.impl == row["impl"]
-
-
-def test_plan():
-    assert rp._plan(None, CPU, quick=True) == [_dims(4, 2, 16, 8)]
-    assert all(d["tokens"] <= 32 for d in rp._plan(None, CPU, quick=False))
-    assert rp._plan(get_preset("qwen3-4b-tiny"), CPU, quick=True) == [_dims(4, 2, 20, 8)]
-    hopper = backend.profile("hopper")
-    assert rp._plan(None, hopper, quick=True) == [_dims(16, 8, 128, 8192), _dims(32, 8, 128, 8192)]
-    full = rp._plan(None, hopper, quick=False)
-    assert _dims(16, 8, 128, 4096) in full and _dims(16, 8, 128, 8192) in full
-    assert rp._plan(get_preset("qwen3-1.7b"), hopper, quick=True) == [_dims(16, 8, 128, 4096)]
-    assert rp._plan(get_preset("llama-3.2-1b"), hopper, quick=False)[0]["head_dim"] == 64
-
-
-@pytest.mark.parametrize("impl", ["triton", "torch"])
-def test_torch_compile_fullgraph_dynamic(monkeypatch, impl):
-    """Under torch.compile (LIGER_RT_COMPILE_POLICY=kernels) the kernels run as custom ops, decided at trace
-    time (env respected)."""
-    monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "kernels")   # the custom-op path (the default fuse traces torch)
-    if impl == "torch":
-        monkeypatch.setenv("LIGER_RT_IMPL_ROPE", "torch")
-        dispatch.reset()
-    calls = []
-    real = rp.rope_fwd
-    monkeypatch.setattr(rp, "rope_fwd", lambda *a: calls.append(1) or real(*a))
-    torch._dynamo.reset()
-
-    def attn_inputs(q, k, cos, sin):
-        qe, ke = liger_rt.ops.rope(q, k, cos, sin)
-        return qe * 2.0, ke - 1.0
-
-    f = torch.compile(attn_inputs, backend="aot_eager", fullgraph=True, dynamic=True)
-    for seq in (3, 5):   # a second shape in another bucket: recompiled with its own decision
-        q, k, cos, sin, dq, dk = _inputs(2, seq, 4, 2, 8, torch.float32, seed=seq)
-        qe, ke, gq, gk = _exact(q, k, cos, sin, 2.0 * dq, dk)
-        _check(_fwd_bwd(f, q, k, cos, sin, dq, dk), [qe * 2.0, ke - 1.0, gq, gk], torch.float32,
-               f"compiled {impl} seq={seq}")
-    assert (len(calls) == 2) == (impl == "triton")
-
-
 def test_backward_keeps_q_and_k_free():
-    """HF's eager rope (and this kernel before the op spec) keeps only cos and sin for the backward:
+    """HF's eager rope keeps only cos and sin for the backward, and so does the kernel:
     q and k, the projections' outputs, are freed after the forward."""
     q, k, cos, sin, _, _ = _inputs(2, 5, 4, 2, 16, torch.float32, seed=15)
     q, k = q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_()

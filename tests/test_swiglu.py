@@ -4,16 +4,12 @@ import torch
 import torch.nn.functional as F
 
 import liger_rt.ops
-from liger_rt import backend, dispatch
-from liger_rt.kernels import gated_mlp as gm
 from liger_rt.kernels import swiglu as sw
 from liger_rt.numerics import assert_close
-from liger_rt.tools.presets import get_preset
-from gated_checks import check, cpu_heuristic, fwd_bwd, inputs, triton
+from gated_checks import check, check_reference_and_fp64, cpu_heuristic, fwd_bwd, inputs, triton
 from routing import record_impls
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-CPU = backend.profile("cpu")
 WIDE = sw.SwiGLUConfig(BLOCK_N=1024, ROWS=16, num_warps=4, bwd_num_warps=4)
 
 
@@ -28,12 +24,8 @@ def _exact(gate, up, dy):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_matches_reference(dtype):
-    gate, up, dy = inputs((3, 5, 100), dtype)
-    outs = fwd_bwd(triton(sw.OP, cpu_heuristic(sw.OP, 100)), gate, up, dy)
-    # the eager module's casting (silu rounded to the gate dtype)...
-    check(outs, fwd_bwd(sw.swiglu_ref, gate, up, dy), dtype, f"{dtype} vs ref")
-    # ...and the fp64 formula on the same values, within the dtype's tolerance
-    check(outs, _exact(gate, up, dy), dtype, f"{dtype} vs fp64")
+    """The eager module's casting (silu rounded to the gate dtype) and the fp64 formula."""
+    check_reference_and_fp64(sw.OP, sw.swiglu_ref, _exact, dtype)
 
 
 def test_matches_eager_module_numerics_bf16():
@@ -102,34 +94,3 @@ def test_errors_and_fallbacks(monkeypatch):
         torch.testing.assert_close(y, _exact(gate, up, u64)[0], rtol=1e-6, atol=1e-6)
     assert liger_rt.ops.swiglu(torch.randn(0, 8), torch.randn(0, 8)).shape == (0, 8)
     assert ran == ["torch"] * 3
-
-
-def test_plan():
-    cpu = gm.plan(None, CPU, quick=False)
-    assert cpu and all(d["rows"] <= 32 and d["cols"] <= 128 for d in cpu)
-    assert gm.plan(get_preset("llama-tiny"), CPU, quick=True) == [{"rows": 8, "cols": 96}]
-    hopper = backend.profile("hopper")
-    assert gm.plan(get_preset("qwen3-4b"), hopper, quick=True) == [{"rows": 4096, "cols": 9728}]
-    assert {"rows": 16384, "cols": 12288} in gm.plan(None, hopper, quick=False)
-
-
-@pytest.mark.parametrize("impl", ["triton", "torch"])
-def test_torch_compile_fullgraph_dynamic(monkeypatch, impl):
-    """Under torch.compile (LIGER_RT_COMPILE_POLICY=kernels) the kernels run as custom ops, decided at trace
-    time (env respected)."""
-    monkeypatch.setenv("LIGER_RT_COMPILE_POLICY", "kernels")   # the custom-op path (the default fuse traces torch)
-    if impl == "torch":
-        monkeypatch.setenv("LIGER_RT_IMPL_SWIGLU", "torch")
-        dispatch.reset()
-    calls = []
-    real = sw.swiglu_fwd
-    monkeypatch.setattr(sw, "swiglu_fwd", lambda *a: calls.append(1) or real(*a))
-    torch._dynamo.reset()
-    f = torch.compile(lambda g, u: liger_rt.ops.swiglu(g, u) * 2.0, backend="aot_eager", fullgraph=True, dynamic=True)
-    for rows in (3, 5):
-        gate, up, dy = inputs((2, rows, 40), torch.float32, seed=rows)
-        check(fwd_bwd(f, gate, up, dy), [t * 2.0 for t in _exact(gate, up, dy)], torch.float32,
-               f"compiled {impl} rows={rows}")
-    assert (len(calls) == 2) == (impl == "triton")
-
-
