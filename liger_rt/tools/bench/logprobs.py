@@ -14,6 +14,7 @@ only).  Columns: `ms` (do_bench median), `dev_ms` (CUDA-graph device time; none 
 from __future__ import annotations
 
 import gc
+import importlib
 from typing import Callable
 
 import click
@@ -76,20 +77,14 @@ def ours(x, w, t):
 def trl_arm(echo=print) -> Callable | None:
     if (fn := peer("trl.kernels", "ChunkedLogProbFunction", echo)) is None:
         return None
-    import sys
-    note = ""
     try:        # its backward imports this at call time; it needs accelerate, datasets, pandas, ...
-        import trl.trainer.utils  # noqa: F401
-    except Exception as exc:    # the wheel carried alone: its ZeRO-3 gather is a null context without DeepSpeed
-        import contextlib
-        import types
-        stub = types.ModuleType("trl.trainer.utils")
-        stub.maybe_gather_lm_head_ctx = lambda *params: contextlib.nullcontext()
-        sys.modules["trl.trainer.utils"] = stub
-        echo(f"  (trl.trainer.utils does not import: {type(exc).__name__}: {exc}; its maybe_gather_lm_head_ctx, "
-             f"a null context without DeepSpeed ZeRO-3, is stubbed for the trl arm)")
-        note = "; trl.trainer.utils stubbed"
-    vocab_tile = getattr(sys.modules["trl.trainer.utils"], "_CHUNKED_LOGPROB_CHUNK_SIZE", 32768)
+        utils = importlib.import_module("trl.trainer.utils")
+    except Exception as exc:
+        echo(f"  trl arm skipped: trl.trainer.utils does not import ({type(exc).__name__}: {exc}); "
+             f"benchmarks/bench_logprobs.py stands in for it where trl's wheel is carried alone")
+        return None
+    vocab_tile = getattr(utils, "_CHUNKED_LOGPROB_CHUNK_SIZE", 32768)
+    note = "; trl.trainer.utils stood in" if getattr(utils, "STAND_IN", False) else ""
 
     def arm(x, w, t):
         mask = t != -100
