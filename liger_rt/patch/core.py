@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .. import _swaps
+from ..registry import REGISTRY
 from .._swaps import ORIG_KEY as _ORIG_KEY, original
 from . import specs
 from .warning import PatchWarning
@@ -86,7 +87,6 @@ def _load(path: str):
 def _op_missing(op: str | None) -> str | None:
     if op is None:
         return None
-    from ..registry import REGISTRY         # import time: patch stays importable without torch
     name = REGISTRY.module(op)
     return None if hasattr(importlib.import_module(name), op) else f"{name} has no function {op}"
 
