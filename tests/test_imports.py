@@ -58,6 +58,24 @@ def _import_nodes(tree: ast.AST):
         stack.extend((child, inner) for child in ast.iter_child_nodes(node))
 
 
+def _package_attribute_uses(tree: ast.AST):
+    """``liger_rt.a.b`` attribute chains (after ``import liger_rt``: the root loads its submodules lazily, so
+    such a use imports them as surely as an import statement), with whether each sits inside a function."""
+    stack = [(tree, False)]
+    while stack:
+        node, local = stack.pop()
+        if isinstance(node, ast.Attribute):
+            parts, inner = [], node
+            while isinstance(inner, ast.Attribute):
+                parts.append(inner.attr)
+                inner = inner.value
+            if isinstance(inner, ast.Name) and inner.id == PACKAGE:
+                yield ".".join([PACKAGE, *reversed(parts)]), local
+                continue
+        inner_local = local or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        stack.extend((child, inner_local) for child in ast.iter_child_nodes(node))
+
+
 def import_edges() -> dict[str, dict[str, bool]]:
     """module -> {liger_rt module it imports: whether only inside functions}.  ``from X import name`` is
     an edge to X.name when that is a module, else to X; importing a submodule is not counted as importing
@@ -80,6 +98,8 @@ def import_edges() -> dict[str, dict[str, bool]]:
                 else:
                     prefix = node.module or ""
                 targets = [f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in mods else prefix for a in node.names]
+            if PACKAGE in targets:              # import liger_rt: what it then reaches through the root counts
+                targets += [t for t, in_fn in _package_attribute_uses(tree) if in_fn or not local]
             for target in targets:
                 while target and target not in mods and "." in target:
                     target = target.rsplit(".", 1)[0]      # import a.b.c where c is a name
@@ -147,6 +167,11 @@ def test_the_walk_sees_module_and_function_level_imports():
     assert edges["liger_rt.patch.core"]["liger_rt.layers.loss"] is True         # inside a function
     assert "liger_rt.patch.core" in edges["liger_rt.patch"]                     # from . import core
     assert "liger_rt.dispatch" not in edges["liger_rt.op"]                      # annotations only (TYPE_CHECKING)
+
+
+def test_the_walk_sees_what_import_liger_rt_reaches_through_the_root():
+    tree = ast.parse("import liger_rt\nX = liger_rt.env\ndef f():\n    return liger_rt.ops.rms_norm\n")
+    assert sorted(_package_attribute_uses(tree)) == [("liger_rt.env", False), ("liger_rt.ops.rms_norm", True)]
 
 
 def test_find_cycle_and_upward_imports_report_what_breaks_the_order():
