@@ -16,6 +16,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from bench_scripts import load_script, one_thread  # noqa: F401  (one_thread: autouse)
 from liger_rt.registry import REGISTRY
 from liger_rt.tools.bench import bench, harness as H, model as M, norms
 
@@ -26,24 +27,6 @@ SUMMARY_COLS = {"speedup", "mem_ratio", "loss_curves_overlap", "runs", "tok_per_
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
-
-
-def _load(relpath: str):
-    """A benchmarks/ script as a module (its main not run)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(Path(relpath).stem, BENCHMARKS / relpath)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models on a shared CPU: more threads only add spin-waiting."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _needs_patchers():
@@ -608,7 +591,7 @@ def _private_uses(path: Path) -> list[str]:
 def test_bench_models_runs_resolve_and_fit_the_card():
     """Every model run of benchmarks/bench_models.py builds its preset; groups expand; the batch is halved until the
     run's measured peak fits 90% of the card."""
-    bm = _load("bench_models.py")
+    bm = load_script("bench_models.py")
     assert bm.run_names([]) == bm.GROUPS["default"] and bm.run_names(["qwen3,families"])[:2] == ["qwen3", "gemma3"]
     with pytest.raises(SystemExit, match="unknown run 'nope'"):
         bm.run_names(["nope"])
@@ -724,7 +707,7 @@ def test_profile_memory_finds_what_is_live_at_the_peak(tmp_path):
     """benchmarks/profile/step_memory.py's replay of allocator events: the peak is where the live bytes are
     largest (a block counts until its free completes), charged to the innermost liger_rt/transformers
     frame, else the innermost outside torch."""
-    pm = _load("profile/step_memory.py")
+    pm = load_script("profile/step_memory.py")
 
     def frames(*files):
         return [{"filename": f, "line": i + 1, "name": f"f{i}"} for i, f in enumerate(files)]
@@ -757,7 +740,7 @@ def test_profile_moe_splits_device_time_by_gemm_family():
     """benchmarks/profile/moe_gemms.py: each MoE GEMM family's device time per step and its TFLOP/s (its share of
     the 18 * S * H * I FLOPs); both weight-gradient kernels count as one family, the rest as other."""
     from types import SimpleNamespace as E
-    pm = _load("profile/moe_gemms.py")
+    pm = load_script("profile/moe_gemms.py")
     assert sum(pm.FAMILIES.values()) == 18
     events = [E(key="_moe_up_fwd_kernel", device_time_total=8000.0), E(key="_moe_down_kernel", device_time_total=12000.0),
               E(key="_moe_up_bwd_kernel", device_time_total=4000.0), E(key="_moe_wgrad_kernel", device_time_total=2000.0),
@@ -778,7 +761,7 @@ def test_profile_moe_splits_device_time_by_gemm_family():
 def test_profile_host_cpu_floor_runs_and_restores_the_interpreter(capsys):
     """benchmarks/profile/host_layers.py without a GPU: both probes print, and the interpreter's run is put back."""
     from triton.runtime.interpreter import InterpretedFunction
-    ph = _load("profile/host_layers.py")
+    ph = load_script("profile/host_layers.py")
     run = InterpretedFunction.run
     ph.cpu_floor(calls=20)
     assert InterpretedFunction.run is run
@@ -791,7 +774,7 @@ def test_profile_model_gaps_charge_idle_to_the_launching_host_ops(capsys):
     around the launch of the kernel after it, "host late" when that launch came after the device went idle;
     overlapping kernels leave no gap, and a gap ended by an early launch (a dependency) is not host late."""
     import json
-    pm = _load("profile/step_time.py")
+    pm = load_script("profile/step_time.py")
 
     def x(cat, name, ts, dur, corr=None):
         return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur,

@@ -6,40 +6,19 @@ from __future__ import annotations
 
 import csv
 import gc
-import importlib.util
 import json
 import subprocess
 import sys
 import types
 import weakref
-from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
 
+from bench_scripts import load_script, one_thread  # noqa: F401  (one_thread: autouse)
 from liger_rt.tools.bench import MAX_SEQ_ARMS, bench, harness as H, max_seq as S, model as M
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(relpath: str):
-    spec = importlib.util.spec_from_file_location(Path(relpath).stem, BENCHMARKS / relpath)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod                    # dataclasses look their module up
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.modules.pop(spec.name, None)
-    return mod
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _oom_above(threshold: int, calls: list | None = None):
@@ -395,7 +374,7 @@ def test_format_max_seq_compares_with_the_baseline():
 # -- scripts -------------------------------------------------------------------------------------------------------
 
 def test_bench_models_max_seq_runs_resolve():
-    bm = _load("bench_models.py")
+    bm = load_script("bench_models.py")
     for name, run in bm.MAX_SEQ_RUNS.items():
         p = M.bench_preset(run["model_type"], run["preset"])
         assert p.layers >= 1 and not p.tiny, name
@@ -406,7 +385,7 @@ def test_peak_memory_accounts_the_peak_by_category():
     """benchmarks/profile/peak_memory.py: the blocks live at the step's peak, charged to gradients, saved
     activations (by module type; an address reused after its saved tensor was freed is not one), the fused loss's
     chunk, or the frame that allocated them."""
-    pm = _load("profile/peak_memory.py")
+    pm = load_script("profile/peak_memory.py")
     loss = [{"filename": "/x/liger_rt/kernels/fused_linear_cross_entropy.py", "line": 9, "name": "fwd"}]
     other = [{"filename": "/x/torch/autograd/graph.py", "line": 1, "name": "run"}]
     events = [
@@ -434,7 +413,7 @@ def test_peak_memory_saved_tensor_hook_names_the_module_types(arm, monkeypatch):
     """peak_memory.py's saved-tensor hook on CPU: every tensor kept for the backward that is no parameter, under the
     module type that saved it; the step's loss and gradients are those of a step without the hooks."""
     _torch_references(monkeypatch)
-    pm = _load("profile/peak_memory.py")
+    pm = load_script("profile/peak_memory.py")
     model, step_model, opt, undo = S.build_arm(_spec(arm))
     ids = M.random_ids(model, 1, 16, 0, "cpu")
     hooks = [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.modules()]
