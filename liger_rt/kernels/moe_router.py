@@ -5,8 +5,8 @@ normalisation with a 1e-6 guard, then routed_scaling_factor.
 
 The experts picked equal HF's (transformers Lfm2MoeTopKRouter.forward) in every dtype: the fp32 sigmoid is rounded
 (to nearest even) to the logits dtype before selection; `scores + expert_bias` follows torch's promotion (bf16 + the
-fp32 bias buffer is fp32); ties go to the lower expert index (torch.topk's set on CUDA; CPU topk picks among ties
-arbitrarily, so the reference uses a stable descending sort); NaN ranks above every number, so a NaN score is picked
+fp32 bias buffer is fp32); ties go to the lower expert index (a stable descending sort; torch.topk may pick any of equal
+scores, on CUDA as on CPU); NaN ranks above every number, so a NaN score is picked
 first and, normalised, makes its row's weights NaN. Weights come from the unbiased scores, normalised in fp32 (HF:
 in the logits dtype) and rounded once to the logits dtype; indices are int64.
 
@@ -67,15 +67,13 @@ def moe_router_eager(logits: torch.Tensor, top_k: int, expert_bias: torch.Tensor
     """Hugging Face's formula (Lfm2MoeTopKRouter.forward after the gate projection) in the logits dtype, differentiated
     by autograd (the `eager` impl): what the unpatched model computes, in about half the reference's ops (no fp32
     round trips), the cheapest host path where a call costs more host time than its kernels save.  The experts equal
-    the reference's (the sigmoid in the logits dtype is its fp32 sigmoid rounded once; ties to the lower index: CUDA's
-    topk, on CPU a stable sort); the weights are normalised in the logits dtype, as HF does (within one rounding of
+    the reference's (the sigmoid in the logits dtype is its fp32 sigmoid rounded once; ties to the lower index by a
+    stable sort, where HF's topk may pick any of equal scores); the weights are normalised in the logits dtype, as HF does (within one rounding of
     the reference's fp32 normalisation)."""
     scores = logits.sigmoid()
     route = (scores if expert_bias is None else scores + expert_bias).detach()
-    if route.is_cuda:
-        indices = torch.topk(route, top_k, dim=-1).indices
-    else:       # CPU topk orders equal values arbitrarily
-        indices = torch.sort(route, dim=-1, descending=True, stable=True).indices[..., :top_k]
+    # a stable descending sort, not topk: topk on CUDA and on CPU may pick any of equal scores
+    indices = torch.sort(route, dim=-1, descending=True, stable=True).indices[..., :top_k]
     weights = torch.gather(scores, -1, indices)
     if norm_topk_prob:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-6)

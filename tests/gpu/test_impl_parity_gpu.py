@@ -29,6 +29,7 @@ if torch.cuda.is_available() and interpreter_on():
 
 IN_PROCESS = [p for p in ROWS if not p.values[1].gpu_assert]
 ASSERTING = [p for p in ROWS if p.values[1].gpu_assert]
+CHILD_TIMEOUT_S = 180     # a child imports torch and compiles one kernel: seconds, not minutes
 
 
 @pytest.mark.parametrize("op_name,row", IN_PROCESS)
@@ -58,8 +59,13 @@ def test_device_assertion_whatever_the_implementation_gpu(op_name, row, tmp_path
     for impl in impls:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LIGER_")}
         env.update({f"LIGER_RT_IMPL_{op_name.upper()}": impl, "LIGER_RT_TUNING_DB": str(tmp_path / "tuning.db")})
-        child = subprocess.run([sys.executable, "-c", _CHILD.format(tests=str(TESTS), op=op_name, name=row.name)],
-                               env=env, capture_output=True, text=True, timeout=600, cwd=TESTS.parent)
+        try:
+            child = subprocess.run([sys.executable, "-c", _CHILD.format(tests=str(TESTS), op=op_name, name=row.name)],
+                                   env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=TESTS.parent)
+        except subprocess.TimeoutExpired as exc:
+            tail = (exc.stderr or b"")[-2000:]
+            pytest.fail(f"{op_name} {row.name} with {impl}: no answer within {CHILD_TIMEOUT_S} s (a hang is neither "
+                        f"an error nor a result); stderr tail: {tail!r}")
         if "cannot run here" in child.stderr:     # never picked for this input
             continue
         assert child.returncode != 0 and "finished without an error" not in child.stdout, (impl, child.stdout)
