@@ -68,8 +68,8 @@ def moe_router_eager(logits: torch.Tensor, top_k: int, expert_bias: torch.Tensor
     by autograd (the `eager` impl): what the unpatched model computes, in about half the reference's ops (no fp32
     round trips), the cheapest host path where a call costs more host time than its kernels save.  The experts equal
     the reference's (the sigmoid in the logits dtype is its fp32 sigmoid rounded once; ties to the lower index by a
-    stable sort, where HF's topk may pick any of equal scores); the weights are normalised in the logits dtype, as HF does (within one rounding of
-    the reference's fp32 normalisation)."""
+    stable sort, where HF's topk may pick any of equal scores); the weights are normalised in the logits dtype, as HF
+    does (within one rounding of the reference's fp32 normalisation)."""
     scores = logits.sigmoid()
     route = (scores if expert_bias is None else scores + expert_bias).detach()
     # a stable descending sort, not topk: topk on CUDA and on CPU may pick any of equal scores
