@@ -26,8 +26,8 @@ from ..launch import bind, launch_memo
 from ..op import Case, Impl, Op
 from ._common import next_pow2, row_layout, row_plan, to_dtype, triton_available
 from .rms_norm import rms_norm_ref
-from .row_norm import (RowNormConfig, bind_partial_sum, bind_persistent_residual_bwd, check_hidden, load_row_block,
-                       norm_bwd, norm_candidates, norm_fwd, supports)
+from .row_norm import (RowNormConfig, bind_partial_sum, bind_persistent_bwd, check_hidden, load_row_block, norm_bwd,
+                       norm_candidates, norm_fwd, rms_norm_store_row, rms_norm_store_rows, supports)
 
 
 def fused_add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
@@ -50,24 +50,14 @@ def _fused_add_rms_norm_fwd_kernel(X, R, W, Y, S, RSTD, stride_x, stride_r, stri
         r = tl.load(R + row * stride_r + o_n, mask=m_n, other=0.0).to(tl.float32)
         s = to_dtype(x + r, S.dtype.element_ty, RNE_BF16)
         tl.store(S + row * stride_y + o_n, s, mask=m_n)
-        s = s.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(s * s, axis=0) / N + eps)
-        tl.store(RSTD + row, rstd)
-        sn = to_dtype(s * rstd, S.dtype.element_ty, RNE_BF16).to(tl.float32)
-        w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32) + offset
-        tl.store(Y + row * stride_y + o_n, to_dtype(sn * w, Y.dtype.element_ty, RNE_BF16), mask=m_n)
+        rms_norm_store_row(s.to(tl.float32), S, W, Y, RSTD, row, stride_y, o_n, m_n, N, eps, offset, RNE_BF16)
     else:
         x, o_m, o_m64, m_m, mask = load_row_block(X, stride_x, M, o_n, m_n, ROWS)
         r, _, _, _, _ = load_row_block(R, stride_r, M, o_n, m_n, ROWS)
         s = to_dtype(x + r, S.dtype.element_ty, RNE_BF16)
         tl.store(S + o_m64[:, None] * stride_y + o_n[None, :], s, mask=mask)
-        s = s.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(s * s, axis=1) / N + eps)
-        sn = to_dtype(s * rstd[:, None], S.dtype.element_ty, RNE_BF16).to(tl.float32)
-        w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32) + offset
-        y = sn * w[None, :]
-        tl.store(Y + o_m64[:, None] * stride_y + o_n[None, :], to_dtype(y, Y.dtype.element_ty, RNE_BF16), mask=mask)
-        tl.store(RSTD + o_m, rstd, mask=m_m)
+        rms_norm_store_rows(s.to(tl.float32), S, W, Y, RSTD, o_m, o_m64, m_m, mask, stride_y, o_n, m_n, N, eps, offset,
+                            RNE_BF16)
 
 
 @launch_memo
@@ -79,7 +69,7 @@ def _fwd_launch(config, m: int, n: int):
 @launch_memo
 def _bwd_launch(config, m: int, n: int, device: torch.device, has_ds: bool):
     """(programs, the persistent backward, the dW-sum kernel), bound, at m rows of n on `device`."""
-    grid, bwd = bind_persistent_residual_bwd(config, m, n, device, has_ds=has_ds)
+    grid, bwd = bind_persistent_bwd(config, m, n, device, centered=False, has_ds=has_ds)
     return grid, bwd, bind_partial_sum(n, device)
 
 
@@ -115,7 +105,7 @@ def fused_add_rms_norm_bwd(dy: torch.Tensor, ds: torch.Tensor | None, s: torch.T
         return dx, torch.zeros_like(weight)
     grid, bwd_kernel, dw_kernel = _bwd_launch(config, m, n, s.device, ds is not None)
     part = torch.empty((grid, n), dtype=torch.float32, device=s.device)
-    bwd_kernel(dy2, ds2, s2, weight, rstd, dx, part, stride_dy, stride_ds, stride_s, n, m, n, float(offset))
+    bwd_kernel(dy2, s2, weight, None, rstd, dx, part, None, ds2, stride_dy, stride_s, n, stride_ds, m, n, float(offset))
     dw = torch.empty_like(weight, memory_format=torch.contiguous_format)
     dw_kernel(part, None, dw, None, grid, n)
     return dx, dw

@@ -118,7 +118,8 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
     grid, bwd_kernel, sum_kernel = _bwd_launch(config, m, n, has_bias, x.device)
     part = torch.empty((2 if has_bias else 1, grid, n), dtype=torch.float32, device=x.device)
     part_b = part[1] if has_bias else None
-    bwd_kernel(dy2, x2, weight, mean, rstd, dx, part[0], part_b, stride_dy, stride_x, n, m, n, None)   # no offset
+    bwd_kernel(dy2, x2, weight, mean, rstd, dx, part[0], part_b, None, stride_dy, stride_x, n, 0, m, n,
+               None)   # no offset
     dw = torch.empty_like(weight, memory_format=torch.contiguous_format)
     db = torch.empty_like(bias, memory_format=torch.contiguous_format) if has_bias else None
     sum_kernel(part[0], part_b, dw, db, grid, n)

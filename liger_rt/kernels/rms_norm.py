@@ -30,7 +30,7 @@ from ..op import Case, Impl, Op, check_dtype
 from ._common import next_pow2, row_layout, row_plan, to_dtype, triton_available
 from .row_norm import MAX_HIDDEN  # noqa: F401  (the op's width limit, as rms_norm.MAX_HIDDEN)
 from .row_norm import (RowNormConfig, bind_partial_sum, bind_persistent_bwd, check_hidden, load_row_block, norm_bwd,
-                       norm_candidates, norm_fwd, persistent_grid, supports)
+                       norm_candidates, norm_fwd, persistent_grid, rms_norm_store_row, rms_norm_store_rows, supports)
 from ._common import block_problem
 
 TILE_BWD_MAX_HIDDEN = 256   # the heuristic's backward walks (rows, hidden) tiles up to this hidden
@@ -58,19 +58,10 @@ def _rms_norm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps, offset,
     if ROWS == 1:   # one row per program, 1-D tiles and scalar row statistics (Liger-Kernel's shape)
         row = tl.program_id(0).to(tl.int64)
         x = tl.load(X + row * stride_x + o_n, mask=m_n, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
-        tl.store(RSTD + row, rstd)
-        xn = to_dtype(x * rstd, X.dtype.element_ty, RNE_BF16).to(tl.float32)
-        w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32) + offset
-        tl.store(Y + row * stride_y + o_n, to_dtype(xn * w, Y.dtype.element_ty, RNE_BF16), mask=m_n)
+        rms_norm_store_row(x, X, W, Y, RSTD, row, stride_y, o_n, m_n, N, eps, offset, RNE_BF16)
     else:
         x, o_m, o_m64, m_m, mask = load_row_block(X, stride_x, M, o_n, m_n, ROWS)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
-        xn = to_dtype(x * rstd[:, None], X.dtype.element_ty, RNE_BF16).to(tl.float32)
-        w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32) + offset
-        y = xn * w[None, :]
-        tl.store(Y + o_m64[:, None] * stride_y + o_n[None, :], to_dtype(y, Y.dtype.element_ty, RNE_BF16), mask=mask)
-        tl.store(RSTD + o_m, rstd, mask=m_m)
+        rms_norm_store_rows(x, X, W, Y, RSTD, o_m, o_m64, m_m, mask, stride_y, o_n, m_n, N, eps, offset, RNE_BF16)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -150,7 +141,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: 
     if config.bwd_rows > 1:
         bwd_kernel(dy2, x2, weight, rstd, dx, part, stride_dy, stride_x, n, m, n, float(offset))
     else:   # (DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, ...): no mean, no bias
-        bwd_kernel(dy2, x2, weight, None, rstd, dx, part, None, stride_dy, stride_x, n, m, n, float(offset))
+        bwd_kernel(dy2, x2, weight, None, rstd, dx, part, None, None, stride_dy, stride_x, n, 0, m, n, float(offset))
     dw = torch.empty_like(weight, memory_format=torch.contiguous_format)
     dw_kernel(part, None, dw, None, grid, n)
     return dx, dw

@@ -116,6 +116,29 @@ def load_row_block(X, stride_x, M, o_n, m_n, ROWS: tl.constexpr):
     return x, o_m, o_m64, m_m, mask
 
 
+@triton.jit
+def rms_norm_store_row(x, XP, W, Y, RSTD, row, stride_y, o_n, m_n, N, eps, offset, RNE_BF16: tl.constexpr):
+    """One fp32 row x (the values of XP's dtype): stores rstd and y = round(x * rstd) * (offset + w), the
+    normalised row rounded to XP's dtype as the forward multiplies it."""
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+    tl.store(RSTD + row, rstd)
+    xn = to_dtype(x * rstd, XP.dtype.element_ty, RNE_BF16).to(tl.float32)
+    w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32) + offset
+    tl.store(Y + row * stride_y + o_n, to_dtype(xn * w, Y.dtype.element_ty, RNE_BF16), mask=m_n)
+
+
+@triton.jit
+def rms_norm_store_rows(x, XP, W, Y, RSTD, o_m, o_m64, m_m, mask, stride_y, o_n, m_n, N, eps, offset,
+                        RNE_BF16: tl.constexpr):
+    """rms_norm_store_row on a (ROWS, BLOCK_N) block of fp32 rows (load_row_block's offsets and masks)."""
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+    xn = to_dtype(x * rstd[:, None], XP.dtype.element_ty, RNE_BF16).to(tl.float32)
+    w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32) + offset
+    y = xn * w[None, :]
+    tl.store(Y + o_m64[:, None] * stride_y + o_n[None, :], to_dtype(y, Y.dtype.element_ty, RNE_BF16), mask=mask)
+    tl.store(RSTD + o_m, rstd, mask=m_m)
+
+
 # -- the persistent backward ------------------------------------------------------------------------------
 
 def persistent_grid(m: int, device: torch.device, progs_per_sm: int) -> int:
@@ -130,15 +153,17 @@ def partial_sum_tile(device: torch.device) -> tuple[int, int]:
 
 
 @triton.jit(do_not_specialize=["M"])
-def row_norm_bwd_kernel(DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, stride_dy, stride_x, stride_dx, M, N, offset,
-                        BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, CENTERED: tl.constexpr,
-                        HAS_BIAS: tl.constexpr, RNE_BF16: tl.constexpr):
+def row_norm_bwd_kernel(DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, DS, stride_dy, stride_x, stride_dx, stride_ds, M,
+                        N, offset, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, CENTERED: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, HAS_DS: tl.constexpr, RNE_BF16: tl.constexpr):
     """dx rows and this program's fp32 partial dW (dB) row; program pid takes rows pid, pid + G, ... (G = grid <= M).
 
     RMSNorm (CENTERED off): xhat = x * rstd, y = round(xhat) * (offset + w); dW sees xhat rounded to x's dtype, as
     the forward multiplied it; dx = (g - xhat * mean(g * xhat)) * rstd with g = dy * (offset + w).
     LayerNorm (CENTERED): xhat = (x - mean) * rstd, y = xhat * w (+ b); dx = (g - xhat * mean(g * xhat) - mean(g))
-    * rstd with g = dy * w; dB = sum dy (HAS_BIAS).  MEAN, DB_PART and offset may be None where they do not apply.
+    * rstd with g = dy * w; dB = sum dy (HAS_BIAS).  HAS_DS: x = a + b was an output too (fused_add_rms_norm.py)
+    and DS its gradient, added to dx (the gradient of both addends).  MEAN, DB_PART, DS and offset may be None
+    where they do not apply.
     """
     pid = tl.program_id(0)
     G = tl.num_programs(0)
@@ -150,6 +175,8 @@ def row_norm_bwd_kernel(DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, stride_dy, s
         p64 = pid.to(tl.int64)
         dy_nx = tl.load(DY + p64 * stride_dy + o_n, mask=m_n, other=0.0)
         x_nx = tl.load(X + p64 * stride_x + o_n, mask=m_n, other=0.0)
+        if HAS_DS:
+            ds_nx = tl.load(DS + p64 * stride_ds + o_n, mask=m_n, other=0.0)
     for i in tl.range(0, tl.cdiv(M - pid, G)):
         row = pid + i * G
         r64 = row.to(tl.int64)
@@ -159,9 +186,14 @@ def row_norm_bwd_kernel(DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, stride_dy, s
             m_nx = o_n < tl.where(row + G < M, N, 0)   # the next row, if any
             dy_nx = tl.load(DY + (r64 + G) * stride_dy + o_n, mask=m_nx, other=0.0)
             x_nx = tl.load(X + (r64 + G) * stride_x + o_n, mask=m_nx, other=0.0)
+            if HAS_DS:
+                ds = ds_nx.to(tl.float32)
+                ds_nx = tl.load(DS + (r64 + G) * stride_ds + o_n, mask=m_nx, other=0.0)
         else:
             dy = tl.load(DY + r64 * stride_dy + o_n, mask=m_n, other=0.0).to(tl.float32)
             x = tl.load(X + r64 * stride_x + o_n, mask=m_n, other=0.0).to(tl.float32)
+            if HAS_DS:
+                ds = tl.load(DS + r64 * stride_ds + o_n, mask=m_n, other=0.0).to(tl.float32)
         rstd = tl.load(RSTD + r64)
         w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)   # L1-resident
         if CENTERED:
@@ -179,6 +211,8 @@ def row_norm_bwd_kernel(DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, stride_dy, s
             g = dy * (w + offset)
             c = tl.sum(g * xhat, axis=0) / N
             dx = (g - xhat * c) * rstd
+        if HAS_DS:
+            dx += ds
         tl.store(DX + r64 * stride_dx + o_n, to_dtype(dx, DX.dtype.element_ty, RNE_BF16), mask=m_n)
     p_off = pid.to(tl.int64) * N
     tl.store(DW_PART + p_off + o_n, acc_w, mask=m_n)
@@ -207,11 +241,12 @@ def row_norm_partial_sum_kernel(PW, PB, DW, DB, G, N, BLOCK_G: tl.constexpr, BLO
 
 
 def bind_persistent_bwd(config: RowNormConfig, m: int, n: int, device: torch.device, *, centered: bool,
-                        has_bias: bool = False):
+                        has_bias: bool = False, has_ds: bool = False):
     """(programs, the persistent backward kernel bound for them) at m rows of n on `device`."""
     grid = persistent_grid(m, device, config.bwd_progs_per_sm)
     return grid, bind(row_norm_bwd_kernel, (grid,), BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch),
-                      CENTERED=centered, HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=config.bwd_num_warps)
+                      CENTERED=centered, HAS_BIAS=has_bias, HAS_DS=has_ds, RNE_BF16=interpreter_on(),
+                      num_warps=config.bwd_num_warps)
 
 
 def bind_partial_sum(n: int, device: torch.device, *, has_bias: bool = False):
@@ -219,61 +254,3 @@ def bind_partial_sum(n: int, device: torch.device, *, has_bias: bool = False):
     block_r, block_g = partial_sum_tile(device)
     return bind(row_norm_partial_sum_kernel, (triton.cdiv(n, block_r),), BLOCK_G=block_g, BLOCK_R=block_r,
                 HAS_BIAS=has_bias, RNE_BF16=interpreter_on(), num_warps=4)
-
-
-# -- the persistent backward of a residual add before the norm (fused_add_rms_norm.py) --------------------
-
-@triton.jit(do_not_specialize=["M"])
-def rms_norm_residual_bwd_kernel(DY, DS, S, W, RSTD, DX, DW_PART, stride_dy, stride_ds, stride_s, stride_dx, M, N,
-                                 offset, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, HAS_DS: tl.constexpr,
-                                 RNE_BF16: tl.constexpr):
-    """RMSNorm's persistent backward for y = rms_norm(s), s = x + residual, where s is an output too: the rows of
-    ds = dy_rms + d(s) (the gradient of x and of the residual alike) and this program's fp32 partial dW row.
-    Program pid takes rows pid, pid + G, ... (G = grid <= M); without HAS_DS (no gradient reached s) DS is None.
-    dx = (g - shat * mean(g * shat)) * rstd + d(s), g = dy * (offset + w), shat = s * rstd; dW sees shat rounded
-    to s's dtype, as the forward multiplied it."""
-    pid = tl.program_id(0)
-    G = tl.num_programs(0)
-    o_n = tl.arange(0, BLOCK_N)
-    m_n = o_n < N
-    acc_w = tl.zeros([BLOCK_N], dtype=tl.float32)
-    ds = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if PREFETCH:  # register double buffering: the next row's loads fly while this row computes
-        p64 = pid.to(tl.int64)
-        dy_nx = tl.load(DY + p64 * stride_dy + o_n, mask=m_n, other=0.0)
-        s_nx = tl.load(S + p64 * stride_s + o_n, mask=m_n, other=0.0)
-        if HAS_DS:
-            ds_nx = tl.load(DS + p64 * stride_ds + o_n, mask=m_n, other=0.0)
-    for i in tl.range(0, tl.cdiv(M - pid, G)):
-        row = pid + i * G
-        r64 = row.to(tl.int64)
-        if PREFETCH:
-            dy = dy_nx.to(tl.float32)
-            s = s_nx.to(tl.float32)
-            m_nx = o_n < tl.where(row + G < M, N, 0)   # the next row, if any
-            dy_nx = tl.load(DY + (r64 + G) * stride_dy + o_n, mask=m_nx, other=0.0)
-            s_nx = tl.load(S + (r64 + G) * stride_s + o_n, mask=m_nx, other=0.0)
-            if HAS_DS:
-                ds = ds_nx.to(tl.float32)
-                ds_nx = tl.load(DS + (r64 + G) * stride_ds + o_n, mask=m_nx, other=0.0)
-        else:
-            dy = tl.load(DY + r64 * stride_dy + o_n, mask=m_n, other=0.0).to(tl.float32)
-            s = tl.load(S + r64 * stride_s + o_n, mask=m_n, other=0.0).to(tl.float32)
-            if HAS_DS:
-                ds = tl.load(DS + r64 * stride_ds + o_n, mask=m_n, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + r64)
-        w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)   # L1-resident
-        shat = s * rstd
-        acc_w += dy * to_dtype(shat, S.dtype.element_ty, RNE_BF16).to(tl.float32)
-        g = dy * (w + offset)
-        c = tl.sum(g * shat, axis=0) / N
-        dx = (g - shat * c) * rstd + ds
-        tl.store(DX + r64 * stride_dx + o_n, to_dtype(dx, DX.dtype.element_ty, RNE_BF16), mask=m_n)
-    tl.store(DW_PART + pid.to(tl.int64) * N + o_n, acc_w, mask=m_n)
-
-
-def bind_persistent_residual_bwd(config: RowNormConfig, m: int, n: int, device: torch.device, *, has_ds: bool):
-    """(programs, rms_norm_residual_bwd_kernel bound for them) at m rows of n on `device`."""
-    grid = persistent_grid(m, device, config.bwd_progs_per_sm)
-    return grid, bind(rms_norm_residual_bwd_kernel, (grid,), BLOCK_N=next_pow2(n), PREFETCH=bool(config.bwd_prefetch),
-                      HAS_DS=has_ds, RNE_BF16=interpreter_on(), num_warps=config.bwd_num_warps)
