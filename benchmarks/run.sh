@@ -6,7 +6,7 @@
 #   STEP_TIME_ARGS="--run lfm2moerope --gaps" bash benchmarks/run.sh profile/step_time   # a benchmarks/profile/ script
 #
 # Stages (a stage's extra arguments come from <STAGE>_ARGS, its time limit in seconds from <STAGE>_S):
-#   gputests   pytest -m gpu tests/gpu (GPUTESTS: other paths; GPUTEST_K: a -k expression)
+#   gputests   pytest -m gpu tests/gpu (GPUTESTS: other paths; GPUTEST_K: a -k expression), outcomes to gputests.txt
 #   norms gated_mlp losses logprobs lfm2 moe    the kernel families (benchmarks/bench_*.py)
 #   models     model training steps, eager (bench_models.py; MODELS_ARGS="--run qwen3,lfm2")
 #   compiled   the same with torch.compile arms at B4 x T2048 and the host-bound B1 x T512
@@ -47,6 +47,13 @@ stage() {  # name, seconds, command...: logged, timed out after the seconds, its
   echo "$name $rc" >> "$OUT/stages.txt"
 }
 
+gputests_header() {
+  python3 -c "import torch, triton, transformers as tf
+gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'
+print(f'# pytest -m gpu on {gpu} (torch {torch.__version__}, Triton {triton.__version__}, transformers {tf.__version__})'
+      ', commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%F)')" 2>&1
+}
+
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>&1 | tee -a "$LOG"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,
 'transformers', transformers.__version__, 'GPUs', torch.cuda.device_count())" 2>&1 | tee -a "$LOG"
@@ -57,8 +64,12 @@ export NCCL_NVLS_ENABLE=0     # NCCL's NVLink multicast (NVLS) off: not every mu
 
 for s in "$@"; do
   case $s in
-    gputests)  stage gputests "${GPUTESTS_S:-600}" python3 -m pytest -m gpu ${GPUTESTS:-tests/gpu} -q \
-                 ${GPUTEST_K:+-k "$GPUTEST_K"} -p no:cacheprovider -rfE ;;
+    gputests)  # every test's outcome also goes to $OUT/gputests.txt under a header line (GPU, versions, commit),
+               # the form benchmarks/data/gputests/ keeps
+               gputests_header > "$OUT/gputests.txt"
+               stage gputests "${GPUTESTS_S:-600}" bash -c "python3 -m pytest -m gpu ${GPUTESTS:-tests/gpu} -v \
+                 ${GPUTEST_K:+-k '$GPUTEST_K'} -p no:cacheprovider -rfE | tee -a '$OUT/gputests.txt' \
+                 | grep -v PASSED; exit \${PIPESTATUS[0]}" ;;
     norms)     stage norms "${NORMS_S:-300}" python3 benchmarks/bench_norms.py $Q $D ${NORMS_ARGS:-} ;;
     gated_mlp) stage gated_mlp "${GATED_MLP_S:-200}" python3 benchmarks/bench_gated_mlp.py $Q $D ${GATED_MLP_ARGS:-} ;;
     losses)    stage losses "${LOSSES_S:-300}" python3 benchmarks/bench_losses.py $Q $D ${LOSSES_ARGS:-} ;;
