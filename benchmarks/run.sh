@@ -50,7 +50,8 @@ stage() {  # name, seconds, command...: logged, timed out after the seconds, its
 gputests_header() {
   python3 -c "import torch, triton, transformers as tf
 gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'
-print(f'# pytest -m gpu on {gpu} (torch {torch.__version__}, Triton {triton.__version__}, transformers {tf.__version__})'
+v = f'torch {torch.__version__}, Triton {triton.__version__}, transformers {tf.__version__}'
+print(f'# pytest -m gpu on {gpu} ({v})'
       ', commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%F)')" 2>&1
 }
 
