@@ -86,6 +86,19 @@ def test_explain_per_device_on_a_cpu_machine(per_device):
     assert "user DB, sweep, cuda-graph on h200 (NVIDIA H200, 132 SMs)" in text.stdout
 
 
+def test_another_device_tier_answers_from_one_device(no_shipped_defaults):
+    """Rows of two other hopper devices: the fastest row's device answers, and its own torch row is the baseline the
+    reason quotes (never another device's)."""
+    with open_store() as store:
+        for name, triton_ms, torch_ms in (("NVIDIA H100 80GB HBM3", 1.0, 0.9), ("NVIDIA H200", 0.5, 0.7)):
+            store.put_tuning(_row(name, 4 if "H200" in name else 2, triton_ms))
+            store.put_tuning(_row(name, 0, torch_ms, impl="torch", config={}))
+    dispatch.reset()
+    gh200 = _explain("--device", "gh200")
+    assert (gh200["impl"], gh200["origin"], gh200["config"]["num_warps"]) == ("triton", "arch:h200", 4)
+    assert "0.5 ms, torch 0.7 ms" in gh200["reason"], gh200["reason"]
+
+
 def test_this_device_wins_over_a_faster_sibling_and_stale_means_code_or_software(per_device):
     target = dispatch.target_for_arch("hopper")                       # planning: the reference part, an H100
     assert backend.device_class(target.arch.device_name) == "h100"
