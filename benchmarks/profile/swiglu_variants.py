@@ -42,12 +42,7 @@ DEFAULT_SHAPES = "16384x8192,8192x12288,4096x14336"
 # -- variant kernels (the shipped ones stay in liger_rt/kernels/swiglu.py) -----------------------------------
 
 @triton.jit
-def _row_fwd(G, U, Y, stride, N: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    G += row * stride
-    U += row * stride
-    Y += row * N
-    o = tl.arange(0, BLOCK)
+def _fwd_tile(G, U, Y, o, N: tl.constexpr):
     m = o < N
     g = tl.load(G + o, mask=m, other=0.0).to(tl.float32)
     u = tl.load(U + o, mask=m, other=0.0).to(tl.float32)
@@ -56,15 +51,8 @@ def _row_fwd(G, U, Y, stride, N: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _row_bwd(DY, G, U, DG, DU, stride, N: tl.constexpr, BLOCK: tl.constexpr):
-    # DG, DU may be G, U (in place): each program reads its row of both before it writes it
-    row = tl.program_id(0).to(tl.int64)
-    DY += row * N
-    G += row * stride
-    U += row * stride
-    DG += row * stride
-    DU += row * stride
-    o = tl.arange(0, BLOCK)
+def _bwd_tile(DY, G, U, DG, DU, o, N: tl.constexpr):
+    # DG, DU may be G, U (in place): a tile reads its elements of both before it writes them
     m = o < N
     dy = tl.load(DY + o, mask=m, other=0.0).to(tl.float32)
     g = tl.load(G + o, mask=m, other=0.0).to(tl.float32)
@@ -78,40 +66,32 @@ def _row_bwd(DY, G, U, DG, DU, stride, N: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _rowloop_fwd(G, U, Y, stride, N: tl.constexpr, BLOCK: tl.constexpr):
+def _fwd(G, U, Y, stride, N: tl.constexpr, BLOCK: tl.constexpr, LOOP: tl.constexpr):
+    """One program per row: the whole row in one tile, or (LOOP) BLOCK columns at a time."""
     row = tl.program_id(0).to(tl.int64)
     G += row * stride
     U += row * stride
     Y += row * N
-    for start in tl.range(0, N, BLOCK):
-        o = start + tl.arange(0, BLOCK)
-        m = o < N
-        g = tl.load(G + o, mask=m, other=0.0).to(tl.float32)
-        u = tl.load(U + o, mask=m, other=0.0).to(tl.float32)
-        s = (g * tl.sigmoid(g)).to(Y.dtype.element_ty).to(tl.float32)
-        tl.store(Y + o, (s * u).to(Y.dtype.element_ty), mask=m)
+    if LOOP:
+        for start in tl.range(0, N, BLOCK):
+            _fwd_tile(G, U, Y, start + tl.arange(0, BLOCK), N)
+    else:
+        _fwd_tile(G, U, Y, tl.arange(0, BLOCK), N)
 
 
 @triton.jit
-def _rowloop_bwd(DY, G, U, DG, DU, stride, N: tl.constexpr, BLOCK: tl.constexpr):
+def _bwd(DY, G, U, DG, DU, stride, N: tl.constexpr, BLOCK: tl.constexpr, LOOP: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     DY += row * N
     G += row * stride
     U += row * stride
     DG += row * stride
     DU += row * stride
-    for start in tl.range(0, N, BLOCK):
-        o = start + tl.arange(0, BLOCK)
-        m = o < N
-        dy = tl.load(DY + o, mask=m, other=0.0).to(tl.float32)
-        g = tl.load(G + o, mask=m, other=0.0).to(tl.float32)
-        u = tl.load(U + o, mask=m, other=0.0).to(tl.float32)
-        sig = tl.sigmoid(g)
-        s = g * sig
-        du = dy * s.to(G.dtype.element_ty).to(tl.float32)
-        dg = dy * u * (sig + s * (1.0 - sig))
-        tl.store(DG + o, dg.to(DG.dtype.element_ty), mask=m)
-        tl.store(DU + o, du.to(DU.dtype.element_ty), mask=m)
+    if LOOP:
+        for start in tl.range(0, N, BLOCK):
+            _bwd_tile(DY, G, U, DG, DU, start + tl.arange(0, BLOCK), N)
+    else:
+        _bwd_tile(DY, G, U, DG, DU, tl.arange(0, BLOCK), N)
 
 
 def liger_warps(block: int) -> int:
@@ -128,8 +108,7 @@ class Variant(torch.autograd.Function):
             raise ValueError("the variants take contiguous gate and up of one shape")
         n = gate.shape[-1]
         y = torch.empty_like(gate)
-        fwd = _row_fwd if kind == "row" else _rowloop_fwd
-        fwd[(gate.numel() // n,)](gate, up, y, n, N=n, BLOCK=block, num_warps=warps)
+        _fwd[(gate.numel() // n,)](gate, up, y, n, N=n, BLOCK=block, LOOP=kind == "rowloop", num_warps=warps)
         ctx.save_for_backward(gate, up)
         ctx.spec = (kind, block, warps, inplace)
         return y
@@ -141,8 +120,8 @@ class Variant(torch.autograd.Function):
         n = gate.shape[-1]
         dy = dy.contiguous()
         dg, du = (gate, up) if inplace else (torch.empty_like(gate), torch.empty_like(up))
-        bwd = _row_bwd if kind == "row" else _rowloop_bwd
-        bwd[(gate.numel() // n,)](dy, gate, up, dg, du, n, N=n, BLOCK=block, num_warps=warps)
+        _bwd[(gate.numel() // n,)](dy, gate, up, dg, du, n, N=n, BLOCK=block, LOOP=kind == "rowloop",
+                                   num_warps=warps)
         return dg, du, None, None, None, None
 
 

@@ -634,14 +634,12 @@ class LayeredStore:
                 continue
             method = min((c[1]["method"] for c in cands), key=METHODS.index)
             cands = [c for c in cands if c[1]["method"] == method]     # never compare methods
-            # nor devices: another device tier may hold rows of several devices; the fastest row's device answers,
-            # its implementations compared among themselves and its torch row the baseline
-            dev = min(cands, key=lambda c: c[1]["median_ms"])[1]["device"]
-            cands = [c for c in cands if c[1]["device"] == dev]
             _, best, config, why, _ = min(cands, key=lambda c: c[1]["median_ms"])
             fallback, where = self._provenance(best, tier, device, why)
             out = {**best, "config": config, "layer": store.layer, "stale": why, "fallback": fallback}
-            torch_rows = [c[1] for c in cands if c[1]["impl"] == "torch" and c[1]["bucket"] == best["bucket"]]
+            # another device tier may hold rows of several devices: the baseline is the best row's device's
+            torch_rows = [c[1] for c in cands if c[1]["impl"] == "torch" and c[1]["bucket"] == best["bucket"]
+                          and c[1]["device"] == best["device"]]
             if torch_rows:      # the same run's torch time, same method: the honest baseline
                 out["baseline_ms"] = torch_rows[0]["median_ms"]
             host = f", host {best['host_ms']:.3g} ms/call" if best.get("host_ms") else ""
