@@ -433,3 +433,28 @@ def test_peak_memory_saved_tensor_hook_names_the_module_types(arm, monkeypatch):
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     assert not params & set(saved)
     assert hooks == [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.modules()]   # ours removed
+
+
+def test_peak_memory_census_counts_the_bytes_a_layer_saves_per_token(capsys):
+    """--census on CPU: per token and layer, the MLP keeps gate and up (2 x intermediate fp32 values) and the
+    attention at least q, k, v and its output, whatever the length; liger_rt's layers save less than the baseline's
+    (no HF RMSNorm intermediates, no separate SiLU output), and its loss saves no logits."""
+    import argparse
+
+    from liger_rt.tools.presets import get_preset
+    pm = load_script("profile/peak_memory.py")
+    p = get_preset("qwen3-tiny")
+
+    def run(arm, seq):
+        args = argparse.Namespace(model="qwen3", preset="qwen3-tiny", layers=1, flags=None, arm=arm, seq=seq, at=1024)
+        return pm.census(args)
+    ours, ours_long, base = run("liger_rt", 16), run("liger_rt", 32), run("baseline", 16)
+    assert ours["layer"] == pytest.approx(ours_long["layer"]) and ours["layer"]
+    mlp = next(v for m, v in ours["layer"].items() if m.endswith("MLP"))
+    assert mlp == 2 * p.intermediate * 4
+    attention = next(v for m, v in ours["layer"].items() if m.endswith("Attention"))
+    assert attention >= 4 * (p.heads + 2 * p.kv_heads + p.heads) * p.head_dim // 2
+    assert sum(ours["layer"].values()) < sum(base["layer"].values())
+    assert base["outside"] - ours["outside"] >= p.vocab * 4          # the fp32 logits per token
+    assert ours["per_token"] == pytest.approx(sum(ours["layer"].values()) * p.layers + ours["outside"])
+    assert "B per token and layer" in capsys.readouterr().out

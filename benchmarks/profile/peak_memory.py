@@ -3,6 +3,7 @@ gradients, saved activations by module type, the loss chunk, and the rest by the
 
     python benchmarks/profile/peak_memory.py --model qwen3-1.7b --arm liger_rt --seq 32768
     python benchmarks/profile/peak_memory.py --model gemma3-4b --arm baseline+ckpt --seq 16384 --top 10
+    python benchmarks/profile/peak_memory.py --model qwen3-1.7b --arm liger_rt --census      # CPU or GPU
 
 Builds the arm as a probe of `liger-tune bench model --max-seq` does (liger_rt: the fused loss and rope over the
 family defaults, AdamW state created first, a short warm-up step), then records the CUDA allocator's history over
@@ -13,6 +14,11 @@ module type, the loss chunk (allocated in liger_rt's loss kernels or transformer
 liger_rt, transformers or benchmarks frame that allocated it.  Parameters and optimizer state are what was
 allocated before the step.  Tensors saved inside a checkpointed layer are recomputed in the backward and counted
 by frame.  Needs a CUDA GPU.
+
+--census runs anywhere (CPU: fp32 through the Triton interpreter, whose kernels cannot do bf16 arithmetic): the
+bytes autograd saves for the backward per token, per decoder layer and module type, from the difference between two
+lengths (--seq and twice it) on the model cut to --layers (default 1), so what does not grow with the sequence (a
+weight gradient the fused loss computes in the forward) drops out; then what the whole model saves at --at tokens.
 """
 from __future__ import annotations
 
@@ -99,11 +105,12 @@ def _allocations() -> int:
     return torch.cuda.memory_stats().get("allocation.all.allocated", 0)
 
 
-def saved_by_module(model, forward, device_type: str = "cuda", allocations=_allocations):
+def saved_by_module(model, forward, device_type: str = "cuda", allocations=_allocations, label=None):
     """Run `forward()` (it returns the loss) and the loss's backward under a saved-tensor hook: ({storage address:
     (allocations before it was saved, the module type running then, bytes)} of every tensor autograd keeps for the
     backward that is no parameter, allocations at the forward's end, the loss).  A saved block lives through the
-    forward, so an address names one tensor there."""
+    forward, so an address names one tensor there.  `label(stack)` names the module from the stack of module
+    types running (default: the innermost)."""
     params = {t.untyped_storage().data_ptr() for t in model.parameters()}
     stack, saved = [], {}
 
@@ -120,7 +127,8 @@ def saved_by_module(model, forward, device_type: str = "cuda", allocations=_allo
         if t.device.type == device_type:
             ptr = t.untyped_storage().data_ptr()
             if ptr not in params and ptr not in saved:
-                saved[ptr] = (allocations() - base, stack[-1] if stack else "(outside modules)",
+                name = (label or (lambda st: st[-1]))(stack) if stack else "(outside modules)"
+                saved[ptr] = (allocations() - base, name,
                               t.untyped_storage().nbytes())
         return t
     try:
@@ -201,6 +209,59 @@ def profile(args) -> None:
     undo()
 
 
+LAYER = "layer: "
+
+
+def in_layer(stack: list[str]) -> str:
+    """'layer: <innermost module type>' inside a decoder layer, else the innermost module type."""
+    return (LAYER if any(t.endswith("DecoderLayer") for t in stack) else "") + stack[-1]
+
+
+def census(args) -> dict:
+    """Saved-for-backward bytes per token and decoder layer by module type, the slope between two lengths:
+    {"layer": {module type: bytes per token and layer}, "outside": bytes per token, "per_token": the whole
+    model's bytes per token}, printed."""
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", "bf16") if cuda else ("cpu", "fp32")
+    model_type, preset = B.resolve_model(args.model, args.preset)
+    full = B.bench_preset(model_type, preset, None, None)
+    layers = args.layers or 1
+    p = B.bench_preset(model_type, preset, layers, None)
+    flags = {**S.DEFAULT_FLAGS, **B.parse_flags(args.flags)}
+    spec = S.ProbeSpec(model_type=model_type, preset=dataclasses.asdict(p), arm=args.arm, dtype=dtype,
+                       flags=flags if args.arm.startswith("liger_rt") else {},
+                       overrides=B.config_overrides(model_type, None), device=device)
+    model, step_model, _, undo = S.build_arm(spec)
+    counter = iter(range(1, 1 << 62))
+    per_module = []
+    try:
+        for seq in (args.seq, 2 * args.seq):
+            ids = B.random_ids(model, 1, seq, 0, device)
+            saved, _, _ = saved_by_module(model, lambda: step_model(input_ids=ids, labels=ids, use_cache=False).loss,
+                                          device, (lambda: next(counter)) if not cuda else _allocations, in_layer)
+            by = collections.Counter()
+            for _, module, size in saved.values():
+                by[module] += size
+            per_module.append(by)
+            model.zero_grad(set_to_none=True)
+    finally:
+        undo()
+    slope = {m: (per_module[1][m] - per_module[0][m]) / args.seq for m in per_module[0] | per_module[1]}
+    layer = {m[len(LAYER):]: v / layers for m, v in slope.items() if m.startswith(LAYER) and v > 0}
+    outside = sum(v for m, v in slope.items() if not m.startswith(LAYER) and v > 0)
+    per_token = sum(layer.values()) * full.layers + outside
+    where = torch.cuda.get_device_name() if cuda else "CPU, fp32"
+    print(f"== {p.name} {args.arm}: bytes saved for the backward per token ({where}; {dtype}, lengths {args.seq} "
+          f"and {2 * args.seq}, {layers} layer(s)); liger_rt flags {flags if args.arm.startswith('liger_rt') else '-'}")
+    for m, v in sorted(layer.items(), key=lambda kv: -kv[1]):
+        print(f"  {v:10.0f} B per token and layer  {m}")
+    print(f"  {sum(layer.values()):10.0f} B per token and layer  (all)")
+    print(f"  {outside:10.0f} B per token            outside the decoder layers (embedding, final norm, loss)")
+    print(f"{full.name}, {full.layers} layers: {per_token / 1e6:.3f} MB per token, {per_token * args.at / 1e9:.1f} GB "
+          f"saved at {args.at} tokens" + ("" if cuda else " (fp32; bf16 halves all but the fp32 statistics)"))
+    return {"layer": layer, "outside": outside, "per_token": per_token}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-1.7b", help="a preset name, or a model type with --preset")
@@ -211,9 +272,19 @@ def main() -> None:
     ap.add_argument("--flags", default=None, help="liger_rt.patch flags over fused_linear_cross_entropy=1,rope=1")
     ap.add_argument("--limit-gib", type=float, default=None, help="cap the GPU memory (a smaller card)")
     ap.add_argument("--top", type=int, default=12, help="frames shown outside the named categories")
+    ap.add_argument("--census", action="store_true", help="only the saved bytes per token and layer (CPU or GPU; "
+                    "--seq default 256 there)")
+    ap.add_argument("--at", type=int, default=65536, help="--census: the length whose saved bytes it projects")
     args = ap.parse_args()
     if args.arm not in ARMS:
         raise SystemExit(f"peak_memory.py: unknown arm {args.arm!r}; valid: {', '.join(ARMS)}")
+    if args.census:
+        args.seq = args.seq if args.seq != ap.get_default("seq") else 256
+        try:
+            census(args)
+            return
+        except ValueError as exc:
+            raise SystemExit(f"peak_memory.py: {exc}") from None
     if not torch.cuda.is_available():
         raise SystemExit("peak_memory.py needs a CUDA GPU (the allocator history is CUDA's)")
     try:
