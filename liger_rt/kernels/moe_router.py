@@ -24,6 +24,7 @@ import torch
 from .._triton import tl, triton
 from ..config import WARPS, Config, knob, pow2
 from ..dispatch import call, register
+from ..launch import bind, launch_memo
 from ..op import Case, Impl, Op
 from ._common import as_rows, next_pow2, triton_available, warps_for
 from ._common import block_problem
@@ -190,40 +191,61 @@ def _accurate(t: torch.Tensor) -> bool:
     return t.device.type != "cpu" and _libdevice is not None
 
 
-def moe_router_fwd(logits2d, top_k, expert_bias, norm_topk_prob, routed_scaling_factor, config):
-    """logits (T, E), unit last stride -> weights (T, k) in logits dtype, indices (T, k) int64 and again int32."""
-    T, E = logits2d.shape
-    why = _supports({"experts": E, "top_k": top_k}, logits2d.dtype)
+@launch_memo
+def _fwd_launch(config, T: int, E: int, k: int, has_bias: bool, normalize: bool, quant: int, route_quant: int,
+                accurate: bool):
+    """The forward's bound kernel per shape and mode (checked once per shape, not per call)."""
+    why = _supports({"experts": E, "top_k": k}, None)
     if why:
         raise ValueError(f"the Triton moe_router takes {why}; liger_rt.ops.moe_router runs torch there "
                          f"(or LIGER_RT_IMPL_MOE_ROUTER=torch)")
-    weights = torch.empty(T, top_k, device=logits2d.device, dtype=logits2d.dtype)
-    indices = torch.empty(T, top_k, device=logits2d.device, dtype=torch.int64)
-    saved = torch.empty(T, top_k, device=logits2d.device, dtype=torch.int32)
-    if T == 0:
-        return weights, indices, saved
-    bias = expert_bias.contiguous() if expert_bias is not None else logits2d
-    route_q = _QUANT.get(routing_dtype(logits2d.dtype, expert_bias.dtype if expert_bias is not None else None), 0)
-    _moe_router_fwd_kernel[(triton.cdiv(T, config.BLOCK_T),)](
-        logits2d, bias, weights, indices, saved, T, E, logits2d.stride(0), float(routed_scaling_factor),
-        K=top_k, HAS_BIAS=expert_bias is not None, NORMALIZE=bool(norm_topk_prob),
-        QUANT=_QUANT[logits2d.dtype], ROUTE_QUANT=route_q, ACCURATE=_accurate(logits2d),
-        BLOCK_T=config.BLOCK_T, BLOCK_E=next_pow2(E), BLOCK_K=next_pow2(top_k), num_warps=config.num_warps)
+    return bind(_moe_router_fwd_kernel, (triton.cdiv(T, config.BLOCK_T),), K=k, HAS_BIAS=has_bias,
+                NORMALIZE=normalize, QUANT=quant, ROUTE_QUANT=route_quant, ACCURATE=accurate, BLOCK_T=config.BLOCK_T,
+                BLOCK_E=next_pow2(E), BLOCK_K=next_pow2(k), num_warps=config.num_warps)
+
+
+@launch_memo
+def _bwd_launch(config, T: int, E: int, k: int, normalize: bool, quant: int, accurate: bool):
+    return bind(_moe_router_bwd_kernel, (triton.cdiv(T, config.BLOCK_T),), K=k, NORMALIZE=normalize, QUANT=quant,
+                ACCURATE=accurate, BLOCK_T=config.BLOCK_T, BLOCK_E=next_pow2(E), num_warps=config.num_warps)
+
+
+@launch_memo
+def _route_quant(logits_dtype: torch.dtype, bias_dtype: torch.dtype | None) -> int:
+    return _QUANT.get(routing_dtype(logits_dtype, bias_dtype), 0)
+
+
+def _rows2d(logits: torch.Tensor) -> torch.Tensor:
+    """logits as (T, E) rows with a unit last stride; a 2-D input that has one as it is (no view)."""
+    return logits if logits.dim() == 2 and logits.stride(-1) == 1 else as_rows(logits, logits.shape[-1])
+
+
+def moe_router_fwd(logits, top_k, expert_bias, norm_topk_prob, routed_scaling_factor, config):
+    """logits (..., E) -> weights (..., k) in logits dtype, indices (..., k) int64, and the indices again as
+    (T, k) int32 for the backward."""
+    l2 = _rows2d(logits)
+    T, E = l2.shape
+    shape = (*logits.shape[:-1], top_k)
+    weights = torch.empty(shape, device=logits.device, dtype=logits.dtype)
+    indices = torch.empty(shape, device=logits.device, dtype=torch.int64)
+    saved = torch.empty((T, top_k), device=logits.device, dtype=torch.int32)
+    if T:
+        has_bias = expert_bias is not None
+        run = _fwd_launch(config, T, E, top_k, has_bias, bool(norm_topk_prob), _QUANT[logits.dtype],
+                          _route_quant(logits.dtype, expert_bias.dtype if has_bias else None), _accurate(logits))
+        run(l2, expert_bias.contiguous() if has_bias else l2, weights, indices, saved, T, E, l2.stride(0),
+            float(routed_scaling_factor))
     return weights, indices, saved
 
 
-def moe_router_bwd(logits2d, indices32, dweights, norm_topk_prob, routed_scaling_factor, config):
-    """The dense d(logits) (T, E) in logits dtype; every element written by the kernel."""
-    T, E = logits2d.shape
-    dweights = dweights.contiguous()
-    dlogits = torch.empty(T, E, device=logits2d.device, dtype=logits2d.dtype)
-    if T == 0:
-        return dlogits
-    _moe_router_bwd_kernel[(triton.cdiv(T, config.BLOCK_T),)](
-        logits2d, indices32, dweights, dlogits, T, E, logits2d.stride(0), dlogits.stride(0),
-        float(routed_scaling_factor), K=indices32.shape[1], NORMALIZE=bool(norm_topk_prob),
-        QUANT=_QUANT[logits2d.dtype], ACCURATE=_accurate(logits2d), BLOCK_T=config.BLOCK_T, BLOCK_E=next_pow2(E),
-        num_warps=config.num_warps)
+def moe_router_bwd(logits, indices32, dweights, norm_topk_prob, routed_scaling_factor, config):
+    """The dense d(logits) in the logits' shape and dtype; every element written by the kernel."""
+    l2 = _rows2d(logits)
+    T, E = l2.shape
+    dlogits = torch.empty(logits.shape, device=logits.device, dtype=logits.dtype)
+    if T:
+        _bwd_launch(config, T, E, indices32.shape[1], bool(norm_topk_prob), _QUANT[logits.dtype], _accurate(logits))(
+            l2, indices32, dweights.contiguous(), dlogits, T, E, l2.stride(0), E, float(routed_scaling_factor))
     return dlogits
 
 
@@ -245,19 +267,16 @@ def _dims(logits, top_k, expert_bias, norm_topk_prob, routed_scaling_factor) -> 
 
 
 def _forward(config, logits, top_k, expert_bias, norm_topk_prob, routed_scaling_factor):
-    w, idx, idx32 = moe_router_fwd(as_rows(logits, logits.shape[-1]), top_k, expert_bias, norm_topk_prob,
-                                   routed_scaling_factor, config)
-    lead = logits.shape[:-1]
-    return (w.view(*lead, top_k), idx.view(*lead, top_k)), (idx32,)
+    w, idx, idx32 = moe_router_fwd(logits, top_k, expert_bias, norm_topk_prob, routed_scaling_factor, config)
+    return (w, idx), (idx32,)
 
 
 def _backward(config, args, saved, needs, dweights, dindices):
     logits, top_k, _, norm_topk_prob, routed_scaling_factor = args
     if dweights is None:
         dweights = logits.new_zeros(*logits.shape[:-1], top_k)
-    dl = moe_router_bwd(as_rows(logits, logits.shape[-1]), saved[0], dweights.reshape(-1, top_k),
-                        norm_topk_prob, routed_scaling_factor, config)
-    return dl.view(logits.shape), None, None, None, None
+    dl = moe_router_bwd(logits, saved[0], dweights, norm_topk_prob, routed_scaling_factor, config)
+    return dl, None, None, None, None
 
 
 def _fake(config, logits, top_k, expert_bias, norm_topk_prob, routed_scaling_factor):
