@@ -99,6 +99,7 @@ _PARSERS = {
     "LIGER_RT_DISABLE": ("disable", lambda: _flag("LIGER_RT_DISABLE", False)),
     "LIGER_FUSED_MOE_AUTOTUNE": ("fused_moe_autotune", lambda: _flag("LIGER_FUSED_MOE_AUTOTUNE", True)),
     "LIGER_RT_DB_TIMEOUT": ("db_timeout", _timeout),
+    "LIGER_RT_RECOMPUTE_SWIGLU": ("recompute_swiglu", lambda: _flag("LIGER_RT_RECOMPUTE_SWIGLU", False)),
     "LIGER_RT_COMPILE_POLICY": ("compile_policy", lambda: _choice("LIGER_RT_COMPILE_POLICY", ("kernels", "fuse"),
                                                                   "not a compile policy") or "fuse"),
 }
@@ -178,6 +179,7 @@ disabled = functools.partial(_get, "LIGER_RT_DISABLE")                        # 
 fused_moe_autotune = functools.partial(_get, "LIGER_FUSED_MOE_AUTOTUNE")      # -> bool
 db_timeout = functools.partial(_get, "LIGER_RT_DB_TIMEOUT")                   # -> seconds
 compile_policy = functools.partial(_get, "LIGER_RT_COMPILE_POLICY")           # -> "fuse" or "kernels"
+recompute_swiglu = functools.partial(_get, "LIGER_RT_RECOMPUTE_SWIGLU")       # -> bool
 
 
 def impl_override(op: str, valid: tuple[str, ...] | None = None) -> str | None:

@@ -103,6 +103,7 @@ def test_profile_unknown_name_lists_valid():
     ("LIGER_RT_DB_TIMEOUT", "inf", env.db_timeout),
     ("LIGER_RT_DB_TIMEOUT", "1e308", env.db_timeout),
     ("LIGER_RT_COMPILE_POLICY", "inductor", env.compile_policy),
+    ("LIGER_RT_RECOMPUTE_SWIGLU", "sometimes", env.recompute_swiglu),
 ])
 def test_bad_env_values_name_the_variable_and_accepted_values(monkeypatch, var, value, fn):
     monkeypatch.setenv(var, value)

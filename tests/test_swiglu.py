@@ -94,3 +94,68 @@ def test_errors_and_fallbacks(monkeypatch):
         torch.testing.assert_close(y, _exact(gate, up, u64)[0], rtol=1e-6, atol=1e-6)
     assert liger_rt.ops.swiglu(torch.randn(0, 8), torch.randn(0, 8)).shape == (0, 8)
     assert ran == ["torch"] * 3
+
+
+# -- LIGER_RT_RECOMPUTE_SWIGLU: down(swiglu(gate, up)) keeping gate and up only (layers/mlp.py) ----------------
+
+def _mlp(bias: bool, seed: int):
+    """A SwiGLU MLP with the HF layout (gate_proj, up_proj, down_proj) at odd widths, fp32."""
+    torch.manual_seed(seed)
+    m = torch.nn.Module()
+    m.gate_proj, m.up_proj = torch.nn.Linear(24, 40, bias=bias), torch.nn.Linear(24, 40, bias=bias)
+    m.down_proj = torch.nn.Linear(40, 24, bias=bias)
+    return m
+
+
+def _step(m, x, dy):
+    """out, and the gradients of x and every weight, of the liger_rt MLP forward, with the bytes autograd kept
+    (each storage once, the weights' not)."""
+    from liger_rt.layers.mlp import swiglu_forward
+    weights = {p.untyped_storage().data_ptr() for p in m.parameters()}
+    kept = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in weights:
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    x = x.detach().clone().requires_grad_()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = swiglu_forward(m, x)
+    grads = torch.autograd.grad(out, (x, *m.parameters()), dy)
+    return [out.detach(), *grads], sum(kept.values())
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_recompute_swiglu_matches_the_module_and_keeps_less(bias, monkeypatch):
+    """Under LIGER_RT_RECOMPUTE_SWIGLU=1: the output and every gradient match an fp64 run of the MLP formula, equal
+    the plain path's bit for bit (the same kernels, the product recomputed), and autograd keeps one (rows,
+    intermediate) fp32 tensor less."""
+    m = _mlp(bias, seed=1)
+    x, dy = torch.randn(3, 7, 24), torch.randn(3, 7, 24)
+    plain, kept_plain = _step(m, x, dy)
+    monkeypatch.setenv("LIGER_RT_RECOMPUTE_SWIGLU", "1")
+    lean, kept_lean = _step(m, x, dy)
+    assert all(torch.equal(a, b) for a, b in zip(plain, lean))
+    assert kept_plain - kept_lean == 3 * 7 * 40 * 4
+    m64 = _mlp(bias, seed=1).double()
+    x64 = x.double().requires_grad_()
+    out64 = m64.down_proj(F.silu(m64.gate_proj(x64)) * m64.up_proj(x64))
+    ref = [out64.detach(), *torch.autograd.grad(out64, (x64, *m64.parameters()), dy.double())]
+    for got, want in zip(lean, ref):
+        assert_close(got, want.float(), torch.float32)
+
+
+def test_recompute_swiglu_leaves_a_hooked_down_projection_to_its_module(monkeypatch):
+    """A forward hook on down_proj (a wrapper's, a profiler's) still runs: the plain path takes that call."""
+    monkeypatch.setenv("LIGER_RT_RECOMPUTE_SWIGLU", "1")
+    m, calls = _mlp(False, seed=2), []
+    m.down_proj.register_forward_hook(lambda mod, args, out: calls.append(out.shape))
+    out, _ = _step(m, torch.randn(5, 24), torch.randn(5, 24))
+    assert calls == [torch.Size([5, 24])] and out[0].shape == (5, 24)
+
+
+def test_recompute_swiglu_rejects_a_bad_value(monkeypatch):
+    from liger_rt.env import EnvError
+    monkeypatch.setenv("LIGER_RT_RECOMPUTE_SWIGLU", "maybe")
+    with pytest.raises(EnvError, match="LIGER_RT_RECOMPUTE_SWIGLU='maybe' is not valid; accepted values: 0 or 1"):
+        _step(_mlp(False, seed=3), torch.randn(2, 24), torch.randn(2, 24))

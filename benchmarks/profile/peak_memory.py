@@ -26,12 +26,14 @@ import argparse
 import bisect
 import collections
 import dataclasses
+import sys
 
 import torch
 
 from liger_rt.tools.bench import max_seq as S, model as B
 
 OURS = ("liger_rt", "transformers", "benchmarks")
+_LINEAR_FORWARD = torch.nn.Linear.forward.__code__
 LOSS_FILES = ("fused_linear_cross_entropy", "fused_linear_logprobs", "cross_entropy", "layers/loss.py",
               "transformers/loss/")
 ARMS = tuple(a for a in S.ARMS if "+compile" not in a)     # compiled graphs save outside the hooks
@@ -120,16 +122,27 @@ def saved_by_module(model, forward, device_type: str = "cuda", allocations=_allo
     def pop(module, args, output):          # returns None: the module's output stays as it is
         if stack:
             stack.pop()
-    handles = [h for m in model.modules() for h in (m.register_forward_pre_hook(push), m.register_forward_hook(pop))]
+    # plain nn.Linear leaves get no hooks (a hooked down projection keeps liger_rt's MLP on its plain path,
+    # LIGER_RT_RECOMPUTE_SWIGLU): a tensor saved inside Linear.forward is named by that frame instead
+    handles = [h for m in model.modules() if type(m) is not torch.nn.Linear
+               for h in (m.register_forward_pre_hook(push), m.register_forward_hook(pop))]
     base = allocations()
+
+    def in_linear() -> bool:
+        f = sys._getframe(2)
+        while f is not None:
+            if f.f_code is _LINEAR_FORWARD:
+                return True
+            f = f.f_back
+        return False
 
     def pack(t):
         if t.device.type == device_type:
             ptr = t.untyped_storage().data_ptr()
             if ptr not in params and ptr not in saved:
-                name = (label or (lambda st: st[-1]))(stack) if stack else "(outside modules)"
-                saved[ptr] = (allocations() - base, name,
-                              t.untyped_storage().nbytes())
+                st = [*stack, "Linear"] if in_linear() else stack
+                name = (label or (lambda s: s[-1]))(st) if st else "(outside modules)"
+                saved[ptr] = (allocations() - base, name, t.untyped_storage().nbytes())
         return t
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
