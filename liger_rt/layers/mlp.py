@@ -55,9 +55,11 @@ class SwiGLUDown(torch.autograd.Function):
 
 
 def _plain_linear(m: torch.nn.Module) -> bool:
+    """An nn.Linear itself (no subclass or wrapper) that no forward hook watches; torch has no public query for
+    registered hooks, so this reads the module's hook dicts and torch's global ones (absent: none)."""
+    glob = torch.nn.modules.module
     return (type(m) is torch.nn.Linear and not (m._forward_hooks or m._forward_pre_hooks)
-            and not (torch.nn.modules.module._global_forward_hooks
-                     or torch.nn.modules.module._global_forward_pre_hooks))
+            and not (getattr(glob, "_global_forward_hooks", None) or getattr(glob, "_global_forward_pre_hooks", None)))
 
 
 def down_of_swiglu(down: torch.nn.Module, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
