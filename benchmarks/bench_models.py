@@ -6,6 +6,7 @@
     python benchmarks/bench_models.py --run families           # gemma3, mistral, mixtral, qwen2 (rope patched)
     python benchmarks/bench_models.py --max-seq --run qwen3 --arms baseline,liger_rt   # longest trainable sequence
     python benchmarks/bench_models.py --run qwen3 --fused-add-norm   # + the residual add fused into the norm
+    python benchmarks/bench_models.py --run qwen3rope --recompute-swiglu   # + LIGER_RT_RECOMPUTE_SWIGLU=1
 
 Appends one row per arm and metric to benchmarks/data/models.csv after every run (kind `model`, or `model_compiled`
 where a compiled arm ran; `--data DIR`: that folder instead; `--no-data`: nowhere).  A run's batch is halved until
@@ -16,6 +17,7 @@ there (`liger-tune bench model --max-seq`), kind `max_seq`, appended after each 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -90,6 +92,9 @@ def main() -> int:
     ap.add_argument("--fused-add-norm", action="store_true", help="liger_rt's arms also fuse the decoder layers' "
                     "residual add into the post-attention norm (patch flag fused_add_norm; rows named <preset>"
                     "+fused_add_norm)")
+    ap.add_argument("--recompute-swiglu", action="store_true", help="LIGER_RT_RECOMPUTE_SWIGLU=1 for the whole run "
+                    "(liger_rt's SwiGLU MLPs recompute the product in the backward; the other arms run no liger_rt "
+                    "MLP; rows named <preset>+recompute_swiglu)")
     ap.add_argument("--csv", default=None, help="also write every row to this CSV")
     ap.add_argument("--data", default=str(Path(__file__).resolve().parent / "data"), help="dataset folder")
     ap.add_argument("--no-data", action="store_true", help="append to no dataset")
@@ -106,6 +111,8 @@ def main() -> int:
     steps, warmup = a.steps or (8 if a.quick else 20), (3 if a.quick else 5) if a.warmup is None else a.warmup
     arms = tuple(x.strip() for x in a.arms.split(",") if x.strip()) if a.arms else None
     card_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
+    if a.recompute_swiglu:
+        os.environ["LIGER_RT_RECOMPUTE_SWIGLU"] = "1"
     run_id, ceilings, rows, failed = H.new_run_id(), H.measure_ceilings(quick=True), [], []
     for name in names:
         spec = {k: v for k, v in RUNS[name].items() if k not in ("batch", "peak_gb")}
@@ -127,7 +134,8 @@ def main() -> int:
                 continue
             rows += [{"run": label, **r} for r in got]
             if not a.no_data:
-                path = H.append_dataset(Path(a.data) / "models.csv", H.dataset_rows(M.model_records(got), run_id))
+                records = tagged(M.model_records(got), "+recompute_swiglu" if a.recompute_swiglu else "")
+                path = H.append_dataset(Path(a.data) / "models.csv", H.dataset_rows(records, run_id))
                 print(f"appended to {path}", flush=True)
             if a.csv:
                 H.write_csv(rows, a.csv)
@@ -136,6 +144,11 @@ def main() -> int:
     if failed:
         print(f"failed: {', '.join(failed)} (errors above)")
     return 1 if failed else 0
+
+
+def tagged(records: list[dict], suffix: str) -> list[dict]:
+    """Dataset records with `suffix` added to their names (a run's setting that is no patch flag)."""
+    return [{**r, "name": r["name"] + suffix} for r in records]
 
 
 # --max-seq: the models of the longest-sequence table (cut to leave room for activations where the full model's

@@ -795,3 +795,11 @@ def test_profile_model_gaps_charge_idle_to_the_launching_host_ops(capsys):
     assert out[2].split() == ["0.110", "1", "yes", "step", ">", "liger_rt::rms_norm", "->", "k_norm"]
     assert out[3].split() == ["0.050", "1", "no", "step", "->", "k_dep"]
     assert len(out) == 4
+
+
+def test_bench_models_tags_a_run_setting_in_the_row_names():
+    """--recompute-swiglu rows keep apart from the default rows of the same preset and flags in models.csv."""
+    bm = load_script("bench_models.py")
+    rows = [{"name": "qwen3-1.7b+rope", "arm": "liger_rt"}, {"name": "qwen3-1.7b+rope", "arm": "baseline"}]
+    assert [r["name"] for r in bm.tagged(rows, "+recompute_swiglu")] == ["qwen3-1.7b+rope+recompute_swiglu"] * 2
+    assert bm.tagged(rows, "") == rows and rows[0]["name"] == "qwen3-1.7b+rope"
