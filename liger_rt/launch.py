@@ -9,7 +9,8 @@ _LAUNCH_MEMOS: list = []
 
 def launch_memo(fn):
     """Memoise a launcher's constants (grid, blocks, sm_count) per key, e.g. fn(config, rows, cols, device) -> bound
-    kernel (:func:`bind`); the key holds all they depend on but TRITON_INTERPRET (dispatch.reset() clears memos)."""
+    kernel (:func:`bind`); the key holds all they depend on but TRITON_INTERPRET and the environment
+    (dispatch.reset() clears memos, as it clears decisions)."""
     memo = functools.lru_cache(maxsize=4096)(fn)
     memo.fn = fn               # the freshness hash reads the launch code through .fn
     _LAUNCH_MEMOS.append(memo)

@@ -26,7 +26,7 @@ from ..config import WARPS, Config, knob, pow2
 from ..dispatch import call, register
 from ..launch import bind, launch_memo
 from ..op import Case, Impl, Op
-from ._common import as_rows, next_pow2, triton_available, warps_for
+from ._common import next_pow2, row_layout, triton_available, warps_for
 from ._common import block_problem
 
 try:  # accurate expf on GPUs (CUDA libdevice / ROCm ocml); the interpreter has no libdevice
@@ -215,16 +215,11 @@ def _route_quant(logits_dtype: torch.dtype, bias_dtype: torch.dtype | None) -> i
     return _QUANT.get(routing_dtype(logits_dtype, bias_dtype), 0)
 
 
-def _rows2d(logits: torch.Tensor) -> torch.Tensor:
-    """logits as (T, E) rows with a unit last stride; a 2-D input that has one as it is (no view)."""
-    return logits if logits.dim() == 2 and logits.stride(-1) == 1 else as_rows(logits, logits.shape[-1])
-
-
 def moe_router_fwd(logits, top_k, expert_bias, norm_topk_prob, routed_scaling_factor, config):
     """logits (..., E) -> weights (..., k) in logits dtype, indices (..., k) int64, and the indices again as
     (T, k) int32 for the backward."""
-    l2 = _rows2d(logits)
-    T, E = l2.shape
+    E = logits.shape[-1]
+    l2, T, stride = row_layout(logits, E)
     shape = (*logits.shape[:-1], top_k)
     weights = torch.empty(shape, device=logits.device, dtype=logits.dtype)
     indices = torch.empty(shape, device=logits.device, dtype=torch.int64)
@@ -233,19 +228,19 @@ def moe_router_fwd(logits, top_k, expert_bias, norm_topk_prob, routed_scaling_fa
         has_bias = expert_bias is not None
         run = _fwd_launch(config, T, E, top_k, has_bias, bool(norm_topk_prob), _QUANT[logits.dtype],
                           _route_quant(logits.dtype, expert_bias.dtype if has_bias else None), _accurate(logits))
-        run(l2, expert_bias.contiguous() if has_bias else l2, weights, indices, saved, T, E, l2.stride(0),
+        run(l2, expert_bias.contiguous() if has_bias else l2, weights, indices, saved, T, E, stride,
             float(routed_scaling_factor))
     return weights, indices, saved
 
 
 def moe_router_bwd(logits, indices32, dweights, norm_topk_prob, routed_scaling_factor, config):
     """The dense d(logits) in the logits' shape and dtype; every element written by the kernel."""
-    l2 = _rows2d(logits)
-    T, E = l2.shape
+    E = logits.shape[-1]
+    l2, T, stride = row_layout(logits, E)
     dlogits = torch.empty(logits.shape, device=logits.device, dtype=logits.dtype)
     if T:
         _bwd_launch(config, T, E, indices32.shape[1], bool(norm_topk_prob), _QUANT[logits.dtype], _accurate(logits))(
-            l2, indices32, dweights.contiguous(), dlogits, T, E, l2.stride(0), E, float(routed_scaling_factor))
+            l2, indices32, dweights.contiguous(), dlogits, T, E, stride, E, float(routed_scaling_factor))
     return dlogits
 
 

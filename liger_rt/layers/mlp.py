@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import env, ops
+from ..launch import launch_memo
 
 _SILU_NAMES = ("silu", "swish")
 # HF activation classes computing 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): the C kernel
@@ -62,10 +63,17 @@ def _plain_linear(m: torch.nn.Module) -> bool:
             and not (getattr(glob, "_global_forward_hooks", None) or getattr(glob, "_global_forward_pre_hooks", None)))
 
 
+@launch_memo
+def _recompute_swiglu() -> bool:
+    """LIGER_RT_RECOMPUTE_SWIGLU, read as a decision reads the environment: once, until liger_rt.dispatch.reset()
+    (not on every MLP call: each read validates the whole environment)."""
+    return env.recompute_swiglu()
+
+
 def down_of_swiglu(down: torch.nn.Module, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """down(ops.swiglu(gate, up)), recomputing the product in the backward where LIGER_RT_RECOMPUTE_SWIGLU says
     and down is a plain, unhooked nn.Linear (see the module docstring)."""
-    if (env.recompute_swiglu() and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+    if (_recompute_swiglu() and torch.is_grad_enabled() and not torch.compiler.is_compiling()
             and not torch.is_autocast_enabled(gate.device.type) and _plain_linear(down)):
         return SwiGLUDown.apply(gate, up, down.weight, down.bias)
     return down(ops.swiglu(gate, up))
