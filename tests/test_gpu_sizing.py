@@ -1,5 +1,8 @@
 """The GPU suite's CPU-side logic (tests/gpu_sizing.py) with torch.cuda faked: skip reasons from the
 card's size, the leak check around each GPU test, and the layer cuts of model-level tests."""
+import ast
+import importlib
+import types
 import warnings
 
 import pytest
@@ -88,6 +91,34 @@ def test_every_tests_gpu_test_must_state_its_need():
     items = [FakeItem(gib=4), FakeItem(), FakeItem(keywords=()), FakeItem(path=gs.GPU_DIR.parent / "test_bench.py")]
     assert gs.unstated(items) == [items[1].nodeid]       # not CPU tests, not GPU tests outside tests/gpu
 
+
+
+def _module_names_read(path):
+    """(line, module, name) for each `alias.name` and `monkeypatch.setattr(alias, "name", ...)` of a module the file
+    imports from liger_rt."""
+    tree = ast.parse(path.read_text())
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("liger_rt"):
+            for a in node.names:
+                if isinstance(getattr(importlib.import_module(node.module), a.name, None), types.ModuleType):
+                    aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            yield node.lineno, aliases[node.value.id], node.attr
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "setattr" and len(node.args) > 1
+              and isinstance(node.args[0], ast.Name) and node.args[0].id in aliases
+              and isinstance(node.args[1], ast.Constant)):
+            yield node.lineno, aliases[node.args[0].id], node.args[1].value
+
+
+def test_gpu_tests_read_only_names_their_modules_have():
+    """CI runs no GPU test, so a name a GPU test reads or monkeypatches on a liger_rt module (a private helper
+    that moved to another file, say) is checked here: monkeypatching a name the module lacks fails the test
+    on the GPU, and patching the old home of a moved name would leave the code under test unpatched."""
+    missing = [f"{path.name}:{line}: {module}.{name}" for path in sorted(gs.GPU_DIR.glob("test_*.py"))
+               for line, module, name in _module_names_read(path) if not hasattr(importlib.import_module(module), name)]
+    assert not missing, missing
 
 # -- the leak check ---------------------------------------------------------------------------------
 
