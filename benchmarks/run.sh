@@ -6,7 +6,9 @@
 #   STEP_TIME_ARGS="--run lfm2moerope --gaps" bash benchmarks/run.sh profile/step_time   # a benchmarks/profile/ script
 #
 # Stages (a stage's extra arguments come from <STAGE>_ARGS, its time limit in seconds from <STAGE>_S):
-#   gputests   pytest -m gpu tests/gpu (GPUTESTS: other paths; GPUTEST_K: a -k expression), outcomes to gputests.txt
+#   gputests   pytest -m gpu tests/gpu (GPUTESTS: other paths; GPUTEST_K: a -k expression), outcomes to gputests.txt;
+#              GPUTESTS_DONE: the gputests.txt files of earlier calls at the same commit, whose PASSED tests this run
+#              leaves out (a suite longer than one call's limit runs on where the last call was cut)
 #   norms gated_mlp losses logprobs lfm2 moe    the kernel families (benchmarks/bench_*.py)
 #   models     model training steps, eager (bench_models.py; MODELS_ARGS="--run qwen3,lfm2")
 #   compiled   the same with torch.compile arms at B4 x T2048 and the host-bound B1 x T512
@@ -68,9 +70,16 @@ for s in "$@"; do
     gputests)  # every test's outcome also goes to $OUT/gputests.txt under a header line (GPU, versions, commit),
                # the form benchmarks/data/gputests/ keeps
                gputests_header > "$OUT/gputests.txt"
+               # one argument per line (pytest's @file): --deselect and the node id of each test that passed before
+               : > "$OUT/gputests_done.args"
+               for f in ${GPUTESTS_DONE:-}; do
+                 sed -n 's/^\([^ ]*::[^ ]*\) PASSED.*/--deselect\n\1/p' "$f" >> "$OUT/gputests_done.args"
+               done
+               [ -s "$OUT/gputests_done.args" ] && echo "# continued: $(( $(wc -l < "$OUT/gputests_done.args") / 2 )) tests" \
+                 "that passed in ${GPUTESTS_DONE} left out" >> "$OUT/gputests.txt"
                stage gputests "${GPUTESTS_S:-600}" bash -c "python3 -m pytest -m gpu ${GPUTESTS:-tests/gpu} -v \
-                 ${GPUTEST_K:+-k '$GPUTEST_K'} -p no:cacheprovider -rfE | tee -a '$OUT/gputests.txt' \
-                 | grep -v PASSED; exit \${PIPESTATUS[0]}" ;;
+                 ${GPUTEST_K:+-k '$GPUTEST_K'} -p no:cacheprovider -rfE @'$OUT/gputests_done.args' \
+                 | tee -a '$OUT/gputests.txt' | grep -v PASSED; exit \${PIPESTATUS[0]}" ;;
     norms)     stage norms "${NORMS_S:-300}" python3 benchmarks/bench_norms.py $Q $D ${NORMS_ARGS:-} ;;
     gated_mlp) stage gated_mlp "${GATED_MLP_S:-200}" python3 benchmarks/bench_gated_mlp.py $Q $D ${GATED_MLP_ARGS:-} ;;
     losses)    stage losses "${LOSSES_S:-300}" python3 benchmarks/bench_losses.py $Q $D ${LOSSES_ARGS:-} ;;
