@@ -92,7 +92,6 @@ def test_every_tests_gpu_test_must_state_its_need():
     assert gs.unstated(items) == [items[1].nodeid]       # not CPU tests, not GPU tests outside tests/gpu
 
 
-
 def _module_names_read(path):
     """(line, module, name) for each `alias.name` and `monkeypatch.setattr(alias, "name", ...)` of a module the file
     imports from liger_rt."""
@@ -113,12 +112,13 @@ def _module_names_read(path):
 
 
 def test_gpu_tests_read_only_names_their_modules_have():
-    """CI runs no GPU test, so a name a GPU test reads or monkeypatches on a liger_rt module (a private helper
-    that moved to another file, say) is checked here: monkeypatching a name the module lacks fails the test
-    on the GPU, and patching the old home of a moved name would leave the code under test unpatched."""
+    """CI runs no GPU test, so a name a GPU test reads or monkeypatches on a liger_rt module is checked here:
+    a private helper that moved to another file is missing from its old home, and monkeypatching a name the
+    module lacks fails the test on the GPU."""
     missing = [f"{path.name}:{line}: {module}.{name}" for path in sorted(gs.GPU_DIR.glob("test_*.py"))
                for line, module, name in _module_names_read(path) if not hasattr(importlib.import_module(module), name)]
     assert not missing, missing
+
 
 # -- the leak check ---------------------------------------------------------------------------------
 
