@@ -78,7 +78,7 @@ for s in "$@"; do
                [ -s "$OUT/gputests_done.args" ] && echo "# continued: $(( $(wc -l < "$OUT/gputests_done.args") / 2 )) tests" \
                  "that passed in ${GPUTESTS_DONE} left out" >> "$OUT/gputests.txt"
                stage gputests "${GPUTESTS_S:-600}" bash -c "python3 -m pytest -m gpu ${GPUTESTS:-tests/gpu} -v \
-                 ${GPUTEST_K:+-k '$GPUTEST_K'} -p no:cacheprovider -rfE @'$OUT/gputests_done.args' \
+                 ${GPUTEST_K:+-k '$GPUTEST_K'} -p no:cacheprovider -rfE --durations=30 @'$OUT/gputests_done.args' \
                  | tee -a '$OUT/gputests.txt' | grep -v PASSED; exit \${PIPESTATUS[0]}" ;;
     norms)     stage norms "${NORMS_S:-300}" python3 benchmarks/bench_norms.py $Q $D ${NORMS_ARGS:-} ;;
     gated_mlp) stage gated_mlp "${GATED_MLP_S:-200}" python3 benchmarks/bench_gated_mlp.py $Q $D ${GATED_MLP_ARGS:-} ;;

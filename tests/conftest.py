@@ -43,6 +43,23 @@ def pytest_runtest_makereport(item, call):
         item.stash[gpu_sizing.CALL_EXCEPTION] = call.excinfo.value
 
 
+_SETUP_S: dict[str, float] = {}
+
+
+def pytest_report_teststatus(report, config):
+    """On a GPU machine a test's verbose outcome names its seconds (setup and call), so that a log cut by a time
+    limit still says where the time went."""
+    if not torch.cuda.is_available() or report.when not in ("setup", "call") or hasattr(report, "wasxfail"):
+        return None
+    if report.when == "setup":
+        _SETUP_S[report.nodeid] = report.duration
+        return None
+    secs = f"({_SETUP_S.pop(report.nodeid, 0.0) + report.duration:.1f} s)"
+    if report.passed:
+        return "passed", ".", f"PASSED {secs}"
+    return ("failed", "F", f"FAILED {secs}") if report.failed else None
+
+
 @pytest.fixture(autouse=True)
 def _private_db(tmp_path, monkeypatch):
     """Each test sees an empty user DB and fresh dispatch memos; no LIGER_* leaks in."""
