@@ -72,7 +72,8 @@ def shadows(model, args=None, wanted=()) -> list[str]:
     if loss and (trl_fused_head(model) or _is_trl(args)):
         out.append(f"TRL's fused LM head computes the training loss and log-probs itself, so liger_rt's "
                    f"{', '.join(loss)} does not run in the TRL trainer's training steps (liger_rt's layer "
-                   f"kernels still do); leave {', '.join(f + '=False' for f in loss)} to silence this")
+                   f"kernels still do; TRL's head stays: it returns more outputs and ran faster than liger_rt's, "
+                   f"docs/logprobs.md); leave {', '.join(f + '=False' for f in loss)} to silence this")
     if args is not None and getattr(args, "use_liger_kernel", False):
         out.append("TrainingArguments(use_liger_kernel=True) applies Liger-Kernel to the same layers when "
                    "training starts, replacing liger_rt's forwards where both apply; use one of them")
