@@ -3,13 +3,15 @@
 #
 #   bash benchmarks/run.sh gputests norms gated_mlp losses logprobs lfm2 moe models compiled host
 #   QUICK=--quick bash benchmarks/run.sh norms moe         # the quick cases only
+#   REPEATS=3 bash benchmarks/run.sh gated_mlp norms     # three counterbalanced runs of each family
 #   STEP_TIME_ARGS="--run lfm2moerope --gaps" bash benchmarks/run.sh profile/step_time   # a benchmarks/profile/ script
 #
 # Stages (a stage's extra arguments come from <STAGE>_ARGS, its time limit in seconds from <STAGE>_S):
 #   gputests   pytest -m gpu tests/gpu (GPUTESTS: other paths; GPUTEST_K: a -k expression), outcomes to gputests.txt;
 #              GPUTESTS_DONE: the gputests.txt files of earlier calls at the same commit, whose PASSED tests this run
 #              leaves out (a suite longer than one call's limit runs on where the last call was cut)
-#   norms gated_mlp losses logprobs lfm2 moe    the kernel families (benchmarks/bench_*.py)
+#   norms gated_mlp losses logprobs lfm2 moe    the kernel families (benchmarks/bench_*.py); REPEATS=3 runs each
+#              three times, the second with the arms timed last to first (logprobs: --rounds 3, alternating within)
 #   models     model training steps, eager (bench_models.py; MODELS_ARGS="--run qwen3,lfm2")
 #   compiled   the same with torch.compile arms at B4 x T2048 and the host-bound B1 x T512
 #   families   the other model families' steps (gemma3, mistral, mixtral, qwen2)
@@ -49,6 +51,14 @@ stage() {  # name, seconds, command...: logged, timed out after the seconds, its
   echo "$name $rc" >> "$OUT/stages.txt"
 }
 
+family() {  # name, seconds, script, args...: a kernel family's bench, REPEATS times (default once), every other run
+            # timing the arms last to first (--reverse-arms), so the runs are counterbalanced
+  local name=$1 secs=$2 script=$3; shift 3
+  for r in $(seq 1 "${REPEATS:-1}"); do
+    stage "$name${REPEATS:+_r$r}" "$secs" python3 "$script" $Q $D $( ((r % 2 == 0)) && echo --reverse-arms) "$@"
+  done
+}
+
 gputests_header() {
   python3 -c "import torch, triton, transformers as tf
 gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'
@@ -80,13 +90,14 @@ for s in "$@"; do
                stage gputests "${GPUTESTS_S:-600}" bash -c "python3 -m pytest -m gpu ${GPUTESTS:-tests/gpu} -v \
                  ${GPUTEST_K:+-k '$GPUTEST_K'} -p no:cacheprovider -rfE --durations=30 @'$OUT/gputests_done.args' \
                  | tee -a '$OUT/gputests.txt' | grep -v PASSED; exit \${PIPESTATUS[0]}" ;;
-    norms)     stage norms "${NORMS_S:-300}" python3 benchmarks/bench_norms.py $Q $D ${NORMS_ARGS:-} ;;
-    gated_mlp) stage gated_mlp "${GATED_MLP_S:-200}" python3 benchmarks/bench_gated_mlp.py $Q $D ${GATED_MLP_ARGS:-} ;;
-    losses)    stage losses "${LOSSES_S:-300}" python3 benchmarks/bench_losses.py $Q $D ${LOSSES_ARGS:-} ;;
-    logprobs)  stage logprobs "${LOGPROBS_S:-300}" python3 benchmarks/bench_logprobs.py $Q $D ${LOGPROBS_ARGS:-} ;;
-    lfm2)      stage lfm2 "${LFM2_S:-200}" python3 benchmarks/bench_lfm2_ops.py $Q $D ${LFM2_ARGS:-} ;;
+    norms)     family norms "${NORMS_S:-300}" benchmarks/bench_norms.py ${NORMS_ARGS:-} ;;
+    gated_mlp) family gated_mlp "${GATED_MLP_S:-200}" benchmarks/bench_gated_mlp.py ${GATED_MLP_ARGS:-} ;;
+    losses)    family losses "${LOSSES_S:-300}" benchmarks/bench_losses.py ${LOSSES_ARGS:-} ;;
+    logprobs)  stage logprobs "${LOGPROBS_S:-300}" python3 benchmarks/bench_logprobs.py $Q $D \
+                 ${REPEATS:+--rounds $REPEATS} ${LOGPROBS_ARGS:-} ;;
+    lfm2)      family lfm2 "${LFM2_S:-200}" benchmarks/bench_lfm2_ops.py ${LFM2_ARGS:-} ;;
     moe)       # a fresh machine pays its compiles and autotuning in the first MoE cases (minutes): give it time
-               stage moe "${MOE_S:-600}" python3 benchmarks/bench_moe.py $Q $D ${MOE_ARGS:-} ;;
+               family moe "${MOE_S:-600}" benchmarks/bench_moe.py ${MOE_ARGS:-} ;;
     models)    stage models "${MODELS_S:-600}" python3 benchmarks/bench_models.py ${Q:+--quick} $D ${MODELS_ARGS:-} ;;
     compiled)  stage compiled "${COMPILED_S:-600}" python3 benchmarks/bench_models.py --compile \
                  --run "${COMPILED_RUNS:-qwen3,lfm2,lfm2moe}" --shape "${COMPILED_SHAPES:-4x2048,1x512}" \
