@@ -229,6 +229,33 @@ def test_doctor_counts_a_models_shapes_with_rows_for_this_device(no_shipped_defa
     assert res.exit_code == 0 and "unknown preset 'nosuch'" in json.loads(res.stdout)["coverage"]["error"]
 
 
+def test_doctor_counts_the_coverage_of_another_device_from_a_cpu_machine(no_shipped_defaults):
+    """`doctor --device h100` on a CPU machine counts the model's Hopper shapes that have rows of the H100: a row
+    of the H100 counts there and not for the H200 or the GH200 (a fallback is not coverage)."""
+    from liger_rt.tools.presets import get_preset
+    hopper = dispatch.target_for_arch("hopper").arch
+    dims = RN.check_dims(RN.plan(get_preset("qwen3-1.7b"), hopper, False)[0])
+
+    def coverage(*args):
+        res = CliRunner().invoke(main, ["doctor", "--json", *args])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.stdout)["coverage"]
+    before = coverage("--device", "h100")
+    assert (before["device"], before["covered"], before["command"]) == (
+        "h100", 0, "liger-tune sweep --arch hopper --model qwen3-1.7b") and before["shapes"] > 5
+    with open_store() as store:
+        store.put_tuning(_row("NVIDIA H100 80GB HBM3", 4, 0.5, static_key=RN.static_key(dims),
+                              bucket=RN.bucket_key(dims)))
+    dispatch.reset()
+    assert coverage("--device", "h100")["covered"] == 1
+    assert coverage("--device", "NVIDIA H100 80GB HBM3", "--arch", "hopper")["covered"] == 1
+    assert [coverage("--device", d)["covered"] for d in ("h200", "gh200")] == [0, 0]
+    assert coverage()["device"] == "cpu"                     # without --device: this machine
+    res = CliRunner().invoke(main, ["doctor", "--device", "h100", "--arch", "ampere"])
+    assert res.exit_code == 2 and "h100 is a hopper device, not ampere" in res.output
+    assert "Traceback" not in res.output
+
+
 def test_the_defaults_ship_winners_and_the_measurements_ship_beside_the_benchmarks(tmp_path):
     folder = resources.files("liger_rt.tuning_db") / "defaults"
     files = [p for p in folder.iterdir() if p.name.endswith(".jsonl")]

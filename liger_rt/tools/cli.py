@@ -39,6 +39,12 @@ def _check_arch(ctx, param, name: str | None) -> str | None:
     return name
 
 
+def _device_option(verb: str):
+    return click.option("--device", "device_name", default=None,
+                        help=f"Device to {verb} for: a class or a device name (h100, h200, gh200, 'NVIDIA H100 80GB "
+                             "HBM3'); its arch is implied for known devices.")
+
+
 def _check_ops(ctx, param, ops):
     from liger_rt.registry import REGISTRY
     bad = [o for o in ([ops] if isinstance(ops, str) else ops or ()) if o not in REGISTRY.names()]
@@ -144,10 +150,14 @@ def _open_user(db_path: str | None, *, readonly: bool, must_exist: bool = True, 
 @main.command()
 @click.option("--model", "preset", default="qwen3-1.7b", show_default=True,
               help="Model preset whose shapes the coverage line counts (rows of this device for each).")
+@click.option("--arch", "arch_name", default=None, callback=_check_arch,
+              help="Count the coverage for this arch's profile (default: this machine, or --device's).")
+@_device_option("count the coverage")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def doctor(preset, as_json):
+def doctor(preset, arch_name, device_name, as_json):
     """Arch, device, versions, DB paths, sizes and row health (ok/stale/bad), a model's coverage, env in force."""
-    info = doctor_report(preset)
+    target = None if arch_name is None and device_name is None else _device_target(arch_name, device_name).arch
+    info = doctor_report(preset, target)
     if as_json:
         click.echo(json.dumps(info, indent=1, default=str))
         return
@@ -251,7 +261,9 @@ def _health(store) -> tuple[dict, list[str]]:
     return counts, bad
 
 
-def doctor_report(preset: str = "qwen3-1.7b") -> dict:
+def doctor_report(preset: str = "qwen3-1.7b", coverage_arch=None) -> dict:
+    """What `liger-tune doctor` prints; the coverage line counts rows for `coverage_arch` (an arch profile, its
+    device_name naming the device) where given, else for this machine."""
     import platform
     from importlib import metadata, resources
 
@@ -306,7 +318,10 @@ def doctor_report(preset: str = "qwen3-1.7b") -> dict:
     db["shipped_health"], db["shipped_bad"] = _health(tuning_db.store.shipped_defaults())
     files = (resources.files("liger_rt.tuning_db") / "defaults").iterdir()
     db["shipped_files"] = ", ".join(sorted(p.name for p in files if p.name.endswith(".jsonl"))) or "none"
-    coverage = _coverage(preset, detected) if detected else {"model": preset, "error": "no arch detected"}
+    if coverage_arch is not None or detected is not None:
+        coverage = _coverage(preset, coverage_arch or detected)
+    else:
+        coverage = {"model": preset, "error": "no arch detected"}
     triton = {"available": _triton.available(), "reason": _triton.reason()}
     return {"arch": arch, "device": device, "device_class": device_class, "versions": versions, "triton": triton,
             "db": db, "coverage": coverage, "env": env.snapshot(), "interpreter": os.environ.get("TRITON_INTERPRET", ""),
@@ -412,12 +427,6 @@ def sweep(arch_name, ops, preset, shapes, dtypes, quick, dry_run, db_path, as_js
             click.echo(f"not measured: {res['op']} {impl}: {why}")
     for c in out["crossovers"]:
         click.echo(f"crossover {c['op']} {c['dtype']} {c['static_key']}: {c['segments']} ({c['method']})")
-
-
-def _device_option(verb: str):
-    return click.option("--device", "device_name", default=None,
-                        help=f"Device to {verb} for: a class or a device name (h100, h200, gh200, 'NVIDIA H100 80GB "
-                             "HBM3'); its arch is implied for known devices.")
 
 
 def _device_target(arch_name: str | None, device_name: str | None):
