@@ -174,7 +174,10 @@ def kernel_section(kind: str, benches: dict) -> list[str]:
              "| op.pass | shape | dtype | timer | " + " | ".join(head) + " | best peer / liger_rt | liger_rt rate "
              "(of ceiling) | " + ("extra GB: liger_rt, least peer | " if memory else "") + "date |",
              "| --- " * (len(arms) + 7 + memory) + "|"]
+    trained = {(name, shape, dtype) for _, name, shape, dtype in mine}
     for (_, name, shape, dtype), figs in sorted(mine.items(), key=lambda kv: natural(" ".join(kv[0]))):
+        if name.endswith(".fwd") and (f"{name}bwd", shape, dtype) in trained:
+            continue                    # the forward alone where forward+backward was measured: in the dataset only
         for timer, metric in (("device", "dev_ms"), ("wall", "ms")):
             row = {a: figs[(a, metric)] for a in arms if (a, metric) in figs}
             if not row:
@@ -307,7 +310,8 @@ METHOD = """\
   gradient through `torch.autograd.grad`. Timer *wall*: the `triton.testing.do_bench` median with the L2 flushed
   before each call, timed from the host, so a launch-bound call pays its host cost. Timer *device*: the median
   replay of a captured CUDA graph of the call, no host cost. Rates count the bytes or FLOPs an op cannot avoid,
-  over the wall time; "of ceiling" divides by the copy or bf16 matmul ceiling the same run measured.
+  over the wall time; "of ceiling" divides by the copy or bf16 matmul ceiling the same run measured. Where a
+  shape was measured forward and backward, the tables show that pass; its forward alone is in the dataset.
 - **Arms**: `liger_rt` is the public op through the shipped tuning DB; `triton` and `grouped_mm` force that
   implementation (`LIGER_RT_IMPL_<OP>`); `eager` is the Hugging Face module or plain PyTorch (MoE experts:
   transformers' `grouped_mm` experts); `torch_compile` compiles the eager arm; `liger_kernel` and `trl` are the

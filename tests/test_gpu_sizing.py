@@ -29,6 +29,7 @@ class FakeCuda:
             monkeypatch.setattr(torch.cuda, fn, impl)
         monkeypatch.setattr(torch._dynamo, "reset", lambda: setattr(self, "resets", self.resets + 1))
         monkeypatch.setattr(gs.gc, "collect", lambda *a: 0)     # fake tensors go by refcount; a full gc takes 0.5 s
+        monkeypatch.setattr(gs, "_last_settled", None)          # no test settled on this card yet
 
     def alloc(self, nbytes):
         self.allocated += nbytes
@@ -133,6 +134,19 @@ def test_memory_given_back_passes_and_the_peak_is_recorded(monkeypatch):
     _run_guarded(item, body)
     assert item.user_properties == [("gpu_peak_gib", 2.0)]
     assert cuda.resets == 2                              # dynamo's compiled code dropped before and after
+
+
+def test_the_next_test_starts_from_the_last_settle_unless_memory_moved(monkeypatch):
+    """Back-to-back tests settle once between them; memory allocated between them (a module fixture's
+    model) is settled into the next test's baseline, not taken for that test's leak."""
+    cuda = FakeCuda(monkeypatch)
+    _run_guarded(FakeItem(gib=8), lambda: None)
+    assert cuda.resets == 2
+    _run_guarded(FakeItem(gib=8), lambda: None)
+    assert cuda.resets == 3                              # its baseline is the first test's last settle
+    model = FakeTensor(cuda, 3 * GIB)                    # noqa: F841 (a module fixture's, alive through the test)
+    _run_guarded(FakeItem(gib=8), lambda: None)
+    assert cuda.resets == 5
 
 
 def test_a_leak_fails_the_test_that_leaked_with_the_figure(monkeypatch):

@@ -100,6 +100,18 @@ def test_check_fails_on_a_parity_test_that_does_not_exist(report, repo, capsys):
     assert "parity.csv names a missing test: tests/test_a.py::test_cpu" in capsys.readouterr().out
 
 
+def test_a_forward_row_gives_way_to_its_forward_and_backward(report, repo):
+    """A shape measured forward and backward shows that pass only; a forward measured alone still shows."""
+    norm = dict(kind="norms", shape="rows=4096;hidden=2048", arm="liger_rt", metric="ms")
+    _write(repo / "benchmarks" / "data" / "kernels.csv",
+           [_row(**norm, name="rms_norm.fwd", value=0.031), _row(**norm, name="rms_norm.fwdbwd", value=0.093),
+            _row(**dict(norm, shape="rows=8;hidden=2048"), name="rms_norm.fwd", value=0.004)])
+    perf = report.perf_md(report.load(repo / "benchmarks" / "data"))[0]
+    assert "| rms_norm.fwdbwd | rows=4096;hidden=2048 |" in perf
+    assert "| rms_norm.fwd | rows=4096;hidden=2048 |" not in perf
+    assert "| rms_norm.fwd | rows=8;hidden=2048 |" in perf
+
+
 def test_repository_perf_md_is_short(report):
     assert len((REPO / "docs" / "perf.md").read_text().splitlines()) <= 400
 

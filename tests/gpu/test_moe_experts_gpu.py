@@ -287,14 +287,19 @@ def test_grouped_mm_probe_under_sync_debug_mode():
     assert torch.cuda.get_sync_debug_mode() == 0
 
 
-def test_bench_forced_grouped_mm_arm_runs():
+def test_bench_forced_grouped_mm_arm_runs(monkeypatch):
     """The bench's forced grouped_mm arm runs where grouped_mm does, with the peers timed before it in the
     bench's order: a probe drawn with torch.randn after Liger-Kernel's arm failed its CUDA-graph capture
     fails with "Offset increment outside graph capture encountered unexpectedly" (seen on an H200), and a
-    cached failure would make every later case say grouped_mm "cannot run here"."""
+    cached failure would make every later case say grouped_mm "cannot run here".
+
+    LIGER_FUSED_MOE_AUTOTUNE=0 gives Liger-Kernel's fused MoE one config per kernel (it reads the switch when
+    first imported, which no earlier test does): with its autotuner on, its first forward and backward compile
+    and time some 200 configs, and on an H100 this test had not finished after a minute."""
     from liger_rt.tools.bench import harness
     from liger_rt.tools.bench import moe as B
     import dataclasses
+    monkeypatch.setenv("LIGER_FUSED_MOE_AUTOTUNE", "0")
     M._PROBED.clear()                                          # the probe is first asked after the peers' arms
     M.PROBE_FAILURES.clear()
     case = B.build(dict(B.SPECS[0]), "bf16", "cuda")          # T512, E32, uniform
