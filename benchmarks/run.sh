@@ -4,6 +4,7 @@
 #   bash benchmarks/run.sh gputests norms gated_mlp losses logprobs lfm2 moe models compiled host
 #   QUICK=--quick bash benchmarks/run.sh norms moe         # the quick cases only
 #   REPEATS=3 bash benchmarks/run.sh gated_mlp norms     # three counterbalanced runs of each family
+#   ROUNDS=3 bash benchmarks/run.sh moe                  # three counterbalanced rounds in one process (one compile)
 #   STEP_TIME_ARGS="--run lfm2moerope --gaps" bash benchmarks/run.sh profile/step_time   # a benchmarks/profile/ script
 #
 # Stages (a stage's extra arguments come from <STAGE>_ARGS, its time limit in seconds from <STAGE>_S):
@@ -11,7 +12,9 @@
 #              GPUTESTS_DONE: the gputests.txt files of earlier calls at the same commit, whose PASSED tests this run
 #              leaves out (a suite longer than one call's limit runs on where the last call was cut)
 #   norms gated_mlp losses logprobs lfm2 moe    the kernel families (benchmarks/bench_*.py); REPEATS=3 runs each
-#              three times, the second with the arms timed last to first (logprobs: --rounds 3, alternating within)
+#              three times, the second with the arms timed last to first (logprobs: --rounds 3, alternating within);
+#              ROUNDS=3 measures each case three times within one run (--rounds 3), paying compiles and the
+#              peers' autotuning once (the MoE family's first cases take minutes of them on a fresh machine)
 #   models     model training steps, eager (bench_models.py; MODELS_ARGS="--run qwen3,lfm2")
 #   compiled   the same with torch.compile arms at B4 x T2048 and the host-bound B1 x T512
 #   families   the other model families' steps (gemma3, mistral, mixtral, qwen2)
@@ -55,7 +58,8 @@ family() {  # name, seconds, script, args...: a kernel family's bench, REPEATS t
             # timing the arms last to first (--reverse-arms), so the runs are counterbalanced
   local name=$1 secs=$2 script=$3; shift 3
   for r in $(seq 1 "${REPEATS:-1}"); do
-    stage "$name${REPEATS:+_r$r}" "$secs" python3 "$script" $Q $D $( ((r % 2 == 0)) && echo --reverse-arms) "$@"
+    stage "$name${REPEATS:+_r$r}" "$secs" python3 "$script" $Q $D $( ((r % 2 == 0)) && echo --reverse-arms) \
+      ${ROUNDS:+--rounds $ROUNDS} "$@"
   done
 }
 

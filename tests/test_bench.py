@@ -6,6 +6,7 @@ import ast
 import csv
 import json
 import os
+import statistics
 import subprocess
 import sys
 import types
@@ -484,6 +485,30 @@ def test_run_kernels_writes_the_csv_and_hands_each_case_on(tmp_path, monkeypatch
     ok = [r for r in csv_rows if r["impl"] == "liger_rt"]
     assert ok and all(r["ms_method"] == "cpu-wall" and float(r["ms"]) > 0 for r in ok)
     assert all(r["error"].startswith("RuntimeError: LIGER_RT_IMPL_") for r in csv_rows if r["impl"] == "triton")
+
+
+def test_run_kernels_rounds_alternate_the_arm_order_and_the_verdict_takes_medians(monkeypatch):
+    """--rounds 3: each case measured three times in one process (listed, reversed, listed order), each round handed
+    on with its number, the dataset notes naming it, and the verdict on each arm's median, not its last round."""
+    _torch_references(monkeypatch)
+    _fake_metadata(monkeypatch, **{"liger-kernel": None})
+    monkeypatch.setattr(norms, "SPECS", [dict(op="rms_norm", rows=4, hidden=16, quick=True)])
+    walls = iter([1.0, 2.0, 9.0, 4.0, 3.0, 5.0, 0.5, 6.0, 7.0] * 9)     # one per (round, arm, pass) in timing order
+    monkeypatch.setattr(H, "time_fn", lambda fn, device, quick=False, arm=None: (next(walls), None, "none: cpu"))
+    cases, lines = [], []
+    rows = H.run_kernels(["rms_norm"], quick=True, dtype="fp32", device="cpu", echo=lines.append, rounds=3,
+                         on_case=cases.append)
+    assert [{(r["round"], r["rounds"]) for r in c} for c in cases] == [{(1, 3)}, {(2, 3)}, {(3, 3)}]
+    orders = [list(dict.fromkeys(r["impl"] for r in c)) for c in cases]
+    assert orders[1] == orders[0][::-1] and orders[2] == orders[0], orders
+    notes = {r["notes"] for r in H.kernel_records(cases[1]) if r["arm"] == "eager"}
+    assert notes == {"arms timed last to first; round 2 of 3"}, notes
+    fwd = {impl: sorted(r["ms"] for r in rows if r["impl"] == impl and r["pass"] == "fwd" and r.get("ms"))
+           for impl in orders[0]}
+    ours = statistics.median(fwd["liger_rt"])
+    verdict = next(line for line in lines if line.startswith("rms_norm") and " fwd:" in line)
+    assert f"liger_rt {ours:.4g} ms" in verdict, (verdict, fwd)
+    assert len(set(fwd["liger_rt"])) == 3                   # the median differs from some round's figure
 
 
 # -- the CLI ---------------------------------------------------------------------------------------

@@ -79,14 +79,17 @@ bench.add_command(logprobs_cmd, "logprobs")
 @click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp16", "fp32"]))
 @click.option("--reverse-arms", is_flag=True, help="Time each case's arms last to first (alternate it between runs); "
               "the rows say so in arm_order.")
+@click.option("--rounds", default=1, show_default=True, type=click.IntRange(1, 9),
+              help="Measure each case this many times in one process, the arm order reversed every other round "
+              "(compiles and the peers' autotuning paid once); the verdicts take each arm's median.")
 @_csv
-def kernels(names, where, quick, no_compile, dtype, reverse_arms, csv_path, data_dir):
+def kernels(names, where, quick, no_compile, dtype, reverse_arms, rounds, csv_path, data_dir):
     """Every arm of every case (ours, forced implementations, eager, torch.compile, Liger-Kernel)."""
     from .harness import kernel_records, run_kernels, select_specs
     _run(select_specs, list(names), list(where), quick)       # bad arguments first, GPU or not
     _need_gpu("bench kernels")
     _run(run_kernels, list(names), where=list(where), quick=quick, compile_=not no_compile, dtype=dtype,
-         echo=click.echo, reverse_arms=reverse_arms, csv_path=csv_path,
+         echo=click.echo, reverse_arms=reverse_arms, csv_path=csv_path, rounds=rounds,
          on_case=dataset_sink(data_dir, "kernels.csv", kernel_records))
 
 

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import secrets
+import statistics
 import subprocess
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -413,10 +414,16 @@ def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: 
 
 
 def verdicts(rows: list[dict]) -> list[str]:
-    """Per case and pass (wall time): the dispatched arm against the best peer and the fastest arm."""
+    """Per case and pass (wall time; over several rounds each arm's median): the dispatched arm against the best
+    peer and the fastest arm."""
     lines = []
     for key in dict.fromkeys((r["op"], r["case"], r["pass"]) for r in rows):
-        by = {r["impl"]: r for r in rows if (r["op"], r["case"], r["pass"]) == key and r.get("ms")}
+        times: dict[str, list[float]] = {}
+        for r in rows:
+            if (r["op"], r["case"], r["pass"]) == key and r.get("ms"):
+                times.setdefault(r["impl"], []).append(r["ms"])
+        first = {r["impl"]: r for r in reversed(rows) if (r["op"], r["case"], r["pass"]) == key and r.get("ms")}
+        by = {n: {**first[n], "ms": statistics.median(ms)} for n, ms in times.items()}
         ours, name = by.get("liger_rt"), " ".join(key)
         if not ours:
             lines.append(f"{name}: liger_rt did not run")
@@ -453,7 +460,8 @@ def kernel_records(rows: list[dict]) -> list[dict]:
         base = {"kind": OP_KINDS.get(r["op"], r["op"]), "name": f"{r['op']}.{r['pass']}", "shape": r["shape"],
                 "arm": dataset_arm(r["impl"]), "dtype": r["dtype"],
                 "notes": "; ".join(filter(None, [f"config {r['config']}" if r["impl"] in ("liger_rt", *FORCED) else "",
-                                                 "arms timed last to first" if r["arm_order"] == "reversed" else ""]))}
+                                                 "arms timed last to first" if r["arm_order"] == "reversed" else "",
+                                                 r.get("rounds", 1) > 1 and f"round {r['round']} of {r['rounds']}"]))}
         how = r["ms_method"]
         out.append({**base, "metric": "ms", "value": r["ms"], "unit": "ms", "method": how})
         if r.get("dev_ms"):
@@ -500,10 +508,12 @@ def select_specs(names: list[str], where: list[str], quick: bool) -> dict[str, l
 
 def run_kernels(names: list[str] = (), *, where: list[str] = (), quick: bool = False, compile_: bool = True,
                 dtype: str = "bf16", device: str = "cuda", ceilings: dict | None = None, echo: Callable = print,
-                reverse_arms: bool = False, csv_path: str | Path | None = None,
+                reverse_arms: bool = False, csv_path: str | Path | None = None, rounds: int = 1,
                 on_case: Callable[[list[dict]], None] | None = None) -> list[dict]:
-    """Every selected case of every family, a table per family.  After each case its rows go to `on_case` and, with
-    `csv_path`, every row so far is written there (a cut run keeps what finished)."""
+    """Every selected case of every family, a table per family.  `rounds` measures each case that many times in
+    this process, the arm order reversed every other round (counterbalanced rounds that pay compiles and the
+    peers' autotuning once).  After each round its rows go to `on_case` and, with `csv_path`, every row so far is
+    written there (a cut run keeps what finished)."""
     plan = select_specs(list(names), list(where), quick)
     if device == "cuda" and ceilings is None:
         ceilings = measure_ceilings(quick=quick)
@@ -515,14 +525,18 @@ def run_kernels(names: list[str] = (), *, where: list[str] = (), quick: bool = F
         rows, mod = [], importlib.import_module(f"liger_rt.tools.bench.{fam}")
         for spec in specs:
             echo(f"[{fam}] " + ", ".join(f"{k}={v}" for k, v in spec.items() if k != "quick"))
-            got = measure_case(mod.build(spec, spec.get("dtype", dtype), device, echo), dtype=dtype, device=device,
-                               quick=quick, compile_=compile_ and not quick, ceilings=ceilings, echo=echo,
-                               reverse_arms=reverse_arms)
-            rows += got
-            if on_case:
-                on_case(got)
-            if csv_path:
-                write_csv(every + rows, csv_path)
+            case = mod.build(spec, spec.get("dtype", dtype), device, echo)
+            for rnd in range(rounds):
+                got = measure_case(case, dtype=dtype, device=device, quick=quick, compile_=compile_ and not quick,
+                                   ceilings=ceilings, echo=echo, reverse_arms=reverse_arms != (rnd % 2 == 1))
+                if rounds > 1:
+                    got = [{**r, "round": rnd + 1, "rounds": rounds} for r in got]
+                rows += got
+                if on_case:
+                    on_case(got)
+                if csv_path:
+                    write_csv(every + rows, csv_path)
+            del case
         unit = [u for u in ("GBps", "TFLOPs") if any(u in r for r in rows)]
         echo(format_table(rows, ["op", "case", "impl", "pass", "ms", "dev_ms", *unit, *[f"dev_{u}" for u in unit],
                                  "dev_frac_ceiling", "vs_eager", "err_out", "err_grad", "peak_GB"],
