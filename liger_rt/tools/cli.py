@@ -318,10 +318,8 @@ def doctor_report(preset: str = "qwen3-1.7b", coverage_arch=None) -> dict:
     db["shipped_health"], db["shipped_bad"] = _health(tuning_db.store.shipped_defaults())
     files = (resources.files("liger_rt.tuning_db") / "defaults").iterdir()
     db["shipped_files"] = ", ".join(sorted(p.name for p in files if p.name.endswith(".jsonl"))) or "none"
-    if coverage_arch is not None or detected is not None:
-        coverage = _coverage(preset, coverage_arch or detected)
-    else:
-        coverage = {"model": preset, "error": "no arch detected"}
+    counted = coverage_arch or detected
+    coverage = _coverage(preset, counted) if counted else {"model": preset, "error": "no arch detected"}
     triton = {"available": _triton.available(), "reason": _triton.reason()}
     return {"arch": arch, "device": device, "device_class": device_class, "versions": versions, "triton": triton,
             "db": db, "coverage": coverage, "env": env.snapshot(), "interpreter": os.environ.get("TRITON_INTERPRET", ""),

@@ -418,12 +418,11 @@ def verdicts(rows: list[dict]) -> list[str]:
     peer and the fastest arm."""
     lines = []
     for key in dict.fromkeys((r["op"], r["case"], r["pass"]) for r in rows):
-        times: dict[str, list[float]] = {}
+        rounds: dict[str, list[dict]] = {}
         for r in rows:
             if (r["op"], r["case"], r["pass"]) == key and r.get("ms"):
-                times.setdefault(r["impl"], []).append(r["ms"])
-        first = {r["impl"]: r for r in reversed(rows) if (r["op"], r["case"], r["pass"]) == key and r.get("ms")}
-        by = {n: {**first[n], "ms": statistics.median(ms)} for n, ms in times.items()}
+                rounds.setdefault(r["impl"], []).append(r)
+        by = {n: {**rs[0], "ms": statistics.median(r["ms"] for r in rs)} for n, rs in rounds.items()}
         ours, name = by.get("liger_rt"), " ".join(key)
         if not ours:
             lines.append(f"{name}: liger_rt did not run")
