@@ -3,12 +3,16 @@
 TRITON_INTERPRET must be set before any kernel module is imported (triton.jit reads it when a
 kernel is decorated), hence at the top of conftest.  Every test gets a private tuning DB.  GPU tests
 (``-m gpu``) state the memory they need (``gpu_mem``, tests/gpu_sizing.py), skip on a smaller card,
-and fail if they leave memory allocated.
+and fail if they leave memory allocated.  They run with the CUDA allocator's expandable segments
+(unless PYTORCH_CUDA_ALLOC_CONF says otherwise): a small tensor that outlives a test, such as a cuBLAS
+workspace, then pins a page and not the whole segment a model's weights were carved from, so the memory a
+test frees goes back to the card and the next test's model fits.
 """
 import os
 
 import pytest
 
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")   # read at CUDA's first allocation
 import torch  # noqa: E402
 
 import gpu_sizing
