@@ -39,6 +39,7 @@ MAX_SEQ_ORDER = ("liger_rt", "liger_rt+ckpt", "eager", "eager+ckpt", "torch_comp
                  "liger_kernel+ckpt", "liger_rt+torch_compile")
 PEERS = ("eager", "torch_compile", "liger_kernel", "trl")
 PEER_NAMES = {"liger_kernel": "Liger-Kernel", "trl": "TRL"}
+MARGIN_KINDS, MARGIN = ("moe_experts",), 1.15      # kernel tables that count their shapes liger_rt leads by MARGIN
 NOT_MEASURED = ("AMD Instinct MI300X", "AMD Instinct MI325X")
 README_MARKERS = ("<!-- perf-table:begin (benchmarks/report.py) -->", "<!-- perf-table:end -->")
 PARITY_MARKERS = ("<!-- parity:begin (benchmarks/report.py) -->", "<!-- parity:end -->")
@@ -197,6 +198,8 @@ def kernel_section(kind: str, benches: dict) -> list[str]:
             lines.append(f"| {name} | {shape} | {dtype} | {timer} | "
                          + " | ".join(row[a].cell(sig) if a in row else "-" for a in arms)
                          + f" | {ratio} | {rate} | " + (f"{gb} | " if memory else "") + f"{dates(row.values())} |")
+    if kind in MARGIN_KINDS and (margin := peer_margin(mine, arms)):
+        lines += ["", margin]
     shown = {k: v for k, v in probes.items() if v}
     if shown:
         lines += ["", "Config and variant probes (wall ms; not peers):", ""]
@@ -206,6 +209,20 @@ def kernel_section(kind: str, benches: dict) -> list[str]:
             lines.append(f"- {name} {shape} {dtype}: {len(ranked)} arms, fastest `{best[0]}` {best[1].cell(sig)}, "
                          f"slowest `{worst[0]}` {worst[1].cell(sig)} ({dates(figs.values())})")
     return lines + [""]
+
+
+def peer_margin(mine: dict, arms: list[str], bar: float = MARGIN) -> str | None:
+    """How many forward+backward shapes liger_rt leads the best peer at by `bar` or more (wall-clock medians),
+    counted where every peer of the table ran; None where no shape has them all."""
+    peers = [a for a in PEERS if a in arms]
+    ratios = [min(figs[(a, "ms")].median for a in peers) / figs[("liger_rt", "ms")].median
+              for (_, name, _, _), figs in mine.items()
+              if name.endswith(".fwdbwd") and ("liger_rt", "ms") in figs and all((a, "ms") in figs for a in peers)]
+    if not peers or not ratios:
+        return None
+    return (f"Forward+backward, wall clock (medians), at the {len(ratios)} shapes where every peer "
+            f"({', '.join(peers)}) ran: liger_rt at least {bar:.2f}x the best peer at {sum(r >= bar for r in ratios)}, "
+            f"ahead of it at {sum(r > 1 for r in ratios)}.")
 
 
 def model_section(kind: str, benches: dict) -> list[str]:

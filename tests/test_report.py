@@ -160,3 +160,20 @@ def test_longest_sequence_table_and_plot_data(report, repo):
                                            ["liger_kernel", 16384.0, False]]]
     assert data[1][0] == "qwen3-1.7b+rope, limit_gib=24"
     assert [report.tokens(v) for v in (32768, 33280, 300)] == ["32K", "32.5K", "300"]
+
+
+def test_moe_table_counts_the_shapes_liger_rt_leads_every_peer_at(report, repo):
+    """The count takes each arm's median, the best peer per shape, and leaves out a shape a peer did not run."""
+    moe = dict(kind="moe_experts", name="moe_experts.fwdbwd", metric="ms")
+    rows = []
+    for shape, ours, eager, lk in (("tokens=512", (1.0, 1.0, 9.0), 1.20, 1.14),      # 1.14x: under the bar
+                                   ("tokens=2048", (2.0, 2.1, 1.0), 2.60, 2.50),     # median 2.0: 1.25x
+                                   ("tokens=4096", (3.0,), 2.90, 4.00)):             # behind eager
+        rows += [_row(**moe, shape=shape, arm="liger_rt", value=v, run=f"r{i}") for i, v in enumerate(ours)]
+        rows += [_row(**moe, shape=shape, arm="eager", value=eager),
+                 _row(**moe, shape=shape, arm="liger_kernel", value=lk, peer_version="0.8.5")]
+    rows.append(_row(**moe, shape="tokens=8192", arm="liger_rt", value=1.0))       # no peer ran: not counted
+    _write(repo / "benchmarks" / "data" / "kernels.csv", rows)
+    perf = report.perf_md(report.load(repo / "benchmarks" / "data"))[0]
+    assert ("at the 3 shapes where every peer (eager, liger_kernel) ran: liger_rt at least 1.15x the best peer "
+            "at 1, ahead of it at 2.") in perf
