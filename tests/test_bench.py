@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import types
+import weakref
 from importlib import metadata
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from click.testing import CliRunner
 
 from bench_scripts import load_script, one_thread  # noqa: F401  (one_thread: autouse)
 from liger_rt.registry import REGISTRY
-from liger_rt.tools.bench import bench, harness as H, model as M, norms
+from liger_rt.tools.bench import bench, harness as H, losses, model as M, norms
 
 RUN_COLS = {"kind", "model_type", "preset", "arm", "run_index", "order", "batch", "seq", "steps", "warmup", "dtype",
             "device", "median_step_ms", "tok_per_s", "peak_alloc_GB", "loss_first", "loss_last", "losses",
@@ -382,6 +383,7 @@ def test_an_arm_whose_capture_failed_is_not_captured_again(monkeypatch):
 
     monkeypatch.setattr(timing, "do_bench", lambda fn, **kw: 2.0)
     monkeypatch.setattr(autotune, "graph_ms", graph_ms)
+    monkeypatch.setattr(autotune, "host_syncs", lambda fn: False)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(H, "_UNCAPTURABLE", {})
     assert H.time_fn(fails, "cuda", arm=("moe_experts", "liger_kernel")) == (2.0, None, "none: capture failed (RuntimeError)")
@@ -389,6 +391,165 @@ def test_an_arm_whose_capture_failed_is_not_captured_again(monkeypatch):
         2.0, None, "none: capture failed earlier (RuntimeError)")
     assert H.time_fn(works, "cuda", arm=("moe_experts", "liger_rt")) == (2.0, 0.5, "cuda-graph")
     assert captured == [fails, works]
+
+
+def _oom():
+    return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.32 GiB")
+
+
+def test_an_arm_that_syncs_with_the_host_is_never_captured(monkeypatch):
+    """Liger-Kernel's losses call .item(): their capture would fail and keep its pool, so an arm that makes a
+    synchronizing call under the sync debug mode keeps its wall time and is not captured, nor is one whose sync check
+    itself fails (an OOM); the allocator's cache is emptied after each, and a later arm is still captured."""
+    from liger_rt import autotune
+    from liger_rt.autotune import timing
+    captured, checked, emptied = [], [], []
+
+    def host_syncs(fn):
+        checked.append(fn)
+        if fn is oom:
+            raise _oom()
+        return fn is syncs
+
+    def syncs():
+        return None
+
+    def oom():
+        return None
+
+    def works():
+        return None
+
+    monkeypatch.setattr(timing, "do_bench", lambda fn, **kw: 2.0)
+    monkeypatch.setattr(autotune, "graph_ms", lambda fn: captured.append(fn) or 0.5)
+    monkeypatch.setattr(autotune, "host_syncs", host_syncs)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    monkeypatch.setattr(H, "_UNCAPTURABLE", {})
+    assert H.time_fn(syncs, "cuda", arm=("cross_entropy", "liger_kernel")) == (
+        2.0, None, "none: synchronizes with the host, not captured")
+    assert H.time_fn(oom, "cuda", arm=("cross_entropy", "compile")) == (
+        2.0, None, "none: sync check failed (OutOfMemoryError)")
+    assert H.time_fn(works, "cuda", arm=("cross_entropy", "liger_rt")) == (2.0, 0.5, "cuda-graph")
+    assert checked == [syncs, oom, works] and captured == [works] and len(emptied) == 3
+    assert H._UNCAPTURABLE == {}                    # nothing failed a capture: nothing holds a pool
+
+
+def test_release_collects_resets_compiled_caches_and_empties_the_cache_without_raising(monkeypatch):
+    calls, lines = [], []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: calls.append("dynamo.reset"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    box = [torch.ones(4)]
+    box.append(box)                                 # a tensor only a collection frees
+    ref = weakref.ref(box[0])
+    del box
+    H.release("cpu", echo=lines.append)
+    assert ref() is None and calls == []
+    H.release("cuda", compiled=True, echo=lines.append)
+    assert calls == ["dynamo.reset", "empty_cache"] and lines == []
+
+    def broken():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    monkeypatch.setattr(torch.cuda, "empty_cache", broken)
+    H.release("cuda", echo=lines.append)            # never raises: the next arm reports a broken context
+    assert lines == ["  (releasing memory failed: RuntimeError: CUDA error: an illegal memory access was encountered)"]
+
+
+def test_an_oom_anywhere_in_an_arm_is_its_error_and_the_next_arm_starts_clean(monkeypatch):
+    """H100, cross_entropy rows=8192 vocab=151936: an OOM while an arm runs, after its gradients (in its error or
+    config) or while its inputs are copied is that arm's rows' error; the arms after it are measured, and nothing a
+    failed arm made (its copy of the inputs, kept alive by an output's autograd graph) is alive when the next arm
+    copies its inputs."""
+    case = losses.build(dict(op="cross_entropy", rows=4, vocab=64), "fp32", "cpu", echo=lambda s: None)
+    logits = case.inputs[0]
+    made = []                                       # (arm, weak reference to the logits copy it was given)
+
+    def oom_running(z, y):
+        made.append(("oom_running", weakref.ref(z)))
+        _ = z * 2
+        raise _oom()
+
+    def oom_after_grads(z, y):
+        made.append(("oom_after_grads", weakref.ref(z)))
+        return torch.nn.functional.cross_entropy(z, y)
+
+    def desc():
+        raise _oom()
+
+    case.peers |= {"oom_running": H.Arm(oom_running), "oom_after_grads": H.Arm(oom_after_grads, desc),
+                   "oom_copying": H.Arm(lambda z, y: torch.nn.functional.cross_entropy(z, y))}
+    names = list(H._arms(case, "fp32", False))
+    real_clone, alive, released = torch.Tensor.clone, [], []
+
+    def clone(self, *args, **kw):                   # the harness copies the case's logits once per arm
+        if self.data_ptr() == logits.data_ptr():
+            alive.append([n for n, r in made if r() is not None])
+            if len(alive) == names.index("oom_copying") + 1:
+                raise _oom()
+        return real_clone(self, *args, **kw)
+    monkeypatch.setattr(torch.Tensor, "clone", clone)
+    real_release = H.release
+    monkeypatch.setattr(H, "release", lambda *a, **kw: released.append(a) or real_release(*a, **kw))
+    lines = []
+    rows = H.measure_case(case, dtype="fp32", device="cpu", quick=True, compile_=False, ceilings=None,
+                          echo=lines.append)
+    by = {r["impl"]: r for r in rows}
+    assert list(by) == names and len(alive) == len(names)
+    for name in ("oom_running", "oom_after_grads", "oom_copying"):
+        assert by[name]["error"].startswith("OutOfMemoryError: CUDA out of memory") and "ms" not in by[name]
+        assert any(line.startswith(f"  cross_entropy rows=4,vocab=64,dtype=fp32 {name}: OutOfMemoryError")
+                   for line in lines), lines
+    for name in ("eager", "liger_rt_inplace", "liger_rt"):
+        assert by[name]["ms"] > 0 and by[name]["err_grad"] < 1e-5 and not by[name]["error"], by[name]
+    assert alive == [[]] * len(names), alive
+    assert len(released) == 1 + len(names)          # after the reference and after every arm
+
+
+def test_a_reference_that_does_not_fit_leaves_the_arms_timed_without_errors(monkeypatch):
+    case = losses.build(dict(op="cross_entropy", rows=4, vocab=64), "fp32", "cpu", echo=lambda s: None)
+
+    def ref(z, y):
+        raise _oom()
+    case.ref = ref
+    lines = []
+    rows = H.measure_case(case, dtype="fp32", device="cpu", quick=True, compile_=False, ceilings=None,
+                          echo=lines.append)
+    by = {r["impl"]: r for r in rows}
+    assert by["liger_rt"]["ms"] > 0 and by["liger_rt"]["err_out"] is None and by["liger_rt"]["err_grad"] is None
+    assert by["eager"]["ms"] > 0 and not by["eager"]["error"]
+    assert lines[0] == ("  cross_entropy rows=4,vocab=64,dtype=fp32 reference: OutOfMemoryError: CUDA out of memory. "
+                        "Tried to allocate 2.32 GiB (no errors against it)")
+
+
+def test_a_case_that_cannot_be_built_is_a_row_and_each_case_is_released_after_its_rounds(monkeypatch):
+    """A case whose inputs do not fit is one error row and the run goes on; after every case (all its rounds, which
+    share its compiles) torch.compile's caches and the allocator's free blocks are given back."""
+    specs = [dict(op="cross_entropy", rows=8192, vocab=151936), dict(op="cross_entropy", rows=4, vocab=64)]
+    monkeypatch.setattr(losses, "SPECS", specs)
+    real_build, events = losses.build, []
+
+    def build(spec, dtype, device, echo=print):
+        if spec["rows"] == 8192:
+            raise _oom()
+        return real_build(spec, dtype, device, echo)
+
+    def measure_case(case, **kw):
+        events.append(f"measure rows={case.spec['rows']}")
+        return [{"op": case.op, "case": "rows=4", "impl": "liger_rt", "pass": "fwdbwd", "ms": 1.0, "error": "",
+                 "config": "triton {} (heuristic)"}]
+    monkeypatch.setattr(losses, "build", build)
+    monkeypatch.setattr(H, "measure_case", measure_case)
+    monkeypatch.setattr(H, "release", lambda device, compiled=False, echo=print: events.append(
+        f"release {device} compiled={compiled}"))
+    cases, lines = [], []
+    rows = H.run_kernels(["cross_entropy"], dtype="bf16", device="cpu", echo=lines.append, rounds=2,
+                         on_case=cases.append)
+    assert events == ["release cpu compiled=True", "measure rows=4", "measure rows=4", "release cpu compiled=True"]
+    failed = rows[0]
+    assert (failed["impl"], failed["pass"], failed["case"]) == ("(case)", "build", "rows=8192,vocab=151936,dtype=bf16")
+    assert failed["error"].startswith("OutOfMemoryError: CUDA out of memory") and "round" not in failed
+    assert [len(c) for c in cases] == [1, 1, 1] and [r.get("round") for r in rows] == [None, 1, 2]
+    assert "  cross_entropy rows=8192,vocab=151936,dtype=bf16: the case could not be built: OutOfMemoryError: " \
+           "CUDA out of memory. Tried to allocate 2.32 GiB" in lines
 
 
 def test_decision_text_writes_nested_configs_as_json():

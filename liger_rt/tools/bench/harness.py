@@ -209,10 +209,13 @@ _UNCAPTURABLE: dict[tuple, str] = {}   # (op, arm) -> why its CUDA-graph capture
 
 def time_fn(fn: Callable, device: str, quick: bool = False,
             arm: tuple | None = None) -> tuple[float, float | None, str]:
-    """(wall ms, device ms or None, how the device time was taken or why there is none).  An `arm` whose capture
-    failed once is not captured again in this process: a failed capture never gives its memory pool back (H200:
-    Liger-Kernel 0.8.5's fused MoE failed its capture in every case, and the MoE grid held 137 GB at its
-    eleventh case)."""
+    """(wall ms, device ms or None, how the device time was taken or why there is none).  torch (2.11 included)
+    never gives a failed CUDA-graph capture's private memory pool back (CUDAGraph::reset releases it only after a
+    capture that ended; pytorch/pytorch#190348): what the capture allocated stays reserved, out of empty_cache's
+    reach, until the process ends (Liger-Kernel's fused MoE and losses fail theirs: 137 GB held on an H200, 60 GiB
+    on an H100, then OOM).  So fn is captured only where one call under torch's sync debug mode makes no
+    synchronizing call (`autotune.host_syncs`: .item(), a copy to the host), and an `arm` whose capture failed
+    anyway is not captured again in this process."""
     from liger_rt import autotune
     if device != "cuda":
         return autotune.measure(fn, device, quick=quick), None, "none: cpu"
@@ -221,14 +224,35 @@ def time_fn(fn: Callable, device: str, quick: bool = False,
     if arm in _UNCAPTURABLE:
         return wall, None, f"none: capture failed earlier ({_UNCAPTURABLE[arm]})"
     try:
-        return wall, autotune.graph_ms(fn), "cuda-graph"
-    except Exception as exc:        # an arm that cannot be captured keeps its wall time
-        if arm is not None:
-            _UNCAPTURABLE[arm] = type(exc).__name__
-        return wall, None, f"none: capture failed ({type(exc).__name__})"
+        try:
+            syncs = autotune.host_syncs(fn)
+        except Exception as exc:    # it ran under do_bench: keep that time, capture nothing
+            return wall, None, f"none: sync check failed ({type(exc).__name__})"
+        if syncs:
+            return wall, None, "none: synchronizes with the host, not captured"
+        try:
+            return wall, autotune.graph_ms(fn), "cuda-graph"
+        except Exception as exc:    # an arm that cannot be captured keeps its wall time
+            if arm is not None:
+                _UNCAPTURABLE[arm] = type(exc).__name__
+            return wall, None, f"none: capture failed ({type(exc).__name__})"
     finally:
-        gc.collect()
-        torch.cuda.empty_cache()
+        release(device)
+
+
+def release(device: str, *, compiled: bool = False, echo: Callable = print) -> None:
+    """Give back what a finished arm or case leaves: unreachable objects (a failed arm's tensors, held by its
+    traceback's frames), with `compiled` torch.compile's caches (torch._dynamo.reset: compiled code and any CUDA-graph
+    trees), then on CUDA the caching allocator's free blocks.  Never raises: it runs outside the arms' guards, and a
+    broken CUDA context shows in the next arm's own error."""
+    gc.collect()
+    try:
+        if compiled:
+            torch._dynamo.reset()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    except Exception as exc:
+        echo(f"  (releasing memory failed: {error_line(exc)})")
 
 
 def peak_extra_gb(fn: Callable) -> float | None:
@@ -331,15 +355,25 @@ class Case:
         return {k: v for k, v in self.spec.items() if k not in SPEC_KEYS}
 
 
+def case_label(spec: dict, dtype: str) -> tuple[dict, dict, str]:
+    """(shape: the op's dims and routing, label: shape and dtype, key: the label as text "rows=4,hidden=32,dtype=fp32")
+    of a spec run in `dtype` (unless the spec names its own)."""
+    shape = {**{k: v for k, v in spec.items() if k not in SPEC_KEYS}, **{k: spec[k] for k in ("routing",) if k in spec}}
+    label = {**shape, "dtype": spec.get("dtype", dtype)}
+    return shape, label, ",".join(f"{k}={v}" for k, v in label.items())
+
+
 def _floating(t) -> bool:
     return isinstance(t, torch.Tensor) and t.is_floating_point()
 
 
 def _grads(fn, ins, dy):
+    """(fn(*ins) detached, the gradients of its differentiated inputs): the output keeps no autograd graph, which
+    would hold the inputs alive."""
     out = fn(*ins)
     out = out[0] if isinstance(out, (tuple, list)) else out
     leaves = [t for t in ins if isinstance(t, torch.Tensor) and t.requires_grad]
-    return out, torch.autograd.grad(out, leaves, dy, allow_unused=True)
+    return out.detach(), torch.autograd.grad(out, leaves, dy, allow_unused=True)
 
 
 def decision_text(d) -> str:
@@ -363,16 +397,18 @@ def _arms(case: Case, dtype: str, compile_: bool) -> dict[str, tuple[Arm, str | 
 
 def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: bool, ceilings: dict | None,
                  echo: Callable = print, reverse_arms: bool = False) -> list[dict]:
-    """One row per (arm, pass); an arm that fails gets rows with `error` and never stops the run.
-    `reverse_arms` times the arms last to first (runs alternating it are counterbalanced)."""
-    shape = {**case.dims, **{k: case.spec[k] for k in ("routing",) if k in case.spec}}
-    label = {**shape, "dtype": case.spec.get("dtype", dtype)}
-    key = ",".join(f"{k}={v}" for k, v in label.items())
+    """One row per (arm, pass); an arm that fails anywhere (copying its inputs, running, timing, an OOM) gets rows with
+    `error` and never stops the run, and what it allocated is given back (`release`) before the next arm.  Where the
+    fp32 reference fails the arms are still timed, without errors.  `reverse_arms` times the arms last to first (runs
+    alternating it are counterbalanced)."""
+    shape, label, key = case_label(case.spec, dtype)
     ceilings = ceilings or {}
-    ceiling = ceilings.get("copy_GBps" if case.unit == "GBps" else "bf16_matmul_TFLOPs")
-    scale = 1e9 if case.unit == "GBps" else 1e12
-    ins32 = tuple(t.detach().float().requires_grad_(t.requires_grad) if _floating(t) else t for t in case.inputs)
-    ref_out, ref_grads = _grads(case.ref or case.eager.fn, ins32, None if case.dy is None else case.dy.float())
+    try:
+        ref = _reference(case)
+    except Exception as exc:            # e.g. an OOM: the arms need no reference to be timed
+        echo(f"  {case.op} {key} reference: {error_line(exc)} (no errors against it)")
+        ref = None
+    release(device, echo=echo)
     rows = []
     arms = list(_arms(case, dtype, compile_).items())
     for name, (arm, impl) in (reversed(arms) if reverse_arms else arms):
@@ -380,36 +416,52 @@ def measure_case(case: Case, *, dtype: str, device: str, quick: bool, compile_: 
                 "quick": quick, "arm_order": "reversed" if reverse_arms else "listed",
                 "copy_ceiling_GBps": ceilings.get("copy_GBps"),
                 "matmul_ceiling_TFLOPs": ceilings.get("bf16_matmul_TFLOPs")}
-        ins = tuple(t.detach().clone().requires_grad_(t.requires_grad) if _floating(t) else t for t in case.inputs)
-        dy = None if case.dy is None else case.dy.clone()
-        fns = {"fwd": lambda: arm.fn(*ins), "fwdbwd": lambda: _grads(arm.fn, ins, dy)}
         try:
-            with dispatch_env(**({f"LIGER_RT_IMPL_{case.op.upper()}": impl} if impl else {})):
-                out, grads = _grads(arm.fn, ins, dy)
-                errs = [rel_err(g, r) for g, r in zip(grads, ref_grads) if g is not None and r is not None]
-                common = {**base, "config": arm.desc() if callable(arm.desc) else arm.desc,
-                          "err_out": rel_err(out, ref_out), "err_grad": max(errs, default=None)}
-                del out, grads
-                for p in case.passes:
-                    ms, dev, how = time_fn(fns[p], device, quick, arm=(case.op, name))
-                    work = case.work[1 if p == "fwdbwd" else 0] / scale
-                    rate, dev_rate = work / (ms * 1e-3), dev and work / (dev * 1e-3)
-                    rows.append({**common, "pass": p, "ms": ms, "dev_ms": dev, case.unit: rate,
-                                 f"dev_{case.unit}": dev_rate, "frac_ceiling": ceiling and rate / ceiling,
-                                 "dev_frac_ceiling": ceiling and dev_rate and dev_rate / ceiling,
-                                 "peak_GB": peak_extra_gb(fns["fwdbwd"]) if p == "fwdbwd" else None,
-                                 "ms_method": "do_bench" if device == "cuda" else "cpu-wall",
-                                 "dev_ms_method": how, "error": ""})
+            rows += _measure_arm(case, arm, impl, base, ref, device=device, quick=quick, ceilings=ceilings)
         except Exception as exc:        # a peer or config that cannot take this case: recorded, not fatal
             echo(f"  {case.op} {key} {name}: {error_line(exc)}")
             rows += [{**base, "pass": p, "error": error_line(exc)} for p in case.passes]
-        del ins, dy, fns
-        gc.collect()
+        release(device, echo=echo)
     for p in case.passes:               # vs_eager: eager ms / ms, for both timers
         eager = next((r for r in rows if r["pass"] == p and r["impl"] == "eager" and r.get("ms")), {})
         for r in (r for r in rows if r["pass"] == p and r.get("ms")):
             r["vs_eager"] = eager.get("ms") and eager["ms"] / r["ms"]
             r["dev_vs_eager"] = eager.get("dev_ms") and r.get("dev_ms") and eager["dev_ms"] / r["dev_ms"]
+    return rows
+
+
+def _reference(case: Case) -> tuple:
+    """(out, grads) of the fp32 reference (`case.ref`, else the eager path) on fp32 copies of the inputs."""
+    ins32 = tuple(t.detach().float().requires_grad_(t.requires_grad) if _floating(t) else t for t in case.inputs)
+    return _grads(case.ref or case.eager.fn, ins32, None if case.dy is None else case.dy.float())
+
+
+def _measure_arm(case: Case, arm: Arm, impl: str | None, base: dict, ref: tuple | None, *, device: str, quick: bool,
+                 ceilings: dict) -> list[dict]:
+    """One arm's rows (one per pass) on its own copy of the inputs, errors against `ref` (out, grads) where given.
+    Every tensor it makes is local to this call: gone when it returns or raises."""
+    ceiling = ceilings.get("copy_GBps" if case.unit == "GBps" else "bf16_matmul_TFLOPs")
+    scale = 1e9 if case.unit == "GBps" else 1e12
+    ins = tuple(t.detach().clone().requires_grad_(t.requires_grad) if _floating(t) else t for t in case.inputs)
+    dy = None if case.dy is None else case.dy.clone()
+    fns = {"fwd": lambda: arm.fn(*ins), "fwdbwd": lambda: _grads(arm.fn, ins, dy)}
+    rows = []
+    with dispatch_env(**({f"LIGER_RT_IMPL_{case.op.upper()}": impl} if impl else {})):
+        out, grads = fns["fwdbwd"]()
+        errs = [rel_err(g, r) for g, r in zip(grads, ref[1]) if g is not None and r is not None] if ref else []
+        common = {**base, "config": arm.desc() if callable(arm.desc) else arm.desc,
+                  "err_out": ref and rel_err(out, ref[0]), "err_grad": max(errs, default=None)}
+        del out, grads
+        for p in case.passes:
+            ms, dev, how = time_fn(fns[p], device, quick, arm=(case.op, base["impl"]))
+            work = case.work[1 if p == "fwdbwd" else 0] / scale
+            rate, dev_rate = work / (ms * 1e-3), dev and work / (dev * 1e-3)
+            rows.append({**common, "pass": p, "ms": ms, "dev_ms": dev, case.unit: rate,
+                         f"dev_{case.unit}": dev_rate, "frac_ceiling": ceiling and rate / ceiling,
+                         "dev_frac_ceiling": ceiling and dev_rate and dev_rate / ceiling,
+                         "peak_GB": peak_extra_gb(fns["fwdbwd"]) if p == "fwdbwd" else None,
+                         "ms_method": "do_bench" if device == "cuda" else "cpu-wall",
+                         "dev_ms_method": how, "error": ""})
     return rows
 
 
@@ -512,7 +564,8 @@ def run_kernels(names: list[str] = (), *, where: list[str] = (), quick: bool = F
     """Every selected case of every family, a table per family.  `rounds` measures each case that many times in
     this process, the arm order reversed every other round (counterbalanced rounds that pay compiles and the
     peers' autotuning once).  After each round its rows go to `on_case` and, with `csv_path`, every row so far is
-    written there (a cut run keeps what finished)."""
+    written there (a cut run keeps what finished).  A case that cannot be built (its inputs do not fit) is one row
+    with `error`; after each case its inputs and torch.compile's caches are released."""
     plan = select_specs(list(names), list(where), quick)
     if device == "cuda" and ceilings is None:
         ceilings = measure_ceilings(quick=quick)
@@ -524,11 +577,18 @@ def run_kernels(names: list[str] = (), *, where: list[str] = (), quick: bool = F
         rows, mod = [], importlib.import_module(f"liger_rt.tools.bench.{fam}")
         for spec in specs:
             echo(f"[{fam}] " + ", ".join(f"{k}={v}" for k, v in spec.items() if k != "quick"))
-            case = mod.build(spec, spec.get("dtype", dtype), device, echo)
-            for rnd in range(rounds):
-                got = measure_case(case, dtype=dtype, device=device, quick=quick, compile_=compile_ and not quick,
-                                   ceilings=ceilings, echo=echo, reverse_arms=reverse_arms != (rnd % 2 == 1))
-                if rounds > 1:
+            try:
+                case, failed = mod.build(spec, spec.get("dtype", dtype), device, echo), None
+            except Exception as exc:    # inputs that do not fit: a row saying so, and on to the next case
+                shape, label, key = case_label(spec, dtype)
+                echo(f"  {spec['op']} {key}: the case could not be built: {error_line(exc)}")
+                case, failed = None, [{"op": spec["op"], "case": key, "shape": shape_text(shape), **label,
+                                       "impl": "(case)", "pass": "build", "error": error_line(exc)}]
+            for rnd in range(1 if failed else rounds):
+                got = failed or measure_case(case, dtype=dtype, device=device, quick=quick,
+                                             compile_=compile_ and not quick, ceilings=ceilings, echo=echo,
+                                             reverse_arms=reverse_arms != (rnd % 2 == 1))
+                if rounds > 1 and not failed:
                     got = [{**r, "round": rnd + 1, "rounds": rounds} for r in got]
                 rows += got
                 if on_case:
@@ -536,6 +596,7 @@ def run_kernels(names: list[str] = (), *, where: list[str] = (), quick: bool = F
                 if csv_path:
                     write_csv(every + rows, csv_path)
             del case
+            release(device, compiled=compile_ and not quick, echo=echo)
         unit = [u for u in ("GBps", "TFLOPs") if any(u in r for r in rows)]
         echo(format_table(rows, ["op", "case", "impl", "pass", "ms", "dev_ms", *unit, *[f"dev_{u}" for u in unit],
                                  "dev_frac_ceiling", "vs_eager", "err_out", "err_grad", "peak_GB"],

@@ -28,8 +28,8 @@ def build(spec: dict, dtype, device: str, echo=print) -> Case:
     v = spec["vocab"]
     if spec["op"] == "fused_linear_cross_entropy":
         t, h = spec["tokens"], spec["hidden"]
-        x = (torch.randn(t, h, generator=g, device=device) * 0.5).to(dt).requires_grad_()
-        w = (torch.randn(v, h, generator=g, device=device) * 0.02).to(dt).requires_grad_()
+        x = torch.randn(t, h, generator=g, device=device).mul_(0.5).to(dt).requires_grad_()
+        w = torch.randn(v, h, generator=g, device=device).mul_(0.02).to(dt).requires_grad_()
         y = torch.randint(0, v, (t,), generator=g, device=device)
         lk = peer("liger_kernel.transformers", "LigerFusedLinearCrossEntropyLoss", echo)
         peers = {"liger_kernel": Arm(lambda x, w, y, m=lk(): m(w, x, y), "LigerFusedLinearCrossEntropyLoss")
@@ -38,7 +38,7 @@ def build(spec: dict, dtype, device: str, echo=print) -> Case:
                     Arm(lambda x, w, y: F.cross_entropy((x @ w.t()).float(), y), "F.cross_entropy(x @ W.t())"),
                     (0, 6 * t * h * v), unit="TFLOPs", peers=peers, passes=("fwdbwd",))
     r = spec["rows"]
-    logits = (torch.randn(r, v, generator=g, device=device) * 2.0).to(dt).requires_grad_()
+    logits = torch.randn(r, v, generator=g, device=device).mul_(2.0).to(dt).requires_grad_()
     y = torch.randint(0, v, (r,), generator=g, device=device)
     lk = peer("liger_kernel.transformers", "LigerCrossEntropyLoss", echo)
     peers = {"liger_rt_inplace": Arm(lambda z, y: ops.cross_entropy(z.view_as(z), y, inplace_backward=True),
