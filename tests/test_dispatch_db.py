@@ -347,3 +347,24 @@ def test_every_shipped_hopper_row_is_fresh_for_this_code():
     assert not stale, f"shipped hopper rows stale for: {stale}"
     for r in shipped.select("tuning", "arch = ?", ["hopper"]):
         REGISTRY.get(r["op"]).parse_config(r["config"], r["impl"])   # raises on a row the spec refuses
+
+
+def test_sweep_skips_a_case_whose_torch_reference_does_not_fit_and_goes_on(monkeypatch):
+    """An out-of-memory in the reference is one skipped case naming the figures; the next case is tuned."""
+    from liger_rt.autotune import tuning
+    real = tuning.run_case
+
+    def run_case(op, impl, case, cfg):
+        if impl.name == "torch" and case.args[0].shape[0] == 64:      # the larger case's reference
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 37.09 GiB. GPU 0 has a total "
+                                         "capacity of 79.18 GiB of which 22.86 GiB is free. Including ...")
+        return real(op, impl, case, cfg)
+    monkeypatch.setattr(tuning, "run_case", run_case)
+    plan = [(OP, {"rows": r, "cols": 40}, "fp32", "") for r in (64, 2)]
+    out = autotune.sweep(plan, dispatch.current_target("cpu"), open_store(), quick=True)
+    (skipped,) = out["skipped"]
+    assert skipped["dims"] == {"rows": 64, "cols": 40}
+    assert skipped["error"] == ("ReferenceTooLarge: the torch reference that validates the candidates does not fit "
+                                "this device's memory (it asked for 37.09 GiB, 22.86 GiB was free): no row for this "
+                                "shape, dispatch serves it as an untuned one")
+    assert [r["dims"] for r in out["results"]] == [{"rows": 2, "cols": 40}]

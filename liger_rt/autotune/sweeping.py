@@ -85,9 +85,10 @@ def _sweep_case(case, target, quick: bool, bar=None) -> tuple[dict | None, dict 
     try:
         return tuning.tune(op, target, parse_dtype(dt), dims, quick=quick, tag=tag), None
     except Exception as exc:
-        if target.device_type == "cuda":
-            torch.cuda.empty_cache()
-        return None, {"op": op.name, "dims": dims, "dtype": dt, "tag": tag, "error": error_line(exc)}
+        skipped = {"op": op.name, "dims": dims, "dtype": dt, "tag": tag, "error": error_line(exc, 300)}
+    if target.device_type == "cuda":
+        torch.cuda.empty_cache()        # once the error, whose frames hold the case's tensors, is gone
+    return None, skipped
 
 
 def _persist_crossovers(results: list[dict], ops: dict, target, store, origin: str) -> list[dict]:

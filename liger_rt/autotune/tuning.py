@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 
 import torch
 
@@ -21,6 +22,20 @@ from ..numerics import validation_report
 from ..tuning_db.store import fingerprint
 from . import timing
 from .timing import error_line, sync, wall_ms
+
+
+class ReferenceTooLarge(RuntimeError):
+    """The torch reference that validates a case's candidates ran out of device memory: the case cannot be tuned
+    on this device, and dispatch serves its shape as any untuned one."""
+
+    @classmethod
+    def of(cls, exc: BaseException) -> "ReferenceTooLarge":
+        text = str(exc)
+        asked = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", text)
+        free = re.search(r"of which ([\d.]+ [KMGT]?i?B) is free", text)
+        figures = ", ".join(filter(None, [asked and f"it asked for {asked[1]}", free and f"{free[1]} was free"]))
+        return cls(f"the torch reference that validates the candidates does not fit this device's memory"
+                   f"{f' ({figures})' if figures else ''}: no row for this shape, dispatch serves it as an untuned one")
 
 
 # wall_ms's repeats and calls: the host cost of each implementation's best config, and the wall clock that ranks the
@@ -46,6 +61,16 @@ def unavailable(op, target, dims: dict, dtype: torch.dtype) -> dict[str, str]:
     return out
 
 
+def _reference(op, case) -> list[torch.Tensor]:
+    """The torch implementation's outputs on the case, detached; ReferenceTooLarge where they do not fit, raised
+    after the out-of-memory error is gone (its frames hold the reference's partial tensors)."""
+    try:
+        return [r.detach() for r in run_case(op, op.impl("torch"), case, {})]
+    except torch.OutOfMemoryError as exc:
+        too_large = ReferenceTooLarge.of(exc)
+    raise too_large
+
+
 def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag: str = "",
          impls: list[str] | None = None) -> dict:
     """Measure every candidate of every available implementation; return the winner, the best
@@ -59,7 +84,7 @@ def tune(op, target, dtype: torch.dtype, dims: dict, *, quick: bool = False, tag
     # detached: a live output would keep this run's autograd graph, whose AccumulateGrad nodes
     # belong to the default stream, and every CUDA-graph capture on a side stream would then fail
     # (seen on the H200: "AccumulateGrad node's stream does not match", then a broken capture)
-    reference = [r.detach() for r in run_case(op, op.impl("torch"), case, {})]
+    reference = _reference(op, case)
     sync(device)
     reduce_len, static_key, dname = op.reduce_len(dims), op.static_key(dims), dtype_name(dtype)
     axis = float(op.crossover_axis(dims)) if op.crossover_axis else None

@@ -28,6 +28,8 @@ from typing import Callable
 
 import torch
 
+from liger_rt.autotune.timing import error_line
+
 FAMILIES = ("norms", "gated_mlp", "losses", "lfm2_ops", "moe")   # modules of this package, each with SPECS and build
 SPEC_KEYS = ("op", "dtype", "routing", "quick")                   # spec fields that are not the op's dims
 FORCED = ("triton", "grouped_mm")          # our implementations forced by env: not peers
@@ -119,11 +121,6 @@ def no_gpu_message(what: str) -> str:
     return (f"{what} needs a CUDA/ROCm GPU and this machine has none (torch {torch.__version__}); run it on "
             f"the GPU machine. On CPU, `liger-tune bench model --model qwen3 --preset tiny --device cpu` "
             f"checks the model step plumbing and `liger-tune bench dispatch` times a dispatch decision.")
-
-
-def error_line(exc: BaseException, limit: int = 200) -> str:
-    """"TypeName: the first line of the message" (at most `limit` characters of it)."""
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:limit] if str(exc) else ''}"
 
 
 # -- the dataset: one row per measurement ---------------------------------------------------------
