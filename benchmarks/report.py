@@ -179,6 +179,8 @@ def kernel_section(kind: str, benches: dict) -> list[str]:
     for (_, name, shape, dtype), figs in sorted(mine.items(), key=lambda kv: natural(" ".join(kv[0]))):
         if name.endswith(".fwd") and (f"{name}bwd", shape, dtype) in trained:
             continue                    # the forward alone where forward+backward was measured: in the dataset only
+        if superseded((name, shape, dtype), figs, mine):
+            continue                    # measured again later under a fuller shape: in the dataset only
         for timer, metric in (("device", "dev_ms"), ("wall", "ms")):
             row = {a: figs[(a, metric)] for a in arms if (a, metric) in figs}
             if not row:
@@ -211,14 +213,25 @@ def kernel_section(kind: str, benches: dict) -> list[str]:
     return lines + [""]
 
 
+def superseded(key: tuple, figs: dict, mine: dict) -> bool:
+    """Whether a later date measured the same benchmark under a fuller shape: the same fields and values and more
+    (an MoE shape measured again with its routing named)."""
+    name, shape, dtype = key
+    fields, date = set(shape.split(";")), max(f.date for f in figs.values())
+    return any(n == name and d == dtype and fields < set(s.split(";")) and max(f.date for f in other.values()) > date
+               for (_, n, s, d), other in mine.items())
+
+
 def peer_margin(mine: dict, arms: list[str], bar: float = MARGIN) -> str | None:
     """How many forward+backward shapes liger_rt leads the best peer at by `bar` or more (wall-clock medians),
     counted where every peer of the table ran; None where no shape has them all."""
     peers = [a for a in PEERS if a in arms]
+    if not peers:
+        return None
     ratios = [min(figs[(a, "ms")].median for a in peers) / figs[("liger_rt", "ms")].median
               for (_, name, _, _), figs in mine.items()
               if name.endswith(".fwdbwd") and ("liger_rt", "ms") in figs and all((a, "ms") in figs for a in peers)]
-    if not peers or not ratios:
+    if not ratios:
         return None
     return (f"Forward+backward, wall clock (medians), at the {len(ratios)} shapes where every peer "
             f"({', '.join(peers)}) ran: liger_rt at least {bar:.2f}x the best peer at {sum(r >= bar for r in ratios)}, "

@@ -177,3 +177,19 @@ def test_moe_table_counts_the_shapes_liger_rt_leads_every_peer_at(report, repo):
     perf = report.perf_md(report.load(repo / "benchmarks" / "data"))[0]
     assert ("at the 3 shapes where every peer (eager, liger_kernel) ran: liger_rt at least 1.15x the best peer "
             "at 1, ahead of it at 2.") in perf
+
+
+def test_a_shape_measured_again_under_a_fuller_key_gives_way(report, repo):
+    """An older row whose shape fields are a subset of a later row's (routing named since) shows no more; a
+    shape that was not measured again, and a later row under a smaller key, still show."""
+    moe = dict(kind="moe_experts", name="moe_experts.fwdbwd", arm="liger_rt", metric="ms")
+    _write(repo / "benchmarks" / "data" / "kernels.csv", [
+        _row(**moe, shape="tokens=512;experts=32", value=1.0, date="2026-01-01"),
+        _row(**moe, shape="tokens=512;experts=32;routing=skewed", value=1.1, date="2026-01-02"),
+        _row(**moe, shape="tokens=8192;experts=32", value=4.0, date="2026-01-01"),
+        _row(**moe, shape="tokens=16384;experts=32;routing=skewed", value=9.0, date="2026-01-01"),
+        _row(**moe, shape="tokens=16384;experts=32", value=8.0, date="2026-01-02")])
+    perf = report.perf_md(report.load(repo / "benchmarks" / "data"))[0]
+    assert "| tokens=512;experts=32 |" not in perf and "| tokens=512;experts=32;routing=skewed |" in perf
+    assert "| tokens=8192;experts=32 |" in perf
+    assert "| tokens=16384;experts=32 |" in perf and "| tokens=16384;experts=32;routing=skewed |" in perf
