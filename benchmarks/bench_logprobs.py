@@ -7,6 +7,7 @@
 benchmarks/data/kernels.csv (`--data DIR`: that folder instead; `--no-data`: nowhere).
 """
 import contextlib
+import importlib.util
 import sys
 import types
 from pathlib import Path
@@ -18,11 +19,11 @@ def stand_in_for_trl_utils() -> None:
     """TRL's ChunkedLogProbFunction imports trl.trainer.utils in its backward, which needs accelerate, datasets,
     pandas, ...: where trl's wheel is carried alone (a GPU image without a registry), its one name used there,
     maybe_gather_lm_head_ctx (a null context without DeepSpeed ZeRO-3), stands in for the module."""
+    if importlib.util.find_spec("trl") is None:
+        return                  # no trl: its arm is skipped
     try:
         import trl.trainer.utils  # noqa: F401
-    except ImportError:
-        return                  # no trl: its arm is skipped
-    except Exception as exc:    # trl there, its dependencies not
+    except Exception as exc:    # trl there, its dependencies not (a missing one is an ImportError too)
         stub = types.ModuleType("trl.trainer.utils")
         stub.maybe_gather_lm_head_ctx = lambda *params: contextlib.nullcontext()
         stub.STAND_IN = True
@@ -31,5 +32,6 @@ def stand_in_for_trl_utils() -> None:
               f"stands in for it)")
 
 
-stand_in_for_trl_utils()
-script(["logprobs"], Path(__file__).resolve().parent / "data")
+if __name__ == "__main__":
+    stand_in_for_trl_utils()
+    script(["logprobs"], Path(__file__).resolve().parent / "data")

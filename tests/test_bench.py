@@ -735,6 +735,28 @@ def test_logprobs_and_host_records():
     assert all(r["kind"] == "host" and r["unit"] == "us" and r["value"] > 0 for r in stub)
 
 
+def test_trl_arm_runs_where_trl_imports_but_its_trainer_utils_do_not(monkeypatch):
+    """A GPU image with trl's wheel carried alone: trl.trainer.utils fails on a missing dependency (an ImportError
+    too); benchmarks/bench_logprobs.py stands in for its one name and the trl arm is timed, not skipped."""
+    pytest.importorskip("trl.kernels")
+    script = load_script("bench_logprobs.py")
+    from liger_rt.tools.bench import logprobs
+    monkeypatch.setitem(sys.modules, "trl.trainer.utils", None)     # its stand-in is gone after the test
+    for name in [m for m in sys.modules if m == "trl.trainer" or m.startswith("trl.trainer.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "pandas", None)        # import of pandas halted: ModuleNotFoundError
+    script.stand_in_for_trl_utils()
+    assert getattr(sys.modules["trl.trainer.utils"], "STAND_IN", False)
+    arm = logprobs.trl_arm(echo=lambda *_: None)
+    assert arm is not None and "stood in" in arm.desc
+    x, w = torch.randn(6, 8, dtype=torch.float64), torch.randn(11, 8, dtype=torch.float64)
+    t = torch.tensor([0, 3, -100, 10, 5, -100])
+    lp, ent = arm(x, w, t)
+    ref_lp, ref_ent = logprobs.materialised(x, w, t)
+    torch.testing.assert_close(lp.double(), ref_lp.double(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent.double(), ref_ent.double(), rtol=1e-5, atol=1e-5)
+
+
 def test_script_data_folder_defaults_and_opt_out(monkeypatch):
     """A repository script appends under its data folder unless told --data DIR or --no-data."""
     import liger_rt.tools.bench as B
