@@ -545,7 +545,7 @@ def readme_table(rows: list[dict]) -> str:
     lines = ["| GPU | benchmark | liger_rt | eager | torch.compile | Liger-Kernel | date | versions |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for gpu in sorted({k[0] for k in cur if k[0] != "cpu"}):
-        benches = by_benchmark(cur, gpu, {"model", "model_compiled", "losses", "moe_experts"})
+        benches = by_benchmark(cur, gpu, {"model", "model_compiled", "losses", "moe_experts", "max_seq"})
         latest = {}                 # per preset, its step (flags, shape) of the latest date, then of the most runs
         for (k, name, shape, dtype), figs in benches.items():
             if k == "model" and ("liger_rt", "tok_s") in figs:
@@ -567,12 +567,27 @@ def readme_table(rows: list[dict]) -> str:
                                          ["liger_rt", "eager", "torch_compile", "liger_kernel"],
                                          lambda f, g: f"{f.median:.2f}, {g.median:.2f} GB" if g
                                          else f"{f.median:.2f}", ("ms", "extra_gb")))
+            if k == "max_seq" and ("liger_rt", "max_seq") in figs and "limit_gib" not in shape:   # not emulated
+                lines.append(max_seq_readme_row(gpu, name, shape, dtype, figs))
             if (k == "moe_experts" and name == "moe_experts.fwdbwd" and "tokens=16384" in shape
                     and "routing=uniform" in shape and ("liger_rt", "tflops") in figs):
                 lines.append(_readme_row(gpu, f"MoE experts fwd+bwd, {shape_text(shape)} (TFLOP/s)", figs,
                                          ["liger_rt", "eager", None, "liger_kernel"],
                                          lambda f, g: f"{f.median:.0f}", ("tflops", None)))
     return "\n".join(lines)
+
+
+def max_seq_readme_row(gpu, name, shape, dtype, figs) -> str:
+    """The longest trainable sequence of each arm (liger_rt's with activation checkpointing beside its own)."""
+    cols = ["liger_rt", "eager", "torch_compile", "liger_kernel"]
+    cells = [max_seq_cell(figs, a) if (a, "max_seq") in figs else "-" for a in cols]
+    if ("liger_rt+ckpt", "max_seq") in figs:
+        cells[0] += f"; with activation checkpointing {max_seq_cell(figs, 'liger_rt+ckpt')}"
+    used = [figs[(a, "max_seq")] for a in [*cols, "liger_rt+ckpt"] if (a, "max_seq") in figs]
+    peers = peer_versions({a: figs[(a, "max_seq")] for a in cols if (a, "max_seq") in figs})
+    batch = dict(p.split("=", 1) for p in shape.split(";") if p).get("batch", "1")
+    return (f"| {gpu} | {name} longest trainable sequence, batch {batch} (tokens, tok/s and peak GB there) | "
+            + " | ".join(cells) + f" | {dates(used)} | {versions_text(used, peers)} |")
 
 
 def _readme_row(gpu, what, figs, cols, fmt, metrics) -> str:

@@ -153,6 +153,11 @@ def test_longest_sequence_table_and_plot_data(report, repo):
             in perf)
     assert "![longest trainable sequence on NVIDIA H200](perf_max_seq_nvidia_h200.png)" in perf
     assert "`max_seq` (longest trainable sequence): no row" not in perf
+    readme = (repo / "README.md").read_text()       # the headline: the card's own memory, not an emulated cap
+    assert ("| NVIDIA H200 | qwen3-1.7b+rope longest trainable sequence, batch 1 (tokens, tok/s and peak GB there) | "
+            "33K (32K-34K, n=2), 23.4k tok/s, 77.9 GB; with activation checkpointing &ge; 256K | "
+            "8K, 26.3k tok/s, 51.3 GB | - | 16K | 2026-01-02 |") in readme
+    assert "capped" not in readme and readme.count("longest trainable sequence") == 1
     cur = report.current(report.load(repo / "benchmarks" / "data"))
     data = report.max_seq_plot_data(report.by_benchmark(cur, "NVIDIA H200", {"max_seq"}))
     assert data[0] == ["qwen3-1.7b+rope", [["liger_rt", 33792.0, False], ["liger_rt+ckpt", 262144.0, True],
