@@ -363,6 +363,19 @@ def test_max_seq_records(monkeypatch):
         {r["method"] for r in data if r["metric"] == "max_seq"}
 
 
+def test_max_seq_records_name_a_recomputed_swiglu(monkeypatch):
+    """LIGER_RT_RECOMPUTE_SWIGLU=1 changes what liger_rt keeps: its rows must not pool with the default's."""
+    assert {r["name"] for r in S.max_seq_records([_row("liger_rt", 36864, 38912, recompute_swiglu=True)])} \
+        == {"qwen3-1.7b+rope+recompute_swiglu"}
+    monkeypatch.setenv("LIGER_RT_RECOMPUTE_SWIGLU", "1")
+    monkeypatch.setattr(S, "run_probe", lambda spec, seq: {"seq": seq, "tok_s": 10.0, "step_s": 0.1, "peak_gb": None})
+    lines = []
+    rows = S.run_max_seq("qwen3", "qwen3-tiny", arms=("baseline",), device="cpu", start=16, max_seq=32,
+                         echo=lines.append)
+    assert rows[0]["recompute_swiglu"] is True and any("LIGER_RT_RECOMPUTE_SWIGLU=1" in ln for ln in lines)
+    assert S.max_seq_records(rows)[0]["name"] == "qwen3-tiny+rope+recompute_swiglu"
+
+
 def test_format_max_seq_compares_with_the_baseline():
     text = S.format_max_seq([_row("baseline", 8192, 9216), _row("liger_rt", 32768, 34816),
                              _row("liger_rt+ckpt", 262144, None)])

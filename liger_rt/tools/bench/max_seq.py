@@ -31,6 +31,7 @@ from typing import Callable
 
 import torch
 
+from ... import env
 from . import model as M
 from .harness import dataset_arm, dist_version, error_line, format_table
 
@@ -485,13 +486,14 @@ def run_max_seq(model_type: str, preset="tiny", *, arms=None, start: int = 4096,
          + (f", {time_limit:g} s per arm" if time_limit else ""))
     lk_version = dist_version("liger-kernel") if lk_ok else None
     echo(f"  liger_rt.patch flags: {flags}; config overrides (all arms): {overrides or 'none'}"
+         + ("; LIGER_RT_RECOMPUTE_SWIGLU=1 (rows named +recompute_swiglu)" if env.recompute_swiglu() else "")
          + (f"; Liger-Kernel {lk_version}" if lk_ok else "")
          + (f"; Liger-Kernel arms skipped: {lk_note}" if not lk_ok and lk_note != "not requested" else ""))
     common = dict(model_type=model_type, preset=p.name, layers=p.layers, batch=batch, dtype=dtype_name(dt),
                   device=device, gpu=gpu, gpu_GiB=total, limit_gib=limit_gib, start=start, max=max_seq,
                   isolate=isolate, steps=steps, flags=",".join(f"{k}={int(v)}" for k, v in flags.items()),
                   config=",".join(f"{k}={v}" for k, v in overrides.items()), liger_kernel_note=lk_note,
-                  alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+                  alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), recompute_swiglu=env.recompute_swiglu())
     rows = []
     for arm in arms:
         if arm.startswith("liger_kernel") and not lk_ok:
@@ -518,7 +520,8 @@ def run_max_seq(model_type: str, preset="tiny", *, arms=None, start: int = 4096,
                              label=arm, echo=echo, cleanup=cleanup)
         best = res.best or {}
         row = {"kind": "max_seq", "arm": arm, **common,
-               "peer_version": lk_version if arm.startswith("liger_kernel") else None, "max_seq": res.max_seq, "oom_seq": res.oom_seq,
+               "peer_version": lk_version if arm.startswith("liger_kernel") else None, "max_seq": res.max_seq,
+               "oom_seq": res.oom_seq,
                "lower_bound": res.lower_bound, "tok_per_s": best.get("tok_s"), "step_s": best.get("step_s"),
                "peak_alloc_GB": best.get("peak_gb"), "peak_reserved_GB": best.get("reserved_gb"),
                "granularity": res.granularity, "stop": res.stop, "n_probes": len(res.probes),
@@ -570,8 +573,9 @@ def format_max_seq(rows: list[dict]) -> str:
 def max_seq_records(rows: list[dict]) -> list[dict]:
     """run_max_seq rows as dataset records (kind `max_seq`), per arm that found a length: `max_seq` (tokens),
     `tok_s` and `peak_gb` at it, and `oom_seq` (the shortest length that ran out of memory; none: max_seq is a
-    lower bound).  The name is the preset plus liger_rt's flags beyond the fused loss (qwen3-1.7b+rope); the shape
-    the batch, and the memory cap of an emulated smaller card (batch=1;limit_gib=24)."""
+    lower bound).  The name is the preset plus liger_rt's flags beyond the fused loss (qwen3-1.7b+rope), and
+    +recompute_swiglu where LIGER_RT_RECOMPUTE_SWIGLU was set (as benchmarks/bench_models.py names model steps); the
+    shape the batch, and the memory cap of an emulated smaller card (batch=1;limit_gib=24)."""
     out = []
     for r in rows:
         if r["error"] or not r["max_seq"]:
@@ -583,6 +587,7 @@ def max_seq_records(rows: list[dict]) -> list[dict]:
                  f"search up to {r['max']} tokens", f"config {r['config']}" if r["config"] else "",
                  f"PYTORCH_CUDA_ALLOC_CONF={r['alloc_conf']}" if r.get("alloc_conf") else ""]
         shape = {"batch": r["batch"], **({"limit_gib": f"{r['limit_gib']:g}"} if r["limit_gib"] else {})}
+        extra += ["recompute_swiglu"] if r.get("recompute_swiglu") else []
         base = {"kind": "max_seq", "name": r["preset"] + "".join(f"+{f.removesuffix('=1')}" for f in extra),
                 "shape": shape, "arm": arm_dataset_name(r["arm"]), "dtype": r["dtype"],
                 "notes": "; ".join(filter(None, notes))}
