@@ -3,7 +3,7 @@
 
     python benchmarks/bench_logprobs.py [--quick] [--tokens 8192] [--rounds 3] [--no-compile]
 
-`liger-tune bench logprobs`, appending one row per measurement (median over the rounds) to
+`liger-tune bench logprobs`, appending one row per measurement and round to
 benchmarks/data/kernels.csv (`--data DIR`: that folder instead; `--no-data`: nowhere).
 """
 import contextlib

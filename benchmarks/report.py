@@ -75,15 +75,29 @@ class Figure:
     values: tuple[float, ...]
     date: str
     versions: tuple[tuple[str, str], ...]      # (column, value) of torch, triton, transformers, peer_version
+    rounds: tuple[float, float, int] | None = None  # one row that is the median of rounds: (min, max, rounds)
 
     @property
     def median(self) -> float:
         return statistics.median(self.values)
 
     def cell(self, fmt) -> str:
+        if len(self.values) == 1 and self.rounds and self.rounds[2] > 1:
+            lo, hi, n = self.rounds
+            return f"{fmt(self.values[0])} ({fmt(lo)}-{fmt(hi)}, n={n})"
         if len(self.values) == 1:
             return fmt(self.values[0])
         return f"{fmt(self.median)} ({fmt(min(self.values))}-{fmt(max(self.values))}, n={len(self.values)})"
+
+
+# a row that is already the median of a run's rounds names their spread in its notes (log-probs runs before they
+# wrote a row per round)
+ROUNDS_NOTE = re.compile(r"median of (\d+) rounds \(ms ([-+.\de]+)\.\.([-+.\de]+)")
+
+
+def rounds_of(row: dict) -> tuple[float, float, int] | None:
+    m = ROUNDS_NOTE.search(row.get("notes") or "") if row["metric"] == "ms" else None
+    return (float(m.group(2)), float(m.group(3)), int(m.group(1))) if m else None
 
 
 def current(rows: list[dict]) -> dict[tuple, Figure]:
@@ -97,7 +111,8 @@ def current(rows: list[dict]) -> dict[tuple, Figure]:
         latest = [r for r in rs if r["date"] == date]
         versions = tuple(sorted({(c, r[c]) for r in latest for c in ("torch", "triton", "transformers",
                                                                         "peer_version") if r[c]}))
-        out[key] = Figure(tuple(float(r["value"]) for r in latest), date, versions)
+        out[key] = Figure(tuple(float(r["value"]) for r in latest), date, versions,
+                          rounds_of(latest[0]) if len(latest) == 1 else None)
     return out
 
 
@@ -358,7 +373,8 @@ METHOD = """\
   of that bracket (at least 1024 tokens); each length runs in a fresh process. `+ckpt`: activation checkpointing
   of every decoder layer (`gradient_checkpointing_enable`, non-reentrant).
 - **Current figure**: per benchmark, the rows of its latest date: median (min-max, n = measurements; a model run
-  times each arm twice, a log-probs run may measure several rounds). Rows of one date may come from several
+  times each arm twice, a kernel or log-probs run may measure several rounds, a row each; a single row that is
+  already a run's median over its rounds shows their range). Rows of one date may come from several
   runs and commits; the dataset keeps each row's versions, commit and run id.
   `python benchmarks/report.py` regenerates this file from the data.
 """

@@ -718,18 +718,26 @@ def test_bench_dispatch_on_cpu(tmp_path):
 
 
 def test_logprobs_and_host_records():
-    """Log-probs rows: one record per arm, pass and metric, the median round's; host rows: one per probe."""
+    """Log-probs rows: one record per round, arm, pass and metric (the report shows their median and spread); host
+    rows: one per probe."""
     from liger_rt.tools.bench import host_overhead, logprobs
     rows = [{"tokens": 8, "hidden": 16, "vocab": 67, "impl": impl, "pass": "fwdbwd", "ms": ms, "dev_ms": None,
-             "dev_ms_method": "none: cpu", "dtype": "fp32", "temperature": 1.0, "config": "triton {} (heuristic)"}
-            for impl, times in (("liger_rt", (5.0, 9.0, 1.0)), ("compile", (4.0, 6.0, 20.0))) for ms in times]
+             "dev_ms_method": "none: cpu", "dtype": "fp32", "temperature": 1.0, "config": "triton {} (heuristic)",
+             "round": rnd, "peak_GB": 0.5}
+            for impl, times in (("liger_rt", (5.0, 9.0, 1.0)), ("compile", (4.0, 6.0, 20.0)))
+            for rnd, ms in enumerate(times)]
     recs = logprobs.logprobs_records([*rows, {**rows[0], "impl": "trl", "ms": None, "error": "skipped"}])
-    assert [(r["arm"], r["metric"], r["value"]) for r in recs] == [("liger_rt", "ms", 5.0),
-                                                                    ("torch_compile", "ms", 6.0)]
+    assert [(r["arm"], r["value"]) for r in recs if r["metric"] == "ms"] == [
+        ("liger_rt", 5.0), ("liger_rt", 9.0), ("liger_rt", 1.0), ("torch_compile", 4.0), ("torch_compile", 6.0),
+        ("torch_compile", 20.0)]
+    assert {r["metric"] for r in recs} == {"ms", "extra_gb"}                      # no device time on CPU
     assert recs[0]["name"] == "fused_linear_logprobs.fwdbwd" and recs[0]["shape"] == {"tokens": 8, "hidden": 16,
                                                                                         "vocab": 67}
-    assert recs[0]["method"] == "cpu-wall" and "median of 3 rounds (ms 1..9" in recs[0]["notes"]
-    assert "config triton" in recs[0]["notes"]
+    assert recs[0]["method"] == "cpu-wall" and recs[0]["notes"].startswith("round 1 of 3; temperature 1.0")
+    assert "round 2 of 3, arms timed last to first" in recs[2]["notes"] and "config triton" in recs[0]["notes"]
+    assert "config" not in recs[-1]["notes"]
+    one = logprobs.logprobs_records([{**rows[0], "round": 0}])                  # a single round says nothing of it
+    assert not one[0]["notes"].startswith("round")
     stub = host_overhead.host_records(host_overhead.cpu_stub(repeats=1, calls=2, echo=lambda s: None))
     assert {r["arm"] for r in stub} == {"liger_rt", "floor"} and {r["metric"] for r in stub} == {"stub_us"}
     assert all(r["kind"] == "host" and r["unit"] == "us" and r["value"] > 0 for r in stub)

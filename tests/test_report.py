@@ -198,3 +198,20 @@ def test_a_shape_measured_again_under_a_fuller_key_gives_way(report, repo):
     assert "| tokens=512;experts=32 |" not in perf and "| tokens=512;experts=32;routing=skewed |" in perf
     assert "| tokens=8192;experts=32 |" in perf
     assert "| tokens=16384;experts=32 |" in perf and "| tokens=16384;experts=32;routing=skewed |" in perf
+
+
+def test_a_row_that_is_the_median_of_rounds_shows_their_spread(report):
+    """A log-probs row written as the median of its run's rounds carries their range in its notes: the cell shows
+    it as a spread over n rounds (only for ms, whose range it is); several rows pool as usual."""
+    lp = dict(kind="logprobs", name="fused_linear_logprobs.fwdbwd", shape="tokens=8192;hidden=2048;vocab=65536")
+    note = "median of 3 rounds (ms 16.12..16.27, arm order reversed every other round); temperature 1.0"
+    rows = [_row(**lp, arm="liger_rt", metric="ms", value=16.21, notes=note),
+            _row(**lp, arm="liger_rt", metric="dev_ms", value=16.27, notes=note),
+            _row(**lp, arm="eager", metric="ms", value=171.3, notes=note.replace("3 rounds", "1 rounds")),
+            _row(**lp, arm="torch_compile", metric="ms", value=13.4, run="a", notes="round 1 of 2"),
+            _row(**lp, arm="torch_compile", metric="ms", value=13.6, run="a", notes="round 2 of 2")]
+    cur = report.current(rows)
+    cell = {k[5:]: f.cell(report.sig) for k, f in cur.items()}
+    assert cell[("liger_rt", "ms")] == "16.21 (16.12-16.27, n=3)"
+    assert cell[("liger_rt", "dev_ms")] == "16.27" and cell[("eager", "ms")] == "171.3"
+    assert cell[("torch_compile", "ms")] == "13.5 (13.4-13.6, n=2)"

@@ -254,25 +254,25 @@ def run(*, quick: bool = False, compile_: bool = True, tokens: tuple[int, ...] =
 
 
 def logprobs_records(rows: list[dict]) -> list[dict]:
-    """run rows as dataset records (kind `logprobs`, name `fused_linear_logprobs.<pass>`): per case, arm and pass
-    the median round's `ms` (do_bench), `dev_ms` (cuda-graph) and `extra_gb` (peak beyond the live inputs)."""
+    """run rows as dataset records (kind `logprobs`, name `fused_linear_logprobs.<pass>`): per round, case, arm and
+    pass, `ms` (do_bench), `dev_ms` (cuda-graph) and `extra_gb` (peak beyond the live inputs); docs/perf.md takes
+    the rounds' median and spread."""
+    n = 1 + max((r.get("round", 0) for r in rows), default=0)
     out = []
-    for key in dict.fromkeys((r["tokens"], r["hidden"], r["vocab"], r["impl"], r["pass"]) for r in rows):
-        timed = [r for r in rows if (r["tokens"], r["hidden"], r["vocab"], r["impl"], r["pass"]) == key and r.get("ms")]
-        if not timed:
-            continue
-        med = _median_rows(timed)[key[3]]
-        rounds = f"median of {med['runs']} rounds (ms {med['spread']}, arm order reversed every other round)"
-        base = {"kind": "logprobs", "name": f"{OP}.{key[4]}", "shape": dict(zip(("tokens", "hidden", "vocab"), key)),
-                "arm": dataset_arm(key[3]), "dtype": med["dtype"],
-                "notes": "; ".join(filter(None, [rounds, f"temperature {med['temperature']}, 10% ignored targets",
-                                                 f"config {med['config']}" if key[3] == "liger_rt" else ""]))}
-        wall = "cpu-wall" if med.get("dev_ms_method") == "none: cpu" else "do_bench"
-        peak = "peak fwd+bwd" if key[4] == "fwdbwd" else "peak fwd"
-        for metric, col, unit, how in (("ms", "ms", "ms", wall), ("dev_ms", "dev_ms", "ms", med.get("dev_ms_method")),
+    for r in (r for r in rows if r.get("ms")):
+        rnd = r.get("round", 0)
+        order = f"round {rnd + 1} of {n}" + (", arms timed last to first" if rnd % 2 else "") if n > 1 else ""
+        base = {"kind": "logprobs", "name": f"{OP}.{r['pass']}",
+                "shape": {k: r[k] for k in ("tokens", "hidden", "vocab")}, "arm": dataset_arm(r["impl"]),
+                "dtype": r["dtype"],
+                "notes": "; ".join(filter(None, [order, f"temperature {r['temperature']}, 10% ignored targets",
+                                                 f"config {r['config']}" if r["impl"] == "liger_rt" else ""]))}
+        wall = "cpu-wall" if r.get("dev_ms_method") == "none: cpu" else "do_bench"
+        peak = "peak fwd+bwd" if r["pass"] == "fwdbwd" else "peak fwd"
+        for metric, col, unit, how in (("ms", "ms", "ms", wall), ("dev_ms", "dev_ms", "ms", r.get("dev_ms_method")),
                                        ("extra_gb", "peak_GB", "GB", peak)):
-            if med.get(col) is not None:
-                out.append({**base, "metric": metric, "value": med[col], "unit": unit, "method": how})
+            if r.get(col) is not None:
+                out.append({**base, "metric": metric, "value": r[col], "unit": unit, "method": how})
     return out
 
 
