@@ -128,6 +128,11 @@ def sig(v: float) -> str:
     return f"{v:.4g}"
 
 
+def shape_fields(shape: str) -> dict[str, str]:
+    """'batch=1;limit_gib=24' -> {'batch': '1', 'limit_gib': '24'}."""
+    return dict(p.split("=", 1) for p in shape.split(";") if p)
+
+
 def shape_text(shape: str) -> str:
     """'batch=4;seq=2048' -> '4x2048'; 'tokens=8192;hidden=2048;vocab=65536' -> 'T8192 H2048 V65536'."""
     m = re.fullmatch(r"batch=(\d+);seq=(\d+)", shape)
@@ -135,7 +140,7 @@ def shape_text(shape: str) -> str:
         return f"{m.group(1)}x{m.group(2)}"
     short = {"tokens": "T", "experts": "E", "top_k": "top-", "hidden": "H", "intermediate": "I", "vocab": "V",
              "rows": "R", "routing": ""}
-    return " ".join(f"{short.get(k, k + '=')}{v}" for k, v in (p.split("=", 1) for p in shape.split(";") if p))
+    return " ".join(f"{short.get(k, k + '=')}{v}" for k, v in shape_fields(shape).items())
 
 
 def slug(gpu: str) -> str:
@@ -330,7 +335,7 @@ def max_seq_section(benches: dict) -> list[str]:
         if not have:
             continue
         shape_cell = ", ".join(f"{k.replace('limit_gib', 'capped at')} {v}{' GiB' if k == 'limit_gib' else ''}"
-                               for k, v in (p.split("=", 1) for p in shape.split(";") if p))
+                               for k, v in shape_fields(shape).items())
         lines.append(f"| {name} | {shape_cell}, {dtype} | "
                      + " | ".join(max_seq_cell(figs, a) if a in have else "-" for a in arms)
                      + f" | {max_seq_ratio(figs, 'liger_rt', 'eager')} | "
@@ -601,7 +606,7 @@ def max_seq_readme_row(gpu, name, shape, dtype, figs) -> str:
         cells[0] += f"; with activation checkpointing {max_seq_cell(figs, 'liger_rt+ckpt')}"
     used = [figs[(a, "max_seq")] for a in [*cols, "liger_rt+ckpt"] if (a, "max_seq") in figs]
     peers = peer_versions({a: figs[(a, "max_seq")] for a in cols if (a, "max_seq") in figs})
-    batch = dict(p.split("=", 1) for p in shape.split(";") if p).get("batch", "1")
+    batch = shape_fields(shape).get("batch", "1")
     return (f"| {gpu} | {name} longest trainable sequence, batch {batch} (tokens, tok/s and peak GB there) | "
             + " | ".join(cells) + f" | {dates(used)} | {versions_text(used, peers)} |")
 
