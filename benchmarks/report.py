@@ -62,7 +62,24 @@ def load(data: Path) -> list[dict]:
         c = ceilings.get((r["run_id"], r["kind"], f"ceiling_{r['metric']}"))
         if r["metric"] in ("gbps", "tflops") and c and _ident(r) not in has_frac:
             rows.append({**r, "metric": "frac_ceiling", "unit": "", "value": str(float(r["value"]) / c)})
-    return [r for r in rows if r["name"] != "ceiling"]
+    return max_seq_searches([r for r in rows if r["name"] != "ceiling"])
+
+
+def max_seq_searches(rows: list[dict]) -> list[dict]:
+    """Of one day's longest-sequence searches of an arm, those that found a length running out of memory; where
+    none did, the one that reached furthest (a lower bound pooled with a smaller one would read as a median)."""
+    runs: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r["kind"] == "max_seq":
+            runs[(r["gpu"], r["name"], r["shape"], r["dtype"], r["arm"], r["date"])][r["run_id"]].append(r)
+    keep = set()
+    for key, by_run in runs.items():
+        done = [rid for rid, rs in by_run.items() if any(r["metric"] == "oom_seq" for r in rs)]
+        reach = {rid: max((float(r["value"]) for r in rs if r["metric"] == "max_seq"), default=0.0)
+                 for rid, rs in by_run.items()}
+        keep |= {(key, rid) for rid in (done or [max(reach, key=reach.get)])}
+    return [r for r in rows if r["kind"] != "max_seq"
+            or ((r["gpu"], r["name"], r["shape"], r["dtype"], r["arm"], r["date"]), r["run_id"]) in keep]
 
 
 def _ident(r: dict) -> tuple:
@@ -376,12 +393,12 @@ METHOD = """\
   doubled until one training step (forward, backward, fused AdamW step, the optimizer state already allocated)
   runs out of GPU memory, then bisected between the longest length that fit and the shortest that did not to 1/16
   of that bracket (at least 1024 tokens); each length runs in a fresh process. `+ckpt`: activation checkpointing
-  of every decoder layer (`gradient_checkpointing_enable`, non-reentrant).
-- **Current figure**: per benchmark, the rows of its latest date: median (min-max, n = measurements; a model run
-  times each arm twice, a kernel or log-probs run may measure several rounds, a row each; a single row that is
-  already a run's median over its rounds shows their range). Rows of one date may come from several
-  runs and commits; the dataset keeps each row's versions, commit and run id.
-  `python benchmarks/report.py` regenerates this file from the data.
+  of every decoder layer (`gradient_checkpointing_enable`, non-reentrant). Of one day's searches, those that found
+  a length running out of memory count; where none did, the one that reached furthest (a lower bound, &ge;).
+- **Current figure**: per benchmark, the rows of its latest date (from any runs and commits of that date; each row
+  keeps its versions, commit and run id): median (min-max, n = measurements; a model run times each arm twice, a
+  kernel or log-probs run may measure several rounds, a row each; a single row that is a run's median over its
+  rounds shows their range).
 """
 
 

@@ -128,9 +128,11 @@ def test_longest_sequence_table_and_plot_data(report, repo):
             _row(**seq, arm="liger_rt", metric="max_seq", value=32768, run="r1"),
             _row(**seq, arm="liger_rt", metric="max_seq", value=34816, run="r2"),
             _row(**seq, arm="liger_rt", metric="oom_seq", value=36864),
+            _row(**seq, arm="liger_rt", metric="oom_seq", value=36864, run="r2"),
             _row(**seq, arm="liger_rt", metric="tok_s", value=23400),
             _row(**seq, arm="liger_rt", metric="peak_gb", value=77.9),
             _row(**seq, arm="liger_rt+ckpt", metric="max_seq", value=262144),       # reached --max: a lower bound
+            _row(**seq, arm="liger_rt+ckpt", metric="max_seq", value=131072, run="r0"),  # stopped sooner: left out
             _row(**seq, arm="eager+ckpt", metric="max_seq", value=65536),
             _row(**seq, arm="eager+ckpt", metric="oom_seq", value=69632),
             _row(**seq, arm="liger_kernel", metric="max_seq", value=16384, peer_version="0.8.5"),

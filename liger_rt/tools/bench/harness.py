@@ -487,7 +487,7 @@ def verdicts(rows: list[dict]) -> list[str]:
 # the dataset's kind of each kernel op, and its arm names where they differ from the rows' `impl`
 OP_KINDS = {"rms_norm": "norms", "layer_norm": "norms", "swiglu": "gated_mlp", "cross_entropy": "losses",
             "fused_linear_cross_entropy": "losses", "short_conv": "lfm2_ops", "moe_experts": "moe_experts",
-            "moe_router": "moe_router", "fused_linear_logprobs": "logprobs"}
+            "moe_router": "moe_router", "fused_linear_logprobs": "logprobs", "fused_add_rms_norm": "norms"}
 ARM_NAMES = {"compile": "torch_compile", "baseline": "eager", "baseline+compile": "torch_compile"}
 
 
