@@ -68,18 +68,20 @@ def load(data: Path) -> list[dict]:
 def max_seq_searches(rows: list[dict]) -> list[dict]:
     """Of one day's longest-sequence searches of an arm, those that found a length running out of memory; where
     none did, the one that reached furthest (a lower bound pooled with a smaller one would read as a median)."""
+    def arm_day(r: dict) -> tuple:
+        return r["gpu"], r["name"], r["shape"], r["dtype"], r["arm"], r["date"]
+
     runs: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         if r["kind"] == "max_seq":
-            runs[(r["gpu"], r["name"], r["shape"], r["dtype"], r["arm"], r["date"])][r["run_id"]].append(r)
+            runs[arm_day(r)][r["run_id"]].append(r)
     keep = set()
     for key, by_run in runs.items():
         done = [rid for rid, rs in by_run.items() if any(r["metric"] == "oom_seq" for r in rs)]
-        reach = {rid: max((float(r["value"]) for r in rs if r["metric"] == "max_seq"), default=0.0)
-                 for rid, rs in by_run.items()}
-        keep |= {(key, rid) for rid in (done or [max(reach, key=reach.get)])}
-    return [r for r in rows if r["kind"] != "max_seq"
-            or ((r["gpu"], r["name"], r["shape"], r["dtype"], r["arm"], r["date"]), r["run_id"]) in keep]
+        furthest = max(by_run, key=lambda rid: max((float(r["value"]) for r in by_run[rid]
+                                                    if r["metric"] == "max_seq"), default=0.0))
+        keep |= {(key, rid) for rid in done or [furthest]}
+    return [r for r in rows if r["kind"] != "max_seq" or (arm_day(r), r["run_id"]) in keep]
 
 
 def _ident(r: dict) -> tuple:
