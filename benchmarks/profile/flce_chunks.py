@@ -4,13 +4,17 @@ per config).
 
     python benchmarks/profile/flce_chunks.py [--rounds 3] [--chunks 512,768,1024,2048] [--csv PATH]
 
-Each config is the heuristic's with only `chunk` replaced, run directly (`Op.call_impl`), outside the chunk budget
+A chunk entry N is the shipped loop at chunk N; two variants of the loop are arms beside it, to measure before they
+are built into the kernel: `Ns` runs each chunk's dX GEMM on a second CUDA stream, beside its dW GEMM (both only
+read the chunk's logits gradient); `bN` splits the tokens into equal chunks of at most N rows (multiples of 128)
+instead of chunks of N and a short last one.  Each config is the heuristic's with only `chunk` replaced, run directly (`Op.call_impl`), outside the chunk budget
 the dispatcher applies, so that the budget can be set from these figures. Peak extra memory: everything one step
 allocates beyond its inputs, the gradients it hands out included (as bench_losses.py counts it).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 
 import torch
@@ -18,6 +22,8 @@ import torch.nn.functional as F
 
 from liger_rt import backend
 from liger_rt.autograd import call_impl
+from liger_rt.kernels import fused_linear_cross_entropy as flce
+from liger_rt.kernels.linear_softmax import chunk_grads
 from liger_rt.registry import REGISTRY
 from liger_rt.tools.bench.harness import counterbalanced, peak_extra_gb, profiled, write_csv
 
@@ -31,13 +37,54 @@ def make_inputs(t, h, v):
     return x, w, torch.randint(0, v, (t,), generator=g, device="cuda")
 
 
+def equal_spans(chunk, tokens, grain=128):
+    """Equal chunks of at most `chunk` rows (multiples of `grain`, the last one takes the rest)."""
+    n = -(-tokens // chunk)
+    grains = -(-tokens // grain)
+    sizes = [(grains // n + (i < grains % n)) * grain for i in range(n)]
+    ends = [min(sum(sizes[: i + 1]), tokens) for i in range(n)]
+    return [(e0, e1) for e0, e1 in zip([0] + ends[:-1], ends) if e1 > e0]
+
+
+_SIDE = {}
+
+
+def two_stream_grads(dz, xc, weight, span, gx, gw, gb, first):
+    """chunk_grads with dX on a second stream, beside dW on the current one; joined before the next chunk."""
+    main = torch.cuda.current_stream()
+    side = _SIDE.setdefault(main.device, torch.cuda.Stream(main.device))
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        torch.matmul(dz, weight, out=gx[span[0]:span[1]])
+    chunk_grads(dz, xc, weight, span, None, gw, gb, first)
+    main.wait_stream(side)
+
+
+@contextlib.contextmanager
+def variant(balanced, streams):
+    saved = flce.chunk_spans, flce.chunk_grads
+    if balanced:
+        flce.chunk_spans = equal_spans
+    if streams:
+        flce.chunk_grads = two_stream_grads
+    try:
+        yield
+    finally:
+        flce.chunk_spans, flce.chunk_grads = saved
+
+
 def arms(t, h, v, chunks):
     op = REGISTRY.get("fused_linear_cross_entropy")
     base = op.default_config("triton", backend.detect(), {"tokens": t, "hidden": h, "vocab": v}, torch.bfloat16)
     out = {"compile": torch.compile(lambda x, w, y: F.cross_entropy((x @ w.t()).float(), y))}
-    for c in chunks:
-        out[f"c{c}"] = (lambda x, w, y, cfg=base.replace(chunk=c): call_impl(op, 
-            "triton", cfg, x, w, y, None, -100, "mean", 0.0, 0.0, None, None, 3, True))
+    for name in chunks:
+        balanced, streams = name.startswith("b"), name.endswith("s")
+        cfg = base.replace(chunk=int(name.strip("bs")))
+
+        def fn(x, w, y, cfg=cfg, balanced=balanced, streams=streams):
+            with variant(balanced, streams):
+                return call_impl(op, "triton", cfg, x, w, y, None, -100, "mean", 0.0, 0.0, None, None, 3, True)
+        out[name if balanced else f"c{name}"] = fn
     return out
 
 
@@ -66,13 +113,22 @@ def main():
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("flce_chunks.py needs a GPU")
-    chunks = [int(c) for c in a.chunks.split(",")]
+    chunks = a.chunks.split(",")
     meta = {"method": "do_bench wall (warmup 100 ms, rep 400 ms)"}   # versions, device, date: write_csv
     rows = []
     for shape, (t, h, v) in SHAPES.items():
         x, w, y = make_inputs(t, h, v)
         table = arms(t, h, v, chunks)
         peaks = {name: peak_extra(fn, x, w, y) for name, fn in table.items()}
+        grads = {}
+        for name, fn in table.items():      # every variant against the shipped loop at its chunk: same gradients
+            step(fn, x, w, y)
+            grads[name] = (x.grad.float(), w.grad.float())
+            ref = grads.get(f"c{name.strip('bcs')}")
+            if ref is not None and name != f"c{name.strip('bcs')}":
+                err = max(float((g - r).abs().max() / r.abs().max()) for g, r in zip(grads[name], ref))
+                print(f"  {name}: gradients within {err:.1e} of c{name.strip('bcs')}'s (max abs error / max abs)")
+        del grads
         times = counterbalanced({name: (lambda fn=fn: step(fn, x, w, y)) for name, fn in table.items()}, a.rounds,
                                 warmup=100, rep=400)
         rows += [{"shape": shape, "arm": name, "round": r, "ms": ms, "peak_extra_GB": peaks[name],
