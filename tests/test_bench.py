@@ -1019,3 +1019,48 @@ def test_bench_models_tags_a_run_setting_in_the_row_names():
     rows = [{"name": "qwen3-1.7b+rope", "arm": "liger_rt"}, {"name": "qwen3-1.7b+rope", "arm": "baseline"}]
     assert [r["name"] for r in bm.tagged(rows, "+recompute_swiglu")] == ["qwen3-1.7b+rope+recompute_swiglu"] * 2
     assert bm.tagged(rows, "") == rows and rows[0]["name"] == "qwen3-1.7b+rope"
+
+
+@pytest.mark.parametrize("tokens", [1, 127, 128, 1000, 8192, 8193])
+@pytest.mark.parametrize("chunk", [128, 384, 896, 1024])
+def test_profile_flce_equal_spans_cover_the_tokens_in_equal_grain_chunks(chunk, tokens):
+    """benchmarks/profile/flce_chunks.py's equal chunks: contiguous, all tokens once, as few chunks as chunks of
+    `chunk` rows, none longer than `chunk`, all but the last a multiple of the grain, sizes within one grain."""
+    spans = load_script("profile/flce_chunks.py").equal_spans(chunk, tokens)
+    assert spans[0][0] == 0 and spans[-1][1] == tokens
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    sizes = [e - s for s, e in spans]
+    assert len(spans) == -(-tokens // chunk) and max(sizes) <= chunk
+    assert all(n % 128 == 0 for n in sizes[:-1]) and max(sizes[:-1] or [0]) - min(sizes[:-1] or [0]) <= 128
+
+
+def test_profile_flce_equal_chunk_variant_matches_fp64_and_is_put_back():
+    """The equal-chunk variant of the fused loss's loop (interpreter, fp32) against an fp64 reference, loss and both
+    gradients; the kernel module's loop helpers are its own again afterwards."""
+    from liger_rt import backend
+    from liger_rt.autograd import call_impl
+    from liger_rt.kernels import fused_linear_cross_entropy as flce
+    fc = load_script("profile/flce_chunks.py")
+    op = REGISTRY.get("fused_linear_cross_entropy")
+    g = torch.Generator().manual_seed(7)
+    t, h, v = 37, 16, 29
+    x = torch.randn(t, h, generator=g, requires_grad=True)
+    w = (torch.randn(v, h, generator=g) * 0.3).requires_grad_()
+    y = torch.randint(0, v, (t,), generator=g)
+    cfg = op.default_config("triton", backend.detect(), {"tokens": t, "hidden": h, "vocab": v}, torch.float32)
+    before = flce.chunk_spans, flce.chunk_grads
+    seen = []
+    spans = fc.equal_spans
+    fc.equal_spans = lambda c, n: seen.append(spans(c, n, grain=4)) or seen[-1]
+    with fc.variant(balanced=True, streams=False):
+        loss = call_impl(op, "triton", cfg.replace(chunk=12), x, w, y, None, -100, "mean", 0.0, 0.0, None, None, 3,
+                         True)
+        gx, gw = torch.autograd.grad(loss, (x, w))
+    assert (flce.chunk_spans, flce.chunk_grads) == before
+    assert [e - s for s, e in seen[0]] == [12, 12, 8, 5]
+    xd, wd = (p.detach().double().requires_grad_() for p in (x, w))
+    ref = torch.nn.functional.cross_entropy(xd @ wd.t(), y)
+    rx, rw = torch.autograd.grad(ref, (xd, wd))
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gx.double(), rx, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(gw.double(), rw, rtol=1e-4, atol=1e-6)

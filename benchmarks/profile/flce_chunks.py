@@ -7,9 +7,11 @@ per config).
 A chunk entry N is the shipped loop at chunk N; two variants of the loop are arms beside it, to measure before they
 are built into the kernel: `Ns` runs each chunk's dX GEMM on a second CUDA stream, beside its dW GEMM (both only
 read the chunk's logits gradient); `bN` splits the tokens into equal chunks of at most N rows (multiples of 128)
-instead of chunks of N and a short last one.  Each config is the heuristic's with only `chunk` replaced, run directly (`Op.call_impl`), outside the chunk budget
-the dispatcher applies, so that the budget can be set from these figures. Peak extra memory: everything one step
-allocates beyond its inputs, the gradients it hands out included (as bench_losses.py counts it).
+instead of chunks of N and a short last one; a variant's gradients are checked against the shipped loop's at N
+where that arm runs too.  Each config is the heuristic's with only `chunk` replaced, run directly
+(`Op.call_impl`), outside the chunk budget the dispatcher applies, so that the budget can be set from these figures.
+Peak extra memory: everything one step allocates beyond its inputs, the gradients it hands out included (as
+bench_losses.py counts it).
 """
 from __future__ import annotations
 
@@ -99,6 +101,19 @@ def peak_extra(fn, x, w, y):
     return peak_extra_gb(lambda: step(fn, x, w, y))
 
 
+def check_variants(table, x, w, y):
+    """Each variant's gradients against the shipped loop's at the same chunk (where that arm runs too)."""
+    for shipped in [n for n in table if n.startswith("c") and n[1:].isdigit()]:
+        step(table[shipped], x, w, y)
+        ref = x.grad.clone(), w.grad.clone()
+        for name in [n for n in table if n != shipped and n.strip("bcs") == shipped[1:]]:
+            step(table[name], x, w, y)
+            err = max(float((g.float() - r.float()).abs().max() / r.float().abs().max())
+                      for g, r in zip((x.grad, w.grad), ref))
+            print(f"  {name}: gradients within {err:.1e} of {shipped}'s (max abs difference / max abs)")
+        del ref
+
+
 def kernel_table(fn, x, w, y, rows=8):
     prof = profiled(lambda: step(fn, x, w, y), warmup=1, calls=1)
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60)
@@ -120,15 +135,7 @@ def main():
         x, w, y = make_inputs(t, h, v)
         table = arms(t, h, v, chunks)
         peaks = {name: peak_extra(fn, x, w, y) for name, fn in table.items()}
-        grads = {}
-        for name, fn in table.items():      # every variant against the shipped loop at its chunk: same gradients
-            step(fn, x, w, y)
-            grads[name] = (x.grad.float(), w.grad.float())
-            ref = grads.get(f"c{name.strip('bcs')}")
-            if ref is not None and name != f"c{name.strip('bcs')}":
-                err = max(float((g - r).abs().max() / r.abs().max()) for g, r in zip(grads[name], ref))
-                print(f"  {name}: gradients within {err:.1e} of c{name.strip('bcs')}'s (max abs error / max abs)")
-        del grads
+        check_variants(table, x, w, y)
         times = counterbalanced({name: (lambda fn=fn: step(fn, x, w, y)) for name, fn in table.items()}, a.rounds,
                                 warmup=100, rep=400)
         rows += [{"shape": shape, "arm": name, "round": r, "ms": ms, "peak_extra_GB": peaks[name],
