@@ -75,13 +75,19 @@ def variant(balanced, streams):
         flce.chunk_spans, flce.chunk_grads = saved
 
 
+def arm_chunk(name: str) -> str:
+    """The chunk of an arm's name ('c1024', 'c1024s', 'b896', 'b896s' -> '1024' or '896'; 'compile' -> '')."""
+    digits = name.lstrip("bc").removesuffix("s")
+    return digits if digits.isdigit() else ""
+
+
 def arms(t, h, v, chunks):
     op = REGISTRY.get("fused_linear_cross_entropy")
     base = op.default_config("triton", backend.detect(), {"tokens": t, "hidden": h, "vocab": v}, torch.bfloat16)
     out = {"compile": torch.compile(lambda x, w, y: F.cross_entropy((x @ w.t()).float(), y))}
     for name in chunks:
         balanced, streams = name.startswith("b"), name.endswith("s")
-        cfg = base.replace(chunk=int(name.strip("bs")))
+        cfg = base.replace(chunk=int(arm_chunk(name)))
 
         def fn(x, w, y, cfg=cfg, balanced=balanced, streams=streams):
             with variant(balanced, streams):
@@ -103,10 +109,10 @@ def peak_extra(fn, x, w, y):
 
 def check_variants(table, x, w, y):
     """Each variant's gradients against the shipped loop's at the same chunk (where that arm runs too)."""
-    for shipped in [n for n in table if n.startswith("c") and n[1:].isdigit()]:
+    for shipped in [n for n in table if n == f"c{arm_chunk(n)}"]:
         step(table[shipped], x, w, y)
         ref = x.grad.clone(), w.grad.clone()
-        for name in [n for n in table if n != shipped and n.strip("bcs") == shipped[1:]]:
+        for name in [n for n in table if n != shipped and arm_chunk(n) == arm_chunk(shipped)]:
             step(table[name], x, w, y)
             err = max(float((g.float() - r.float()).abs().max() / r.float().abs().max())
                       for g, r in zip((x.grad, w.grad), ref))
