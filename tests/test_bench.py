@@ -1064,3 +1064,30 @@ def test_profile_flce_equal_chunk_variant_matches_fp64_and_is_put_back():
     torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(gx.double(), rx, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(gw.double(), rw, rtol=1e-4, atol=1e-6)
+
+
+def test_profile_flce_budget_step_settings_move_the_chunk_per_arm_and_are_put_back(monkeypatch):
+    """benchmarks/profile/flce_budget_step.py: while an arm runs, its budget moves the fused loss's heuristic chunk
+    (and `chunk=N` replaces it); other arms and the code after the run see the shipped budget and decisions."""
+    from liger_rt import backend, dispatch
+    from liger_rt.kernels import fused_linear_cross_entropy as flce
+    fb = load_script("profile/flce_budget_step.py")
+    dims = dict(tokens=4096, hidden=64, vocab=256)
+
+    def chunk():
+        arch = backend.detect().name
+        return dispatch.select("fused_linear_cross_entropy", dtype="fp32", arch=arch, **dims).config.chunk
+
+    shipped, shipped_budget = chunk(), dict(flce.LOGITS_BUDGET)
+    monkeypatch.setattr(M, "_run_arm", lambda arm, *a, **k: chunk())
+    settings = {"A": fb.parse_setting("budget=1"), "B": fb.parse_setting("chunk=24"), "C": fb.parse_setting("shipped")}
+    with fb.Settings(settings) as s:
+        got = {arm: M._run_arm(arm) for arm in ("A", "B", "C", "baseline")}
+    rows = (1 << 20) // (256 * 4)
+    assert shipped < rows and got == {"A": rows, "B": 24, "C": shipped, "baseline": shipped}
+    assert M._run_arm is not s.run_arm and dispatch.decide is s.original_decide
+    assert flce.LOGITS_BUDGET == shipped_budget and chunk() == shipped
+    assert any("chunk=24" in d for d in s.decisions)
+    for bad in ("budget=0", "chunk=x", "size=3", "budget"):
+        with pytest.raises(ValueError, match="expected budget=MiB"):
+            fb.parse_setting(bad)

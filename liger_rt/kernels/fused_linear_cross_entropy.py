@@ -206,15 +206,15 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
 #    <= 592 rows); at BT8192 H2048 V65536, 0.5 GB leaves 0.198 GB (chunk <= 1510); 160 MiB admits
 #    512 and 1280 rows there.  Time per chunk size: the `triton@chunk=N` arms of benchmarks/data/kernels.csv.
 #  - cpu (interpreter): tiny, so that CI shapes run several chunks.
-_LOGITS_BUDGET = {"hopper": 160 * MiB, "blackwell": 160 * MiB, "ampere": 160 * MiB, "cpu": 4 * 1024}
-_HIP_BUDGET = 128 * MiB
+LOGITS_BUDGET = {"hopper": 160 * MiB, "blackwell": 160 * MiB, "ampere": 160 * MiB, "cpu": 4 * 1024}
+HIP_BUDGET = 128 * MiB
 # chunks never go below linear_softmax.FLOOR (256 token rows on a GPU), whatever the budget
 _GRAIN = {"gpu": 128, "cpu": 4}       # chunk sizes are multiples of this (GEMM tile friendly)
 _CHUNKS = {"gpu": (256, 512, 768, 1024, 1280, 1536, 2048, 3072, 4096, 8192, 16384), "cpu": (4, 8, 16)}
 
 
 def logits_budget(arch) -> int:
-    return _HIP_BUDGET if arch.is_hip else _LOGITS_BUDGET.get(arch.name, _HIP_BUDGET)
+    return HIP_BUDGET if arch.is_hip else LOGITS_BUDGET.get(arch.name, HIP_BUDGET)
 
 
 def budget_chunk(arch, vocab: int, dtype: torch.dtype) -> int:
