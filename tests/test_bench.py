@@ -3,6 +3,7 @@ the CLI's wiring and its one-line errors without a GPU; the repository's benchma
 from __future__ import annotations
 
 import ast
+import contextlib
 import csv
 import json
 import os
@@ -124,10 +125,19 @@ def test_run_model_bench_api_and_liger_kernel_arm_is_isolated(monkeypatch):
     for name, mod in [("liger_kernel", pkg), ("liger_kernel.transformers", tr),
                       ("liger_kernel.transformers.monkey_patch", mp)]:
         monkeypatch.setitem(sys.modules, name, mod)
+    entered = []
+
+    @contextlib.contextmanager
+    def arm_context(arm):                        # entered around each run, left before the next
+        entered.append(arm)
+        yield
+        entered.append("/" + arm)
+
     rows = M.run_model_bench("qwen3", "qwen3-tiny", batch=2, seq=8, steps=1, warmup=1, dtype="fp32",
-                             device="cpu", echo=None)
+                             device="cpu", echo=None, arm_context=arm_context)
     runs = [r for r in rows if r["kind"] == "run"]
     assert [r["arm"] for r in runs] == ["baseline", "liger_rt", "liger_kernel", "liger_kernel", "liger_rt", "baseline"]
+    assert entered == [x for r in runs for x in (r["arm"], "/" + r["arm"])]
     assert len(seen) == 2
     assert modeling_qwen3.apply_rotary_pos_emb is orig_rope and modeling_qwen3.Qwen3RMSNorm is orig_norm
     assert not hasattr(modeling_qwen3.Qwen3Model, "liger_marker")
@@ -1066,7 +1076,7 @@ def test_profile_flce_equal_chunk_variant_matches_fp64_and_is_put_back():
     torch.testing.assert_close(gw.double(), rw, rtol=1e-4, atol=1e-6)
 
 
-def test_profile_flce_budget_step_settings_move_the_chunk_per_arm_and_are_put_back(monkeypatch):
+def test_profile_flce_budget_step_settings_move_the_chunk_per_arm_and_are_put_back():
     """benchmarks/profile/flce_budget_step.py: while an arm runs, its budget moves the fused loss's heuristic chunk
     (and `chunk=N` replaces it); other arms and the code after the run see the shipped budget and decisions."""
     from liger_rt import backend, dispatch
@@ -1079,13 +1089,16 @@ def test_profile_flce_budget_step_settings_move_the_chunk_per_arm_and_are_put_ba
         return dispatch.select("fused_linear_cross_entropy", dtype="fp32", arch=arch, **dims).config.chunk
 
     shipped, shipped_budget = chunk(), dict(flce.LOGITS_BUDGET)
-    monkeypatch.setattr(M, "_run_arm", lambda arm, *a, **k: chunk())
     settings = {"A": fb.parse_setting("budget=1"), "B": fb.parse_setting("chunk=24"), "C": fb.parse_setting("shipped")}
+    got = {}
     with fb.Settings(settings) as s:
-        got = {arm: M._run_arm(arm) for arm in ("A", "B", "C", "baseline")}
+        for arm in ("A", "B", "C", "baseline"):
+            with s.arm(arm):
+                got[arm] = chunk()
+        between = chunk()
     rows = (1 << 20) // (256 * 4)
-    assert shipped < rows and got == {"A": rows, "B": 24, "C": shipped, "baseline": shipped}
-    assert M._run_arm is not s.run_arm and dispatch.decide is s.original_decide
+    assert shipped < rows and got == {"A": rows, "B": 24, "C": shipped, "baseline": shipped} and between == shipped
+    assert dispatch.decide is s.original_decide
     assert flce.LOGITS_BUDGET == shipped_budget and chunk() == shipped
     assert any("chunk=24" in d for d in s.decisions)
     for bad in ("budget=0", "chunk=x", "size=3", "budget"):

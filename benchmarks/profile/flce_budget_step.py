@@ -15,6 +15,7 @@ arm's step time and the fused loss's decisions; `--csv PATH` writes every row (n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -57,25 +58,27 @@ class Settings:
         self.decisions.append(f"{d.impl} {d.config} ({d.origin}) at {dict(dims)}")
         return d
 
-    def run_arm(self, arm, *args, **kwargs):
+    @contextlib.contextmanager
+    def arm(self, arm: str):
+        """While `arm` runs: its budget on this GPU's arch, its chunk in the fused loss's decisions."""
         self.now = self.by_arm.get(arm, {"budget": None, "chunk": None})
         name = backend.detect().name
         flce.LOGITS_BUDGET[name] = self.now["budget"] or self.shipped[name]
         dispatch.reset()
         try:
-            return self.original_run_arm(arm, *args, **kwargs)
+            yield
         finally:
             flce.LOGITS_BUDGET[name] = self.shipped[name]
+            self.now = {"budget": None, "chunk": None}
             dispatch.reset()
 
     def __enter__(self):
         self.shipped = dict(flce.LOGITS_BUDGET)
-        self.original_decide, self.original_run_arm = dispatch.decide, M._run_arm
-        dispatch.decide, M._run_arm = self.decide, self.run_arm
+        self.original_decide, dispatch.decide = dispatch.decide, self.decide
         return self
 
     def __exit__(self, *exc):
-        dispatch.decide, M._run_arm = self.original_decide, self.original_run_arm
+        dispatch.decide = self.original_decide
         flce.LOGITS_BUDGET.update(self.shipped)
         dispatch.reset()
 
@@ -107,7 +110,7 @@ def main() -> int:
         t0 = time.time()
         with Settings(settings) as s:
             got = M.run_model_bench(**spec, batch=4, seq=2048, steps=a.steps, warmup=a.warmup, dtype="bf16",
-                                    device="cuda", ceilings=ceilings, compile=True, arms=arms)
+                                    device="cuda", ceilings=ceilings, compile=True, arms=arms, arm_context=s.arm)
         for r in got:
             r["run"], r["setting"] = name, {ARM_OF["a"]: a.a, ARM_OF["b"]: a.b}.get(r["arm"], "")
         rows += got

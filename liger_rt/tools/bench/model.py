@@ -352,11 +352,12 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
                     lr: float = 1e-4, experts_implementation: str | None = None, config: dict | None = None,
                     ceilings: dict | None = None, compile: bool = False, compile_backend="inductor",
                     compile_mode: str = "default", arms: tuple | None = None,
-                    echo: Callable | None = print) -> list[dict]:
+                    echo: Callable | None = print, arm_context: Callable | None = None) -> list[dict]:
     """Rows of one model: one per run (kind="run", in run order) and one per arm (kind="summary").  `flags` go to
     liger_rt.patch over {fused_linear_cross_entropy: True}; `config`: transformers config overrides of every arm.
     `compile` adds baseline+compile and liger_rt+compile (`compile_backend`: a name or a callable); `arms` picks the
-    arms outright (baseline among them; the POLICY_ARMS only so)."""
+    arms outright (baseline among them; the POLICY_ARMS only so).  `arm_context(arm)`, where given, is a context
+    manager entered around each run of an arm (a setting that differs per arm, e.g. benchmarks/profile/)."""
     from liger_rt.dtypes import dtype_name, parse_dtype
     echo = echo or (lambda s: None)
     dt, device = parse_dtype(dtype), ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
@@ -388,9 +389,10 @@ def run_model_bench(model_type: str, preset="tiny", *, batch: int = 4, seq: int 
             continue
         t0 = time.time()
         try:
-            res = _run_arm(arm, p, dtype=dt, device=device, seed=seed, overrides=overrides, flags=flags, batch=batch,
-                           seq=seq, ids=ids, steps=steps, warmup=warmup, lr=lr, compile_backend=compile_backend,
-                           compile_mode=compile_mode)
+            with arm_context(arm) if arm_context else contextlib.nullcontext():
+                res = _run_arm(arm, p, dtype=dt, device=device, seed=seed, overrides=overrides, flags=flags,
+                               batch=batch, seq=seq, ids=ids, steps=steps, warmup=warmup, lr=lr,
+                               compile_backend=compile_backend, compile_mode=compile_mode)
         except Exception as exc:
             if arm != "liger_kernel":
                 raise
