@@ -9,8 +9,9 @@ torch.compile with the default policy (fuse): setting A runs as arm `liger_rt+co
 `liger_rt+compile+fuse`. A setting is `budget=MiB` (the arch's logits budget, `LOGITS_BUDGET` in
 liger_rt/kernels/fused_linear_cross_entropy.py, which the heuristic's chunk follows), `chunk=N` (the fused loss's
 decision with its chunk replaced) or `shipped`. Under torch.compile the loss is decided at 4096 tokens
-(dispatch.TRACED_TOKENS), where no shipped row exists for these shapes, so the heuristic decides. Prints each
-arm's step time and the fused loss's decisions; `--csv PATH` writes every row (nothing goes to the dataset).
+(dispatch.TRACED_TOKENS); a budget moves the chunk only where the heuristic decides there (no DB row serves the
+shape: `liger-tune explain`), `chunk=N` everywhere. Prints each arm's step time and the fused loss's decisions
+with their origin; `--csv PATH` writes every row (nothing goes to the dataset).
 """
 from __future__ import annotations
 
