@@ -16,7 +16,7 @@
 #              ROUNDS=3 measures each case three times within one run (--rounds 3), paying compiles and the
 #              peers' autotuning once (the MoE family's first cases take minutes of them on a fresh machine)
 #   models     model training steps, eager (bench_models.py; MODELS_ARGS="--run qwen3,lfm2")
-#   compiled   the same with torch.compile arms at B4 x T2048 and the host-bound B1 x T512
+#   compiled   the same with torch.compile arms at B4 x T2048 and the host-bound B1 x T512 (REPEATS=3: three processes)
 #   families   the other model families' steps (gemma3, mistral, mixtral, qwen2)
 #   maxseq     the longest trainable sequence per arm (bench_models.py --max-seq; MAXSEQ_ARGS="--run qwen3
 #              --arms baseline,liger_rt --time-limit 240"); each probe a fresh process, rows appended per arm
@@ -103,9 +103,11 @@ for s in "$@"; do
     moe)       # a fresh machine pays its compiles and autotuning in the first MoE cases (minutes): give it time
                family moe "${MOE_S:-600}" benchmarks/bench_moe.py ${MOE_ARGS:-} ;;
     models)    stage models "${MODELS_S:-600}" python3 benchmarks/bench_models.py ${Q:+--quick} $D ${MODELS_ARGS:-} ;;
-    compiled)  stage compiled "${COMPILED_S:-600}" python3 benchmarks/bench_models.py --compile \
-                 --run "${COMPILED_RUNS:-qwen3,lfm2,lfm2moe}" --shape "${COMPILED_SHAPES:-4x2048,1x512}" \
-                 --steps 10 --warmup 3 $D ${COMPILED_ARGS:-} ;;
+    compiled)  for r in $(seq 1 "${REPEATS:-1}"); do      # REPEATS=3: three processes, three runs per arm pair
+                 stage "compiled${REPEATS:+_r$r}" "${COMPILED_S:-600}" python3 benchmarks/bench_models.py --compile \
+                   --run "${COMPILED_RUNS:-qwen3,lfm2,lfm2moe}" --shape "${COMPILED_SHAPES:-4x2048,1x512}" \
+                   --steps 10 --warmup 3 $D ${COMPILED_ARGS:-}
+               done ;;
     families)  stage families "${FAMILIES_S:-600}" python3 benchmarks/bench_models.py --run families \
                  ${Q:+--quick} $D ${FAMILIES_ARGS:-} ;;
     maxseq)    stage maxseq "${MAXSEQ_S:-600}" python3 benchmarks/bench_models.py --max-seq $D ${MAXSEQ_ARGS:-} ;;
