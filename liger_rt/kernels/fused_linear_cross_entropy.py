@@ -202,8 +202,9 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
 # memory than this for speed.
 #  - HIP and unknown GPUs: 128 MiB, upstream's ROCm cap (Liger-Kernel PR #1317, "capped at 128 MiB" on MI325X).
 #  - hopper: 320 MiB (1024 rows at V151936, 2560 at V65536), from whole training steps
-#    (benchmarks/data/profile/flce_budget_step-h100-*.csv): on an H100, compiled Qwen3-1.7B steps at B4 x T2048
-#    ran 1.2% faster with 1024-row chunks than with 512 (160 MiB), for 0.16 GB more peak memory out of 28 GB.
+#    (benchmarks/data/profile/flce_budget_step-h100-2026-12-07.csv): on an H100, compiled Qwen3-1.7B steps at
+#    B4 x T2048 ran 1.3% and 1.9% faster (two runs) with 1024-row chunks than with 512 (160 MiB), for 0.16 GB
+#    more peak memory out of 28 GB.
 #    The loss alone at T8192 H2560 V151936 then holds 1.13 GB beyond its inputs (dW 0.78 + dX 0.04 + logits
 #    0.31) against torch.compile's 3.31 (docs/losses.md).
 #  - blackwell/ampere: 160 MiB (1280 rows at V65536, 512 at V151936); not timed on those GPUs.
