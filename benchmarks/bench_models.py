@@ -66,6 +66,11 @@ def run_setup(name: str) -> tuple:
             M.config_overrides(r["model_type"], r.get("config")))
 
 
+def bench_spec(name: str) -> dict:
+    """A run's `run_model_bench` arguments (its batch and peak are the caller's to fit)."""
+    return {k: v for k, v in RUNS[name].items() if k not in ("batch", "peak_gb")}
+
+
 def fitted_batch(name: str, batch: int, card_gb: float) -> int:
     """`batch` halved while the run's peak, scaled by the batch, exceeds 90% of the card's memory."""
     run = RUNS[name]
@@ -115,7 +120,7 @@ def main() -> int:
         os.environ["LIGER_RT_RECOMPUTE_SWIGLU"] = "1"
     run_id, ceilings, rows, failed = H.new_run_id(), H.measure_ceilings(quick=True), [], []
     for name in names:
-        spec = {k: v for k, v in RUNS[name].items() if k not in ("batch", "peak_gb")}
+        spec = bench_spec(name)
         spec["liger_kernel"] = spec.get("liger_kernel", True) and not a.no_liger_kernel
         if a.fused_add_norm:
             spec["flags"] = {**spec.get("flags", {}), "fused_add_norm": True}

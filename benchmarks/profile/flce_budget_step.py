@@ -33,10 +33,13 @@ MiB = 1 << 20
 ARM_OF = {"a": "liger_rt+compile", "b": "liger_rt+compile+fuse"}
 
 
+SHIPPED = {"budget": None, "chunk": None}
+
+
 def parse_setting(text: str) -> dict:
     """`budget=MiB`, `chunk=N` or `shipped` -> {"budget": bytes or None, "chunk": rows or None}."""
     if text == "shipped":
-        return {"budget": None, "chunk": None}
+        return SHIPPED
     key, _, value = text.partition("=")
     if key not in ("budget", "chunk") or not value.isdigit() or int(value) < 1:
         raise ValueError(f"setting {text!r}: expected budget=MiB, chunk=N or shipped")
@@ -47,7 +50,7 @@ class Settings:
     """Applies a setting per arm: the arch's budget while the arm runs, the chunk in the fused loss's decision."""
 
     def __init__(self, by_arm: dict[str, dict]):
-        self.by_arm, self.now = by_arm, {"budget": None, "chunk": None}
+        self.by_arm, self.now = by_arm, SHIPPED
         self.decisions: list[str] = []
 
     def decide(self, op, target, dtype, dims):
@@ -62,7 +65,7 @@ class Settings:
     @contextlib.contextmanager
     def arm(self, arm: str):
         """While `arm` runs: its budget on this GPU's arch, its chunk in the fused loss's decisions."""
-        self.now = self.by_arm.get(arm, {"budget": None, "chunk": None})
+        self.now = self.by_arm.get(arm, SHIPPED)
         name = backend.detect().name
         flce.LOGITS_BUDGET[name] = self.now["budget"] or self.shipped[name]
         dispatch.reset()
@@ -70,7 +73,7 @@ class Settings:
             yield
         finally:
             flce.LOGITS_BUDGET[name] = self.shipped[name]
-            self.now = {"budget": None, "chunk": None}
+            self.now = SHIPPED
             dispatch.reset()
 
     def __enter__(self):
@@ -106,8 +109,7 @@ def main() -> int:
     ceilings, rows = H.measure_ceilings(quick=True), []
     arms = ("baseline", "baseline+compile", ARM_OF["a"], ARM_OF["b"])
     for name in names:
-        spec = {k: v for k, v in BM.RUNS[name].items() if k not in ("batch", "peak_gb")}
-        spec["liger_kernel"] = False
+        spec = {**BM.bench_spec(name), "liger_kernel": False}
         t0 = time.time()
         with Settings(settings) as s:
             got = M.run_model_bench(**spec, batch=4, seq=2048, steps=a.steps, warmup=a.warmup, dtype="bf16",
