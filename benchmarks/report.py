@@ -47,15 +47,36 @@ PARITY_MARKERS = ("<!-- parity:begin (benchmarks/report.py) -->", "<!-- parity:e
 
 # -- data ---------------------------------------------------------------------------------------------------
 
-def load(data: Path) -> list[dict]:
-    """Every measurement row, plus a derived `frac_ceiling` row for each kernel rate that has none but whose run
-    recorded its ceiling."""
+def measurement_rows(data: Path) -> list[dict]:
     rows = []
     for table in MEASUREMENTS:
         path = data / f"{table}.csv"
         if path.exists():
             with path.open(newline="") as fh:
-                rows += [r for r in csv.DictReader(fh) if r["value"] not in ("", "nan")]
+                rows += list(csv.DictReader(fh))
+    return rows
+
+
+def retired(data: Path) -> list[dict]:
+    """retired.csv: (run_id, name, arm) of rows that no longer measure the shipped code (a blank name or arm
+    matches every one of the run), with the reason; they stay in the dataset and leave the current figures."""
+    path = data / "retired.csv"
+    if not path.exists():
+        return []
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def is_retired(row: dict, marks: list[dict]) -> bool:
+    return any(m["run_id"] == row["run_id"] and m["name"] in ("", row["name"]) and m["arm"] in ("", row["arm"])
+               for m in marks)
+
+
+def load(data: Path) -> list[dict]:
+    """Every measurement row not retired (retired.csv), plus a derived `frac_ceiling` row for each kernel rate that
+    has none but whose run recorded its ceiling."""
+    marks = retired(data)
+    rows = [r for r in measurement_rows(data) if r["value"] not in ("", "nan") and not is_retired(r, marks)]
     ceilings = {(r["run_id"], r["kind"], r["metric"]): float(r["value"]) for r in rows if r["name"] == "ceiling"}
     has_frac = {_ident(r) for r in rows if r["metric"] == "frac_ceiling"}
     for r in list(rows):
@@ -63,6 +84,12 @@ def load(data: Path) -> list[dict]:
         if r["metric"] in ("gbps", "tflops") and c and _ident(r) not in has_frac:
             rows.append({**r, "metric": "frac_ceiling", "unit": "", "value": str(float(r["value"]) / c)})
     return max_seq_searches([r for r in rows if r["name"] != "ceiling"])
+
+
+def unmatched_retired(data: Path) -> list[dict]:
+    """The retired.csv lines that match no measurement row (a mistyped run id retires nothing)."""
+    rows = measurement_rows(data)
+    return [m for m in retired(data) if not any(is_retired(r, [m]) for r in rows)]
 
 
 def max_seq_searches(rows: list[dict]) -> list[dict]:
@@ -709,6 +736,8 @@ def main(argv: list[str] | None = None) -> int:
         if can_plot:
             stale += [str(p.relative_to(root)) for p, (_, _, d) in pngs.items() if png_digest(p) != digest(d)]
         stale += [f"parity.csv names a missing test: {t}" for t in missing_tests(data, root)]
+        stale += [f"retired.csv names no row: {m['run_id']} {m['name']} {m['arm']}".rstrip()
+                  for m in unmatched_retired(data)]
         if stale:
             print("out of date with benchmarks/data (run python benchmarks/report.py):\n  " + "\n  ".join(stale))
             return 1

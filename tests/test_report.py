@@ -100,6 +100,22 @@ def test_check_fails_on_a_parity_test_that_does_not_exist(report, repo, capsys):
     assert "parity.csv names a missing test: tests/test_a.py::test_cpu" in capsys.readouterr().out
 
 
+def test_retired_rows_leave_the_current_figure_and_a_mistyped_retirement_fails_the_check(report, repo, capsys):
+    """retired.csv takes a run's rows of one arm out of the figures (the other arms and runs stay); a line that
+    matches no row fails --check."""
+    data = repo / "benchmarks" / "data"
+    (data / "retired.csv").write_text("run_id,name,arm,reason\nr2,rms_norm.fwdbwd,liger_rt,old chunk budget\n")
+    assert report.main(["--root", str(repo)]) == 0
+    perf = (repo / "docs" / "perf.md").read_text()
+    assert "| rms_norm.fwdbwd | rows=16384;hidden=4096 | bf16 | wall | 0.17 |" in perf     # r2's 0.18 is out
+    assert "| 0.25 |" in perf                                                                 # the peer stays
+    assert report.main(["--root", str(repo), "--check"]) == 0
+    (data / "retired.csv").write_text("run_id,name,arm,reason\nr9,,,typo\n")
+    capsys.readouterr()
+    assert report.main(["--root", str(repo), "--check"]) == 1
+    assert "retired.csv names no row: r9" in capsys.readouterr().out
+
+
 def test_a_forward_row_gives_way_to_its_forward_and_backward(report, repo):
     """A shape measured forward and backward shows that pass only; a forward measured alone still shows."""
     norm = dict(kind="norms", shape="rows=4096;hidden=2048", arm="liger_rt", metric="ms")
