@@ -58,8 +58,8 @@ def measurement_rows(data: Path) -> list[dict]:
 
 
 def retired(data: Path) -> list[dict]:
-    """retired.csv: (run_id, name, arm) of rows that no longer measure the shipped code (a blank name or arm
-    matches every one of the run), with the reason; they stay in the dataset and leave the current figures."""
+    """retired.csv: (run_id, name, shape, arm) of rows that no longer measure the shipped code (a blank field
+    matches every value in the run), with the reason; they stay in the dataset and leave the current figures."""
     path = data / "retired.csv"
     if not path.exists():
         return []
@@ -68,7 +68,7 @@ def retired(data: Path) -> list[dict]:
 
 
 def is_retired(row: dict, marks: list[dict]) -> bool:
-    return any(m["run_id"] == row["run_id"] and m["name"] in ("", row["name"]) and m["arm"] in ("", row["arm"])
+    return any(m["run_id"] == row["run_id"] and all(m[k] in ("", row[k]) for k in ("name", "shape", "arm"))
                for m in marks)
 
 
@@ -319,8 +319,9 @@ def model_section(kind: str, benches: dict) -> list[str]:
         tok = {a: figs[(a, metric)] for a in arms if (a, metric) in figs}
         if not tok:
             continue
-        ours = next((a for a in ("liger_rt+torch_compile+fuse", "liger_rt+torch_compile") if a in tok), None) \
-            if compiled else "liger_rt"
+        # compiled: the later-measured of the two arms that run the default compile policy (fuse), +fuse on a tie
+        ours = max([a for a in ("liger_rt+torch_compile+fuse", "liger_rt+torch_compile") if a in tok],
+                   key=lambda a: tok[a].date, default=None) if compiled else "liger_rt"
         base = "torch_compile" if compiled else "eager"
         ratio = f"{tok[ours].median / tok[base].median:.3f}x" if ours in tok and base in tok else "-"
         peaks = ", ".join(f"{a} {figs[(a, 'peak_gb')].median:.2f}" for a in arms if (a, "peak_gb") in figs)
@@ -736,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
         if can_plot:
             stale += [str(p.relative_to(root)) for p, (_, _, d) in pngs.items() if png_digest(p) != digest(d)]
         stale += [f"parity.csv names a missing test: {t}" for t in missing_tests(data, root)]
-        stale += [f"retired.csv names no row: {m['run_id']} {m['name']} {m['arm']}".rstrip()
+        stale += [f"retired.csv names no row: {' '.join(m[k] for k in ('run_id', 'name', 'shape', 'arm'))}".rstrip()
                   for m in unmatched_retired(data)]
         if stale:
             print("out of date with benchmarks/data (run python benchmarks/report.py):\n  " + "\n  ".join(stale))

@@ -104,13 +104,13 @@ def test_retired_rows_leave_the_current_figure_and_a_mistyped_retirement_fails_t
     """retired.csv takes a run's rows of one arm out of the figures (the other arms and runs stay); a line that
     matches no row fails --check."""
     data = repo / "benchmarks" / "data"
-    (data / "retired.csv").write_text("run_id,name,arm,reason\nr2,rms_norm.fwdbwd,liger_rt,old chunk budget\n")
+    (data / "retired.csv").write_text("run_id,name,shape,arm,reason\nr2,rms_norm.fwdbwd,,liger_rt,old chunk budget\n")
     assert report.main(["--root", str(repo)]) == 0
     perf = (repo / "docs" / "perf.md").read_text()
     assert "| rms_norm.fwdbwd | rows=16384;hidden=4096 | bf16 | wall | 0.17 |" in perf     # r2's 0.18 is out
     assert "| 0.25 |" in perf                                                                 # the peer stays
     assert report.main(["--root", str(repo), "--check"]) == 0
-    (data / "retired.csv").write_text("run_id,name,arm,reason\nr9,,,typo\n")
+    (data / "retired.csv").write_text("run_id,name,shape,arm,reason\nr9,,,,typo\n")
     capsys.readouterr()
     assert report.main(["--root", str(repo), "--check"]) == 1
     assert "retired.csv names no row: r9" in capsys.readouterr().out
@@ -233,3 +233,18 @@ def test_a_row_that_is_the_median_of_rounds_shows_their_spread(report):
     assert cell[("liger_rt", "ms")] == "16.21 (16.12-16.27, n=3)"
     assert cell[("liger_rt", "dev_ms")] == "16.27" and cell[("eager", "ms")] == "171.3"
     assert cell[("torch_compile", "ms")] == "13.5 (13.4-13.6, n=2)"
+
+
+def test_compiled_ratio_takes_the_later_measured_default_policy_arm(report, repo):
+    """Both compiled liger_rt arms run the default policy: the ratio over torch_compile takes the one measured
+    last (an older +fuse figure left in the row must not decide it), +fuse where both share a date."""
+    step = dict(kind="model_compiled", name="qwen3-1.7b+rope", shape="batch=4;seq=2048", metric="tok_s")
+    rows = [_row(**step, arm="liger_rt+torch_compile+fuse", value=44000, date="2026-01-01", run="old"),
+            _row(**step, arm="liger_rt+torch_compile", value=46000, run="new"),
+            _row(**step, arm="torch_compile", value=40000, run="new")]
+    _write(repo / "benchmarks" / "data" / "models.csv", rows)
+    perf = report.perf_md(report.load(repo / "benchmarks" / "data"))[0]
+    assert "| 1.150x |" in perf
+    rows[0]["date"] = "2026-01-02"
+    _write(repo / "benchmarks" / "data" / "models.csv", rows)
+    assert "| 1.100x |" in report.perf_md(report.load(repo / "benchmarks" / "data"))[0]
