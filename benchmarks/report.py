@@ -72,11 +72,12 @@ def is_retired(row: dict, marks: list[dict]) -> bool:
                for m in marks)
 
 
-def load(data: Path) -> list[dict]:
-    """Every measurement row not retired (retired.csv), plus a derived `frac_ceiling` row for each kernel rate that
-    has none but whose run recorded its ceiling."""
+def load(data: Path, raw: list[dict] | None = None) -> list[dict]:
+    """Every measurement row (`raw`: those already read) not retired (retired.csv), plus a derived `frac_ceiling`
+    row for each kernel rate that has none but whose run recorded its ceiling."""
     marks = retired(data)
-    rows = [r for r in measurement_rows(data) if r["value"] not in ("", "nan") and not is_retired(r, marks)]
+    rows = [r for r in (measurement_rows(data) if raw is None else raw)
+            if r["value"] not in ("", "nan") and not is_retired(r, marks)]
     ceilings = {(r["run_id"], r["kind"], r["metric"]): float(r["value"]) for r in rows if r["name"] == "ceiling"}
     has_frac = {_ident(r) for r in rows if r["metric"] == "frac_ceiling"}
     for r in list(rows):
@@ -86,10 +87,9 @@ def load(data: Path) -> list[dict]:
     return max_seq_searches([r for r in rows if r["name"] != "ceiling"])
 
 
-def unmatched_retired(data: Path) -> list[dict]:
+def unmatched_retired(raw: list[dict], marks: list[dict]) -> list[dict]:
     """The retired.csv lines that match no measurement row (a mistyped run id retires nothing)."""
-    rows = measurement_rows(data)
-    return [m for m in retired(data) if not any(is_retired(r, [m]) for r in rows)]
+    return [m for m in marks if not any(is_retired(r, [m]) for r in raw)]
 
 
 def max_seq_searches(rows: list[dict]) -> list[dict]:
@@ -718,7 +718,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     root = args.root
     data, docs = root / "benchmarks" / "data", root / "docs"
-    rows = load(data)
+    raw = measurement_rows(data)
+    rows = load(data, raw)
     text, plots = perf_md(rows)
     readme_path, patching_path = root / "README.md", docs / "patching.md"
     want = {docs / "perf.md": text,
@@ -738,7 +739,7 @@ def main(argv: list[str] | None = None) -> int:
             stale += [str(p.relative_to(root)) for p, (_, _, d) in pngs.items() if png_digest(p) != digest(d)]
         stale += [f"parity.csv names a missing test: {t}" for t in missing_tests(data, root)]
         stale += [f"retired.csv names no row: {' '.join(m[k] for k in ('run_id', 'name', 'shape', 'arm'))}".rstrip()
-                  for m in unmatched_retired(data)]
+                  for m in unmatched_retired(raw, retired(data))]
         if stale:
             print("out of date with benchmarks/data (run python benchmarks/report.py):\n  " + "\n  ".join(stale))
             return 1
