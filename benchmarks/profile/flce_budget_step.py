@@ -31,8 +31,6 @@ from liger_rt.tools.bench import harness as H, model as M    # noqa: E402
 
 MiB = 1 << 20
 ARM_OF = {"a": "liger_rt+compile", "b": "liger_rt+compile+fuse"}
-
-
 SHIPPED = {"budget": None, "chunk": None}
 
 
