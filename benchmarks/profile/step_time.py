@@ -9,13 +9,15 @@ does, runs three warm-up steps, times `--steps` steps by wall clock (median and 
 Python garbage collector's passes and time in them: a full collection walks every live object, so
 a host-bound step pays for it), then profiles two steps and prints
 the kernels by total CUDA time, so the step-time gap between two arms can be read kernel by kernel.
-Each arm's line gives wall ms per step, kernel ms per step and kernel launches per step: a step
+An arm ending in `+compile` (e.g. `baseline+compile,liger_rt+compile`) runs under `torch.compile` (inductor,
+its own compile policy as in `bench_models.py --compile`).  Each arm's line gives wall ms per step, kernel ms per step and kernel launches per step: a step
 whose wall time far exceeds its kernel time is bound by the host. `--host` adds the CPU-side table
 (self CPU time per op, Python functions included), which says where that host time goes.  `--gaps`
 lists the device's idle time between kernels, charged to the host ops that launched the kernel after
 each gap: where a step's wall time exceeds its kernel time, this says which host work holds it.
 """
 import argparse
+import contextlib
 import gc
 import statistics
 import sys
@@ -59,43 +61,52 @@ def main() -> None:
         flags = {"fused_linear_cross_entropy": True, **B.parse_flags(args.flags)}
         overrides = B.config_overrides(args.model)
     for arm in args.arms.split(","):
+        if arm not in B.ARMS:
+            raise SystemExit(f"unknown arm {arm!r}; valid: {', '.join(B.ARMS)}")
         model = B.build(preset, torch.bfloat16, "cuda", 0, overrides)
         model.train()
-        undo = B.apply_arm(model, arm, flags)
+        undo = B.apply_arm(model, arm.split("+")[0], flags)
         ids = B.random_ids(model, args.batch, args.seq, 0, "cuda")
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-        step = B.step_fn(model, opt, ids)
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        if args.gc_freeze:
-            gc.freeze()
-        gc_log = _GcLog()
-        times = []
-        for _ in range(args.steps):
-            t0 = time.perf_counter()
-            step()
+        compiled = arm in B.COMPILED
+        if compiled:
+            torch._dynamo.reset()
+        policy = B.dispatch_env(LIGER_RT_COMPILE_POLICY=B.arm_policy(arm)) if compiled else contextlib.nullcontext()
+        with policy:       # a compiled arm's traces read its policy
+            step = B.step_fn(torch.compile(model) if compiled else model, opt, ids)
+            for _ in range(3):
+                step()
             torch.cuda.synchronize()
-            times.append((time.perf_counter() - t0) * 1e3)
-        gc_log.stop()
-        wall = statistics.median(times)
-        prof = profiled(step, warmup=0, calls=2, cpu=args.host or args.gaps)
-        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        total = sum(e.self_device_time_total for e in prof.key_averages()) / 2e3
-        frozen = ", gc frozen" if args.gc_freeze else ""
-        print(f"== {arm} ({args.preset} B{args.batch}xT{args.seq}, flags {flags}{frozen}): "
-              f"{wall:.1f} ms wall per step (median of {args.steps}, min {min(times):.1f}; unprofiled), "
-              f"{total:.1f} ms of kernels per step, {len(kernels) / 2:.0f} kernels per step; "
-              f"garbage collector in those steps: {gc_log.summary()}; {len(gc.get_objects())} tracked objects")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=70))
-        if args.host:
-            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows,
-                                            max_name_column_width=70))
-        if args.gaps:
-            print_gaps(prof, steps=2, rows=args.rows)
+            if args.gc_freeze:
+                gc.freeze()
+            gc_log = _GcLog()
+            times = []
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                step()
+                torch.cuda.synchronize()
+                times.append((time.perf_counter() - t0) * 1e3)
+            gc_log.stop()
+            wall = statistics.median(times)
+            prof = profiled(step, warmup=0, calls=2, cpu=args.host or args.gaps)
+            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            total = sum(e.self_device_time_total for e in prof.key_averages()) / 2e3
+            frozen = ", gc frozen" if args.gc_freeze else ""
+            print(f"== {arm} ({args.preset} B{args.batch}xT{args.seq}, flags {flags}{frozen}): "
+                  f"{wall:.1f} ms wall per step (median of {args.steps}, min {min(times):.1f}; unprofiled), "
+                  f"{total:.1f} ms of kernels per step, {len(kernels) / 2:.0f} kernels per step; "
+                  f"garbage collector in those steps: {gc_log.summary()}; {len(gc.get_objects())} tracked objects")
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=70))
+            if args.host:
+                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows,
+                                                max_name_column_width=70))
+            if args.gaps:
+                print_gaps(prof, steps=2, rows=args.rows)
         if undo:
             undo()
-        del model, opt
+        if compiled:
+            torch._dynamo.reset()
+        del model, opt, step
         gc.unfreeze()
         gc.collect()
         torch.cuda.empty_cache()
