@@ -1044,16 +1044,17 @@ def test_profile_flce_equal_spans_cover_the_tokens_in_equal_grain_chunks(chunk, 
     assert all(n % 128 == 0 for n in sizes[:-1]) and max(sizes[:-1] or [0]) - min(sizes[:-1] or [0]) <= 128
 
 
-def test_profile_flce_equal_chunk_variant_matches_fp64_and_is_put_back():
-    """The equal-chunk variant of the fused loss's loop (interpreter, fp32) against an fp64 reference, loss and both
-    gradients; the kernel module's loop helpers are its own again afterwards."""
+@pytest.mark.parametrize("name", ["b12", "c12k"])
+def test_profile_flce_loop_variants_match_fp64_and_are_put_back(name):
+    """The equal-chunk and split-K dX variants of the fused loss's loop (interpreter, fp32) against an fp64
+    reference, loss and both gradients; the kernel module's loop helpers are its own again afterwards."""
     from liger_rt import backend
     from liger_rt.autograd import call_impl
     from liger_rt.kernels import fused_linear_cross_entropy as flce
     fc = load_script("profile/flce_chunks.py")
     op = REGISTRY.get("fused_linear_cross_entropy")
     g = torch.Generator().manual_seed(7)
-    t, h, v = 37, 16, 29
+    t, h, v = 37, 16, 30
     x = torch.randn(t, h, generator=g, requires_grad=True)
     w = (torch.randn(v, h, generator=g) * 0.3).requires_grad_()
     y = torch.randint(0, v, (t,), generator=g)
@@ -1062,12 +1063,15 @@ def test_profile_flce_equal_chunk_variant_matches_fp64_and_is_put_back():
     seen = []
     spans = fc.equal_spans
     fc.equal_spans = lambda c, n: seen.append(spans(c, n, grain=4)) or seen[-1]
-    with fc.variant(balanced=True, streams=False):
+    grads, calls = fc.GRADS.get(name[-1]), []
+    spy = None if grads is None else (lambda *a, **k: calls.append(1) or grads(*a, **k))
+    with fc.variant(balanced=name.startswith("b"), grads=spy):
         loss = call_impl(op, "triton", cfg.replace(chunk=12), x, w, y, None, -100, "mean", 0.0, 0.0, None, None, 3,
                          True)
         gx, gw = torch.autograd.grad(loss, (x, w))
     assert (flce.chunk_spans, flce.chunk_grads) == before
-    assert [e - s for s, e in seen[0]] == [12, 12, 8, 5]
+    assert [[e - s for s, e in sp] for sp in seen] == ([[12, 12, 8, 5]] if name.startswith("b") else [])
+    assert len(calls) == (0 if grads is None else 4)      # the variant's dX ran for each chunk
     xd, wd = (p.detach().double().requires_grad_() for p in (x, w))
     ref = torch.nn.functional.cross_entropy(xd @ wd.t(), y)
     rx, rw = torch.autograd.grad(ref, (xd, wd))

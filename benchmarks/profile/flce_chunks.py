@@ -4,9 +4,10 @@ per config).
 
     python benchmarks/profile/flce_chunks.py [--rounds 3] [--chunks 512,768,1024,2048] [--csv PATH]
 
-A chunk entry N is the shipped loop at chunk N; two variants of the loop are arms beside it, to measure before they
+A chunk entry N is the shipped loop at chunk N; variants of the loop are arms beside it, to measure before they
 are built into the kernel: `Ns` runs each chunk's dX GEMM on a second CUDA stream, beside its dW GEMM (both only
-read the chunk's logits gradient); `bN` splits the tokens into equal chunks of at most N rows (multiples of 128)
+read the chunk's logits gradient); `Nk` splits each chunk's dX GEMM over two halves of the vocabulary (one batched
+GEMM of twice the output tiles, the halves summed after: a chunk's dX has few tiles for a long reduction); `bN` splits the tokens into equal chunks of at most N rows (multiples of 128)
 instead of chunks of N and a short last one; a variant's gradients are checked against the shipped loop's at N
 where that arm runs too.  Each config is the heuristic's with only `chunk` replaced, run directly
 (`Op.call_impl`), outside the chunk budget the dispatcher applies, so that the budget can be set from these figures.
@@ -62,22 +63,36 @@ def two_stream_grads(dz, xc, weight, span, gx, gw, gb, first):
     main.wait_stream(side)
 
 
+def split_k_grads(dz, xc, weight, span, gx, gw, gb, first, parts=2):
+    """chunk_grads with dX as one batched GEMM over `parts` slices of the vocabulary, summed after (fp32)."""
+    vocab, hidden = weight.shape
+    if vocab % parts:
+        return chunk_grads(dz, xc, weight, span, gx, gw, gb, first)
+    partial = torch.bmm(dz.unflatten(1, (parts, vocab // parts)).transpose(0, 1), weight.view(parts, -1, hidden))
+    gx[span[0]:span[1]] = torch.sum(partial, 0, dtype=torch.float32)
+    chunk_grads(dz, xc, weight, span, None, gw, gb, first)
+
+
 @contextlib.contextmanager
-def variant(balanced, streams):
+def variant(balanced, grads):
     saved = flce.chunk_spans, flce.chunk_grads
     if balanced:
         flce.chunk_spans = equal_spans
-    if streams:
-        flce.chunk_grads = two_stream_grads
+    if grads is not None:
+        flce.chunk_grads = grads
     try:
         yield
     finally:
         flce.chunk_spans, flce.chunk_grads = saved
 
 
+GRADS = {"s": two_stream_grads, "k": split_k_grads}     # an arm name's suffix -> its chunk_grads
+
+
 def arm_chunk(name: str) -> str:
-    """The chunk of an arm's name ('c1024', 'c1024s', 'b896', 'b896s' -> '1024' or '896'; 'compile' -> '')."""
-    digits = name.lstrip("bc").removesuffix("s")
+    """The chunk of an arm's name ('c1024', 'c1024s', 'c1024k', 'b896', 'b896s' -> '1024' or '896'; 'compile' ->
+    '')."""
+    digits = name.lstrip("bc").rstrip("sk")
     return digits if digits.isdigit() else ""
 
 
@@ -86,11 +101,11 @@ def arms(t, h, v, chunks):
     base = op.default_config("triton", backend.detect(), {"tokens": t, "hidden": h, "vocab": v}, torch.bfloat16)
     out = {"compile": torch.compile(lambda x, w, y: F.cross_entropy((x @ w.t()).float(), y))}
     for name in chunks:
-        balanced, streams = name.startswith("b"), name.endswith("s")
+        balanced, grads = name.startswith("b"), GRADS.get(name[-1])
         cfg = base.replace(chunk=int(arm_chunk(name)))
 
-        def fn(x, w, y, cfg=cfg, balanced=balanced, streams=streams):
-            with variant(balanced, streams):
+        def fn(x, w, y, cfg=cfg, balanced=balanced, grads=grads):
+            with variant(balanced, grads):
                 return call_impl(op, "triton", cfg, x, w, y, None, -100, "mean", 0.0, 0.0, None, None, 3, True)
         out[name if balanced else f"c{name}"] = fn
     return out
