@@ -2,7 +2,7 @@
 torch.compile's, in counterbalanced rounds (forward order, then reversed), then where the time goes (a kernel table
 per config).
 
-    python benchmarks/profile/flce_chunks.py [--rounds 3] [--chunks 512,768,1024,2048] [--csv PATH]
+    python benchmarks/profile/flce_chunks.py [--rounds 3] [--chunks 512,768,1024,2048] [--shapes S1,S2] [--csv PATH]
 
 A chunk entry N is the shipped loop at chunk N; variants of the loop are arms beside it, to measure before they
 are built into the kernel: `Ns` runs each chunk's dX GEMM on a second CUDA stream, beside its dW GEMM (both only
@@ -145,14 +145,18 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--chunks", default="512,768,1024,2048")
     ap.add_argument("--profile", default="compile,c512,c1024", help="arms whose kernels to list")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
     ap.add_argument("--csv", default=None, help="write every round's row to this CSV")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("flce_chunks.py needs a GPU")
-    chunks = a.chunks.split(",")
+    chunks, shapes = a.chunks.split(","), a.shapes.split(",")
+    if set(shapes) - set(SHAPES):
+        raise SystemExit(f"unknown shape {sorted(set(shapes) - set(SHAPES))[0]}; valid: {', '.join(SHAPES)}")
     meta = {"method": "do_bench wall (warmup 100 ms, rep 400 ms)"}   # versions, device, date: write_csv
     rows = []
-    for shape, (t, h, v) in SHAPES.items():
+    for shape in shapes:
+        t, h, v = SHAPES[shape]
         x, w, y = make_inputs(t, h, v)
         table = arms(t, h, v, chunks)
         peaks = {name: peak_extra(fn, x, w, y) for name, fn in table.items()}
