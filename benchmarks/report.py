@@ -72,10 +72,11 @@ def is_retired(row: dict, marks: list[dict]) -> bool:
                for m in marks)
 
 
-def load(data: Path, raw: list[dict] | None = None) -> list[dict]:
-    """Every measurement row (`raw`: those already read) not retired (retired.csv), plus a derived `frac_ceiling`
-    row for each kernel rate that has none but whose run recorded its ceiling."""
-    marks = retired(data)
+def load(data: Path, raw: list[dict] | None = None, marks: list[dict] | None = None) -> list[dict]:
+    """Every measurement row (`raw`: those already read) not retired (retired.csv; `marks`: its lines already
+    read), plus a derived `frac_ceiling` row for each kernel rate that has none but whose run recorded its
+    ceiling."""
+    marks = retired(data) if marks is None else marks
     rows = [r for r in (measurement_rows(data) if raw is None else raw)
             if r["value"] not in ("", "nan") and not is_retired(r, marks)]
     ceilings = {(r["run_id"], r["kind"], r["metric"]): float(r["value"]) for r in rows if r["name"] == "ceiling"}
@@ -718,8 +719,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     root = args.root
     data, docs = root / "benchmarks" / "data", root / "docs"
-    raw = measurement_rows(data)
-    rows = load(data, raw)
+    raw, marks = measurement_rows(data), retired(data)
+    rows = load(data, raw, marks)
     text, plots = perf_md(rows)
     readme_path, patching_path = root / "README.md", docs / "patching.md"
     want = {docs / "perf.md": text,
@@ -739,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
             stale += [str(p.relative_to(root)) for p, (_, _, d) in pngs.items() if png_digest(p) != digest(d)]
         stale += [f"parity.csv names a missing test: {t}" for t in missing_tests(data, root)]
         stale += [f"retired.csv names no row: {' '.join(m[k] for k in ('run_id', 'name', 'shape', 'arm'))}".rstrip()
-                  for m in unmatched_retired(raw, retired(data))]
+                  for m in unmatched_retired(raw, marks)]
         if stale:
             print("out of date with benchmarks/data (run python benchmarks/report.py):\n  " + "\n  ".join(stale))
             return 1

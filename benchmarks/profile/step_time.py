@@ -17,7 +17,6 @@ lists the device's idle time between kernels, charged to the host ops that launc
 each gap: where a step's wall time exceeds its kernel time, this says which host work holds it.
 """
 import argparse
-import contextlib
 import gc
 import statistics
 import sys
@@ -71,8 +70,7 @@ def main() -> None:
         compiled = arm in B.COMPILED
         if compiled:
             torch._dynamo.reset()
-        policy = B.dispatch_env(LIGER_RT_COMPILE_POLICY=B.arm_policy(arm)) if compiled else contextlib.nullcontext()
-        with policy:       # a compiled arm's traces read its policy
+        with B.arm_env(arm):
             step = B.step_fn(torch.compile(model) if compiled else model, opt, ids)
             for _ in range(3):
                 step()

@@ -218,6 +218,11 @@ def arm_policy(arm: str) -> str:
     return POLICY_ARMS.get(arm) or env.compile_policy()
 
 
+def arm_env(arm: str):
+    """The context an arm's steps run in: a compiled arm's compile policy (its traces read it), else nothing."""
+    return dispatch_env(LIGER_RT_COMPILE_POLICY=arm_policy(arm)) if arm in COMPILED else contextlib.nullcontext()
+
+
 def _reset_dynamo() -> None:
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
@@ -299,8 +304,7 @@ def _run_arm(arm: str, preset, *, dtype, device, seed, overrides, flags, batch, 
         build_s = time.perf_counter() - t0
         ids = random_ids(model, batch, seq, seed, device) if ids is None else ids
         opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=cuda)
-        # the arm's compile policy while it runs (its traces read it), restored after
-        with dispatch_env(LIGER_RT_COMPILE_POLICY=arm_policy(arm)) if compiled else contextlib.nullcontext():
+        with arm_env(arm):
             res, warm_extra_s = train_steps(step_model, opt, ids, warmup, steps, cuda)
         return {**res, "build_s": build_s, "params_M": sum(p.numel() for p in model.parameters()) / 1e6,
                 "flops_per_step": train_flops_per_step(model, batch, seq), **(compile_stats(arm) if compiled else {}),
