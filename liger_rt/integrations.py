@@ -5,17 +5,26 @@
     trainer = Trainer(model=model, args=args, train_dataset=ds,
                       callbacks=[LigerRTCallback(fused_linear_cross_entropy=True)])           # or patch here
 
-Both patch at instance level.  TRL's trainers put their own fused LM head on the model, so liger_rt's
-loss flags would not run in their training steps: the callback leaves them off and warns once
-(``ShadowWarning``), as it warns for Liger-Kernel (``use_liger_kernel``) and hub kernels (``use_kernels``).
+Both patch at instance level.  TRL's trainers put their own fused LM head on the model
+(``trl.trainer.utils.add_fused_lm_head``), which computes the loss, log-probs and entropy in chunks without
+logits, so liger_rt's loss flags cannot replace the model's forward there.  Given a loss flag under a TRL
+trainer, the callback leaves the flag off and puts liger_rt's log-probs head in TRL's per-token entry point
+instead (``TRLLogProbHead``): TRL's head then runs liger_rt.ops.fused_linear_logprobs, with TRL's masking,
+temperature and logit scale, for the calls that ask it for log-probs and entropy only; calls that ask for more
+(SFTTrainer's top-1 metric) or a softcapped head keep TRL's tiles, and say so once (``ShadowWarning``).  The
+callback also warns for Liger-Kernel (``use_liger_kernel``) and hub kernels (``use_kernels``).
 """
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
+import sys
 import warnings
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback
 
+from . import _swaps, ops
 from .patch import core, specs
 
 
@@ -69,11 +78,11 @@ def shadows(model, args=None, wanted=()) -> list[str]:
     flags = (core.describe(model) or {}).get("flags") or {}
     loss = sorted({f for f in specs.LOSS_FLAGS if flags.get(f) or f in wanted})
     out = []
-    if loss and (trl_fused_head(model) or _is_trl(args)):
+    if loss and (trl_fused_head(model) or _is_trl(args)) and trl_head(model) != "liger_rt":
         out.append(f"TRL's fused LM head computes the training loss and log-probs itself, so liger_rt's "
                    f"{', '.join(loss)} does not run in the TRL trainer's training steps (liger_rt's layer "
-                   f"kernels still do; TRL's head stays: it returns more outputs and ran faster than liger_rt's, "
-                   f"docs/logprobs.md); leave {', '.join(f + '=False' for f in loss)} to silence this")
+                   f"kernels still do; {_why_not_liger_rt_head(model) or 'LigerRTCallback puts its log-probs head there'}); "
+                   f"leave {', '.join(f + '=False' for f in loss)} to silence this")
     if args is not None and getattr(args, "use_liger_kernel", False):
         out.append("TrainingArguments(use_liger_kernel=True) applies Liger-Kernel to the same layers when "
                    "training starts, replacing liger_rt's forwards where both apply; use one of them")
@@ -81,6 +90,75 @@ def shadows(model, args=None, wanted=()) -> list[str]:
         out.append("the model runs transformers' hub kernels (use_kernels=True / kernelize), which replace the "
                    "same layer forwards as liger_rt; load without use_kernels to run liger_rt")
     return out
+
+
+# -- liger_rt's log-probs head in TRL's place ------------------------------------------------------------
+
+_TRL_MODULE, _TRL_ENTRY = "trl.trainer.utils", "_ChunkedLogProbFunction"     # where TRL's head calls its kernel
+_OURS = {"log_probs", "entropy"}                    # what liger_rt's head computes of TRL's per-token fields
+_trl_warned: set[str] = set()
+
+
+def _why_not_liger_rt_head(model) -> str | None:
+    """None when liger_rt's head can take TRL's per-token entry point for `model`, else why not."""
+    if not hasattr(importlib.import_module(_TRL_MODULE), _TRL_ENTRY):
+        return f"TRL {importlib.metadata.version('trl')} has no {_TRL_MODULE}.{_TRL_ENTRY} for liger_rt's head to take"
+    if core.instance_record(model) is None:
+        return "only an instance patch (liger_rt.patch(model)) can hold liger_rt's head in TRL's place"
+    return None
+
+
+def _trl_function():
+    """What TRL's head calls when liger_rt's head is not in its place."""
+    swap = _swaps.LEDGER.get((sys.modules.get(_TRL_MODULE), _TRL_ENTRY))
+    return swap.original if swap is not None else importlib.import_module("trl.kernels").ChunkedLogProbFunction
+
+
+class TRLLogProbHead:
+    """Stands for ``trl.kernels.ChunkedLogProbFunction`` where TRL's fused LM head calls it, with its arguments:
+    hidden (N, H), weight (V, H), bias, targets (N,), temperature, TRL's tile width, final_logit_softcapping,
+    logit_scale, the requested fields.  log-probs and entropy come from liger_rt.ops.fused_linear_logprobs at
+    temperature / logit_scale (TRL's z = logits * logit_scale / temperature); a call asking for another field, a
+    softcap or a scale <= 0 runs TRL's function, and says so once."""
+
+    @staticmethod
+    def apply(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
+              logit_scale=1.0, outputs=("log_probs",)):
+        extra = sorted(set(outputs) - _OURS)
+        why = (f"asks for {', '.join(extra)}" if extra else
+               f"softcaps its logits (final_logit_softcapping={final_logit_softcapping})"
+               if final_logit_softcapping is not None else
+               f"scales its logits by {logit_scale}" if not logit_scale > 0 else None)
+        if why is not None:
+            message = (f"TRL's fused LM head {why}, which liger_rt's log-probs head does not compute: TRL's own "
+                       f"head runs these calls")
+            if message not in _trl_warned:
+                _trl_warned.add(message)
+                warnings.warn(message, ShadowWarning, stacklevel=2)
+            return _trl_function().apply(hidden, weight, bias, targets, temperature, chunk_size,
+                                      final_logit_softcapping, logit_scale, outputs)
+        lp, entropy = ops.fused_linear_logprobs(hidden, weight, targets, bias, temperature=temperature / logit_scale,
+                                                return_entropy=True)
+        return lp, (entropy if "entropy" in outputs else None), None, None, None
+
+
+def trl_head(model) -> str | None:
+    """Which head TRL's fused LM head runs for `model`: "liger_rt" where LigerRTCallback put TRLLogProbHead in
+    its place for this model, else "trl" once TRL's head is on the model, else None."""
+    record = core.instance_record(model)
+    entry = sys.modules.get(_TRL_MODULE)
+    if record is not None and entry is not None and (entry, _TRL_ENTRY) in record.function_keys:
+        return "liger_rt"
+    return "trl" if trl_fused_head(model) else None
+
+
+def use_liger_rt_head_in_trl(model) -> str | None:
+    """Put TRLLogProbHead in TRL's per-token entry point, held by `model`'s liger_rt patch (released by
+    liger_rt.unpatch(model) or when the model is gone); None, or why it cannot."""
+    if (why := _why_not_liger_rt_head(model)) is not None:
+        return why
+    core.instance_record(model).hold_functions(core.unwrap(model), [(sys.modules[_TRL_MODULE], _TRL_ENTRY, TRLLogProbHead)])
+    return None
 
 
 # -- Trainer callback ------------------------------------------------------------------------------------
@@ -106,11 +184,15 @@ class LigerRTCallback(TrainerCallback):
             raise ValueError(f"liger_rt's {', '.join(over)} was patched over TRL's fused LM head (liger_rt.patch "
                              f"after the TRL trainer was built), so TRL's training step would not get its "
                              f"log-probs; patch before building the trainer, or pass {over[0]}=False")
+        trl = _is_trl(args) or trl_fused_head(model)
         if core.describe(model) is None:
             layers = dict(self.layers)
-            if _is_trl(args) or trl_fused_head(model):
+            if trl:
                 layers.update({f: False for f in wanted})
             core.patch(model, **layers)
+        flags = (core.describe(model) or {}).get("flags") or {}
+        if trl and any(flags.get(f) or f in wanted for f in specs.LOSS_FLAGS):
+            use_liger_rt_head_in_trl(model)      # where it cannot, shadows() below says why
         for message in shadows(model, args, wanted):
             if message not in self._warned:
                 self._warned.add(message)

@@ -216,7 +216,10 @@ class InstanceRecord:
         """Hold module-wide swaps [(module, name, function)] for `root` until unpatch or its death."""
         self.root, holder = weakref.ref(root), f"instance:{id(root)}"
         for mod, fn_name, fn in swaps:
-            _swaps.hold(mod, fn_name, fn, holder, self.function_keys)
+            if (mod, fn_name) not in self.function_keys:
+                _swaps.hold(mod, fn_name, fn, holder, self.function_keys)
+        if self.finalizer is not None:          # a later hold (integrations): one finalizer for all of them
+            self.finalizer.detach()
         if self.function_keys:
             self.finalizer = weakref.finalize(root, _swaps.release, list(self.function_keys), holder)
 
@@ -450,6 +453,11 @@ def unpatch(target):
     raise TypeError(f"liger_rt.unpatch takes a model or a model type string; got {type(target).__name__}")
 
 
+def instance_record(target) -> InstanceRecord | None:
+    """The instance patch of a model (or of the model inside a PEFT-style wrapper), or None."""
+    return unwrap(target).__dict__.get(_RECORD_KEY) if isinstance(target, torch.nn.Module) else None
+
+
 def describe(target) -> dict | None:
     """What is patched: model type, level, flags in force, modules patched per flag (None if nothing);
     a model with no instance patch that runs class-patched classes is described at level "class"."""
@@ -457,9 +465,8 @@ def describe(target) -> dict | None:
         plan = _CLASS_RECORDS.get(target)
         return None if plan is None else {"model_type": target, "level": "class", "flags": dict(plan.flags),
                                           "classes": plan.class_names()}
-    root = unwrap(target)
-    rec = root.__dict__.get(_RECORD_KEY)
-    return rec.describe() if rec is not None else _describe_class_patched(root)
+    rec = instance_record(target)
+    return rec.describe() if rec is not None else _describe_class_patched(unwrap(target))
 
 
 def _describe_class_patched(root) -> dict | None:
@@ -488,7 +495,7 @@ def patched(target, **layers):
     if isinstance(target, str):
         before = getattr(_CLASS_RECORDS.get(target), "given", None)
     else:
-        rec = unwrap(target).__dict__.get(_RECORD_KEY) if isinstance(target, torch.nn.Module) else None
+        rec = instance_record(target)
         before = None if rec is None else rec.given
     patch(target, **layers)
     try:
