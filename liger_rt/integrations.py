@@ -79,10 +79,10 @@ def shadows(model, args=None, wanted=()) -> list[str]:
     loss = sorted({f for f in specs.LOSS_FLAGS if flags.get(f) or f in wanted})
     out = []
     if loss and (trl_fused_head(model) or _is_trl(args)) and trl_head(model) != "liger_rt":
+        instead = _why_not_liger_rt_head(model) or "LigerRTCallback puts its log-probs head there"
         out.append(f"TRL's fused LM head computes the training loss and log-probs itself, so liger_rt's "
                    f"{', '.join(loss)} does not run in the TRL trainer's training steps (liger_rt's layer "
-                   f"kernels still do; {_why_not_liger_rt_head(model) or 'LigerRTCallback puts its log-probs head there'}); "
-                   f"leave {', '.join(f + '=False' for f in loss)} to silence this")
+                   f"kernels still do; {instead}); leave {', '.join(f + '=False' for f in loss)} to silence this")
     if args is not None and getattr(args, "use_liger_kernel", False):
         out.append("TrainingArguments(use_liger_kernel=True) applies Liger-Kernel to the same layers when "
                    "training starts, replacing liger_rt's forwards where both apply; use one of them")
@@ -95,7 +95,7 @@ def shadows(model, args=None, wanted=()) -> list[str]:
 # -- liger_rt's log-probs head in TRL's place ------------------------------------------------------------
 
 _TRL_MODULE, _TRL_ENTRY = "trl.trainer.utils", "_ChunkedLogProbFunction"     # where TRL's head calls its kernel
-_OURS = {"log_probs", "entropy"}                    # what liger_rt's head computes of TRL's per-token fields
+_OURS = {"log_probs", "entropy", "mean_logits"}     # what liger_rt's head computes of TRL's per-token fields
 _trl_warned: set[str] = set()
 
 
@@ -118,8 +118,10 @@ class TRLLogProbHead:
     """Stands for ``trl.kernels.ChunkedLogProbFunction`` where TRL's fused LM head calls it, with its arguments:
     hidden (N, H), weight (V, H), bias, targets (N,), temperature, TRL's tile width, final_logit_softcapping,
     logit_scale, the requested fields.  log-probs and entropy come from liger_rt.ops.fused_linear_logprobs at
-    temperature / logit_scale (TRL's z = logits * logit_scale / temperature); a call asking for another field, a
-    softcap or a scale <= 0 runs TRL's function, and says so once."""
+    temperature / logit_scale (TRL's z = logits * logit_scale / temperature), the mean logit (no gradient, as
+    TRL's) from the mean weight row: mean_v z_v = (h . mean_v W_v + mean_v b_v) * logit_scale / temperature.  A
+    call asking for another field (log_sum_sq_probs, is_top1), a softcap or a scale <= 0 runs TRL's function, and
+    says so once."""
 
     @staticmethod
     def apply(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
@@ -136,10 +138,16 @@ class TRLLogProbHead:
                 _trl_warned.add(message)
                 warnings.warn(message, ShadowWarning, stacklevel=2)
             return _trl_function().apply(hidden, weight, bias, targets, temperature, chunk_size,
-                                      final_logit_softcapping, logit_scale, outputs)
+                                         final_logit_softcapping, logit_scale, outputs)
         lp, entropy = ops.fused_linear_logprobs(hidden, weight, targets, bias, temperature=temperature / logit_scale,
                                                 return_entropy=True)
-        return lp, (entropy if "entropy" in outputs else None), None, None, None
+        mean = None
+        if "mean_logits" in outputs:
+            with torch.no_grad():
+                w_mean = torch.mean(weight, 0, dtype=torch.float32)
+                mean = hidden.to(torch.float32) @ w_mean
+                mean = (mean if bias is None else mean + bias.to(torch.float32).mean()) * (logit_scale / temperature)
+        return lp, (entropy if "entropy" in outputs else None), None, mean, None
 
 
 def trl_head(model) -> str | None:
@@ -157,7 +165,8 @@ def use_liger_rt_head_in_trl(model) -> str | None:
     liger_rt.unpatch(model) or when the model is gone); None, or why it cannot."""
     if (why := _why_not_liger_rt_head(model)) is not None:
         return why
-    core.instance_record(model).hold_functions(core.unwrap(model), [(sys.modules[_TRL_MODULE], _TRL_ENTRY, TRLLogProbHead)])
+    entry = (sys.modules[_TRL_MODULE], _TRL_ENTRY, TRLLogProbHead)
+    core.instance_record(model).hold_functions(core.unwrap(model), [entry])
     return None
 
 

@@ -141,11 +141,12 @@ def _fp64_logprobs(x, w, b, t, temperature, scale):
     return logp.gather(-1, t[:, None])[:, 0], -(logp.exp() * logp).sum(-1)
 
 
-@pytest.mark.parametrize("outputs", [("log_probs",), ("log_probs", "entropy")])
+@pytest.mark.parametrize("outputs", [("log_probs",), ("log_probs", "entropy"), ("log_probs", "entropy", "mean_logits")])
 def test_liger_rts_head_in_trls_place_matches_trls_kernel_and_fp64(outputs):
     """TRLLogProbHead.apply with TRL's arguments (temperature 0.7, a logit scale, a bias; 13 odd rows, a vocab of
-    50 over TRL tiles of 16): log-probs and entropy against an fp64 formula and TRL's kernel, and the gradients of
-    hidden, weight and bias under random upstream gradients against TRL's; liger_rt's op runs in the interpreter."""
+    50 over TRL tiles of 16): log-probs, entropy and the mean logit against an fp64 formula and TRL's kernel, and
+    the gradients of hidden, weight and bias under random upstream gradients against TRL's; liger_rt's op runs in
+    the interpreter."""
     g = torch.Generator().manual_seed(7)
     x, w, b = torch.randn(13, 24, generator=g), torch.randn(50, 24, generator=g) / 3, torch.randn(50, generator=g)
     t = torch.randint(0, 50, (13,), generator=g)
@@ -154,11 +155,17 @@ def test_liger_rts_head_in_trls_place_matches_trls_kernel_and_fp64(outputs):
     for fn in (ChunkedLogProbFunction, TRLLogProbHead):
         xs, ws, bs = (v.clone().requires_grad_() for v in (x, w, b))
         out = fn.apply(xs, ws, bs, t, 0.7, 16, None, 1.5, outputs)
-        assert out[2:] == (None, None, None) and (out[1] is None) == ("entropy" not in outputs)
+        assert out[2] is None and out[4] is None
+        assert [out[1] is None, out[3] is None] == [f not in outputs for f in ("entropy", "mean_logits")]
         loss = (out[0] * ups[0]).sum() + (0 if out[1] is None else (out[1] * ups[1]).sum())
-        results.append((out[0], out[1], *torch.autograd.grad(loss, (xs, ws, bs))))
+        results.append((out[0], out[1], out[3], *torch.autograd.grad(loss, (xs, ws, bs))))
     want_lp, want_ent = _fp64_logprobs(x, w, b, t, 0.7, 1.5)
-    (trl_lp, trl_ent, *trl_grads), (lp, ent, *grads) = results
+    (trl_lp, trl_ent, trl_mean, *trl_grads), (lp, ent, mean, *grads) = results
+    if mean is not None:
+        want_mean = ((x.double() @ w.double().T + b.double()) * 1.5 / 0.7).mean(-1)
+        torch.testing.assert_close(mean.double(), want_mean, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(mean, trl_mean, rtol=1e-5, atol=1e-5)
+        assert not mean.requires_grad
     torch.testing.assert_close(lp.double(), want_lp, rtol=1e-5, atol=1e-5)
     if ent is not None:
         torch.testing.assert_close(ent.double(), want_ent, rtol=1e-5, atol=1e-5)
