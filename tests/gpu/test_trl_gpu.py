@@ -11,6 +11,7 @@ import pytest
 import torch
 
 pytest.importorskip("trl")
+pytest.importorskip("datasets")
 
 import liger_rt  # noqa: E402
 from liger_rt.integrations import LigerRTCallback, trl_head  # noqa: E402
