@@ -10,9 +10,10 @@ Both patch at instance level.  TRL's trainers put their own fused LM head on the
 logits, so liger_rt's loss flags cannot replace the model's forward there.  Given a loss flag under a TRL
 trainer, the callback leaves the flag off and puts liger_rt's log-probs head in TRL's per-token entry point
 instead (``TRLLogProbHead``): TRL's head then runs liger_rt.ops.fused_linear_logprobs, with TRL's masking,
-temperature and logit scale, for the calls that ask it for log-probs and entropy only; calls that ask for more
-(SFTTrainer's top-1 metric) or a softcapped head keep TRL's tiles, and say so once (``ShadowWarning``).  The
-callback also warns for Liger-Kernel (``use_liger_kernel``) and hub kernels (``use_kernels``).
+temperature and logit scale, for the calls that ask it for log-probs, entropy and the mean logit only; calls that
+ask for more (the top-1 metric of SFT and DPO) or a softcapped head keep TRL's tiles, and say so once
+(``ShadowWarning``).  The callback also warns for Liger-Kernel (``use_liger_kernel``) and hub kernels
+(``use_kernels``).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import warnings
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback
 
-from . import _swaps, ops
+from . import _swaps
 from .patch import core, specs
 
 
@@ -139,6 +140,7 @@ class TRLLogProbHead:
                 warnings.warn(message, ShadowWarning, stacklevel=2)
             return _trl_function().apply(hidden, weight, bias, targets, temperature, chunk_size,
                                          final_logit_softcapping, logit_scale, outputs)
+        from . import ops         # import time: liger_rt.ops imports triton
         lp, entropy = ops.fused_linear_logprobs(hidden, weight, targets, bias, temperature=temperature / logit_scale,
                                                 return_entropy=True)
         mean = None
