@@ -31,7 +31,9 @@ BACKEND = "aot_eager_decomp_partition"
 # flags with no module to replace in the tiny model: Qwen3-MoE's every layer is sparse (no dense MLP)
 NO_MODULE = {"qwen3_moe": {"swiglu"}}
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*(causal_conv1d|flash-linear-attention|overflow encountered).*")
+pytestmark = [pytest.mark.filterwarnings("ignore:.*(causal_conv1d|flash-linear-attention|overflow encountered).*"),
+              # a memoised liger_rt function traced by dynamo (it ignores the cache and warns once per process)
+              pytest.mark.filterwarnings("error:Dynamo detected a call to a .functools.lru_cache.-wrapped function")]
 
 
 def _family(model_type):

@@ -73,7 +73,8 @@ def _recompute_swiglu() -> bool:
 def down_of_swiglu(down: torch.nn.Module, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """down(ops.swiglu(gate, up)), recomputing the product in the backward where LIGER_RT_RECOMPUTE_SWIGLU says
     and down is a plain, unhooked nn.Linear (see the module docstring)."""
-    if (_recompute_swiglu() and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+    # is_compiling() first: dynamo then never traces the memoised environment read (it warns on lru_cache wrappers)
+    if (not torch.compiler.is_compiling() and _recompute_swiglu() and torch.is_grad_enabled()
             and not torch.is_autocast_enabled(gate.device.type) and _plain_linear(down)):
         return SwiGLUDown.apply(gate, up, down.weight, down.bias)
     return down(ops.swiglu(gate, up))
