@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 import sys
 import warnings
 
@@ -97,13 +98,20 @@ def shadows(model, args=None, wanted=()) -> list[str]:
 
 _TRL_MODULE, _TRL_ENTRY = "trl.trainer.utils", "_ChunkedLogProbFunction"     # where TRL's head calls its kernel
 _OURS = {"log_probs", "entropy", "mean_logits"}     # what liger_rt's head computes of TRL's per-token fields
+# the arguments TRL 1.16's fused head passes its kernel (ChunkedLogProbFunction.forward, less ctx)
+_TRL_ARGS = ("hidden", "weight", "bias", "targets", "temperature", "chunk_size", "final_logit_softcapping",
+             "logit_scale", "outputs")
 _trl_warned: set[str] = set()
 
 
 def _why_not_liger_rt_head(model) -> str | None:
     """None when liger_rt's head can take TRL's per-token entry point for `model`, else why not."""
+    trl = f"TRL {importlib.metadata.version('trl')}"
     if not hasattr(importlib.import_module(_TRL_MODULE), _TRL_ENTRY):
-        return f"TRL {importlib.metadata.version('trl')} has no {_TRL_MODULE}.{_TRL_ENTRY} for liger_rt's head to take"
+        return f"{trl} has no {_TRL_MODULE}.{_TRL_ENTRY} for liger_rt's head to take"
+    takes = tuple(inspect.signature(_trl_function().forward).parameters)[1:]      # less ctx
+    if takes != _TRL_ARGS:
+        return f"{trl}'s {_TRL_ENTRY} takes ({', '.join(takes)}), not the ({', '.join(_TRL_ARGS)}) liger_rt's head takes"
     if core.instance_record(model) is None:
         return "only an instance patch (liger_rt.patch(model)) can hold liger_rt's head in TRL's place"
     return None
@@ -112,7 +120,7 @@ def _why_not_liger_rt_head(model) -> str | None:
 def _trl_function():
     """What TRL's head calls when liger_rt's head is not in its place."""
     swap = _swaps.LEDGER.get((sys.modules.get(_TRL_MODULE), _TRL_ENTRY))
-    return swap.original if swap is not None else importlib.import_module("trl.kernels").ChunkedLogProbFunction
+    return swap.original if swap is not None else getattr(importlib.import_module(_TRL_MODULE), _TRL_ENTRY)
 
 
 class TRLLogProbHead:

@@ -189,6 +189,24 @@ def test_liger_rts_head_in_trls_place_keeps_fp32_logits_for_bf16_inputs():
     torch.testing.assert_close(ent.double(), want_ent, rtol=1e-5, atol=0)
 
 
+def test_a_trl_entry_point_with_other_arguments_is_left_to_trl(monkeypatch):
+    """A TRL whose kernel takes other arguments than TRLLogProbHead stands in for: the head is not put there, and
+    the reason names both argument lists."""
+    import trl.trainer.utils
+
+    class Other(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, hidden, weight, targets, temperature):
+            return hidden
+
+    monkeypatch.setattr(trl.trainer.utils, "_ChunkedLogProbFunction", Other)
+    model = liger_rt.patch(build_model("qwen3-tiny"))
+    why = use_liger_rt_head_in_trl(model)
+    assert "_ChunkedLogProbFunction takes (hidden, weight, targets, temperature), not the (hidden, weight" in why
+    assert trl.trainer.utils._ChunkedLogProbFunction is Other and trl_head(model) is None
+    liger_rt.unpatch(model)
+
+
 @pytest.mark.slow
 def test_liger_rts_head_runs_in_a_models_trl_head_until_unpatch(monkeypatch, fresh_warnings):
     """TRL's fused head on qwen3-tiny (temperature 0.7, masked labels): with liger_rt's head held by the model's
