@@ -111,7 +111,8 @@ def _why_not_liger_rt_head(model) -> str | None:
         return f"{trl} has no {_TRL_MODULE}.{_TRL_ENTRY} for liger_rt's head to take"
     takes = tuple(inspect.signature(_trl_function().forward).parameters)[1:]      # less ctx
     if takes != _TRL_ARGS:
-        return f"{trl}'s {_TRL_ENTRY} takes ({', '.join(takes)}), not the ({', '.join(_TRL_ARGS)}) liger_rt's head takes"
+        return (f"{trl}'s {_TRL_ENTRY} takes ({', '.join(takes)}), not the ({', '.join(_TRL_ARGS)}) "
+                f"liger_rt's head takes")
     if core.instance_record(model) is None:
         return "only an instance patch (liger_rt.patch(model)) can hold liger_rt's head in TRL's place"
     return None
