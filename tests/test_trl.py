@@ -191,7 +191,7 @@ def test_liger_rts_head_in_trls_place_keeps_fp32_logits_for_bf16_inputs():
 
 def test_a_trl_entry_point_with_other_arguments_is_left_to_trl(monkeypatch):
     """A TRL whose kernel takes other arguments than TRLLogProbHead stands in for: the head is not put there, and
-    the reason names both argument lists."""
+    the reason (which the callback's warning carries) names both argument lists."""
     import trl.trainer.utils
 
     class Other(torch.autograd.Function):
@@ -204,6 +204,8 @@ def test_a_trl_entry_point_with_other_arguments_is_left_to_trl(monkeypatch):
     why = use_liger_rt_head_in_trl(model)
     assert "_ChunkedLogProbFunction takes (hidden, weight, targets, temperature), not the (hidden, weight" in why
     assert trl.trainer.utils._ChunkedLogProbFunction is Other and trl_head(model) is None
+    args = GRPOConfig(output_dir="unused", report_to=[], use_cpu=True)
+    assert any("takes (hidden, weight, targets, temperature)" in m for m in shadows(model, args, ["logprobs"]))
     liger_rt.unpatch(model)
 
 
