@@ -8,12 +8,12 @@
 Both patch at instance level.  TRL's trainers put their own fused LM head on the model
 (``trl.trainer.utils.add_fused_lm_head``), which computes the loss, log-probs and entropy in chunks without
 logits, so liger_rt's loss flags cannot replace the model's forward there.  Given a loss flag under a TRL
-trainer, the callback leaves the flag off and puts liger_rt's log-probs head in TRL's per-token entry point
-instead (``TRLLogProbHead``): TRL's head then runs liger_rt.ops.fused_linear_logprobs, with TRL's masking,
-temperature and logit scale, for the calls that ask it for log-probs, entropy and the mean logit only; calls that
-ask for more (the top-1 metric of SFT and DPO) or a softcapped head keep TRL's tiles, and say so once
-(``ShadowWarning``).  The callback also warns for Liger-Kernel (``use_liger_kernel``) and hub kernels
-(``use_kernels``).
+trainer, the callback leaves the flag off and, when training starts, puts liger_rt's log-probs head in TRL's
+per-token entry point instead (``TRLLogProbHead``): TRL's head then runs liger_rt.ops.fused_linear_logprobs, with
+TRL's masking, temperature and logit scale.  Where the trainer asks its head for more than log-probs, entropy and
+the mean logit (the top-1 metric of SFT and DPO), TRL's head stays for every call, policy and reference alike,
+and the callback says why once (``ShadowWarning``), as it warns for Liger-Kernel (``use_liger_kernel``) and hub
+kernels (``use_kernels``).
 """
 from __future__ import annotations
 
@@ -36,26 +36,45 @@ class ShadowWarning(UserWarning):
 
 # -- detection -------------------------------------------------------------------------------------------
 
-def _is_trl_head(fn) -> bool:
-    for _ in range(8):                              # down the __wrapped__ chain
+def _trl_head_function(fn):
+    """TRL's fused-head forward (the function), found down fn's ``__wrapped__`` chain, or None."""
+    for _ in range(8):
         fn = getattr(fn, "__func__", fn)
         code = getattr(fn, "__code__", None)
         if code is None:
-            return False
+            return None
         if "fused_lm_head" in code.co_varnames and fn.__globals__.get("__name__", "").startswith("trl."):
-            return True
+            return fn
         fn = getattr(fn, "__wrapped__", None)
-    return False
+    return None
+
+
+def _is_trl_head(fn) -> bool:
+    return _trl_head_function(fn) is not None
+
+
+def _trl_head_candidates(model) -> list:
+    root = core.unwrap(model)
+    candidates = [root.__dict__.get("forward"), root.__dict__.get("_original_forward")]
+    if "forward" in root.__dict__:
+        candidates.append(core.original(root))
+    return candidates
 
 
 def trl_fused_head(model) -> bool:
     """Whether TRL's fused LM head (``trl.trainer.utils.add_fused_lm_head``) is on the model: as its forward,
     inside a ``functools.wraps`` wrapper of it, or as the forward a liger_rt patch replaced."""
-    root = core.unwrap(model)
-    candidates = [root.__dict__.get("forward"), root.__dict__.get("_original_forward")]
-    if "forward" in root.__dict__:
-        candidates.append(core.original(root))
-    return any(_is_trl_head(fn) for fn in candidates)
+    return any(_is_trl_head(fn) for fn in _trl_head_candidates(model))
+
+
+def _trl_head_fields(model) -> tuple | None:
+    """The per-token fields TRL's fused head on `model` asks its kernel for (add_fused_lm_head's `outputs`, which
+    its forward closes over), or None where no such head or closure is found."""
+    for fn in map(_trl_head_function, _trl_head_candidates(model)):
+        cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ())) if fn is not None else {}
+        if "outputs" in cells:
+            return tuple(cells["outputs"].cell_contents)
+    return None
 
 
 def _loss_over_trl_head(model) -> list[str]:
@@ -74,17 +93,28 @@ def _is_trl(args) -> bool:
     return any(c.__module__.startswith("trl.") and c.__name__ in _TRL_FUSED_HEAD_CONFIGS for c in type(args).__mro__)
 
 
+def _loss_flags(model, wanted=()) -> list[str]:
+    flags = (core.describe(model) or {}).get("flags") or {}
+    return sorted({f for f in specs.LOSS_FLAGS if flags.get(f) or f in wanted})
+
+
+def _trl_shadow(model, args, wanted=()) -> str | None:
+    """Why liger_rt's loss flags do not run under TRL's fused head, or None (no such flag, head or trainer, or
+    liger_rt's head holds TRL's entry point for this model)."""
+    loss = _loss_flags(model, wanted)
+    if not loss or not (trl_fused_head(model) or _is_trl(args)) or trl_head(model) == "liger_rt":
+        return None
+    later = "" if trl_fused_head(model) else " when training starts"
+    instead = _why_not_liger_rt_head(model) or f"LigerRTCallback puts its log-probs head there{later}"
+    return (f"TRL's fused LM head computes the training loss and log-probs itself, so liger_rt's {', '.join(loss)} "
+            f"does not run in the TRL trainer's training steps (liger_rt's layer kernels still do; {instead}); "
+            f"leave {', '.join(f + '=False' for f in loss)} to silence this")
+
+
 def shadows(model, args=None, wanted=()) -> list[str]:
     """Why parts of a liger_rt patch of `model` (the flags in force, plus `wanted`) would not run under
     TrainingArguments `args` (or None): one message per cause."""
-    flags = (core.describe(model) or {}).get("flags") or {}
-    loss = sorted({f for f in specs.LOSS_FLAGS if flags.get(f) or f in wanted})
-    out = []
-    if loss and (trl_fused_head(model) or _is_trl(args)) and trl_head(model) != "liger_rt":
-        instead = _why_not_liger_rt_head(model) or "LigerRTCallback puts its log-probs head there"
-        out.append(f"TRL's fused LM head computes the training loss and log-probs itself, so liger_rt's "
-                   f"{', '.join(loss)} does not run in the TRL trainer's training steps (liger_rt's layer "
-                   f"kernels still do; {instead}); leave {', '.join(f + '=False' for f in loss)} to silence this")
+    out = [message for message in [_trl_shadow(model, args, wanted)] if message]
     if args is not None and getattr(args, "use_liger_kernel", False):
         out.append("TrainingArguments(use_liger_kernel=True) applies Liger-Kernel to the same layers when "
                    "training starts, replacing liger_rt's forwards where both apply; use one of them")
@@ -115,6 +145,9 @@ def _why_not_liger_rt_head(model) -> str | None:
                 f"liger_rt's head takes")
     if core.instance_record(model) is None:
         return "only an instance patch (liger_rt.patch(model)) can hold liger_rt's head in TRL's place"
+    if extra := sorted(set(_trl_head_fields(model) or ()) - _OURS):
+        return (f"this trainer asks TRL's head for {', '.join(extra)}, which liger_rt's head does not compute, so "
+                f"TRL's head scores every call, the reference model's too (one head for policy and reference)")
     return None
 
 
@@ -197,6 +230,8 @@ class LigerRTCallback(TrainerCallback):
     on_train_begin = on_init_end
 
     def _apply(self, args, model) -> None:
+        # TRL's trainers add their fused head after on_init_end: liger_rt's head goes in its place (or the warning
+        # says why not) once the head, and the fields it asks for, are on the model, at on_train_begin
         if model is None:
             return
         wanted = [f for f in specs.LOSS_FLAGS if self.layers.get(f)]
@@ -210,10 +245,12 @@ class LigerRTCallback(TrainerCallback):
             if trl:
                 layers.update({f: False for f in wanted})
             core.patch(model, **layers)
-        flags = (core.describe(model) or {}).get("flags") or {}
-        if trl and any(flags.get(f) or f in wanted for f in specs.LOSS_FLAGS):
+        if trl_fused_head(model) and _loss_flags(model, wanted):
             use_liger_rt_head_in_trl(model)      # where it cannot, shadows() below says why
+        deferred = None if trl_fused_head(model) else _trl_shadow(model, args, wanted)    # to on_train_begin
         for message in shadows(model, args, wanted):
+            if message == deferred:
+                continue
             if message not in self._warned:
                 self._warned.add(message)
                 warnings.warn(message, ShadowWarning, stacklevel=2)

@@ -2,12 +2,12 @@
 
 Both trainers put TRL's own fused LM head on the model (``trl.trainer.utils.add_fused_lm_head``) and
 compute the training loss and log-probs through it, so liger_rt's loss flags cannot replace the forward
-there: given one, `LigerRTCallback` leaves it off and puts liger_rt's log-probs head in TRL's per-token
-entry point (``TRLLogProbHead``), which runs GRPO's log-probs and entropy; SFT asks TRL's head for its
-top-1 metric too, so TRL's tiles run and the callback says so once (``ShadowWarning``). The trainer
-steps run on the torch references (LIGER_RT_DISABLE=1: the plumbing is under test) against the same
-trainer on the unpatched model; the head itself through the Triton interpreter against TRL's kernel and
-an fp64 formula. A word-level tokenizer built here (no hub), fp32, CPU.
+there: given one, `LigerRTCallback` leaves it off and, when training starts, puts liger_rt's log-probs head
+in TRL's per-token entry point (``TRLLogProbHead``), which runs GRPO's log-probs and entropy; SFT and DPO
+ask TRL's head for a top-1 metric too, so TRL's head stays and the callback says why once
+(``ShadowWarning``). The trainer steps run on the torch references (LIGER_RT_DISABLE=1: the plumbing is
+under test) against the same trainer on the unpatched model; the head itself through the Triton interpreter
+against TRL's kernel and an fp64 formula. A word-level tokenizer built here (no hub), fp32, CPU.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 from datasets import Dataset
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
-from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
+from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 from trl.kernels import ChunkedLogProbFunction
 from trl.trainer.utils import add_fused_lm_head
 
@@ -74,42 +74,43 @@ def fresh_warnings(monkeypatch):
 
 
 @pytest.mark.slow
-def test_sft_trainer_runs_the_layer_kernels_and_trls_head_where_it_asks_for_top1(
-        tmp_path, monkeypatch, fallback, fresh_warnings):
-    """SFTTrainer asks TRL's head for is_top1 (its token-accuracy metric), which liger_rt's head does not
-    compute: with fused_linear_cross_entropy=True the callback puts liger_rt's head in TRL's place, and the
-    head hands SFT's calls back to TRL's kernel and says so once."""
+def test_sft_trainer_runs_the_layer_kernels_and_keeps_trls_head_which_it_asks_for_top1(tmp_path, monkeypatch,
+                                                                                     fallback):
+    """SFTTrainer asks TRL's head for is_top1 (its token-accuracy metric), which liger_rt's head does not compute:
+    with fused_linear_cross_entropy=True the callback leaves TRL's head in place when training starts and says
+    why, once."""
     _, want = _sft(build_model("qwen3-tiny"), tmp_path / "unpatched")
     norms, fused = OpCalls(monkeypatch, "rms_norm"), OpCalls(monkeypatch, "fused_linear_cross_entropy")
     logprobs = OpCalls(monkeypatch, "fused_linear_logprobs")
     model = build_model("qwen3-tiny")
-    with pytest.warns(ShadowWarning, match="asks for is_top1, which liger_rt's log-probs head does not compute"):
+    with pytest.warns(ShadowWarning, match="asks TRL's head for is_top1, which liger_rt's head does not compute") as w:
         trainer, got = _sft(model, tmp_path / "patched", [LigerRTCallback(fused_linear_cross_entropy=True)])
+    assert len([m for m in w if issubclass(m.category, ShadowWarning)]) == 1
     info = liger_rt.patch.describe(model)
     assert not info["flags"]["fused_linear_cross_entropy"]            # left off: TRL's head would bypass it
     assert info["patched"]["rms_norm"] == 9 and info["patched"]["swiglu"] == 2
-    assert trl_fused_head(trainer.model) and trl_head(trainer.model) == "liger_rt"
+    assert trl_fused_head(trainer.model) and trl_head(trainer.model) == "trl"
     assert got.global_step == 1 and norms.n > 0 and fused.n == 0 and logprobs.n == 0
     assert abs(got.training_loss - want.training_loss) < 1e-5, (got.training_loss, want.training_loss)
     liger_rt.unpatch(model)
-    assert trl_head(model) == "trl"
 
 
 @pytest.mark.slow
-def test_a_fused_loss_patched_before_sft_trainer_takes_trls_entry_point(tmp_path, monkeypatch, fallback,
-                                                                        fresh_warnings):
-    """patch(model, fused_linear_cross_entropy=True), then SFTTrainer: TRL's head wraps the patched forward
-    and computes the loss itself, so the fused op never runs; the callback puts liger_rt's head in TRL's
-    entry point as for a flag given to it."""
+def test_a_fused_loss_patched_before_sft_trainer_is_bypassed_and_the_callback_says_so(tmp_path, monkeypatch,
+                                                                                    fallback):
+    """patch(model, fused_linear_cross_entropy=True), then SFTTrainer: TRL's head wraps the patched forward and
+    computes the loss itself, so the fused op never runs; the callback says so, and why liger_rt's head does not
+    take TRL's place either (SFT's is_top1)."""
     fused = OpCalls(monkeypatch, "fused_linear_cross_entropy")
     model = liger_rt.patch(build_model("qwen3-tiny"), fused_linear_cross_entropy=True)
-    assert any("LigerRTCallback puts its log-probs head there" in m
+    assert any("LigerRTCallback puts its log-probs head there when training starts" in m
                for m in shadows(model, SFTConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True)))
-    with pytest.warns(ShadowWarning, match="asks for is_top1"):
+    with pytest.warns(ShadowWarning, match="fused_linear_cross_entropy does not run .* asks TRL's head for is_top1"):
         trainer, got = _sft(model, tmp_path, [LigerRTCallback()])
     assert got.global_step == 1 and fused.n == 0
     assert liger_rt.patch.describe(model)["flags"]["fused_linear_cross_entropy"]     # the user's patch stands
-    assert trl_head(trainer.model) == "liger_rt" and shadows(trainer.model) == []
+    assert trl_head(trainer.model) == "trl"
+    assert any("TRL's fused LM head" in m for m in shadows(trainer.model))          # without the Trainer's args
     assert shadows(build_model("qwen3-tiny")) == []
     liger_rt.unpatch(model)
 
@@ -133,6 +134,30 @@ def test_grpo_trainer_runs_liger_rts_head_in_trls_place(tmp_path, monkeypatch, f
         assert abs(got.metrics[key] - want.metrics[key]) < 1e-5, (key, got.metrics, want.metrics)
     assert abs(got.training_loss - want.training_loss) < 1e-5, (got.training_loss, want.training_loss)
     liger_rt.unpatch(model)
+
+
+@pytest.mark.slow
+def test_dpo_trainer_keeps_one_head_for_policy_and_reference(tmp_path, monkeypatch, fallback):
+    """DPOTrainer asks the policy's head for is_top1 and the reference's for log-probs only: liger_rt's head would
+    score the reference alone, so the callback leaves TRL's head for both (implicit rewards from one head), warns
+    why, and the step's loss equals the unpatched run's."""
+    def dpo(out, callbacks):
+        data = Dataset.from_dict({"prompt": ["w3 w4", "w5 w6 w7", "w8", "w9 w10"],
+                                  "chosen": ["w11 w12", "w13", "w14 w15", "w16"],
+                                  "rejected": ["w17", "w18 w19", "w20", "w21 w22"]})
+        args = DPOConfig(output_dir=str(out), report_to=[], max_steps=1, use_cpu=True, per_device_train_batch_size=4,
+                         save_strategy="no", bf16=False)
+        trainer = DPOTrainer(model=build_model("qwen3-tiny"), ref_model=build_model("qwen3-tiny"), args=args,
+                             train_dataset=data, processing_class=_tokenizer("left"), callbacks=callbacks)
+        return trainer, trainer.train()
+
+    _, want = dpo(tmp_path / "unpatched", [])
+    logprobs = OpCalls(monkeypatch, "fused_linear_logprobs")
+    with pytest.warns(ShadowWarning, match="asks TRL's head for is_top1.*one head for policy and reference"):
+        trainer, got = dpo(tmp_path / "patched", [LigerRTCallback(logprobs=True)])
+    assert trl_head(trainer.model) == "trl" and logprobs.n == 0
+    assert abs(got.training_loss - want.training_loss) < 1e-6, (got.training_loss, want.training_loss)
+    liger_rt.unpatch(trainer.model)
 
 
 def _fp64_logprobs(x, w, b, t, temperature, scale):
@@ -229,6 +254,10 @@ def test_liger_rts_head_runs_in_a_models_trl_head_until_unpatch(monkeypatch, fre
     want, want_dw = run()
     calls = OpCalls(monkeypatch, "fused_linear_logprobs")
     assert "only an instance patch" in use_liger_rt_head_in_trl(model)
+    top1 = liger_rt.patch(build_model("qwen3-tiny"))
+    add_fused_lm_head(top1, outputs=("log_probs", "is_top1"))
+    assert "asks TRL's head for is_top1" in use_liger_rt_head_in_trl(top1) and trl_head(top1) == "trl"
+    liger_rt.unpatch(top1)
     liger_rt.patch(model, rms_norm=False, swiglu=False, rope=False)
     assert use_liger_rt_head_in_trl(model) is None and trl_head(model) == "liger_rt"
     got, got_dw = run()
