@@ -1,9 +1,9 @@
-"""TRL's SFTTrainer and GRPOTrainer on a patched tiny Qwen3 (docs/integrations.md).
+"""TRL's SFT, GRPO, DPO and KTO trainers on a patched tiny Qwen3 (docs/integrations.md).
 
-Both trainers put TRL's own fused LM head on the model (``trl.trainer.utils.add_fused_lm_head``) and
+These trainers put TRL's own fused LM head on the model (``trl.trainer.utils.add_fused_lm_head``) and
 compute the training loss and log-probs through it, so liger_rt's loss flags cannot replace the forward
 there: given one, `LigerRTCallback` leaves it off and, when training starts, puts liger_rt's log-probs head
-in TRL's per-token entry point (``TRLLogProbHead``), which runs GRPO's log-probs and entropy; SFT and DPO
+in TRL's per-token entry point (``TRLLogProbHead``), which runs GRPO's and KTO's calls; SFT and DPO
 ask TRL's head for a top-1 metric too, so TRL's head stays and the callback says why once
 (``ShadowWarning``). The trainer steps run on the torch references (LIGER_RT_DISABLE=1: the plumbing is
 under test) against the same trainer on the unpatched model; the head itself through the Triton interpreter
@@ -19,7 +19,7 @@ import torch
 from datasets import Dataset
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
-from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
+from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, KTOConfig, KTOTrainer, SFTConfig, SFTTrainer
 from trl.kernels import ChunkedLogProbFunction
 from trl.trainer.utils import add_fused_lm_head
 
@@ -157,6 +157,33 @@ def test_dpo_trainer_keeps_one_head_for_policy_and_reference(tmp_path, monkeypat
         trainer, got = dpo(tmp_path / "patched", [LigerRTCallback(logprobs=True)])
     assert trl_head(trainer.model) == "trl" and logprobs.n == 0
     assert abs(got.training_loss - want.training_loss) < 1e-6, (got.training_loss, want.training_loss)
+    liger_rt.unpatch(trainer.model)
+
+
+@pytest.mark.slow
+def test_kto_trainer_runs_liger_rts_head_with_the_mean_logit(tmp_path, monkeypatch, fallback):
+    """KTOTrainer asks the policy's head for log-probs, entropy and the mean logit (its logits/* metrics), all of
+    which liger_rt's head computes: it scores policy and reference, without a warning, and the step's loss,
+    log-probs and mean-logit metrics equal the unpatched run's."""
+    def kto(out, callbacks):
+        data = Dataset.from_dict({"prompt": ["w3 w4", "w5 w6 w7", "w8", "w9 w10"],
+                                  "completion": ["w11 w12", "w13", "w14 w15", "w16"],
+                                  "label": [True, False, True, False]})
+        args = KTOConfig(output_dir=str(out), report_to=[], max_steps=1, use_cpu=True, per_device_train_batch_size=4,
+                         save_strategy="no", bf16=False)
+        trainer = KTOTrainer(model=build_model("qwen3-tiny"), ref_model=build_model("qwen3-tiny"), args=args,
+                             train_dataset=data, processing_class=_tokenizer("left"), callbacks=callbacks)
+        return trainer, trainer.train()
+
+    _, want = kto(tmp_path / "unpatched", [])
+    logprobs = OpCalls(monkeypatch, "fused_linear_logprobs")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ShadowWarning)
+        trainer, got = kto(tmp_path / "patched", [LigerRTCallback(logprobs=True)])
+    assert trl_head(trainer.model) == "liger_rt" and logprobs.n > 0
+    assert abs(got.training_loss - want.training_loss) < 1e-6, (got.training_loss, want.training_loss)
+    for key in ("logits/chosen", "logits/rejected", "logps/chosen", "logps/rejected"):
+        assert abs(got.metrics[key] - want.metrics[key]) < 1e-5, (key, got.metrics, want.metrics)
     liger_rt.unpatch(trainer.model)
 
 
