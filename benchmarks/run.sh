@@ -31,13 +31,20 @@
 # DB) and the multi-GPU CSVs.  Add this run's rows to the repository's dataset with
 #   for f in OUT/data/*.csv; do tail -n +2 "$f" >> benchmarks/data/$(basename "$f"); done
 # Wheels in .whl/ (e.g. `pip download --no-deps -d .whl sqlite-utils sqlite-fts4 click-default-group liger-kernel
-# trl`) are installed first, offline, for an image that lacks them.
+# trl`; tests/gpu/test_trl_gpu.py also needs datasets, dill and multiprocess) are installed first, offline, each
+# only where the image cannot import it (an image's own pyarrow or pandas is never shadowed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/liger_rt_bench}; mkdir -p "$OUT/data"
 LOG="$OUT/log.txt"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+missing=()
+for w in .whl/*.whl; do   # a wheel's import name: its distribution name (field 1 of the file name), lower case
+  [ -e "$w" ] || continue
+  m=$(basename "$w" | cut -d- -f1 | tr 'A-Z' 'a-z')
+  PYTHONPATH= python3 -c "import $m" 2>/dev/null || missing+=("$w")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${missing[@]}"
 fi
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 export LIGER_RT_TUNING_DB=${LIGER_RT_TUNING_DB:-$OUT/tuning.db}
