@@ -136,20 +136,24 @@ def test_grpo_trainer_runs_liger_rts_head_in_trls_place(tmp_path, monkeypatch, f
     liger_rt.unpatch(model)
 
 
+def _with_reference(trainer_cls, config_cls, out, callbacks, **columns):
+    """One step (fp32) of a TRL trainer with a reference model on four prompts and the given columns."""
+    data = Dataset.from_dict({"prompt": ["w3 w4", "w5 w6 w7", "w8", "w9 w10"], **columns})
+    args = config_cls(output_dir=str(out), report_to=[], max_steps=1, use_cpu=True, per_device_train_batch_size=4,
+                      save_strategy="no", bf16=False)
+    trainer = trainer_cls(model=build_model("qwen3-tiny"), ref_model=build_model("qwen3-tiny"), args=args,
+                          train_dataset=data, processing_class=_tokenizer("left"), callbacks=callbacks)
+    return trainer, trainer.train()
+
+
 @pytest.mark.slow
 def test_dpo_trainer_keeps_one_head_for_policy_and_reference(tmp_path, monkeypatch, fallback):
     """DPOTrainer asks the policy's head for is_top1 and the reference's for log-probs only: liger_rt's head would
     score the reference alone, so the callback leaves TRL's head for both (implicit rewards from one head), warns
     why, and the step's loss equals the unpatched run's."""
     def dpo(out, callbacks):
-        data = Dataset.from_dict({"prompt": ["w3 w4", "w5 w6 w7", "w8", "w9 w10"],
-                                  "chosen": ["w11 w12", "w13", "w14 w15", "w16"],
-                                  "rejected": ["w17", "w18 w19", "w20", "w21 w22"]})
-        args = DPOConfig(output_dir=str(out), report_to=[], max_steps=1, use_cpu=True, per_device_train_batch_size=4,
-                         save_strategy="no", bf16=False)
-        trainer = DPOTrainer(model=build_model("qwen3-tiny"), ref_model=build_model("qwen3-tiny"), args=args,
-                             train_dataset=data, processing_class=_tokenizer("left"), callbacks=callbacks)
-        return trainer, trainer.train()
+        return _with_reference(DPOTrainer, DPOConfig, out, callbacks, chosen=["w11 w12", "w13", "w14 w15", "w16"],
+                               rejected=["w17", "w18 w19", "w20", "w21 w22"])
 
     _, want = dpo(tmp_path / "unpatched", [])
     logprobs = OpCalls(monkeypatch, "fused_linear_logprobs")
@@ -166,14 +170,8 @@ def test_kto_trainer_runs_liger_rts_head_with_the_mean_logit(tmp_path, monkeypat
     which liger_rt's head computes: it scores policy and reference, without a warning, and the step's loss,
     log-probs and mean-logit metrics equal the unpatched run's."""
     def kto(out, callbacks):
-        data = Dataset.from_dict({"prompt": ["w3 w4", "w5 w6 w7", "w8", "w9 w10"],
-                                  "completion": ["w11 w12", "w13", "w14 w15", "w16"],
-                                  "label": [True, False, True, False]})
-        args = KTOConfig(output_dir=str(out), report_to=[], max_steps=1, use_cpu=True, per_device_train_batch_size=4,
-                         save_strategy="no", bf16=False)
-        trainer = KTOTrainer(model=build_model("qwen3-tiny"), ref_model=build_model("qwen3-tiny"), args=args,
-                             train_dataset=data, processing_class=_tokenizer("left"), callbacks=callbacks)
-        return trainer, trainer.train()
+        return _with_reference(KTOTrainer, KTOConfig, out, callbacks, completion=["w11 w12", "w13", "w14 w15", "w16"],
+                               label=[True, False, True, False])
 
     _, want = kto(tmp_path / "unpatched", [])
     logprobs = OpCalls(monkeypatch, "fused_linear_logprobs")
