@@ -49,10 +49,6 @@ def _trl_head_function(fn):
     return None
 
 
-def _is_trl_head(fn) -> bool:
-    return _trl_head_function(fn) is not None
-
-
 def _trl_head_candidates(model) -> list:
     root = core.unwrap(model)
     candidates = [root.__dict__.get("forward"), root.__dict__.get("_original_forward")]
@@ -64,7 +60,7 @@ def _trl_head_candidates(model) -> list:
 def trl_fused_head(model) -> bool:
     """Whether TRL's fused LM head (``trl.trainer.utils.add_fused_lm_head``) is on the model: as its forward,
     inside a ``functools.wraps`` wrapper of it, or as the forward a liger_rt patch replaced."""
-    return any(_is_trl_head(fn) for fn in _trl_head_candidates(model))
+    return any(_trl_head_function(fn) is not None for fn in _trl_head_candidates(model))
 
 
 def _trl_head_fields(model) -> tuple | None:
@@ -82,7 +78,7 @@ def _loss_over_trl_head(model) -> list[str]:
     root = core.unwrap(model)
     info = core.describe(root) or {}
     flags = [f for f in ("fused_linear_cross_entropy", "logprobs") if (info.get("flags") or {}).get(f)]
-    return flags if flags and info.get("level") == "instance" and _is_trl_head(core.original(root)) else []
+    return flags if flags and info.get("level") == "instance" and _trl_head_function(core.original(root)) else []
 
 
 # the TRL configs whose trainers add the fused head (TRL 1.16); at on_init_end it is not there yet
@@ -101,10 +97,10 @@ def _loss_flags(model, wanted=()) -> list[str]:
 def _trl_shadow(model, args, wanted=()) -> str | None:
     """Why liger_rt's loss flags do not run under TRL's fused head, or None (no such flag, head or trainer, or
     liger_rt's head holds TRL's entry point for this model)."""
-    loss = _loss_flags(model, wanted)
-    if not loss or not (trl_fused_head(model) or _is_trl(args)) or trl_head(model) == "liger_rt":
+    loss, head = _loss_flags(model, wanted), trl_fused_head(model)
+    if not loss or not (head or _is_trl(args)) or trl_head(model) == "liger_rt":
         return None
-    later = "" if trl_fused_head(model) else " when training starts"
+    later = "" if head else " when training starts"
     instead = _why_not_liger_rt_head(model) or f"LigerRTCallback puts its log-probs head there{later}"
     return (f"TRL's fused LM head computes the training loss and log-probs itself, so liger_rt's {', '.join(loss)} "
             f"does not run in the TRL trainer's training steps (liger_rt's layer kernels still do; {instead}); "
@@ -136,13 +132,12 @@ _trl_warned: set[str] = set()
 
 def _why_not_liger_rt_head(model) -> str | None:
     """None when liger_rt's head can take TRL's per-token entry point for `model`, else why not."""
-    trl = f"TRL {importlib.metadata.version('trl')}"
     if not hasattr(importlib.import_module(_TRL_MODULE), _TRL_ENTRY):
-        return f"{trl} has no {_TRL_MODULE}.{_TRL_ENTRY} for liger_rt's head to take"
+        return f"TRL {importlib.metadata.version('trl')} has no {_TRL_MODULE}.{_TRL_ENTRY} for liger_rt's head to take"
     takes = tuple(inspect.signature(_trl_function().forward).parameters)[1:]      # less ctx
     if takes != _TRL_ARGS:
-        return (f"{trl}'s {_TRL_ENTRY} takes ({', '.join(takes)}), not the ({', '.join(_TRL_ARGS)}) "
-                f"liger_rt's head takes")
+        return (f"TRL {importlib.metadata.version('trl')}'s {_TRL_ENTRY} takes ({', '.join(takes)}), "
+                f"not the ({', '.join(_TRL_ARGS)}) liger_rt's head takes")
     if core.instance_record(model) is None:
         return "only an instance patch (liger_rt.patch(model)) can hold liger_rt's head in TRL's place"
     if extra := sorted(set(_trl_head_fields(model) or ()) - _OURS):
@@ -239,15 +234,16 @@ class LigerRTCallback(TrainerCallback):
             raise ValueError(f"liger_rt's {', '.join(over)} was patched over TRL's fused LM head (liger_rt.patch "
                              f"after the TRL trainer was built), so TRL's training step would not get its "
                              f"log-probs; patch before building the trainer, or pass {over[0]}=False")
-        trl = _is_trl(args) or trl_fused_head(model)
+        head = trl_fused_head(model)
+        trl = _is_trl(args) or head
         if core.describe(model) is None:
             layers = dict(self.layers)
             if trl:
                 layers.update({f: False for f in wanted})
             core.patch(model, **layers)
-        if trl_fused_head(model) and _loss_flags(model, wanted):
+        if head and _loss_flags(model, wanted):
             use_liger_rt_head_in_trl(model)      # where it cannot, shadows() below says why
-        deferred = None if trl_fused_head(model) else _trl_shadow(model, args, wanted)    # to on_train_begin
+        deferred = None if head else _trl_shadow(model, args, wanted)    # to on_train_begin
         for message in shadows(model, args, wanted):
             if message == deferred:
                 continue
